@@ -1,0 +1,57 @@
+"""The public names gpugate reads and writes (DESIGN.md section 3), in one place.
+
+Every module that reads a pod label, writes a node label or matches an NVIDIA resource
+imports it from here, so a rename is one edit and a typo is an ImportError, not a silent miss.
+"""
+
+from __future__ import annotations
+
+API_GROUP = "gpugate.io"
+POLICY_API_VERSION = "gpugate.io/v1alpha1"
+POLICY_KIND = "GPUPolicy"
+
+# Pod labels and annotations an ML engineer writes.
+GPUS_LABEL = "gpugate.io/gpus"
+PROFILE_LABEL = "gpugate.io/profile"
+GROUP_LABEL = "gpugate.io/group"
+SKIP_LABEL = "gpugate.io/skip"
+CONTAINER_ANNOTATION = "gpugate.io/container"
+# Labels that name the distributed job a pod belongs to, in the order they are read.
+JOB_LABELS: tuple[str, ...] = (
+    GROUP_LABEL,
+    "batch.kubernetes.io/job-name",
+    "jobset.sigs.k8s.io/jobset-name",
+    "training.kubeflow.org/job-name",
+)
+
+# Written by the webhook.
+POLICY_ANNOTATION = "gpugate.io/policy"
+
+# Written by the balancer on GPU nodes.
+GPU_FREE_LABEL = "gpugate.io/gpu-free"
+GPU_LOAD_LABEL = "gpugate.io/gpu-load"
+CONGESTED_TAINT_KEY = "gpugate.io/congested"
+LOAD_TIERS: tuple[str, ...] = ("idle", "busy", "congested")
+
+# Labels NVIDIA's GPU feature discovery writes on nodes.
+NVIDIA_PRODUCT_LABEL = "nvidia.com/gpu.product"
+NVIDIA_MEMORY_LABEL = "nvidia.com/gpu.memory"
+NVIDIA_FAMILY_LABEL = "nvidia.com/gpu.family"
+NVIDIA_COUNT_LABEL = "nvidia.com/gpu.count"
+NVIDIA_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+NVIDIA_SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
+NVIDIA_CLIQUE_LABEL = "nvidia.com/gpu.clique"
+NVIDIA_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+
+# Extended resources the NVIDIA device plugin advertises.
+GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
+# The taint GPU node pools conventionally carry.
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+def is_nvidia_resource(name: str) -> bool:
+    """True for the extended resources the NVIDIA device plugin advertises."""
+    return name == GPU_RESOURCE or name == SHARED_GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
