@@ -1,0 +1,266 @@
+"""Load GPUPolicy documents into an immutable PolicySet: all or nothing.
+
+One bad document refuses the whole set, so a server keeps serving its last good set and the
+CLI lists every problem at once. Messages name the file, the document index and the field
+path: ``policies/training.yaml, document 2, spec.gpu.max: 'eight' is not of type 'integer'``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import jsonschema
+import yaml
+
+from webhook import names
+from webhook.errors import PolicyLoadError
+from webhook.policy import overlap
+from webhook.policy.model import (
+    DenyRule, GPUPolicy, GPUSpec, LabelSelector, Match, Placement, SelectorRequirement, Toleration, Topology,
+)
+
+IGNORED_FILES = frozenset({"kustomization.yaml", "kustomization.yml"})
+
+
+def _schema() -> dict[str, Any]:
+    text = resources.files("webhook.policy").joinpath("schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+_VALIDATOR = jsonschema.Draft202012Validator(_schema())
+
+
+@dataclass(frozen=True, slots=True)
+class SourceDocument:
+    """One YAML document and where it came from."""
+
+    source: str
+    index: int
+    body: object
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}, document {self.index}"
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """An immutable, ordered set of policies; ``revision`` is a hash of the files' content."""
+
+    policies: tuple[GPUPolicy, ...]
+    revision: str
+
+    @classmethod
+    def empty(cls) -> "PolicySet":
+        return cls(policies=(), revision=_digest([]))
+
+    @classmethod
+    def from_dir(cls, path: Path | str) -> "PolicySet":
+        """Every ``*.yaml``/``*.yml`` file at the top of ``path`` (tests/, hidden and kustomization files skipped)."""
+        folder = Path(path)
+        if not folder.is_dir():
+            raise PolicyLoadError([f"{folder}: not a directory of GPUPolicy files"])
+        files = policy_files(folder)
+        texts = []
+        for file in files:
+            try:
+                texts.append((_display(file), file.read_bytes()))
+            except OSError as err:
+                raise PolicyLoadError([f"{_display(file)}: cannot read: {err.strerror}"]) from err
+        return cls.from_texts(texts)
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[tuple[str, bytes | str]]) -> "PolicySet":
+        """Parse named YAML texts; the revision covers names and bytes, so any edit changes it."""
+        encoded = [(name, text.encode() if isinstance(text, str) else text) for name, text in texts]
+        problems: list[str] = []
+        documents: list[SourceDocument] = []
+        for name, data in encoded:
+            documents.extend(_parse_yaml(name, data, problems))
+        policies = _build_all(documents, problems)
+        if problems:
+            raise PolicyLoadError(problems)
+        return cls(policies=policies, revision=_digest(encoded))
+
+    def get(self, name: str) -> GPUPolicy | None:
+        return next((p for p in self.policies if p.name == name), None)
+
+
+def policy_files(folder: Path) -> list[Path]:
+    """The files a folder's policy set is made of, in a stable order."""
+    return sorted(
+        entry for entry in folder.iterdir()
+        if entry.suffix in (".yaml", ".yml") and not entry.name.startswith(".")
+        and entry.name not in IGNORED_FILES and entry.is_file()
+    )
+
+
+def _display(file: Path) -> str:
+    try:
+        return str(file.relative_to(Path.cwd()))
+    except ValueError:
+        return str(file)
+
+
+def _digest(encoded: list[tuple[str, bytes]]) -> str:
+    digest = hashlib.sha256()
+    for name, data in sorted(encoded):
+        digest.update(Path(name).name.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def _parse_yaml(name: str, data: bytes, problems: list[str]) -> list[SourceDocument]:
+    try:
+        bodies = list(yaml.safe_load_all(data))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        problems.append(f"{name}{where}: invalid YAML: {problem}")
+        return []
+    return [SourceDocument(name, i, body) for i, body in enumerate(bodies, start=1) if body is not None]
+
+
+def _build_all(documents: list[SourceDocument], problems: list[str]) -> tuple[GPUPolicy, ...]:
+    policies: list[GPUPolicy] = []
+    seen: dict[str, str] = {}
+    for document in documents:
+        policy = _build(document, problems)
+        if policy is None:
+            continue
+        if policy.name in seen:
+            problems.append(f"{document.where}, metadata.name: duplicate policy name '{policy.name}' "
+                            f"(first defined in {seen[policy.name]})")
+            continue
+        seen[policy.name] = document.where
+        policies.append(policy)
+    problems.extend(overlap.conflicts(policies))
+    # Highest priority first; the name breaks ties only for a stable order (equal priorities never overlap).
+    return tuple(sorted(policies, key=lambda p: (-p.priority, p.name)))
+
+
+def _normalize_yaml11(body: dict[str, Any]) -> None:
+    """YAML 1.1 reads bare ``off`` and ``no`` as false; the policy API means the words."""
+    spec = body.get("spec")
+    if not isinstance(spec, dict):
+        return
+    if spec.get("mode") is False:
+        spec["mode"] = "off"
+    placement = spec.get("placement")
+    if isinstance(placement, dict) and placement.get("avoidCongested") is False:
+        placement["avoidCongested"] = "no"
+
+
+def _field_path(path: Iterable[object]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
+def _build(document: SourceDocument, problems: list[str]) -> GPUPolicy | None:
+    body = document.body
+    if not isinstance(body, dict):
+        problems.append(f"{document.where}: expected a GPUPolicy mapping, got {type(body).__name__}")
+        return None
+    if body.get("kind") != names.POLICY_KIND or body.get("apiVersion") != names.POLICY_API_VERSION:
+        problems.append(f"{document.where}: expected apiVersion {names.POLICY_API_VERSION} and kind "
+                        f"{names.POLICY_KIND}, got {body.get('apiVersion')!r} {body.get('kind')!r}")
+        return None
+    _normalize_yaml11(body)
+    errors = sorted(_VALIDATOR.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        for error in errors:
+            problems.append(f"{document.where}, {_field_path(error.absolute_path)}: {_describe(error)}")
+        return None
+    spec = body.get("spec", {})
+    policy = _from_spec(body["metadata"]["name"], document.where, spec)
+    problems.extend(f"{document.where}, {problem}" for problem in _semantic_problems(policy))
+    return policy
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties":
+        return f"unknown field(s): {error.message.split('(')[-1].rstrip(')')}"
+    if error.validator == "pattern" and str(error.instance).startswith("nvidia.com/"):
+        return (f"unknown NVIDIA resource {error.instance!r}; expected nvidia.com/gpu, nvidia.com/gpu.shared "
+                f"or nvidia.com/mig-<g>g.<mem>gb")
+    if error.validator == "pattern":
+        return f"{error.instance!r} is not a valid name (lowercase letters, digits and '-')"
+    if error.validator == "oneOf" and list(error.path)[-1:] == ["tolerations"]:
+        return "expected 'auto', 'none' or a list of tolerations"
+    return error.message
+
+
+def _semantic_problems(policy: GPUPolicy) -> list[str]:
+    problems = []
+    gpu = policy.gpu
+    if gpu.default is not None and gpu.max is not None and gpu.default > gpu.max:
+        problems.append(f"spec.gpu.default: {gpu.default} is above spec.gpu.max {gpu.max}")
+    if not policy.match.gpu_only and gpu.default is None:
+        pass  # a CPU-and-GPU policy without a default only adds scheduling fields: allowed
+    return problems
+
+
+def _selector(raw: dict[str, Any] | None) -> LabelSelector:
+    raw = raw or {}
+    return LabelSelector(
+        match_labels=tuple(sorted((raw.get("matchLabels") or {}).items())),
+        match_expressions=tuple(
+            SelectorRequirement(e["key"], e["operator"], tuple(e.get("values") or ()))
+            for e in raw.get("matchExpressions") or ()
+        ),
+    )
+
+
+def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
+    match = spec.get("match") or {}
+    gpu = spec.get("gpu") or {}
+    placement = spec.get("placement") or {}
+    topology = placement.get("topology")
+    tolerations = spec.get("tolerations", "auto")
+    return GPUPolicy(
+        name=name,
+        source=where,
+        priority=spec.get("priority", 0),
+        mode=spec.get("mode", "enforce"),
+        match=Match(
+            namespaces=tuple(match.get("namespaces") or ("*",)),
+            exclude_namespaces=tuple(match.get("excludeNamespaces") or ()),
+            pod_selector=_selector(match.get("podSelector")),
+            gpu_only=match.get("gpuOnly", True),
+        ),
+        gpu=GPUSpec(
+            resource=gpu.get("resource", names.GPU_RESOURCE),
+            default=gpu.get("default"),
+            max=gpu.get("max"),
+            allowed_resources=tuple(gpu.get("allowedResources") or ()),
+            fail_requests_greater_than_one=gpu.get("failRequestsGreaterThanOne", True),
+            products=tuple(gpu.get("products") or ()),
+            families=tuple(gpu.get("families") or ()),
+            min_memory_mib=gpu.get("minMemoryMiB"),
+        ),
+        tolerations=tolerations if isinstance(tolerations, str) else tuple(
+            Toleration(key=t.get("key"), operator=t.get("operator", "Equal" if "value" in t else "Exists"),
+                       value=t.get("value"), effect=t.get("effect"), toleration_seconds=t.get("tolerationSeconds"))
+            for t in tolerations
+        ),
+        runtime_class_name=spec.get("runtimeClassName"),
+        priority_class_name=spec.get("priorityClassName"),
+        scheduler_name=spec.get("schedulerName"),
+        placement=Placement(
+            strategy=placement.get("strategy", "none"),
+            avoid_congested=placement.get("avoidCongested", "no"),
+            topology=Topology(key=topology["key"], mode=topology.get("mode", "preferred")) if topology else None,
+        ),
+        deny=tuple(
+            DenyRule(message=d["message"], namespaces=tuple(d.get("namespaces") or ("*",)),
+                     pod_selector=_selector(d.get("podSelector")))
+            for d in spec.get("deny") or ()
+        ),
+    )

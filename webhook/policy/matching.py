@@ -1,0 +1,62 @@
+"""Which policy applies to a pod: namespace globs, a LabelSelector, gpuOnly, opt-out, priority.
+
+The namespace is always the admission request's: pods made by controllers often arrive
+without ``metadata.namespace``.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
+
+from webhook import pods
+from webhook.policy.model import DenyRule, GPUPolicy, LabelSelector, Match, SelectorRequirement
+
+if TYPE_CHECKING:
+    from webhook.policy.loading import PolicySet
+
+
+def namespace_matches(namespace: str, include: tuple[str, ...], exclude: tuple[str, ...] = ()) -> bool:
+    """Glob match (``ml-*``, ``team-?``) on the request namespace; excludes win."""
+    if any(fnmatchcase(namespace, pattern) for pattern in exclude):
+        return False
+    return any(fnmatchcase(namespace, pattern) for pattern in include)
+
+
+def requirement_matches(requirement: SelectorRequirement, labels: dict[str, str]) -> bool:
+    present = requirement.key in labels
+    if requirement.operator == "In":
+        return present and labels[requirement.key] in requirement.values
+    if requirement.operator == "NotIn":
+        return not present or labels[requirement.key] not in requirement.values
+    if requirement.operator == "Exists":
+        return present
+    return not present  # DoesNotExist
+
+
+def selector_matches(selector: LabelSelector, labels: dict[str, str]) -> bool:
+    """Kubernetes LabelSelector semantics: every requirement holds; the empty selector matches all."""
+    return all(requirement_matches(r, labels) for r in selector.requirements())
+
+
+def match_applies(match: Match, pod: pods.Pod, namespace: str) -> bool:
+    if not namespace_matches(namespace, match.namespaces, match.exclude_namespaces):
+        return False
+    if not selector_matches(match.pod_selector, pods.labels(pod)):
+        return False
+    return pods.asks_for_gpus(pod) or not match.gpu_only
+
+
+def select(policies: "PolicySet", pod: pods.Pod, *, namespace: str) -> GPUPolicy | None:
+    """The highest-priority policy whose match applies, or None (also for opted-out pods).
+
+    Policies are kept sorted by descending priority, and equal priorities that could both
+    match are refused at load, so the first hit is the only answer.
+    """
+    if pods.is_skipped(pod):
+        return None
+    return next((p for p in policies.policies if match_applies(p.match, pod, namespace)), None)
+
+
+def deny_applies(rule: DenyRule, pod: pods.Pod, namespace: str) -> bool:
+    return namespace_matches(namespace, rule.namespaces) and selector_matches(rule.pod_selector, pods.labels(pod))

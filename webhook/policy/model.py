@@ -1,0 +1,130 @@
+"""GPUPolicy as typed, frozen values: parsed once at load, trusted on the request path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["enforce", "audit", "off"]
+Strategy = Literal["pack", "spread", "none"]
+AvoidCongested = Literal["required", "preferred", "no"]
+TopologyMode = Literal["required", "preferred"]
+SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorRequirement:
+    key: str
+    operator: SelectorOperator
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A Kubernetes LabelSelector; the empty selector matches every pod."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[SelectorRequirement, ...] = ()
+
+    def requirements(self) -> tuple[SelectorRequirement, ...]:
+        """matchLabels folded into In requirements, as the API server does."""
+        folded = tuple(SelectorRequirement(k, "In", (v,)) for k, v in self.match_labels)
+        return folded + self.match_expressions
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    namespaces: tuple[str, ...] = ("*",)
+    exclude_namespaces: tuple[str, ...] = ()
+    pod_selector: LabelSelector = field(default_factory=LabelSelector)
+    gpu_only: bool = True
+    """Only pods that request an NVIDIA resource or carry gpugate.io/gpus; false also shapes CPU pods."""
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    resource: str = "nvidia.com/gpu"
+    default: int | None = None
+    """Count injected for a gpus label without a value, or for every matched pod when gpuOnly is false."""
+    max: int | None = None
+    allowed_resources: tuple[str, ...] = ()
+    """NVIDIA resources allowed besides ``resource``; anything else is denied by validation."""
+    fail_requests_greater_than_one: bool = True
+    """Deny asking a shared (time-sliced/MPS) resource more than once: replicas of one GPU add no compute."""
+    products: tuple[str, ...] = ()
+    families: tuple[str, ...] = ()
+    min_memory_mib: int | None = None
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset((self.resource, *self.allowed_resources))
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: str | None = None
+    effect: str | None = None
+    toleration_seconds: int | None = None
+
+    def as_k8s(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        if self.key is not None:
+            out["key"] = self.key
+        out["operator"] = self.operator
+        if self.value is not None:
+            out["value"] = self.value
+        if self.effect is not None:
+            out["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    key: str = "nvidia.com/gpu.clique"
+    mode: TopologyMode = "preferred"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    strategy: Strategy = "none"
+    avoid_congested: AvoidCongested = "no"
+    topology: Topology | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DenyRule:
+    message: str
+    namespaces: tuple[str, ...] = ("*",)
+    pod_selector: LabelSelector = field(default_factory=LabelSelector)
+
+
+@dataclass(frozen=True, slots=True)
+class GPUPolicy:
+    name: str
+    source: str
+    """Where the policy was read from ("policies/training.yaml, document 1"), for messages."""
+    priority: int = 0
+    mode: Mode = "enforce"
+    match: Match = field(default_factory=Match)
+    gpu: GPUSpec = field(default_factory=GPUSpec)
+    tolerations: Literal["auto", "none"] | tuple[Toleration, ...] = "auto"
+    runtime_class_name: str | None = None
+    priority_class_name: str | None = None
+    scheduler_name: str | None = None
+    placement: Placement = field(default_factory=Placement)
+    deny: tuple[DenyRule, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRef:
+    """Which policy, at which revision of the set, shaped a pod (the gpugate.io/policy annotation)."""
+
+    name: str
+    revision: str
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.revision}"

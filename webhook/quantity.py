@@ -1,0 +1,66 @@
+"""Kubernetes resource quantities, parsed once at the boundary into exact numbers.
+
+Extended resources such as ``nvidia.com/gpu`` must be whole numbers; cpu and memory are
+converted to integer millicores and bytes so that the scheduler model and the validator
+compare ints, never strings.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+_SUFFIXES: dict[str, Decimal] = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
+    "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+class QuantityError(ValueError):
+    """A string that is not a Kubernetes quantity."""
+
+
+def parse_quantity(value: object) -> Decimal:
+    """Parse ``"500m"``, ``"16Gi"``, ``2`` or ``"1e3"`` into a Decimal."""
+    if isinstance(value, bool):
+        raise QuantityError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(str(value))
+    if not isinstance(value, str):
+        raise QuantityError(f"{value!r} is not a quantity")
+    match = _QUANTITY.match(value.strip())
+    if not match:
+        raise QuantityError(f"{value!r} is not a quantity")
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        return Decimal(number) * _SUFFIXES[suffix]
+    except InvalidOperation as err:
+        raise QuantityError(f"{value!r} is not a quantity") from err
+
+
+def whole_count(value: object) -> int | None:
+    """The whole number an extended-resource quantity stands for, or None if it is not one."""
+    try:
+        quantity = parse_quantity(value)
+    except QuantityError:
+        return None
+    if quantity != quantity.to_integral_value() or quantity < 0:
+        return None
+    return int(quantity)
+
+
+def millicores(value: object) -> int:
+    """CPU quantity in millicores, rounded up as the kubelet does."""
+    return int((parse_quantity(value) * 1000).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def bytes_(value: object) -> int:
+    """Memory quantity in bytes, rounded up."""
+    return int(parse_quantity(value).to_integral_value(rounding="ROUND_CEILING"))

@@ -1,0 +1,117 @@
+"""Verdicts on a pod as it will be stored: what no policy allows is denied, with a fix. Pure.
+
+Runs on the validating endpoint after every mutating webhook, so it sees the final pod. Each
+reason names the container, the resource, the policy and what to do instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from webhook import names, pods
+from webhook.policy import matching
+from webhook.policy.loading import PolicySet
+from webhook.policy.model import GPUPolicy, PolicyRef
+from webhook.quantity import whole_count
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Allowed or not, and why: a value, never an exception."""
+
+    allowed: bool
+    reasons: tuple[str, ...] = ()
+    policy: PolicyRef | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet) -> Verdict:
+    if pods.is_skipped(pod):
+        return Verdict(allowed=True)
+    reasons = _deny_rules(pod, namespace, policies)
+    policy = matching.select(policies, pod, namespace=namespace)
+    ref = PolicyRef(policy.name, policies.revision) if policy else None
+    if policy is not None and policy.mode != "off":
+        reasons += _policy_rules(pod, policy, ref)
+    if policy is not None and policy.mode == "audit":
+        # Audit never blocks: it reports what enforce would deny.
+        return Verdict(allowed=True, policy=ref, warnings=tuple(f"audit: would deny: {r}" for r in reasons))
+    return Verdict(allowed=not reasons, reasons=tuple(reasons), policy=ref)
+
+
+def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet) -> list[str]:
+    """Deny rules of every enforcing policy whose match applies: a deny is never hidden by priority."""
+    if not pods.asks_for_gpus(pod):
+        return []
+    out = []
+    for policy in policies.policies:
+        if policy.mode != "enforce" or not matching.namespace_matches(
+                namespace, policy.match.namespaces, policy.match.exclude_namespaces):
+            continue
+        for rule in policy.deny:
+            if matching.deny_applies(rule, pod, namespace):
+                asked = ", ".join(sorted(pods.requested_nvidia_resources(pod))) or f"label {names.GPUS_LABEL}"
+                out.append(f"pod '{pods.display_name(pod)}' in namespace '{namespace}' asks for {asked}: "
+                           f"{rule.message} (policy {policy.name}@{policies.revision})")
+    return out
+
+
+def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
+    out: list[str] = []
+    label = pods.labels(pod).get(names.GPUS_LABEL)
+    if label not in (None, "") and whole_count(label) is None:
+        out.append(f"label {names.GPUS_LABEL}={label!r} is not a whole number of GPUs (policy {ref}); "
+                   f"write e.g. {names.GPUS_LABEL}: \"1\"")
+    wanted = pods.annotations(pod).get(names.CONTAINER_ANNOTATION)
+    if wanted and all(c.get("name") != wanted for c in pods.containers(pod)):
+        out.append(f"annotation {names.CONTAINER_ANNOTATION}={wanted!r} names no regular container of pod "
+                   f"'{pods.display_name(pod)}' (policy {ref}); name one of "
+                   f"{', '.join(repr(c.get('name')) for c in pods.containers(pod))}")
+    totals: dict[str, int] = {}
+    for kind, container in pods.all_containers(pod):
+        name = container.get("name")
+        for resource in sorted(pods.nvidia_resources(container)):
+            out.extend(_container_rules(kind, name, container, resource, policy, ref))
+            if kind == "container":
+                totals[resource] = totals.get(resource, 0) + (pods.nvidia_count(container, resource) or 0)
+    limit = policy.gpu.max
+    regular = [c for c in pods.containers(pod) if policy.gpu.resource in pods.nvidia_resources(c)]
+    total = totals.get(policy.gpu.resource, 0)
+    if limit is not None and len(regular) > 1 and total > limit:
+        out.append(f"pod '{pods.display_name(pod)}' asks {policy.gpu.resource}: {total} across its containers; "
+                   f"policy {ref} allows {limit} per pod. Ask for {limit} or fewer in total, or split the job "
+                   f"into several pods")
+    return out
+
+
+def _container_rules(kind: str, name: object, container: pods.Container, resource: str,
+                     policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
+    out = []
+    where = f"{kind} '{name}'"
+    requests = pods.resource_section(container, "requests").get(resource)
+    limits = pods.resource_section(container, "limits").get(resource)
+    count = pods.nvidia_count(container, resource)
+    if resource not in policy.gpu.allowed:
+        allowed = ", ".join(sorted(policy.gpu.allowed))
+        out.append(f"{where} asks {resource}, which policy {ref} does not allow; ask for {allowed} instead, "
+                   f"or use a profile whose policy offers {resource}")
+        return out
+    if count is None:
+        out.append(f"{where} asks {resource}: {limits if limits is not None else requests}, which is not a whole "
+                   f"number (policy {ref}); GPUs are counted in whole devices")
+        return out
+    if requests is not None and limits is not None and whole_count(requests) != whole_count(limits):
+        out.append(f"{where} asks {resource} requests {requests} but limits {limits} (policy {ref}); "
+                   f"set requests equal to limits")
+    if policy.gpu.max is not None and count > policy.gpu.max:
+        out.append(f"{where} asks {resource}: {count}; policy {ref} allows {policy.gpu.max}. "
+                   f"Ask for {policy.gpu.max} or fewer, or use a profile whose policy allows more")
+    if resource.endswith(".shared") and count > 1 and policy.gpu.fail_requests_greater_than_one:
+        out.append(f"{where} asks {resource}: {count}; policy {ref} allows one shared GPU per container "
+                   f"(time-sliced replicas share one GPU, so more adds no compute). Ask for 1, or for "
+                   f"{names.GPU_RESOURCE} if you need whole GPUs")
+    return out
