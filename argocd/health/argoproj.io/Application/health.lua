@@ -1,0 +1,63 @@
+-- Argo CD health for argoproj.io/Application, so an app-of-apps waits for each child wave
+-- (Argo CD has shipped no Application health since 1.8). argocd-cm script: base Lua and
+-- table only.
+--
+-- A parent reads the child's status right after applying the child's new spec; until the
+-- controller has compared that spec, status.health still describes the old one. So while
+-- status.sync.comparedTo does not match spec.source/spec.sources (the controller's own
+-- staleness test), report Progressing instead of the stale verdict; likewise while a sync
+-- operation is still running. Otherwise the child's own health passes through.
+
+-- Deep equality where nil, {} and "" mean the same (the API server drops empty fields).
+local function empty(v)
+  return v == nil or v == "" or (type(v) == "table" and next(v) == nil)
+end
+
+local function same(a, b)
+  if empty(a) and empty(b) then
+    return true
+  end
+  if type(a) ~= "table" or type(b) ~= "table" then
+    return a == b
+  end
+  for k, v in pairs(a) do
+    if not same(v, b[k]) then
+      return false
+    end
+  end
+  for k, v in pairs(b) do
+    if a[k] == nil and not empty(v) then
+      return false
+    end
+  end
+  return true
+end
+
+if obj.status == nil or obj.status.health == nil or obj.status.health.status == nil then
+  return {status = "Progressing", message = "Waiting for the Application's health to be reported"}
+end
+
+local compared = nil
+if obj.status.sync ~= nil then
+  compared = obj.status.sync.comparedTo
+end
+if compared ~= nil and obj.spec ~= nil then
+  if not same(obj.spec.source, compared.source) or not same(obj.spec.sources, compared.sources) then
+    return {status = "Progressing", message = "Waiting for the controller to compare the new spec (status is stale)"}
+  end
+end
+
+if obj.status.operationState ~= nil and obj.status.operationState.phase == "Running" then
+  return {status = "Progressing", message = "Sync is running"}
+end
+
+-- status.health.message is deprecated and mostly empty since Argo CD 3.x: say what we know.
+local message = obj.status.health.message
+if message == nil or message == "" then
+  local sync = "Unknown"
+  if obj.status.sync ~= nil and obj.status.sync.status ~= nil then
+    sync = obj.status.sync.status
+  end
+  message = "Application health is " .. obj.status.health.status .. ", sync status " .. sync
+end
+return {status = obj.status.health.status, message = message}

@@ -1,0 +1,1 @@
+"""GitOps tests: Argo CD manifests, health checks, the argocd-cm patch and the chart values check."""
