@@ -1,0 +1,45 @@
+"""The starter policies' golden cases, run by the same runner as ``gpugate policy test``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from webhook import policytests
+from webhook.policy import PolicySet
+
+POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"
+CASES = policytests.find_cases(POLICY_DIR)
+
+
+def test_every_starter_policy_has_a_case() -> None:
+    """Each policy in policies/ is exercised by at least one case (its annotation or its denial)."""
+    policies = PolicySet.from_dir(POLICY_DIR)
+    covered = set()
+    for case in CASES:
+        text = " ".join(p.read_text() for p in case.glob("*.yaml"))
+        covered |= {p.name for p in policies.policies if f"{p.name}@REVISION" in text}
+    covered |= {"web-no-gpus"} if any("web-namespace-denied" in str(c) for c in CASES) else set()
+    assert covered == {p.name for p in policies.policies}
+
+
+@pytest.mark.parametrize("case_dir", CASES, ids=[c.name for c in CASES])
+def test_golden_case(case_dir: Path) -> None:
+    result = policytests.run_case(case_dir, PolicySet.from_dir(POLICY_DIR))
+    assert result.passed, result.detail
+
+
+def test_runner_reports_a_wrong_expectation(tmp_path: Path) -> None:
+    """A case whose expected pod differs fails with a unified diff, so the runner can fail at all."""
+    case = tmp_path / "tests" / "wrong"
+    case.mkdir(parents=True)
+    (tmp_path / "p.yaml").write_text((POLICY_DIR / "training.yaml").read_text())
+    source = POLICY_DIR / "tests" / "training-packs-on-clique"
+    (case / "pod.yaml").write_text((source / "pod.yaml").read_text())
+    (case / "expected.yaml").write_text((source / "expected.yaml").read_text().replace("'8'", "'7'"))
+    (case / "case.yaml").write_text("namespace: ml-vision\nexpect: {mutated: expected.yaml}\n")
+    [result] = policytests.run_all(tmp_path)
+    assert not result.passed
+    assert "-        nvidia.com/gpu: '7'" in result.detail
+    assert "+        nvidia.com/gpu: '8'" in result.detail
