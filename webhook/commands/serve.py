@@ -1,0 +1,238 @@
+"""``gpugate serve`` (the HTTPS admission server) and ``gpugate admit`` (send it one pod or review)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import sys
+import tempfile
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+import jsonpatch
+import yaml
+
+from webhook import admission, certs
+from webhook.errors import GpugateError, InputError
+
+DEFAULT_BIND = "127.0.0.1:8443"
+DEFAULT_STATE_DIR = Path(".gpugate")
+RENEW_WITHIN_DAYS = 30
+
+
+def _host_port(value: str, option: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"expected HOST:PORT, got {value!r}", param_hint=option)
+    return host.strip("[]"), int(port)
+
+
+def serving_bundle(state_dir: Path, *, service: str, namespace: str, now: datetime) -> tuple[Path, Path, Path]:
+    """The self-signed serving pair in ``state_dir/tls``: reused when valid for this Service, else made.
+
+    Returns (certfile, keyfile, ca file).
+    """
+    tls_dir = state_dir / "tls"
+    bundle = certs.read_bundle(tls_dir)
+    wanted = set(certs.service_dns_names(service, namespace))
+    if bundle is not None and not certs.needs_renewal(bundle.cert, within_days=RENEW_WITHIN_DAYS, now=now):
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(bundle.cert)
+        sans = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+                   .value.get_values_for_type(x509.DNSName))
+        if wanted <= sans:
+            return tls_dir / certs.CERT_FILE, tls_dir / certs.KEY_FILE, tls_dir / certs.CA_CERT_FILE
+    bundle = certs.create_bundle(service=service, namespace=namespace, now=now)
+    certs.write_bundle(bundle, tls_dir)
+    return tls_dir / certs.CERT_FILE, tls_dir / certs.KEY_FILE, tls_dir / certs.CA_CERT_FILE
+
+
+@click.command()
+@click.option("--bind", default=DEFAULT_BIND, show_default=True, help="HOST:PORT of the HTTPS listener.")
+@click.option("--policies", "policy_dir", type=click.Path(path_type=Path), default=Path("policies"),
+              show_default=True, help="Folder of GPUPolicy files, watched for changes.")
+@click.option("--cert", "certfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="Serving certificate (PEM). Without --cert/--key a self-signed pair is made in --state-dir.")
+@click.option("--key", "keyfile", type=click.Path(dir_okay=False, path_type=Path), help="Its private key (PEM).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_STATE_DIR,
+              show_default=True, help="Where the self-signed CA and certificate are kept and reused.")
+@click.option("--service", default="gpugate-webhook", show_default=True, help="Service name for the certificate SANs.")
+@click.option("--namespace", default="gpugate-system", show_default=True, help="Service namespace for the SANs.")
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Worker processes (one per core).")
+@click.option("--threads", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Threads per worker (requests are short and CPU-bound: a few are enough).")
+@click.option("--metrics-bind", help="HOST:PORT for a plaintext /metrics-only listener (off unless given).")
+@click.option("--fail-closed", is_flag=True, help="Deny, instead of admitting unchanged, when gpugate fails internally.")
+@click.option("--reload-interval", type=click.FloatRange(0.1, 300), default=1.0, show_default=True,
+              help="Seconds between checks of the policy folder and certificate files.")
+@click.option("--null-webhook", is_flag=True, hidden=True,
+              help="Benchmark baseline: answer allowed without calling the policy core.")
+def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
+          service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
+          fail_closed: bool, reload_interval: float, null_webhook: bool) -> None:
+    """Serve POST /mutate and /validate (AdmissionReview v1) over HTTPS, plus /healthz, /readyz, /metrics."""
+    _host_port(bind, "--bind")
+    metrics_address = _host_port(metrics_bind, "--metrics-bind") if metrics_bind else None
+    if (certfile is None) != (keyfile is None):
+        raise click.UsageError("give both --cert and --key, or neither for a self-signed pair in --state-dir")
+    if not null_webhook and not policy_dir.is_dir():
+        raise GpugateError(f"policy folder {policy_dir} does not exist; pass --policies DIR")
+    if certfile is None or keyfile is None:
+        certfile, keyfile, ca_file = serving_bundle(state_dir, service=service, namespace=namespace,
+                                                    now=datetime.now(timezone.utc))
+        click.echo(f"gpugate: self-signed CA at {ca_file.resolve()} "
+                   f"(verify with: gpugate admit POD.yaml --ca {ca_file})", err=True)
+    for path in (certfile, keyfile):
+        if not path.is_file():
+            raise GpugateError(f"{path} does not exist")
+    certs.check_pair(certfile.read_bytes(), keyfile.read_bytes(), cert_name=str(certfile), key_name=str(keyfile))
+
+    # Before anything imports prometheus_client: each run gets fresh multiprocess sample files.
+    metrics_dir = tempfile.mkdtemp(prefix="gpugate-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        from webhook import serving, server
+
+        settings = server.ServerSettings(policy_dir=policy_dir, fail_closed=fail_closed,
+                                         reload_interval=reload_interval, null_webhook=null_webhook)
+        try:
+            reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval)
+        except ssl.SSLError as err:
+            raise GpugateError(f"cannot use {certfile} / {keyfile}: {err}") from err
+        options = serving.gunicorn_options(bind=bind, workers=workers, threads=threads, certfile=certfile,
+                                           keyfile=keyfile, reloader=reloader, metrics_bind=metrics_address)
+        click.echo(f"gpugate: serving https://{bind} (policies: {policy_dir}, workers: {workers}, "
+                   f"threads: {threads})", err=True)
+        serving.GunicornServer(lambda: server.create_app(settings), options).run()
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+# --- admit -------------------------------------------------------------------------------------
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to the URL's address while verifying the certificate for ``server_name``."""
+
+    def __init__(self, host: str, port: int, *, context: ssl.SSLContext, server_name: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._server_name = server_name
+        self._context = context
+
+    def connect(self) -> None:
+        raw = socket.create_connection((self.host, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self._server_name)
+
+
+def post_review(server: str, endpoint: str, review: dict[str, Any], *, ca: Path | None,
+                server_name: str | None = None, timeout: float = 10.0) -> tuple[int, Any]:
+    """POST a review to ``server/endpoint``; (HTTP status, parsed JSON body)."""
+    url = urlsplit(server)
+    if url.scheme != "https" or not url.hostname:
+        raise InputError(f"--server must be an https:// URL, got {server!r}")
+    context = ssl.create_default_context(cafile=str(ca) if ca else None)
+    connection = _PinnedHTTPSConnection(url.hostname, url.port or 443, context=context,
+                                        server_name=server_name or url.hostname, timeout=timeout)
+    path = url.path.rstrip("/") + "/" + endpoint
+    try:
+        connection.request("POST", path, body=json.dumps(review).encode(),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        raw = response.read()
+    except ssl.SSLError as err:
+        raise GpugateError(f"TLS with {server} failed: {err}; pass the server's CA with --ca") from err
+    except OSError as err:
+        raise GpugateError(f"cannot reach {server}: {err}") from err
+    finally:
+        connection.close()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw.decode(errors="replace")
+
+
+def _read_document(path: Path) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise InputError(f"cannot read {path}: {err}") from err
+    if not isinstance(document, dict) or document.get("kind") not in ("Pod", admission.KIND):
+        raise InputError(f"{path} holds neither a Pod nor an AdmissionReview")
+    return document
+
+
+def render_response(endpoint: str, document: dict[str, Any]) -> tuple[str, bool]:
+    """A human summary of a review response, and whether it was allowed."""
+    response = document.get("response") or {}
+    allowed = bool(response.get("allowed"))
+    lines = [f"{endpoint}: {'allowed' if allowed else 'DENIED'} (uid {response.get('uid')})"]
+    if not allowed:
+        status = response.get("status") or {}
+        lines.append(f"  reason ({status.get('code')}): {status.get('message')}")
+    for warning in response.get("warnings") or []:
+        lines.append(f"  warning: {warning}")
+    for key, value in (response.get("auditAnnotations") or {}).items():
+        lines.append(f"  audit {key}: {value}")
+    if response.get("patch"):
+        ops = admission.decode_patch(response["patch"])
+        lines.append(f"  patch ({len(ops)} operations, {response.get('patchType')}):")
+        lines.extend("    " + line for line in json.dumps(ops, indent=2).splitlines())
+    elif endpoint == "mutate":
+        lines.append("  patch: none")
+    return "\n".join(lines), allowed
+
+
+@click.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--server", default=f"https://{DEFAULT_BIND}", show_default=True, help="Base URL of gpugate serve.")
+@click.option("--ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help=f"CA certificate to verify the server (default: {DEFAULT_STATE_DIR}/tls/ca.crt when present).")
+@click.option("--server-name", help="Verify the certificate for this name instead of the URL's host.")
+@click.option("--endpoint", type=click.Choice(["mutate", "validate", "both"]), default="both", show_default=True)
+@click.option("--namespace", help="Namespace of the request (default: the pod's, else 'default').")
+@click.option("--dry-run", is_flag=True, help="Mark the review as a dry run.")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def admit(file: Path, server: str, ca: Path | None, server_name: str | None, endpoint: str,
+          namespace: str | None, dry_run: bool, output: str) -> None:
+    """Send FILE (a Pod, wrapped in an AdmissionReview, or a review) to the server; print the answer.
+
+    Exit 0 when every endpoint allowed it, 1 when one denied it or the server refused the review.
+    """
+    document = _read_document(file)
+    if ca is None and (DEFAULT_STATE_DIR / "tls" / certs.CA_CERT_FILE).is_file():
+        ca = DEFAULT_STATE_DIR / "tls" / certs.CA_CERT_FILE
+    if document["kind"] == "Pod":
+        review = admission.wrap_pod(document, uid=str(uuid.uuid4()), namespace=namespace, dry_run=dry_run)
+    else:
+        review = document
+    endpoints = ["mutate", "validate"] if endpoint == "both" else [endpoint]
+    all_allowed = True
+    for name in endpoints:
+        status, body = post_review(server, name, review, ca=ca, server_name=server_name)
+        if status != 200:
+            message = body.get("error") if isinstance(body, dict) else body
+            raise GpugateError(f"{server}/{name} answered HTTP {status}: {message}")
+        if output == "json":
+            click.echo(json.dumps(body, indent=2))
+            allowed = bool((body.get("response") or {}).get("allowed"))
+        else:
+            text, allowed = render_response(name, body)
+            click.echo(text)
+        all_allowed = all_allowed and allowed
+        patch = (body.get("response") or {}).get("patch") if isinstance(body, dict) else None
+        if name == "mutate" and patch and isinstance(review.get("request"), dict):
+            # The API server validates the mutated object: so does admit.
+            review = json.loads(json.dumps(review))
+            review["request"]["object"] = jsonpatch.apply_patch(review["request"]["object"],
+                                                                admission.decode_patch(patch))
+    if not all_allowed:
+        sys.exit(1)
