@@ -1,0 +1,257 @@
+"""``gpugate stack``: status, plan, upgrade, promote and roll back the GPU stack declared in Git.
+
+Thin: parse options, call ``webhook.stack``, render text or JSON, pick the exit code
+(0 all checks pass / done, 1 a check failed or an error, 2 usage).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from webhook.errors import GpugateError
+from webhook.stack import plan as planning
+from webhook.stack import status as stack_status
+from webhook.stack import upgrade as stack_upgrade
+from webhook.stack import verify
+from webhook.stack.gitrepo import Repo
+
+_MODES = click.Choice(["nvidiadriver", "clusterpolicy"])
+
+
+def _repo_option(func: Any) -> Any:
+    return click.option("--repo", "repo", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                        default=Path("."), show_default=True,
+                        help="Root (or any folder) of the git repository holding manifests/gpu-operator.")(func)
+
+
+def _output_option(func: Any) -> Any:
+    return click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                        help="text for people, json for machines.")(func)
+
+
+def _schemas_option(func: Any) -> Any:
+    return click.option("--schemas", "schemas", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Folder with nvidia.com_nvidiadrivers.yaml (default: <repo>/../shared/schemas).")(func)
+
+
+def _change_options(func: Any) -> Any:
+    options = [
+        click.option("--operator", required=True, help="Target GPU Operator release, e.g. v26.7.0."),
+        click.option("--driver", default=None, help="Target driver version (default: keep each pool's)."),
+        click.option("--pool", default=None, help="Change only this pool's NVIDIADriver (canary)."),
+        click.option("--kubernetes", default=None, help="The cluster's Kubernetes minor, 1.NN (default: stack.yaml)."),
+        click.option("--allow-unvalidated-driver", is_flag=True,
+                     help="Accept a driver outside the target's validated branches (warned)."),
+        click.option("--driver-management", type=_MODES, default=None,
+                     help="Move the driver to NVIDIADriver CRs per pool, or back to the ClusterPolicy."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _request(operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
+             allow_unvalidated_driver: bool, driver_management: str | None) -> planning.Request:
+    return planning.Request(operator=operator, driver=driver, pool=pool, kubernetes=kubernetes,
+                            allow_unvalidated_driver=allow_unvalidated_driver, driver_management=driver_management)
+
+
+def _root(path: Path) -> Path:
+    try:
+        return Repo(path).root
+    except GpugateError:
+        return path.resolve()
+
+
+def _schema_root(root: Path, schemas: Path | None) -> Path | None:
+    if schemas is not None:
+        return schemas
+    default = verify.default_schema_root(root)
+    return default if default.is_dir() else None
+
+
+@click.group("stack")
+def stack() -> None:
+    """Upgrade the GPU stack by one checked git commit; canary per pool, promote, roll back."""
+
+
+# ---------------------------------------------------------------------------- status
+
+
+@stack.command("status")
+@_repo_option
+@click.option("--kube", is_flag=True, help="Also ask the cluster (ClusterPolicy, NVIDIADriver, GPU nodes).")
+@click.option("--server", default=None, help="API server URL (default: in-cluster or kubeconfig).")
+@_output_option
+def status_command(repo: Path, kube: bool, server: str | None, output: str) -> None:
+    """What Git declares (and, with --kube, what the cluster reports)."""
+    result = stack_status.status(repo, kube=kube or server is not None, server=server)
+    if output == "json":
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(render_status(result))
+
+
+def render_status(result: dict[str, Any]) -> str:
+    git = result["git"]
+    lines = [f"Git ({git['stackFile']}{' @ ' + git['head'][:12] if git.get('head') else ''}):",
+             f"  operator           {git['operator']['chart']} {git['operator']['version']} ({git['operator']['repository']})",
+             f"  kubernetes         {git['kubernetesVersion']}",
+             f"  driver management  {git['driverManagement']}",
+             "  pools:"]
+    for pool in git["pools"]:
+        where = "default pool" if pool["default"] else "nodeSelector " + ",".join(f"{k}={v}" for k, v in pool["nodeSelector"].items())
+        cr = f"NVIDIADriver {pool['nvidiaDriver']}, " if pool["nvidiaDriver"] else ""
+        mig = ", MIG + full GPUs" if pool["migAndFullGPUs"] else ""
+        lines.append(f"    {pool['name']:<12} driver {pool['driver']:<12} ({cr}{where}, {pool['driverType']}"
+                     f"{', precompiled' if pool['usePrecompiled'] else ''}{mig})")
+    overrides = ", ".join(f"{k}={v}" for k, v in git["components"].items()) or "none"
+    lines.append(f"  overridden components: {overrides}")
+    if git["outOfStep"]:
+        lines.append(f"  OUT OF STEP with stack.yaml: {', '.join(git['outOfStep'])}")
+    for commit in git.get("stackCommits", [])[:3]:
+        lines.append(f"  stack commit {commit['sha'][:12]} [{commit['action']}] {commit['subject']}")
+    cluster = result.get("cluster")
+    if cluster is not None:
+        lines.append(f"Cluster ({cluster['server']}):")
+        for kind, key in (("ClusterPolicy", "clusterPolicies"), ("NVIDIADriver", "nvidiaDrivers")):
+            items = cluster[key]
+            if items is None:
+                lines.append(f"  {kind}: not served (CRD not installed)")
+                continue
+            if not items:
+                lines.append(f"  {kind}: none")
+            for item in items:
+                conds = ", ".join(f"{c.get('type')}={c.get('status')}" + (f" ({c['reason']})" if c.get("reason") else "")
+                                  for c in item["conditions"]) or "no conditions"
+                lines.append(f"  {kind} {item['name']}: {item['state']} [{conds}]")
+        lines.append(f"  GPU nodes per pool by {stack_status.DRIVER_UPGRADE_STATE_LABEL}:")
+        for pool in cluster["pools"]:
+            states = ", ".join(f"{k}={v}" for k, v in pool["upgradeStates"].items()) or "no nodes"
+            cr = f" (NVIDIADriver {pool['nvidiaDriver']})" if pool["nvidiaDriver"] else ""
+            lines.append(f"    {pool['name']:<12} {states}{cr}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- plan / upgrade / promote
+
+
+def render_plan(data: dict[str, Any]) -> str:
+    lines = [f"plan: {data['action']}", "checks:"]
+    width = max((len(c["name"] + (f"[{c['subject']}]" if c.get("subject") else "")) for c in data["checks"]), default=0)
+    for check in data["checks"]:
+        label = check["name"] + (f"[{check['subject']}]" if check.get("subject") else "")
+        lines.append(f"  {'PASS' if check['ok'] else 'FAIL'}  {label:<{width}}  {check['reason']}")
+    if data["warnings"]:
+        lines.append("warnings:")
+        lines += [f"  {w}" for w in data["warnings"]]
+    lines.append(f"commits ({len(data['commits'])}):")
+    for index, commit in enumerate(data["commits"], start=1):
+        marker = "this run" if commit["made_by_this_run"] else "a later run"
+        lines.append(f"  {index}. gpugate stack: {commit['title']}  [{marker}]")
+        lines += [f"       {change}" for change in commit["changes"]]
+        if commit["files"]:
+            lines.append(f"       files: {', '.join(commit['files'])}")
+        if commit["note"]:
+            lines.append(f"       note: {commit['note']}")
+    failed = [c for c in data["checks"] if not c["ok"]]
+    lines.append("result: all checks pass" if not failed else f"result: {len(failed)} check(s) failed")
+    return "\n".join(lines)
+
+
+def _emit_plan(prepared: stack_upgrade.Prepared, output: str, extra: dict[str, Any] | None = None) -> None:
+    data = stack_upgrade.plan_as_dict(prepared)
+    if extra:
+        data.update(extra)
+    click.echo(json.dumps(data, indent=2) if output == "json" else render_plan(data))
+
+
+@stack.command("plan")
+@_change_options
+@_repo_option
+@_schemas_option
+@_output_option
+@click.pass_context
+def plan_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
+                 allow_unvalidated_driver: bool, driver_management: str | None, repo: Path,
+                 schemas: Path | None, output: str) -> None:
+    """Print every check (pass/fail and why) and the commits an upgrade would make; exit 1 if any fails."""
+    root = _root(repo)
+    request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, driver_management)
+    prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=_schema_root(root, schemas))
+    _emit_plan(prepared, output)
+    ctx.exit(0 if prepared.ok else 1)
+
+
+def _commit(ctx: click.Context, root: Path, prepared: stack_upgrade.Prepared, output: str,
+            schema_root: Path | None) -> None:
+    repo = Repo(root)
+    if not prepared.ok:
+        _emit_plan(prepared, output, {"committed": None})
+        raise stack_upgrade.CheckFailed(prepared)
+    sha = stack_upgrade.execute(repo, prepared, schema_root=schema_root)
+    if output == "json":
+        _emit_plan(prepared, output, {"committed": sha})
+    else:
+        click.echo(render_plan(stack_upgrade.plan_as_dict(prepared)))
+        click.echo(f"committed {sha[:12]}: gpugate stack: {prepared.plan.steps[0].title}")
+        if len(prepared.plan.steps) > 1:
+            click.echo(f"next: {prepared.plan.steps[1].title} -- {prepared.plan.steps[1].note}")
+
+
+@stack.command("upgrade")
+@_change_options
+@_repo_option
+@_schemas_option
+@_output_option
+@click.pass_context
+def upgrade_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
+                    allow_unvalidated_driver: bool, driver_management: str | None, repo: Path,
+                    schemas: Path | None, output: str) -> None:
+    """Check, edit stack.yaml and every derived file, re-validate, and make one commit."""
+    root = _root(repo)
+    Repo(root).require_clean(stack_upgrade.STACK_PATHS)
+    schema_root = _schema_root(root, schemas)
+    request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, driver_management)
+    prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=schema_root)
+    _commit(ctx, root, prepared, output, schema_root)
+
+
+@stack.command("promote")
+@click.option("--from", "source", required=True, help="The pool whose driver is carried over (e.g. canary).")
+@click.option("--to", "to", required=True, help="A pool name, or all for every other pool.")
+@click.option("--allow-unvalidated-driver", is_flag=True, help="Accept a driver outside the validated branches.")
+@_repo_option
+@_schemas_option
+@_output_option
+@click.pass_context
+def promote_command(ctx: click.Context, source: str, to: str, allow_unvalidated_driver: bool, repo: Path,
+                    schemas: Path | None, output: str) -> None:
+    """Carry the canary pool's driver to another pool (or all) in one commit."""
+    root = _root(repo)
+    Repo(root).require_clean(stack_upgrade.STACK_PATHS)
+    schema_root = _schema_root(root, schemas)
+    prepared = stack_upgrade.prepare_promote(root, source=source, to=to,
+                                             allow_unvalidated_driver=allow_unvalidated_driver, schema_root=schema_root)
+    _commit(ctx, root, prepared, output, schema_root)
+
+
+@stack.command("rollback")
+@_repo_option
+@_output_option
+def rollback_command(repo: Path, output: str) -> None:
+    """git revert the newest stack commit (never rewrites history); a rollback of a rollback restores."""
+    result = stack_upgrade.rollback(Repo(_root(repo)))
+    if output == "json":
+        click.echo(json.dumps({"reverted": result.reverted_sha, "subject": result.reverted_subject,
+                               "action": result.reverted_action, "commit": result.new_sha,
+                               "changes": list(result.changes)}, indent=2))
+        return
+    click.echo(f"reverted {result.reverted_sha[:12]} [{result.reverted_action}] {result.reverted_subject}")
+    for line in result.changes:
+        click.echo(f"  {line}")
+    click.echo(f"committed {result.new_sha[:12]}")

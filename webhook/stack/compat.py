@@ -1,0 +1,352 @@
+"""The GPU Operator compatibility matrix and the upgrade rules, as pure functions.
+
+Data in, ``Check`` values out: no files, no git, no cluster. The matrix itself is data
+(``data/matrix.yaml``, loaded by ``webhook.stack.matrix``) so every fact keeps its source;
+this module only knows how to read it and how to apply the rules to a proposed change.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from webhook.errors import GpugateError
+
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
+_MINOR_RE = re.compile(r"^1\.(\d+)$")
+_DRIVER_RE = re.compile(r"^(\d+)(?:\.(\d+)(?:\.(\d+))?)?$")
+
+
+class MatrixError(GpugateError):
+    """The matrix data is malformed (a packaging bug, named with the entry at fault)."""
+
+
+@dataclass(frozen=True, order=True)
+class OperatorVersion:
+    """A GPU Operator release ``vYY.MM.PP``; the release line is ``YY.MM``."""
+
+    major: int
+    minor: int
+    patch: int
+
+    @classmethod
+    def parse(cls, text: str) -> "OperatorVersion":
+        match = _VERSION_RE.match(str(text).strip())
+        if match is None:
+            raise GpugateError(f"operator version {text!r} is not of the form vYY.MM.PP (e.g. v26.7.0)")
+        return cls(int(match[1]), int(match[2]), int(match[3]))
+
+    @property
+    def line(self) -> tuple[int, int]:
+        return (self.major, self.minor)
+
+    @property
+    def line_name(self) -> str:
+        return f"v{self.major}.{self.minor}"
+
+    def __str__(self) -> str:
+        return f"v{self.major}.{self.minor}.{self.patch}"
+
+
+def parse_minor(text: str) -> int:
+    """``"1.33"`` -> 33; anything else is a usage error naming the expected form."""
+    match = _MINOR_RE.match(str(text).strip())
+    if match is None:
+        raise GpugateError(f"Kubernetes version {text!r} is not of the form 1.NN (e.g. 1.33)")
+    return int(match[1])
+
+
+def driver_branch(version: str) -> str:
+    """The branch of a driver version: ``"595.91.07"`` -> ``"595"``; a bare branch stays itself."""
+    match = _DRIVER_RE.match(str(version).strip())
+    if match is None:
+        raise GpugateError(f"driver version {version!r} is not of the form NNN.NN.NN (or a branch NNN when precompiled)")
+    return match[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release:
+    """One GPU Operator release as the matrix records it."""
+
+    version: OperatorVersion
+    date: str
+    defaults: Mapping[str, str]
+    """Component versions the chart's values.yaml pins at this tag (driver, toolkit, ...)."""
+    kubernetes_min: int
+    kubernetes_max: int
+    drivers: tuple[str, ...]
+    """Driver versions the docs list as validated for this release."""
+    branches: tuple[str, ...]
+    """Driver branches of those versions: a driver outside them is unvalidated."""
+    confidence: str
+    sources: Mapping[str, str]
+    """Field name (defaults, kubernetes, drivers) -> the source text it was read from."""
+
+    @property
+    def kubernetes_range(self) -> str:
+        return f"1.{self.kubernetes_min}-1.{self.kubernetes_max}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Matrix:
+    """Every known release, oldest first, and the rule data that goes with them."""
+
+    releases: tuple[Release, ...]
+    known_bad_drivers: tuple[str, ...]
+    known_bad_reason: str
+    known_bad_source: str
+    release_path_source: str
+    migration_supported_from: OperatorVersion
+    migration_source: str
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Matrix":
+        """Build the matrix from its YAML form; refuse an entry without a source."""
+        try:
+            sources = dict(data["sources"])
+            rules = data["rules"]
+
+            def cite(key: str, where: str) -> str:
+                if key not in sources:
+                    raise MatrixError(f"matrix {where}: source {key!r} is not listed under sources")
+                return f"{key}: {sources[key]}"
+
+            releases = []
+            for index, entry in enumerate(data["releases"]):
+                where = f"releases[{index}] ({entry.get('version')})"
+                source = entry.get("source") or {}
+                missing = {"defaults", "kubernetes", "drivers"} - set(source)
+                if missing:
+                    raise MatrixError(f"matrix {where}: no source for {', '.join(sorted(missing))}")
+                branches = tuple(str(b) for b in entry["branches"])
+                drivers = tuple(str(d) for d in entry["drivers"])
+                stray = [d for d in drivers if driver_branch(d) not in branches]
+                if stray:
+                    raise MatrixError(f"matrix {where}: drivers {stray} are outside the listed branches")
+                releases.append(Release(
+                    version=OperatorVersion.parse(entry["version"]),
+                    date=str(entry["date"]),
+                    defaults={str(k): str(v) for k, v in entry["defaults"].items()},
+                    kubernetes_min=parse_minor(entry["kubernetes"]["min"]),
+                    kubernetes_max=parse_minor(entry["kubernetes"]["max"]),
+                    drivers=drivers,
+                    branches=branches,
+                    confidence=str(entry.get("confidence", "unknown")),
+                    sources={k: cite(v, where) for k, v in source.items()},
+                ))
+            releases.sort(key=lambda r: r.version)
+            bad = rules["knownBadDrivers"]
+            migration = rules["nvidiaDriverMigration"]
+            return cls(
+                releases=tuple(releases),
+                known_bad_drivers=tuple(str(v) for v in bad["versions"]),
+                known_bad_reason=str(bad["reason"]),
+                known_bad_source=cite(bad["source"], "rules.knownBadDrivers"),
+                release_path_source=cite(rules["releasePath"]["source"], "rules.releasePath"),
+                migration_supported_from=OperatorVersion.parse(migration["supportedFrom"]),
+                migration_source=cite(migration["source"], "rules.nvidiaDriverMigration"),
+            )
+        except (KeyError, TypeError, AttributeError) as err:
+            raise MatrixError(f"matrix data is malformed: {err!r}") from err
+
+    def release(self, version: OperatorVersion | str) -> Release:
+        wanted = OperatorVersion.parse(version) if isinstance(version, str) else version
+        for release in self.releases:
+            if release.version == wanted:
+                return release
+        known = ", ".join(str(r.version) for r in self.releases)
+        raise GpugateError(f"gpu-operator {wanted} is not in the compatibility matrix (known: {known})")
+
+    def lines(self) -> tuple[tuple[int, int], ...]:
+        return tuple(sorted({r.version.line for r in self.releases}))
+
+    @property
+    def newest(self) -> Release:
+        return self.releases[-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    """One rule applied to one change: did it pass, and why (always a reason, pass or fail)."""
+
+    name: str
+    ok: bool
+    reason: str
+    subject: str = ""
+    """What the check looked at when there are several (a pool, a CR name); empty for the stack."""
+    warning: str = ""
+    source: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}[{self.subject}]" if self.subject else self.name
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "ok": self.ok, "reason": self.reason}
+        if self.subject:
+            out["subject"] = self.subject
+        if self.warning:
+            out["warning"] = self.warning
+        if self.source:
+            out["source"] = self.source
+        return out
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+def check_release_path(matrix: Matrix, current: OperatorVersion, target: OperatorVersion) -> Check:
+    """Upgrades stay in a release line or move to the next one; never skip a line, never go back."""
+    name = "release-path"
+    lines = matrix.lines()
+    source = matrix.release_path_source
+    for version in (current, target):
+        if version.line not in lines:
+            return Check(name=name, ok=False, source=source,
+                         reason=f"release line {version.line_name} of {version} is not in the compatibility matrix")
+    if target < current:
+        return Check(name=name, ok=False, source=source,
+                     reason=f"{target} is older than the current {current}; to go back use `gpugate stack rollback`")
+    if target == current:
+        return Check(name=name, ok=True, source=source, reason=f"operator stays at {current}")
+    gap = lines.index(target.line) - lines.index(current.line)
+    if gap == 0:
+        return Check(name=name, ok=True, source=source,
+                     reason=f"{current} -> {target} stays within release line {current.line_name}")
+    if gap == 1:
+        return Check(name=name, ok=True, source=source,
+                     reason=f"{current} -> {target} moves to the next release line {target.line_name}")
+    skipped = ", ".join(f"v{a}.{b}" for a, b in lines[lines.index(current.line) + 1: lines.index(target.line)])
+    return Check(name=name, ok=False, source=source,
+                 reason=f"{current} -> {target} skips release line(s) {skipped}; upgrades are supported only "
+                        f"within a release line or to the next one: upgrade to the newest {skipped.split(', ')[0]}.x first")
+
+
+def check_kubernetes(release: Release, minor: int) -> Check:
+    """The cluster's Kubernetes minor must be inside the target release's supported range."""
+    ok = release.kubernetes_min <= minor <= release.kubernetes_max
+    verdict = "is within" if ok else "is outside"
+    reason = f"Kubernetes 1.{minor} {verdict} {release.version}'s supported range {release.kubernetes_range}"
+    if not ok:
+        reason += "; upgrade the cluster or pick a release that supports it"
+    return Check(name="kubernetes", ok=ok, reason=reason, source=release.sources["kubernetes"])
+
+
+def check_driver_validated(release: Release, *, pool: str, driver: str, allow_unvalidated: bool) -> Check:
+    """The pool's driver must be in a branch the target release validated, unless explicitly allowed."""
+    branch = driver_branch(driver)
+    branches = ", ".join(release.branches)
+    source = release.sources["drivers"]
+    if branch in release.branches:
+        listed = "listed" if driver in release.drivers else "in a validated branch"
+        return Check(name="driver-validated", subject=pool, ok=True, source=source,
+                     reason=f"driver {driver} is {listed} for {release.version} (branches {branches})")
+    reason = f"driver {driver} (branch {branch}) is outside {release.version}'s validated branches {branches}"
+    if allow_unvalidated:
+        return Check(name="driver-validated", subject=pool, ok=True, source=source,
+                     reason=reason + "; allowed by --allow-unvalidated-driver",
+                     warning=f"pool {pool}: driver {driver} is not validated for {release.version}")
+    return Check(name="driver-validated", subject=pool, ok=False, source=source,
+                 reason=reason + "; pick a validated driver or pass --allow-unvalidated-driver")
+
+
+def check_mig_mixed(matrix: Matrix, *, pool: str, driver: str, mixes_mig_and_full: bool) -> Check:
+    """Known-bad drivers are refused on pools that mix MIG slices and full GPUs."""
+    source = matrix.known_bad_source
+    if driver not in matrix.known_bad_drivers:
+        return Check(name="driver-mig-mixed", subject=pool, ok=True, source=source,
+                     reason=f"driver {driver} is not one of the drivers known bad with mixed MIG")
+    if not mixes_mig_and_full:
+        return Check(name="driver-mig-mixed", subject=pool, ok=True, source=source,
+                     reason=f"driver {driver} is known bad with mixed MIG, but pool {pool} does not mix MIG and full GPUs")
+    return Check(name="driver-mig-mixed", subject=pool, ok=False, source=source,
+                 reason=f"driver {driver} on pool {pool}, which mixes MIG and full GPUs: {matrix.known_bad_reason}")
+
+
+def migration_steps(matrix: Matrix, *, current: OperatorVersion, current_mode: str,
+                    target: OperatorVersion, target_mode: str) -> int:
+    """How many commits the change takes: 2 when moving the driver to NVIDIADriver from before v26.7.0."""
+    moving = current_mode == "clusterpolicy" and target_mode == "nvidiadriver"
+    if moving and current < matrix.migration_supported_from and target != current:
+        return 2
+    return 1
+
+
+def check_driver_management(matrix: Matrix, *, current: OperatorVersion, current_mode: str,
+                            target: OperatorVersion, target_mode: str) -> Check:
+    """NVIDIADriver needs the supported release; a move from an older release is planned as two commits."""
+    name = "driver-management"
+    source = matrix.migration_source
+    floor = matrix.migration_supported_from
+    if target_mode == "nvidiadriver" and target < floor:
+        return Check(name=name, ok=False, source=source,
+                     reason=f"per-pool NVIDIADriver management needs gpu-operator {floor} or newer, target is {target}")
+    if current_mode == target_mode:
+        return Check(name=name, ok=True, source=source, reason=f"driver stays managed by {current_mode}")
+    if target_mode == "clusterpolicy":
+        return Check(name=name, ok=True, source=source,
+                     reason="driver management moves back to ClusterPolicy (NVIDIADriver CRs are removed)")
+    if current < floor:
+        if target == current:
+            return Check(name=name, ok=False, source=source,
+                         reason=f"moving the driver from ClusterPolicy to NVIDIADriver needs {floor}; "
+                                f"the stack is at {current}: pass --operator {floor}")
+        return Check(name=name, ok=True, source=source,
+                     reason=f"moving the driver from ClusterPolicy to NVIDIADriver from {current} (older than {floor}) "
+                            f"takes two commits: 1) operator {current} -> {target} with ClusterPolicy still managing the "
+                            f"driver, 2) NVIDIADriver per pool; each synced and healthy before the next. "
+                            f"This run makes only the first",
+                     warning="step 1 of 2: after Argo CD shows gpu-operator Synced and Healthy (ClusterPolicy ready), "
+                             "run the same command again for step 2")
+    return Check(name=name, ok=True, source=source,
+                 reason=f"driver management moves from ClusterPolicy to NVIDIADriver at {current} in one commit")
+
+
+def check_immutable(*, cr_name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> Check:
+    """``driverType`` and ``usePrecompiled`` of an existing NVIDIADriver never change under its name."""
+    changed = [
+        f"{key} {old.get(key, default)!r} -> {new.get(key, default)!r}"
+        for key, default in (("driverType", "gpu"), ("usePrecompiled", False))
+        if old.get(key, default) != new.get(key, default)
+    ]
+    if not changed:
+        return Check(name="immutable-fields", subject=cr_name, ok=True,
+                     reason=f"NVIDIADriver {cr_name} keeps driverType and usePrecompiled")
+    return Check(name="immutable-fields", subject=cr_name, ok=False,
+                 source="CRD nvidia.com_nvidiadrivers.yaml: x-kubernetes-validations self == oldSelf",
+                 reason=f"NVIDIADriver {cr_name}: {'; '.join(changed)} is immutable (the API server refuses it); "
+                        f"give the pool a new CR name (crName in stack.yaml) so Argo CD creates a new CR and prunes the old")
+
+
+def check_component_overrides(release: Release, overrides: Mapping[str, str]) -> list[Check]:
+    """Overridden component versions are kept across an upgrade; say when they differ from the new defaults."""
+    checks = []
+    for component, version in sorted(overrides.items()):
+        default = release.defaults.get(component)
+        if default is None or default == version:
+            note = "" if default is None else " (equals the release default)"
+            checks.append(Check(name="component-override", subject=component, ok=True,
+                                reason=f"{component} stays pinned at {version}{note}"))
+        else:
+            checks.append(Check(name="component-override", subject=component, ok=True,
+                                source=release.sources["defaults"],
+                                reason=f"{component} stays pinned at {version}; {release.version} defaults to {default}",
+                                warning=f"{component} is pinned at {version}, not {release.version}'s default {default}"))
+    return checks
+
+
+@dataclass(frozen=True)
+class CheckList:
+    """An ordered collection of checks; all must pass."""
+
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(c.warning for c in self.checks if c.warning)

@@ -1,0 +1,117 @@
+"""The git edge of ``gpugate stack``: a few porcelain commands run through subprocess.
+
+Stack commits are found by their trailer (``Gpugate-Stack: upgrade|promote|rollback``), never
+by position, so ordinary commits in between do not confuse a rollback; history is only added to.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from webhook.errors import GpugateError
+
+TRAILER = "Gpugate-Stack"
+REVERTS_TRAILER = "Gpugate-Reverts"
+GIT_TIMEOUT_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class StackCommit:
+    sha: str
+    action: str
+    subject: str
+
+
+class Repo:
+    """A git working tree; every method runs one or two git commands in it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        top = self._git("rev-parse", "--show-toplevel", what=f"{self.path} is not inside a git repository").strip()
+        self.root = Path(top)
+
+    def _git(self, *args: str, what: str = "", input_text: str | None = None) -> str:
+        try:
+            proc = subprocess.run(["git", *args], cwd=self.path, capture_output=True, text=True,
+                                  input=input_text, timeout=GIT_TIMEOUT_SECONDS, check=False)
+        except FileNotFoundError as err:
+            raise GpugateError("git is not on PATH") from err
+        except subprocess.TimeoutExpired as err:
+            raise GpugateError(f"git {args[0]} did not finish in {GIT_TIMEOUT_SECONDS}s") from err
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip()
+            raise GpugateError(f"{what or 'git ' + ' '.join(args[:2]) + ' failed'}: {detail}")
+        return proc.stdout
+
+    def head(self) -> str:
+        return self._git("rev-parse", "HEAD", what="the repository has no commit yet").strip()
+
+    def dirty(self, paths: list[str]) -> list[str]:
+        """Uncommitted changes: any tracked file, plus untracked files under ``paths``."""
+        tracked = self._git("status", "--porcelain", "--untracked-files=no").splitlines()
+        untracked = self._git("status", "--porcelain", "--untracked-files=all", "--", *paths).splitlines()
+        return sorted({line for line in tracked + untracked if line.strip()})
+
+    def require_clean(self, paths: list[str]) -> None:
+        changes = self.dirty(paths)
+        if changes:
+            shown = "; ".join(line.strip() for line in changes[:8])
+            more = f" and {len(changes) - 8} more" if len(changes) > 8 else ""
+            raise GpugateError(f"the working tree has uncommitted changes ({shown}{more}); "
+                               "commit or discard them first, so the stack commit holds only the tool's edits")
+
+    def commit(self, paths: list[str], message: str) -> str:
+        """Stage exactly ``paths`` (additions, edits, deletions) and commit them; returns the new sha."""
+        self._git("add", "--all", "--", *paths, what="git add failed")
+        try:
+            self._git("commit", "--quiet", "--no-verify", "-F", "-", "--", *paths,
+                      what="git commit failed", input_text=message)
+        except GpugateError:
+            self._git("reset", "--quiet", "--", *paths, what="git reset (unstage) failed")
+            raise
+        return self.head()
+
+    def unstage(self, paths: list[str]) -> None:
+        self._git("reset", "--quiet", "--", *paths, what="git reset (unstage) failed")
+
+    def stack_commits(self, limit: int = 200) -> list[StackCommit]:
+        """Stack commits, newest first (found by trailer)."""
+        sep, end = "\x1f", "\x1e"
+        out = self._git("log", f"-n{limit}", f"--format=%H{sep}%(trailers:key={TRAILER},valueonly,separator=%x2c){sep}%s{end}")
+        commits = []
+        for record in out.split(end):
+            record = record.strip("\n")
+            if not record:
+                continue
+            sha, action, subject = record.split(sep, 2)
+            if action.strip():
+                commits.append(StackCommit(sha=sha, action=action.strip(), subject=subject))
+        return commits
+
+    def message(self, sha: str) -> str:
+        return self._git("log", "-n1", "--format=%B", sha)
+
+    def revert(self, sha: str, message: str) -> str:
+        """``git revert`` ``sha`` as one new commit with ``message``; abort and raise on conflict."""
+        try:
+            self._git("revert", "--no-commit", sha, what=f"git revert {sha[:12]} failed (conflict?)")
+        except GpugateError:
+            subprocess.run(["git", "revert", "--abort"], cwd=self.path, capture_output=True, check=False)
+            raise
+        try:
+            self._git("commit", "--quiet", "--no-verify", "-F", "-", what="git commit failed", input_text=message)
+        except GpugateError:
+            subprocess.run(["git", "revert", "--abort"], cwd=self.path, capture_output=True, check=False)
+            raise
+        return self.head()
+
+    def show_file(self, rev: str, path: str) -> str | None:
+        """The content of ``path`` at ``rev``, or None when it does not exist there."""
+        proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=self.path, capture_output=True, text=True,
+                              timeout=GIT_TIMEOUT_SECONDS, check=False)
+        return proc.stdout if proc.returncode == 0 else None
+
+    def changed_files(self, sha: str) -> list[str]:
+        return self._git("show", "--name-only", "--format=", sha).split()

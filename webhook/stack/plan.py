@@ -1,0 +1,276 @@
+"""Plan a stack change: the checks it must pass and the commits it takes. Pure: data in, Plan out.
+
+``plan_upgrade`` and ``plan_promote`` never touch files or git; ``webhook.stack.upgrade`` turns a
+passing plan into edited files and one commit, and ``gpugate stack plan`` only prints it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.errors import GpugateError
+from webhook.stack import compat
+from webhook.stack.compat import Check, Matrix, OperatorVersion
+from webhook.stack.gitrepo import REVERTS_TRAILER, TRAILER
+from webhook.stack.model import Stack
+
+ExistingDrivers = Mapping[str, Mapping[str, Any]]
+"""NVIDIADriver objects already in Git (and so in the cluster), by CR name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What the user asked for on the command line."""
+
+    operator: str
+    driver: str | None = None
+    pool: str | None = None
+    kubernetes: str | None = None
+    allow_unvalidated_driver: bool = False
+    driver_management: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One commit of a plan and the stack.yaml it leaves behind."""
+
+    action: str
+    title: str
+    stack: Stack
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    action: str
+    current: Stack
+    steps: tuple[Step, ...]
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.steps) and all(c.ok for c in self.checks)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(c.warning for c in self.checks if c.warning)
+
+    def with_checks(self, extra: tuple[Check, ...]) -> "Plan":
+        return Plan(action=self.action, current=self.current, steps=self.steps, checks=self.checks + extra)
+
+
+def _fail(name: str, reason: str, subject: str = "") -> Check:
+    return Check(name=name, ok=False, reason=reason, subject=subject)
+
+
+def _driver_checks(matrix: Matrix, release: compat.Release, stack: Stack, pools: list[str],
+                   allow_unvalidated: bool) -> list[Check]:
+    checks: list[Check] = []
+    for name in pools:
+        pool = stack.pool(name)
+        checks.append(compat.check_driver_validated(release, pool=name, driver=pool.driver,
+                                                    allow_unvalidated=allow_unvalidated))
+        checks.append(compat.check_mig_mixed(matrix, pool=name, driver=pool.driver,
+                                             mixes_mig_and_full=pool.mig_and_full_gpus))
+    return checks
+
+
+def _immutable_checks(stack: Stack, existing: ExistingDrivers) -> list[Check]:
+    if stack.management != "nvidiadriver":
+        return []
+    checks = []
+    for pool in stack.pools:
+        old = existing.get(pool.resource_name)
+        if old is None:
+            continue
+        new = {"driverType": pool.driver_type, "usePrecompiled": pool.use_precompiled}
+        checks.append(compat.check_immutable(cr_name=pool.resource_name, old=old.get("spec") or {}, new=new))
+    return checks
+
+
+def _pool_rules(stack: Stack) -> Check:
+    try:
+        stack.check_pools()
+    except GpugateError as err:
+        return _fail("pools", str(err))
+    return Check(name="pools", ok=True, reason=f"{len(stack.pools)} pool(s) with distinct names and selectors")
+
+
+def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: ExistingDrivers) -> Plan:
+    """Check an upgrade of the operator and/or drivers and split it into the commits it needs."""
+    checks: list[Check] = []
+    try:
+        target_version = OperatorVersion.parse(request.operator)
+        minor = compat.parse_minor(request.kubernetes) if request.kubernetes else current.kubernetes_minor
+        if request.driver is not None:
+            compat.driver_branch(request.driver)
+    except GpugateError as err:
+        return Plan(action="upgrade", current=current, steps=(), checks=(_fail("arguments", str(err)),))
+    try:
+        release = matrix.release(target_version)
+    except GpugateError as err:
+        return Plan(action="upgrade", current=current, steps=(), checks=(_fail("release-known", str(err)),))
+    try:
+        matrix.release(current.operator_version)
+    except GpugateError as err:
+        return Plan(action="upgrade", current=current, steps=(),
+                    checks=(_fail("release-known", f"stack.yaml declares an unknown release: {err}"),))
+    target_mode = request.driver_management or current.management
+
+    checks.append(compat.check_release_path(matrix, current.operator_version, target_version))
+    checks.append(compat.check_kubernetes(release, minor))
+
+    pools_changed: list[str] = []
+    if request.pool is not None:
+        scope_problem = ""
+        if request.pool not in {p.name for p in current.pools}:
+            scope_problem = f"stack.yaml has no pool {request.pool!r} (pools: {', '.join(p.name for p in current.pools)})"
+        elif current.management != "nvidiadriver" or target_mode != "nvidiadriver":
+            scope_problem = "--pool needs per-pool drivers (driver.management nvidiadriver); the ClusterPolicy has one driver"
+        elif target_version != current.operator_version:
+            scope_problem = (f"--pool upgrades only that pool's NVIDIADriver, but --operator {target_version} differs from "
+                             f"the stack's {current.operator_version}; upgrade the operator for all pools first")
+        elif request.driver is None:
+            scope_problem = "--pool needs --driver (the version the pool's NVIDIADriver moves to)"
+        if scope_problem:
+            checks.append(_fail("pool-scope", scope_problem, request.pool))
+            return Plan(action="upgrade", current=current, steps=(), checks=tuple(checks))
+        checks.append(Check(name="pool-scope", subject=request.pool, ok=True,
+                            reason=f"only NVIDIADriver {current.pool(request.pool).resource_name} changes"))
+        pools_changed = [request.pool]
+    elif request.driver is not None:
+        pools_changed = [p.name for p in current.pools]
+
+    final = current.replace(operator_version=target_version, kubernetes_minor=minor, management=target_mode)
+    for name in pools_changed:
+        final = final.with_pool(name, driver=request.driver)
+    if target_mode == "nvidiadriver" and current.management == "clusterpolicy" and len(final.pools) == 1:
+        final = final.with_pool(final.pools[0].name, default=True, node_selector={})
+
+    checks.append(compat.check_driver_management(matrix, current=current.operator_version,
+                                                 current_mode=current.management, target=target_version,
+                                                 target_mode=target_mode))
+    checks.append(_pool_rules(final))
+    driver_pools = [p.name for p in final.pools] if target_version != current.operator_version else pools_changed
+    checks += _driver_checks(matrix, release, final, driver_pools, request.allow_unvalidated_driver)
+    checks += _immutable_checks(final, existing)
+    if target_version != current.operator_version:
+        checks += compat.check_component_overrides(release, final.components)
+
+    count = compat.migration_steps(matrix, current=current.operator_version, current_mode=current.management,
+                                   target=target_version, target_mode=target_mode)
+    if count == 2:
+        first = final.replace(management=current.management)
+        if len(first.pools) == 1:
+            first = first.with_pool(first.pools[0].name, default=current.pools[0].default,
+                                    node_selector=current.pools[0].node_selector)
+        steps = (
+            Step(action="upgrade", stack=first,
+                 title=f"upgrade gpu-operator {current.operator_version} -> {target_version} (step 1 of 2)",
+                 note="ClusterPolicy keeps managing the driver; sync and wait for Healthy before step 2"),
+            Step(action="upgrade", stack=final,
+                 title=f"move the driver to NVIDIADriver per pool at {target_version} (step 2 of 2)",
+                 note="made by running the same command again once step 1 is synced and healthy"),
+        )
+    else:
+        steps = (Step(action="upgrade", stack=final, title=_upgrade_title(current, final, request)),)
+    if steps[0].stack == current:
+        checks.append(_fail("changes", "stack.yaml already declares these versions: nothing to commit"))
+    return Plan(action="upgrade", current=current, steps=steps, checks=tuple(checks))
+
+
+def _upgrade_title(current: Stack, final: Stack, request: Request) -> str:
+    parts = []
+    if final.operator_version != current.operator_version:
+        parts.append(f"gpu-operator {current.operator_version} -> {final.operator_version}")
+    if final.management != current.management:
+        parts.append(f"driver management {current.management} -> {final.management}")
+    changed = [p for p in final.pools if p.driver != current.pool(p.name).driver]
+    if changed:
+        drivers = sorted({p.driver for p in changed})
+        names = ", ".join(p.name for p in changed)
+        parts.append(f"driver {', '.join(drivers)} on {'pool' if len(changed) == 1 else 'pools'} {names}")
+    if final.kubernetes_minor != current.kubernetes_minor:
+        parts.append(f"kubernetes 1.{current.kubernetes_minor} -> 1.{final.kubernetes_minor}")
+    return "upgrade " + ("; ".join(parts) if parts else "(no change)")
+
+
+def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_unvalidated_driver: bool,
+                 existing: ExistingDrivers) -> Plan:
+    """Carry the ``source`` pool's driver to pool ``to`` (or every other pool with ``all``) in one commit."""
+    names = [p.name for p in current.pools]
+    if current.management != "nvidiadriver":
+        return Plan(action="promote", current=current, steps=(),
+                    checks=(_fail("pool-scope", "promote needs per-pool drivers (driver.management nvidiadriver)"),))
+    if source not in names:
+        return Plan(action="promote", current=current, steps=(),
+                    checks=(_fail("pool-scope", f"stack.yaml has no pool {source!r} (pools: {', '.join(names)})"),))
+    targets = [n for n in names if n != source] if to == "all" else [to]
+    problem = ""
+    if to != "all" and to not in names:
+        problem = f"stack.yaml has no pool {to!r} (pools: {', '.join(names)})"
+    elif to == source:
+        problem = f"--from and --to are both {source}"
+    elif not targets:
+        problem = f"there is no pool other than {source}"
+    if problem:
+        return Plan(action="promote", current=current, steps=(), checks=(_fail("pool-scope", problem),))
+    driver = current.pool(source).driver
+    final = current
+    for name in targets:
+        final = final.with_pool(name, driver=driver)
+    release = matrix.release(current.operator_version)
+    checks = [Check(name="pool-scope", ok=True, reason=f"driver {driver} from pool {source} to {', '.join(targets)}")]
+    checks += _driver_checks(matrix, release, final, targets, allow_unvalidated_driver)
+    checks += _immutable_checks(final, existing)
+    if final == current:
+        checks.append(_fail("changes", f"pool(s) {', '.join(targets)} already run driver {driver}: nothing to commit"))
+    step = Step(action="promote", stack=final,
+                title=f"promote driver {driver} from pool {source} to {'all pools' if to == 'all' else 'pool ' + to}")
+    return Plan(action="promote", current=current, steps=(step,), checks=tuple(checks))
+
+
+# ---------------------------------------------------------------------------- commit messages
+
+
+def _summary(stack: Stack) -> str:
+    pools = " ".join(f"{p.name}={p.driver}" for p in stack.pools)
+    return f"operator={stack.operator_version} kubernetes=1.{stack.kubernetes_minor} management={stack.management} {pools}"
+
+
+def changes(before: Stack, after: Stack) -> list[str]:
+    """Human lines ``what: from -> to`` for every declared version that differs."""
+    old, new = before.versions(), after.versions()
+    lines = [f"{key}: {old.get(key, '(none)')} -> {new.get(key, '(none)')}"
+             for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
+    return lines
+
+
+def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, ...] = ()) -> str:
+    """The structured message of the plan's first commit: title, changes, checks passed, trailers."""
+    step = plan.steps[0]
+    body = [f"gpugate stack: {step.title}", "", "Changes:"]
+    body += [f"  {line}" for line in changes(plan.current, step.stack)]
+    body += ["", "Files:"] + [f"  {path}" for path in files]
+    body += ["", "Checks passed:"]
+    body += [f"  {c.label}: {c.reason}" for c in plan.checks + extra_checks]
+    warnings = plan.warnings + tuple(c.warning for c in extra_checks if c.warning)
+    if warnings:
+        body += ["", "Warnings:"] + [f"  {w}" for w in warnings]
+    if len(plan.steps) > 1:
+        body += ["", "Next:"] + [f"  {s.title}: {s.note}" for s in plan.steps[1:]]
+    body += ["", f"{TRAILER}: {step.action}", f"Gpugate-Stack-From: {_summary(plan.current)}",
+             f"Gpugate-Stack-To: {_summary(step.stack)}"]
+    return "\n".join(body) + "\n"
+
+
+def rollback_message(*, sha: str, subject: str, action: str, before: Stack | None, after: Stack | None) -> str:
+    """The message of a revert commit; it carries the trailer too, so a rollback can be rolled back."""
+    title = subject.removeprefix("gpugate stack: ")
+    body = [f"gpugate stack: rollback {title}"[:200], "", f"This reverts commit {sha} ({action}).", ""]
+    if before is not None and after is not None:
+        body += ["Changes:"] + [f"  {line}" for line in changes(before, after)] + [""]
+    body += [f"{TRAILER}: rollback", f"{REVERTS_TRAILER}: {sha}"]
+    return "\n".join(body) + "\n"

@@ -1,0 +1,172 @@
+"""What Git declares for the GPU stack, and (with ``--kube``) what the cluster reports.
+
+The Git half reads files only. The cluster half is the kube edge: the real ``kubernetes`` client
+lists ClusterPolicy, NVIDIADriver and GPU nodes as raw JSON (``_preload_content=False``, so no
+snake_case model conversion), and ``summarize_cluster`` turns them into per-pool counts (pure).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from webhook.errors import ClusterAPIError, GpugateError
+from webhook.stack import manifests
+from webhook.stack.gitrepo import Repo
+from webhook.stack.model import Stack
+
+# Labels the GPU Operator writes on nodes (shared/reference/gpu-operator.md 4.2 and 1.5).
+# Not in webhook/names.py yet: the lead is asked to move them there.
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+DRIVER_UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
+DRIVER_OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
+NO_STATE = "(none)"
+
+
+def git_status(path: Path) -> dict[str, Any]:
+    """The declared stack plus drift between stack.yaml and the files derived from it."""
+    try:
+        repo: Repo | None = Repo(path)
+        root = repo.root
+    except GpugateError:
+        repo, root = None, path
+    stack = manifests.load_stack(root)
+    files = manifests.read_files(root)
+    try:
+        drift = sorted(manifests.derive(stack, files))
+        drift = [p for p in drift if p != manifests.STACK_FILE]
+    except GpugateError as err:
+        drift = [str(err)]
+    out: dict[str, Any] = {
+        "stackFile": manifests.STACK_FILE,
+        "operator": {"chart": stack.chart, "repository": stack.chart_repository,
+                     "version": str(stack.operator_version)},
+        "kubernetesVersion": f"1.{stack.kubernetes_minor}",
+        "driverManagement": stack.management,
+        "pools": [
+            {"name": p.name, "nvidiaDriver": p.resource_name if stack.management == "nvidiadriver" else None,
+             "default": p.default, "nodeSelector": dict(p.node_selector), "driver": p.driver,
+             "driverType": p.driver_type, "usePrecompiled": p.use_precompiled,
+             "migAndFullGPUs": p.mig_and_full_gpus}
+            for p in stack.pools
+        ],
+        "components": dict(stack.components),
+        "outOfStep": drift,
+    }
+    if repo is not None:
+        try:
+            out["head"] = repo.head()
+            out["stackCommits"] = [{"sha": c.sha, "action": c.action, "subject": c.subject}
+                                   for c in repo.stack_commits(limit=50)[:5]]
+        except GpugateError:
+            out["stackCommits"] = []
+    return out
+
+
+def _list(call: Any, what: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]] | None:
+    """Call a list API as raw JSON; None when the resource type is not served (404)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        response = call(*args, _preload_content=False, **kwargs)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise ClusterAPIError(f"listing {what} failed: HTTP {err.status} {err.reason}") from err
+    except HTTPError as err:
+        raise ClusterAPIError(f"listing {what} failed: {err}") from err
+    body = json.loads(response.data)
+    return list(body.get("items") or [])
+
+
+def fetch_cluster(server: str | None) -> dict[str, Any]:
+    """List ClusterPolicies, NVIDIADrivers and GPU nodes with the real kubernetes client."""
+    from kubernetes import client
+
+    from webhook.kubeclient import api_client
+
+    api = api_client(server)
+    try:
+        custom = client.CustomObjectsApi(api)
+        core = client.CoreV1Api(api)
+        return {
+            "clusterPolicies": _list(custom.list_cluster_custom_object, "ClusterPolicies", "nvidia.com", "v1",
+                                     "clusterpolicies"),
+            "nvidiaDrivers": _list(custom.list_cluster_custom_object, "NVIDIADrivers", "nvidia.com", "v1alpha1",
+                                   "nvidiadrivers"),
+            "nodes": _list(core.list_node, "nodes", label_selector=f"{GPU_PRESENT_LABEL}=true") or [],
+        }
+    finally:
+        api.close()
+
+
+def _conditions(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    status = obj.get("status") or {}
+    return [{k: c.get(k) for k in ("type", "status", "reason", "message") if c.get(k) is not None}
+            for c in status.get("conditions") or []]
+
+
+def _pool_of(node: Mapping[str, Any], stack: Stack) -> str:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if stack.management == "nvidiadriver":
+        owner = labels.get(DRIVER_OWNER_LABEL)
+        for pool in stack.pools:
+            if owner and owner == pool.resource_name:
+                return pool.name
+        for pool in stack.pools:
+            if pool.node_selector and all(labels.get(k) == v for k, v in pool.node_selector.items()):
+                return pool.name
+    return stack.default_pool.name
+
+
+def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Per-object states and per-pool upgrade-state counts (pure)."""
+    def objects(items: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if items is None:
+            return None
+        return [{"name": (o.get("metadata") or {}).get("name"),
+                 "state": (o.get("status") or {}).get("state", "(no status)"),
+                 "conditions": _conditions(o)} for o in items]
+
+    pools: dict[str, Counter[str]] = {p.name: Counter() for p in stack.pools}
+    nodes: dict[str, list[str]] = {p.name: [] for p in stack.pools}
+    for node in raw.get("nodes") or []:
+        pool = _pool_of(node, stack)
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        pools[pool][labels.get(DRIVER_UPGRADE_STATE_LABEL) or NO_STATE] += 1
+        nodes[pool].append((node.get("metadata") or {}).get("name"))
+    drivers = objects(raw.get("nvidiaDrivers"))
+    by_cr = {d["name"]: d for d in drivers or []}
+    return {
+        "clusterPolicies": objects(raw.get("clusterPolicies")),
+        "nvidiaDrivers": drivers,
+        "pools": [
+            {"name": p.name,
+             "nvidiaDriver": (by_cr.get(p.resource_name) or {}).get("state") if stack.management == "nvidiadriver" else None,
+             "nodes": sorted(n for n in nodes[p.name] if n),
+             "upgradeStates": dict(sorted(pools[p.name].items()))}
+            for p in stack.pools
+        ],
+    }
+
+
+def status(path: Path, *, kube: bool, server: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"git": git_status(path)}
+    if kube:
+        root = Repo(path).root if _is_git(path) else path
+        stack = manifests.load_stack(root)
+        out["cluster"] = summarize_cluster(stack, fetch_cluster(server))
+        out["cluster"]["server"] = server or "(kubeconfig / in-cluster)"
+    return out
+
+
+def _is_git(path: Path) -> bool:
+    try:
+        Repo(path)
+    except GpugateError:
+        return False
+    return True

@@ -1,0 +1,169 @@
+"""Turn a plan into edited files and one commit, all or nothing (the edge around ``plan``).
+
+Order: refuse a dirty tree -> plan (pure checks) -> derive the files of the first commit ->
+re-validate them staged in a temp folder -> swap them in -> re-validate in place -> commit.
+Any failure after the first write restores every file, so the repository is byte-identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from webhook.errors import GpugateError
+from webhook.stack import matrix as matrix_data
+from webhook.stack import manifests, plan as planning, verify
+from webhook.stack.compat import Check
+from webhook.stack.gitrepo import Repo
+from webhook.stack.model import Stack
+
+STACK_PATHS = [manifests.STACK_DIR, "argocd/apps"]
+
+
+class CheckFailed(GpugateError):
+    """A plan did not pass; carries the prepared plan so the CLI can still print every check."""
+
+    def __init__(self, prepared: "Prepared") -> None:
+        self.prepared = prepared
+        failed = [c for c in prepared.checks if not c.ok]
+        super().__init__("; ".join(f"{c.label}: {c.reason}" for c in failed) or "the plan has no commit to make")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A plan plus the exact file changes of its first commit and the re-validation results."""
+
+    plan: planning.Plan
+    changes: dict[str, bytes | None]
+    step_files: tuple[tuple[str, ...], ...]
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.plan.ok and all(c.ok for c in self.checks)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(c.warning for c in self.checks if c.warning)
+
+
+def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None) -> Prepared:
+    if not plan.ok:
+        return Prepared(plan=plan, changes={}, step_files=tuple(() for _ in plan.steps), checks=plan.checks)
+    current = manifests.read_files(repo)
+    step_files: list[tuple[str, ...]] = []
+    changes: dict[str, bytes | None] = {}
+    overlay: dict[str, bytes | None] = dict(current)
+    extra: tuple[Check, ...] = ()
+    try:
+        for index, step in enumerate(plan.steps):
+            step_changes = manifests.derive(step.stack, overlay)
+            step_files.append(tuple(sorted(step_changes)))
+            overlay.update(step_changes)
+            if index == 0:
+                changes = step_changes
+                first_overlay = dict(overlay)
+    except GpugateError as err:
+        extra = (Check(name="derive", ok=False, reason=str(err)),)
+    else:
+        first = plan.steps[0].stack
+        extra = verify.staged(first_overlay, release=first.operator_version,
+                              kubernetes_minor=first.kubernetes_minor, schema_root=schema_root)
+    return Prepared(plan=plan, changes=changes, step_files=tuple(step_files), checks=plan.checks + extra)
+
+
+def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path | None) -> Prepared:
+    stack = manifests.load_stack(repo)
+    existing = manifests.existing_drivers(manifests.read_files(repo))
+    plan = planning.plan_upgrade(matrix_data.load(), stack, request, existing)
+    return _prepare(repo, plan, schema_root=schema_root)
+
+
+def prepare_promote(repo: Path, *, source: str, to: str, allow_unvalidated_driver: bool,
+                    schema_root: Path | None) -> Prepared:
+    stack = manifests.load_stack(repo)
+    existing = manifests.existing_drivers(manifests.read_files(repo))
+    plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to,
+                                 allow_unvalidated_driver=allow_unvalidated_driver, existing=existing)
+    return _prepare(repo, plan, schema_root=schema_root)
+
+
+def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
+            after_write: manifests.AfterWrite | None = None) -> str:
+    """Write the first commit's files, re-validate them in place, commit; restore everything on failure."""
+    if not prepared.ok or not prepared.changes:
+        raise CheckFailed(prepared)
+    root = repo.root
+    originals = {path: ((root / path).read_bytes() if (root / path).is_file() else None) for path in prepared.changes}
+    manifests.apply_changes(root, prepared.changes, after_write=after_write)
+    try:
+        first = prepared.plan.steps[0].stack
+        if manifests.load_stack(root) != first:
+            raise GpugateError("stack.yaml written does not read back as planned; nothing committed")
+        recheck = verify.staged(manifests.read_files(root), release=first.operator_version,
+                                kubernetes_minor=first.kubernetes_minor, schema_root=schema_root)
+        failed = [c for c in recheck if not c.ok]
+        if failed:
+            raise GpugateError("re-validation after writing failed: " + "; ".join(f"{c.label}: {c.reason}" for c in failed))
+        paths = sorted(prepared.changes)
+        message = planning.commit_message(prepared.plan, files=paths,
+                                          extra_checks=prepared.checks[len(prepared.plan.checks):])
+        return repo.commit(paths, message)
+    except BaseException:
+        manifests.apply_changes(root, originals)
+        raise
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rollback:
+    reverted_sha: str
+    reverted_subject: str
+    reverted_action: str
+    new_sha: str
+    changes: tuple[str, ...]
+
+
+def _stack_at(repo: Repo, sha: str) -> Stack | None:
+    text = repo.show_file(sha, manifests.STACK_FILE)
+    if text is None:
+        return None
+    try:
+        return Stack.from_yaml(text)
+    except GpugateError:
+        return None
+
+
+def rollback(repo: Repo) -> Rollback:
+    """``git revert`` the newest stack commit (found by trailer) as a new stack commit."""
+    repo.require_clean(STACK_PATHS)
+    commits = repo.stack_commits()
+    if not commits:
+        raise GpugateError("no stack commit to roll back (none carries the Gpugate-Stack trailer)")
+    newest = commits[0]
+    before = _stack_at(repo, newest.sha)
+    after = _stack_at(repo, f"{newest.sha}^")
+    message = planning.rollback_message(sha=newest.sha, subject=newest.subject, action=newest.action,
+                                        before=before, after=after)
+    new_sha = repo.revert(newest.sha, message)
+    lines = tuple(planning.changes(before, after)) if before and after else ()
+    return Rollback(reverted_sha=newest.sha, reverted_subject=newest.subject, reverted_action=newest.action,
+                    new_sha=new_sha, changes=lines)
+
+
+def plan_as_dict(prepared: Prepared) -> dict:
+    plan = prepared.plan
+    return {
+        "action": plan.action,
+        "ok": prepared.ok,
+        "current": yaml.safe_load(plan.current.to_yaml()),
+        "checks": [c.as_dict() for c in prepared.checks],
+        "warnings": list(prepared.warnings),
+        "commits": [
+            {"title": step.title, "changes": planning.changes(plan.current if i == 0 else plan.steps[i - 1].stack, step.stack),
+             "files": list(prepared.step_files[i]) if i < len(prepared.step_files) else [],
+             "made_by_this_run": i == 0, "note": step.note}
+            for i, step in enumerate(plan.steps)
+        ],
+    }

@@ -1,0 +1,124 @@
+"""Re-validate the manifests a stack change produces, before and after they are swapped in.
+
+Two checks, the same ones the tests run: every Helm values key exists in the target chart release
+(``webhook.stack.chartvalues``), and ``drivers/`` renders with the real ``kubectl kustomize`` into
+objects that validate (``webhook.manifestcheck``). NVIDIADriver objects are checked against the
+v26.7.0 CRD (``nvidia.com_nvidiadrivers.yaml``) made strict, because the datree JSON schema is
+from 26.3.3 and lacks ``spec.default`` and ``spec.upgradePolicy``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from webhook.errors import GpugateError
+from webhook.stack.compat import Check, OperatorVersion
+from webhook.stack.manifests import DRIVERS_DIR, VALUES_FILE
+
+NVIDIADRIVER_CRD_FILE = "nvidia.com_nvidiadrivers.yaml"
+
+
+def default_schema_root(repo: Path) -> Path:
+    """``<repo>/../shared/schemas``: where the project keeps the upstream CRDs beside the checkout."""
+    return repo.resolve().parent / "shared" / "schemas"
+
+
+def values_keys(values: Mapping[str, Any], release: OperatorVersion) -> Check:
+    """Every key of values.yaml must exist in the target chart release's values.yaml."""
+    try:
+        from webhook.stack import chartvalues
+    except ImportError as err:
+        return Check(name="values-keys", ok=False, reason=f"the values-key check is not available ({err})")
+    known = chartvalues.known_releases()
+    wanted = str(release)
+    note = ""
+    if wanted not in known:
+        same_line = [r for r in known if OperatorVersion.parse(r).line == release.line]
+        if not same_line:
+            return Check(name="values-keys", ok=True, reason=f"no key list for {wanted} or its release line",
+                         warning=f"values.yaml keys not checked: no key list for {wanted} ({', '.join(known)} known)")
+        wanted = max(same_line, key=OperatorVersion.parse)
+        note = f" (key list of {wanted}, the nearest release of line {release.line_name})"
+    unknown = chartvalues.unknown_keys(dict(values), wanted)
+    if unknown:
+        return Check(name="values-keys", ok=False,
+                     reason=f"{VALUES_FILE} has key(s) the {wanted} chart does not: {', '.join(unknown)}{note}")
+    return Check(name="values-keys", ok=True, reason=f"every key of {VALUES_FILE} exists in chart {wanted}{note}")
+
+
+def strict_crd_schema(crd: Mapping[str, Any], version: str) -> dict[str, Any]:
+    """The openAPIV3Schema of ``version`` with unknown fields refused at every level (as strict apply does)."""
+    for served in crd["spec"]["versions"]:
+        if served["name"] == version:
+            return _strict(json.loads(json.dumps(served["schema"]["openAPIV3Schema"])))
+    raise GpugateError(f"CRD {crd['metadata']['name']} has no version {version}")
+
+
+def _strict(node: Any) -> Any:
+    if isinstance(node, dict):
+        if "properties" in node and "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            node["additionalProperties"] = False
+        for value in node.values():
+            _strict(value)
+    elif isinstance(node, list):
+        for value in node:
+            _strict(value)
+    return node
+
+
+def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int, schema_root: Path | None) -> list[Check]:
+    """Render the staged ``drivers/`` with kubectl kustomize and validate every object."""
+    from webhook import manifestcheck
+
+    checks: list[Check] = []
+    with tempfile.TemporaryDirectory(prefix="gpugate-stack-") as tmp:
+        root = Path(tmp)
+        for rel, content in files.items():
+            if rel.startswith(DRIVERS_DIR + "/") and content is not None:
+                target = root / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        try:
+            objects = manifestcheck.kustomize(root / DRIVERS_DIR)
+        except GpugateError as err:
+            return [Check(name="drivers-render", ok=False, reason=str(err))]
+        checks.append(Check(name="drivers-render", ok=True,
+                            reason=f"kubectl kustomize {DRIVERS_DIR} renders {len(objects)} object(s)"))
+        crd_file = schema_root / NVIDIADRIVER_CRD_FILE if schema_root is not None else None
+        derived_root: Path | None = None
+        warning = ""
+        if crd_file is not None and crd_file.is_file():
+            crd = yaml.safe_load(crd_file.read_text(encoding="utf-8"))
+            derived_root = root / "schemas"
+            target = derived_root / "json" / "nvidia.com" / "nvidiadriver_v1alpha1.json"
+            target.parent.mkdir(parents=True)
+            target.write_text(json.dumps(strict_crd_schema(crd, "v1alpha1")))
+        elif any(o.get("kind") == "NVIDIADriver" for o in objects):
+            warning = f"NVIDIADriver objects not validated: no {NVIDIADRIVER_CRD_FILE} under {schema_root} (pass --schemas)"
+        try:
+            problems = manifestcheck.validate_objects(objects, kubernetes_version=f"1.{kubernetes_minor}",
+                                                      schema_root=derived_root)
+        except GpugateError as err:
+            return checks + [Check(name="drivers-valid", ok=False, reason=str(err))]
+    if problems:
+        checks.append(Check(name="drivers-valid", ok=False, reason="; ".join(problems)))
+    else:
+        against = f"the CRD {NVIDIADRIVER_CRD_FILE}" if derived_root else "built-in schemas only"
+        checks.append(Check(name="drivers-valid", ok=True, warning=warning,
+                            reason=f"{len(objects)} object(s) validate strictly against {against}"))
+    return checks
+
+
+def staged(files: Mapping[str, bytes | None], *, release: OperatorVersion, kubernetes_minor: int,
+           schema_root: Path | None) -> tuple[Check, ...]:
+    """All re-validation checks for a complete set of files (current files overlaid with the change)."""
+    values = files.get(VALUES_FILE)
+    checks = [values_keys(yaml.safe_load(values) or {} if values else {}, release)]
+    checks += rendered_drivers(files, kubernetes_minor=kubernetes_minor, schema_root=schema_root)
+    return tuple(checks)
