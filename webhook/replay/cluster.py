@@ -1,0 +1,121 @@
+"""The replayed cluster's state as numpy arrays, one row per node: what every scheduler reads.
+
+GPUs are accounted per device in thousandths (``gpu_left[n, g]``; absent devices are padded with 0
+left, which no request fits and no sum notices), as the published simulator does. The state is an
+explicit argument everywhere: mutable, but never global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from webhook.replay.trace import MILLI, NodeRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one pod asks of a node, in the units the schedulers compare.
+
+    ``gpu_milli`` is per GPU; ``num_gpu`` GPUs of it (a sharing pod: 1 GPU, milli < 1000).
+    ``cpu_score``/``memory_score`` are kube-scheduler's non-zero requests (100m / 200MB defaults).
+    ``models`` is the set of GPU models the pod accepts (empty: any).
+    """
+
+    cpu: int
+    memory: int
+    num_gpu: int = 0
+    gpu_milli: int = 0
+    models: frozenset[str] = frozenset()
+    cpu_score: int = 0
+    memory_score: int = 0
+
+    @property
+    def gpu_request_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def shares_gpu(self) -> bool:
+        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
+
+
+class ClusterState:
+    """Capacities and what is bound so far; ``bind`` is the only mutation."""
+
+    def __init__(self, nodes: tuple[NodeRecord, ...]) -> None:
+        self.nodes = nodes
+        self.names = [node.name for node in nodes]
+        self.size = len(nodes)
+        self.max_gpus = max(1, max(node.gpus for node in nodes))
+        self.cpu_cap = np.array([node.cpu_milli for node in nodes], dtype=np.int64)
+        self.mem_cap = np.array([node.memory_mib for node in nodes], dtype=np.int64)
+        self.gpu_count = np.array([node.gpus for node in nodes], dtype=np.int64)
+        self.models = sorted({node.model for node in nodes})
+        self.model_index = np.array([self.models.index(node.model) for node in nodes], dtype=np.int64)
+        self.cpu_used = np.zeros(self.size, dtype=np.int64)
+        self.mem_used = np.zeros(self.size, dtype=np.int64)
+        self.cpu_score_used = np.zeros(self.size, dtype=np.int64)
+        self.mem_score_used = np.zeros(self.size, dtype=np.int64)
+        present = np.arange(self.max_gpus)[None, :] < self.gpu_count[:, None]
+        self.gpu_left = np.where(present, MILLI, 0).astype(np.int64)
+        self.used_milli = 0
+        self.capacity_milli = int(self.gpu_count.sum()) * MILLI
+
+    @property
+    def cpu_left(self) -> np.ndarray:
+        return self.cpu_cap - self.cpu_used
+
+    @property
+    def mem_left(self) -> np.ndarray:
+        return self.mem_cap - self.mem_used
+
+    def model_mask(self, models: frozenset[str]) -> np.ndarray:
+        """Nodes whose GPU model the demand accepts (all nodes when it names none)."""
+        if not models:
+            return np.ones(self.size, dtype=bool)
+        wanted = [index for index, model in enumerate(self.models) if model in models]
+        return np.isin(self.model_index, wanted)
+
+    def fits(self, demand: Demand) -> np.ndarray:
+        """Resource fit: cpu, memory, and GPUs at per-GPU thousandths (the published simulator's filter)."""
+        mask = (self.cpu_left >= demand.cpu) & (self.mem_left >= demand.memory)
+        if demand.num_gpu:
+            mask &= self.gpu_count > 0
+            if demand.models:
+                mask &= self.model_mask(demand.models)
+            if demand.gpu_milli < MILLI:
+                mask &= (self.gpu_left >= demand.gpu_milli).any(axis=1)
+            else:
+                mask &= (self.gpu_left >= MILLI).sum(axis=1) >= demand.num_gpu
+        return mask
+
+    def capacity_per_node_milli(self) -> np.ndarray:
+        return self.gpu_count * MILLI
+
+    def whole_free(self) -> np.ndarray:
+        """Whole free GPUs per node (what the device plugin would report as allocatable minus requested)."""
+        return (self.gpu_left >= MILLI).sum(axis=1)
+
+    def first_free(self, node: int, count: int) -> tuple[int, ...]:
+        """The lowest-index fully free GPUs: how exclusive GPUs are picked in every arm."""
+        free = np.flatnonzero(self.gpu_left[node] >= MILLI)
+        return tuple(int(g) for g in free[:count])
+
+    def bind(self, node: int, demand: Demand, gpus: tuple[int, ...]) -> None:
+        self.cpu_used[node] += demand.cpu
+        self.mem_used[node] += demand.memory
+        self.cpu_score_used[node] += demand.cpu_score
+        self.mem_score_used[node] += demand.memory_score
+        for gpu in gpus:
+            if self.gpu_left[node, gpu] < demand.gpu_milli:  # pragma: no cover - a scheduler bug
+                raise AssertionError(f"GPU {gpu} of node {self.names[node]} cannot take {demand.gpu_milli}")
+            self.gpu_left[node, gpu] -= demand.gpu_milli
+        self.used_milli += demand.gpu_milli * len(gpus)
+
+
+def best_fit_gpu(state: ClusterState, node: int, milli: int) -> int:
+    """The fitting GPU with the least left (lowest index on ties): the simulator's "best" GPU choice."""
+    left = state.gpu_left[node]
+    candidates = np.where(left >= milli, left, MILLI + 1)
+    return int(np.argmin(candidates))

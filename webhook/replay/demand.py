@@ -1,0 +1,112 @@
+"""Read a Pod (a plain dict, as admitted) into the ``PodView`` the scheduler model evaluates.
+
+Resources follow kube-scheduler's rules: the pod request is the larger of the regular containers'
+sum and any single init container; for scoring, a container without a cpu or memory request counts
+as 100m / 200MB. GPUs: ``nvidia.com/gpu: N`` takes N whole GPUs on one node; ``nvidia.com/gpu.shared``
+takes part of one GPU, its size read from the replay annotation (default: a quarter of a GPU per slot,
+i.e. time-slicing with 4 replicas). MIG resources are not modelled: such pods fail, with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from webhook import names, pods
+from webhook.quantity import QuantityError, bytes_, millicores, whole_count
+from webhook.replay.cluster import Demand
+from webhook.replay.model import PodView, PreferredTerm, Requirement, SelectorTerm, Toleration
+from webhook.replay.trace import MILLI
+from webhook.replay.workload import GPU_MILLI_ANNOTATION
+
+MIB = 2**20
+DEFAULT_CPU_MILLI = 100              # pkg/scheduler/util/pod_resources.go
+DEFAULT_MEMORY_BYTES = 200 * 10**6
+DEFAULT_SLOT_MILLI = MILLI // 4
+
+
+def _container_amounts(container: dict[str, Any]) -> dict[str, int]:
+    requests = pods.resource_section(container, "requests")
+    limits = pods.resource_section(container, "limits")
+    merged = {**{k: v for k, v in limits.items() if names.is_nvidia_resource(k)}, **requests}
+    out: dict[str, int] = {}
+    for resource, value in merged.items():
+        try:
+            if resource == "cpu":
+                out[resource] = millicores(value)
+            elif resource == "memory":
+                out[resource] = bytes_(value)
+            else:
+                count = whole_count(value)
+                out[resource] = -1 if count is None else count
+        except QuantityError:
+            out[resource] = -1
+    return out
+
+
+def _pod_amounts(pod: dict[str, Any]) -> tuple[dict[str, int], int, int]:
+    """Pod requests (max of the regular sum and each init container) and the non-zero cpu/memory."""
+    total: dict[str, int] = {}
+    cpu_nz = mem_nz = 0
+    for container in pods.containers(pod):
+        amounts = _container_amounts(container)
+        for resource, value in amounts.items():
+            total[resource] = total.get(resource, 0) + value
+        cpu_nz += amounts.get("cpu") or DEFAULT_CPU_MILLI
+        mem_nz += amounts.get("memory") or DEFAULT_MEMORY_BYTES
+    for container in pods.init_containers(pod):
+        for resource, value in _container_amounts(container).items():
+            total[resource] = max(total.get(resource, 0), value)
+    return total, cpu_nz, mem_nz
+
+
+def _requirements(raw: Any) -> tuple[Requirement, ...]:
+    out = []
+    for item in raw or ():
+        if isinstance(item, dict):
+            out.append(Requirement(str(item.get("key", "")), str(item.get("operator", "")),
+                                   tuple(str(v) for v in item.get("values") or ())))
+    return tuple(out)
+
+
+def _term(raw: Any) -> SelectorTerm:
+    raw = raw if isinstance(raw, dict) else {}
+    return SelectorTerm(_requirements(raw.get("matchExpressions")), _requirements(raw.get("matchFields")))
+
+
+def view(pod: dict[str, Any]) -> PodView:
+    """The scheduling-relevant reading of a Pod."""
+    spec = pods.spec(pod)
+    amounts, cpu_nz, mem_nz = _pod_amounts(pod)
+    unsupported = None
+    whole = amounts.get(names.GPU_RESOURCE, 0)
+    slots = amounts.get(names.SHARED_GPU_RESOURCE, 0)
+    num_gpu, milli = 0, 0
+    if any(v < 0 for v in amounts.values()):
+        unsupported = "a resource quantity is not valid"
+    elif any(r.startswith(names.MIG_RESOURCE_PREFIX) for r in amounts):
+        unsupported = "MIG resources are not modelled"
+    elif whole and slots:
+        unsupported = "asks for whole and shared GPUs at once"
+    elif whole:
+        num_gpu, milli = whole, MILLI
+    elif slots:
+        per_slot = whole_count(pods.annotations(pod).get(GPU_MILLI_ANNOTATION, "")) or DEFAULT_SLOT_MILLI
+        num_gpu, milli = 1, min(MILLI, per_slot * slots)
+    demand = Demand(cpu=amounts.get("cpu", 0), memory=-(-amounts.get("memory", 0) // MIB), num_gpu=num_gpu,
+                    gpu_milli=milli, cpu_score=cpu_nz, memory_score=-(-mem_nz // MIB))
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required_raw = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    required = None
+    if isinstance(required_raw, dict):
+        required = tuple(_term(t) for t in required_raw.get("nodeSelectorTerms") or ())
+    preferred = tuple(PreferredTerm(int(p.get("weight", 0)), _term(p.get("preference")))
+                      for p in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
+                      if isinstance(p, dict))
+    tolerations = tuple(Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"),
+                                   str(t.get("value") or ""), str(t.get("effect") or ""))
+                        for t in spec.get("tolerations") or () if isinstance(t, dict))
+    selector = spec.get("nodeSelector") or {}
+    return PodView(demand=demand, resources=frozenset(r for r, v in amounts.items() if v > 0),
+                   node_selector=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
+                   required=required, preferred=preferred, tolerations=tolerations,
+                   scheduler_name=str(spec.get("schedulerName") or "default-scheduler"), unsupported=unsupported)

@@ -1,0 +1,428 @@
+"""A pure model of kube-scheduler's default profile (and gpugate's binpack profile) over numpy arrays.
+
+It reads what a Pod really says (resources, nodeSelector, required and preferred node affinity with
+In, NotIn, Exists, DoesNotExist, Gt, Lt, tolerations, schedulerName) and evaluates it against node
+labels and taints; nothing is special-cased for gpugate's own terms. A profile is data: a tuple of
+filters and of (score plugin, weight) pairs, as in KubeSchedulerConfiguration. Each score plugin
+returns scores already normalized the way its kube-scheduler plugin normalizes them (0..100).
+
+Modelled as kube-scheduler v1.33 does it: NodeResourcesFit LeastAllocated/MostAllocated on non-zero
+requests with integer arithmetic, BalancedAllocation on actual requests (1 - std of the fractions),
+NodeAffinity preferred weights normalized to the best feasible node, TaintToleration counting
+untolerated PreferNoSchedule taints (reverse-normalized), the adaptive percentageOfNodesToScore with
+a round-robin start index, and a random pick among equal totals. Plugins that cannot change the
+result for these pods (PodTopologySpread and InterPodAffinity without constraints or Services,
+ImageLocality without images, volumes) are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from webhook.replay.cluster import ClusterState, Demand, best_fit_gpu
+from webhook.replay.trace import MILLI
+
+MAX_NODE_SCORE = 100
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+# --- what the scheduler reads from a Pod ------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorTerm:
+    """A nodeSelectorTerm: all expressions (labels) and fields (metadata.name) must hold."""
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredTerm:
+    weight: int
+    term: SelectorTerm
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: "Taint") -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """The scheduling-relevant reading of one Pod; ``unsupported`` names what the model cannot place."""
+
+    demand: Demand
+    resources: frozenset[str] = frozenset()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    required: tuple[SelectorTerm, ...] | None = None
+    preferred: tuple[PreferredTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    scheduler_name: str = "default-scheduler"
+    unsupported: str | None = None
+
+
+# --- node labels, evaluated column-wise --------------------------------------------------------
+
+class NodeLabels:
+    """Node labels as one column per key, so a requirement is one numpy operation over all nodes."""
+
+    def __init__(self, names: list[str], labels: list[dict[str, str]]) -> None:
+        self.names = np.array(names, dtype=object)
+        self.size = len(names)
+        self.version = 0
+        self._columns: dict[str, list[str | None]] = {}
+        self._encoded: dict[str, tuple[np.ndarray, dict[str, int], np.ndarray]] = {}
+        self._masks: dict[object, np.ndarray] = {}
+        keys = sorted({key for node in labels for key in node})
+        for key in keys:
+            self._columns[key] = [node.get(key) for node in labels]
+
+    def set_column(self, key: str, values: list[str | None]) -> None:
+        """Replace one label on every node (the balancer's relabel); cached evaluations are dropped."""
+        if self._columns.get(key) == values:
+            return
+        self._columns[key] = list(values)
+        self._encoded.pop(key, None)
+        self._masks.clear()
+        self.version += 1
+
+    def update(self, key: str, changes: dict[int, str | None]) -> None:
+        """Set one label on some nodes (the balancer relabelling the nodes that changed)."""
+        column = self._columns.setdefault(key, [None] * self.size)
+        changes = {node: value for node, value in changes.items() if column[node] != value}
+        if not changes:
+            return
+        encoded = self._encoded.get(key)
+        for node, value in changes.items():
+            column[node] = value
+            if encoded is not None:
+                codes, vocabulary, numbers = encoded
+                codes[node] = -1 if value is None else vocabulary.setdefault(value, len(vocabulary))
+                numbers[node] = _as_int(value)
+        self._masks.clear()
+        self.version += 1
+
+    def value(self, node: int, key: str) -> str | None:
+        column = self._columns.get(key)
+        return None if column is None else column[node]
+
+    def _encode(self, key: str) -> tuple[np.ndarray, dict[str, int], np.ndarray]:
+        found = self._encoded.get(key)
+        if found is None:
+            column = self._columns.get(key) or [None] * self.size
+            vocabulary: dict[str, int] = {}
+            codes = np.array([-1 if v is None else vocabulary.setdefault(v, len(vocabulary)) for v in column],
+                             dtype=np.int64)
+            numbers = np.array([_as_int(v) for v in column], dtype=np.float64)
+            found = self._encoded[key] = (codes, vocabulary, numbers)
+        return found
+
+    def requirement(self, req: Requirement) -> np.ndarray:
+        codes, vocabulary, numbers = self._encode(req.key)
+        if req.operator in ("In", "NotIn"):
+            wanted = [vocabulary[v] for v in req.values if v in vocabulary]
+            inside = np.isin(codes, wanted) if wanted else np.zeros(self.size, dtype=bool)
+            return inside if req.operator == "In" else ~inside
+        if req.operator == "Exists":
+            return codes >= 0
+        if req.operator == "DoesNotExist":
+            return codes < 0
+        bound = _as_int(req.values[0]) if len(req.values) == 1 else np.nan
+        if np.isnan(bound):
+            return np.zeros(self.size, dtype=bool)
+        with np.errstate(invalid="ignore"):
+            return numbers > bound if req.operator == "Gt" else numbers < bound
+
+    def field(self, req: Requirement) -> np.ndarray:
+        if req.key != "metadata.name" or req.operator not in ("In", "NotIn"):
+            return np.zeros(self.size, dtype=bool)
+        inside = np.isin(self.names, list(req.values))
+        return inside if req.operator == "In" else ~inside
+
+    def term(self, term: SelectorTerm) -> np.ndarray:
+        """A term matches where all of its requirements hold; an empty term matches no node."""
+        cached = self._masks.get(term)
+        if cached is not None:
+            return cached
+        if not term.expressions and not term.fields:
+            mask = np.zeros(self.size, dtype=bool)
+        else:
+            mask = np.ones(self.size, dtype=bool)
+            for req in term.expressions:
+                mask &= self.requirement(req)
+            for req in term.fields:
+                mask &= self.field(req)
+        self._masks[term] = mask
+        return mask
+
+
+def _as_int(value: str | None) -> float:
+    if value is None:
+        return np.nan
+    try:
+        return float(int(value, 10))
+    except ValueError:
+        return np.nan
+
+
+# --- the cluster the model schedules onto ------------------------------------------------------
+
+@dataclass
+class KubeCluster:
+    """Resource state, labels and taints; the only state a profile reads."""
+
+    state: ClusterState
+    labels: NodeLabels
+    taints: list[tuple[Taint, ...]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.taints:
+            self.taints = [()] * self.state.size
+
+
+Filter = Callable[[KubeCluster, PodView], np.ndarray]
+Score = Callable[[KubeCluster, PodView, np.ndarray], np.ndarray]
+
+
+def _untolerated(cluster: KubeCluster, pod: PodView, effects: tuple[str, ...]) -> np.ndarray:
+    counts = np.zeros(cluster.state.size, dtype=np.int64)
+    by_set: dict[tuple[Taint, ...], int] = {}
+    for node, taints in enumerate(cluster.taints):
+        if not taints:
+            continue
+        if taints not in by_set:
+            by_set[taints] = sum(1 for t in taints if t.effect in effects
+                                 and not any(tol.tolerates(t) for tol in pod.tolerations))
+        counts[node] = by_set[taints]
+    return counts
+
+
+# --- filters ---------------------------------------------------------------------------------
+
+def fit_filter(cluster: KubeCluster, pod: PodView) -> np.ndarray:
+    """NodeResourcesFit: cpu, memory and GPUs at per-GPU thousandths; unknown extended resources never fit."""
+    if pod.unsupported:
+        return np.zeros(cluster.state.size, dtype=bool)
+    return cluster.state.fits(pod.demand)
+
+
+def node_affinity_filter(cluster: KubeCluster, pod: PodView) -> np.ndarray:
+    """NodeAffinity: nodeSelector (all pairs) and the required terms (any term)."""
+    mask = np.ones(cluster.state.size, dtype=bool)
+    for key, value in pod.node_selector:
+        mask &= cluster.labels.requirement(Requirement(key, "In", (value,)))
+    if pod.required is not None:
+        anyterm = np.zeros(cluster.state.size, dtype=bool)
+        for term in pod.required:
+            anyterm |= cluster.labels.term(term)
+        mask &= anyterm
+    return mask
+
+
+def taint_filter(cluster: KubeCluster, pod: PodView) -> np.ndarray:
+    """TaintToleration: a NoSchedule or NoExecute taint the pod does not tolerate rules the node out."""
+    return _untolerated(cluster, pod, ("NoSchedule", "NoExecute")) == 0
+
+
+# --- scores ----------------------------------------------------------------------------------
+
+def default_normalize(raw: np.ndarray, *, reverse: bool) -> np.ndarray:
+    """kube-scheduler's DefaultNormalizeScore: scale to the maximum, optionally reversed."""
+    top = int(raw.max()) if len(raw) else 0
+    if top == 0:
+        return np.full(len(raw), MAX_NODE_SCORE if reverse else 0, dtype=np.int64)
+    scaled = MAX_NODE_SCORE * raw // top
+    return MAX_NODE_SCORE - scaled if reverse else scaled
+
+
+def taint_toleration_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
+    return default_normalize(_untolerated(cluster, pod, ("PreferNoSchedule",))[nodes], reverse=True)
+
+
+def node_affinity_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
+    raw = np.zeros(len(nodes), dtype=np.int64)
+    for preferred in pod.preferred:
+        raw += np.where(cluster.labels.term(preferred.term)[nodes], preferred.weight, 0)
+    return default_normalize(raw, reverse=False)
+
+
+def _requested_and_allocatable(cluster: KubeCluster, pod: PodView, nodes: np.ndarray, resource: str,
+                               *, non_zero: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    state, demand = cluster.state, pod.demand
+    if resource == "cpu":
+        used = state.cpu_score_used if non_zero else state.cpu_used
+        return used[nodes] + (demand.cpu_score if non_zero else demand.cpu), state.cpu_cap[nodes]
+    if resource == "memory":
+        used = state.mem_score_used if non_zero else state.mem_used
+        return used[nodes] + (demand.memory_score if non_zero else demand.memory), state.mem_cap[nodes]
+    if resource in GPU_RESOURCES:
+        # "if it's an extended resource, and the pod doesn't request it": skipped (resource_allocation.go).
+        if resource not in pod.resources:
+            return None
+        # Both GPU resources draw on the node's one pool of devices, accounted in thousandths.
+        used = state.capacity_per_node_milli()[nodes] - state.gpu_left[nodes].sum(axis=1)
+        return used + demand.gpu_request_milli, state.gpu_count[nodes] * MILLI
+    return None
+
+
+def resources_fit_score(strategy: str, weights: tuple[tuple[str, int], ...]) -> Score:
+    """NodeResourcesFit scoring (LeastAllocated or MostAllocated) over the given resources and weights."""
+
+    def score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
+        total = np.zeros(len(nodes), dtype=np.int64)
+        weight_sum = np.zeros(len(nodes), dtype=np.int64)
+        for resource, weight in weights:
+            found = _requested_and_allocatable(cluster, pod, nodes, resource, non_zero=True)
+            if found is None:
+                continue
+            requested, allocatable = found
+            usable = allocatable > 0
+            safe = np.where(usable, allocatable, 1)
+            if strategy == "LeastAllocated":
+                part = np.where(requested > allocatable, 0, (allocatable - requested) * MAX_NODE_SCORE // safe)
+            else:
+                part = np.minimum(requested, allocatable) * MAX_NODE_SCORE // safe
+            total += np.where(usable, part * weight, 0)
+            weight_sum += np.where(usable, weight, 0)
+        return np.where(weight_sum > 0, total // np.maximum(weight_sum, 1), 0)
+
+    score.__name__ = f"NodeResourcesFit[{strategy}]"
+    return score
+
+
+def balanced_allocation_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
+    """(1 - std of requested/allocatable over cpu and memory) * 100, on actual requests."""
+    if pod.demand.cpu == 0 and pod.demand.memory == 0:  # best-effort pods are skipped
+        return np.zeros(len(nodes), dtype=np.int64)
+    fractions = []
+    for resource in ("cpu", "memory"):
+        requested, allocatable = _requested_and_allocatable(cluster, pod, nodes, resource, non_zero=False)
+        fractions.append(np.minimum(requested / np.maximum(allocatable, 1), 1.0))
+    std = np.abs(fractions[0] - fractions[1]) / 2
+    return ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+
+
+# --- profiles ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Profile:
+    """A scheduler profile as data; ``percentage_of_nodes_to_score`` 0 means kube-scheduler's adaptive rule."""
+
+    name: str
+    filters: tuple[Filter, ...]
+    scores: tuple[tuple[Score, int], ...]
+    percentage_of_nodes_to_score: int = 0
+
+
+DEFAULT_FILTERS: tuple[Filter, ...] = (fit_filter, node_affinity_filter, taint_filter)
+LEAST_ALLOCATED = resources_fit_score("LeastAllocated", (("cpu", 1), ("memory", 1)))
+# manifests/scheduler/scheduler-config.yaml: MostAllocated, nvidia.com/gpu 5, cpu 1, memory 1, score all nodes.
+BINPACK_WEIGHTS: tuple[tuple[str, int], ...] = (("nvidia.com/gpu", 5), ("cpu", 1), ("memory", 1))
+
+DEFAULT_PROFILE = Profile(
+    name="default-scheduler",
+    filters=DEFAULT_FILTERS,
+    scores=((taint_toleration_score, 3), (node_affinity_score, 2), (LEAST_ALLOCATED, 1),
+            (balanced_allocation_score, 1)),
+)
+
+
+def binpack_profile(weights: tuple[tuple[str, int], ...] = BINPACK_WEIGHTS, percentage: int = 100) -> Profile:
+    """gpugate's second profile: the default plugins with NodeResourcesFit switched to MostAllocated."""
+    return Profile(
+        name="gpugate-binpack",
+        filters=DEFAULT_FILTERS,
+        scores=((taint_toleration_score, 3), (node_affinity_score, 2),
+                (resources_fit_score("MostAllocated", weights), 1), (balanced_allocation_score, 1)),
+        percentage_of_nodes_to_score=percentage,
+    )
+
+
+def nodes_to_find(total: int, percentage: int) -> int:
+    """kube-scheduler's numFeasibleNodesToFind: stop after this many feasible nodes."""
+    if total < 100 or percentage >= 100:
+        return total
+    if percentage <= 0:
+        percentage = max(5, 50 - total // 125)
+    return max(100, total * percentage // 100)
+
+
+class KubeScheduler:
+    """Schedules one pod at a time with the profile its schedulerName names.
+
+    Holds what kube-scheduler carries between cycles: the round-robin start index of the node scan.
+    Randomness comes only from the ``rng`` argument.
+    """
+
+    def __init__(self, profiles: tuple[Profile, ...], rng: np.random.Generator) -> None:
+        self.profiles = {profile.name: profile for profile in profiles}
+        self.rng = rng
+        self.next_start = 0
+
+    def schedule(self, cluster: KubeCluster, pod: PodView) -> int | None:
+        """The chosen node index, or None when no node passes the filters (or no profile has the name)."""
+        profile = self.profiles.get(pod.scheduler_name)
+        if profile is None:
+            return None
+        size = cluster.state.size
+        feasible = np.ones(size, dtype=bool)
+        for check in profile.filters:
+            feasible &= check(cluster, pod)
+        order = np.roll(np.arange(size), -self.next_start)
+        found = np.flatnonzero(feasible[order])
+        wanted = nodes_to_find(size, profile.percentage_of_nodes_to_score)
+        if len(found) > wanted:
+            found = found[:wanted]
+            processed = int(found[-1]) + 1
+        else:
+            processed = size
+        self.next_start = (self.next_start + processed) % size
+        if len(found) == 0:
+            return None
+        nodes = order[found]
+        if len(nodes) == 1:
+            return int(nodes[0])
+        total = np.zeros(len(nodes), dtype=np.int64)
+        for plugin, weight in profile.scores:
+            total += weight * plugin(cluster, pod, nodes)
+        best = np.flatnonzero(total == total.max())
+        return int(nodes[best[self.rng.integers(len(best))]])
+
+    @staticmethod
+    def devices(cluster: KubeCluster, node: int, demand: Demand) -> tuple[int, ...]:
+        """GPUs for the pod on the chosen node: the fullest GPU that fits a share, else the first free ones."""
+        if not demand.num_gpu:
+            return ()
+        if demand.shares_gpu:
+            return (best_fit_gpu(cluster.state, node, demand.gpu_milli),)
+        return cluster.state.first_free(node, demand.num_gpu)

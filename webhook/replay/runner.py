@@ -1,0 +1,252 @@
+"""One replay run (an arm and a seed), and many of them in separate processes.
+
+Arms:
+  stock            the trace's Pods as written, kube-scheduler's default profile
+  gpugate          the same Pods admitted through gpugate's mutation and validation under
+                   ``--policies``; each Pod goes to the profile its schedulerName names
+  binpack-profile  the trace's Pods on gpugate's second profile (MostAllocated, GPU weight 5)
+  random, bestfit, fgd   the published schedulers, on the trace records directly
+Every arm of one seed sees the same arrival order. Pods are submitted once and never deleted; a
+pod that fits nowhere (or is denied) is counted as arrived and failed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import jsonpatch
+import numpy as np
+
+from webhook.errors import InputError
+from webhook.replay import demand as demand_reading
+from webhook.replay import workload
+from webhook.replay.arrival import arrival_order
+from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.labels import Relabeler
+from webhook.replay.metrics import FragmentTracker, typical_pods
+from webhook.replay.model import DEFAULT_PROFILE, KubeCluster, KubeScheduler, NodeLabels, PodView, binpack_profile
+from webhook.replay.reference import REFERENCE_SCHEDULERS
+from webhook.replay.trace import PodRecord, Trace
+
+KUBE_ARMS = ("stock", "gpugate", "binpack-profile")
+ARMS = KUBE_ARMS + tuple(REFERENCE_SCHEDULERS)
+BINPACK = "gpugate-binpack"
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    arm: str
+    seed: int
+    label_lag: int = 1
+    tune: float = 1.3
+    policies: str | None = None
+    """Policy folder for the gpugate arm (a path, so a worker process loads it itself)."""
+    taint_congested: bool = False
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Per submitted pod: arrived GPU request, allocation and fragment (% of GPU capacity)."""
+
+    arm: str
+    seed: int
+    workload: str
+    arrived: np.ndarray
+    allocated: np.ndarray
+    fragment: np.ndarray
+    placed: np.ndarray
+    failed: int
+    denied: int
+    seconds: float
+
+    def at(self, values: np.ndarray, arrived_percent: int) -> float:
+        """The published binning: mean over pods whose arrived % rounds to the point (else +-1)."""
+        rounded = np.round(self.arrived)
+        chosen = values[rounded == arrived_percent]
+        if len(chosen) == 0:
+            chosen = values[np.abs(rounded - arrived_percent) <= 1]
+        return float(chosen.mean()) if len(chosen) else float("nan")
+
+    def alloc_at(self, arrived_percent: int) -> float:
+        return self.at(self.allocated, arrived_percent)
+
+    def frag_at(self, arrived_percent: int) -> float:
+        return self.at(self.fragment, arrived_percent)
+
+
+def record_demand(record: PodRecord) -> Demand:
+    """A trace row as the published schedulers read it (non-zero cpu/memory defaults for scoring)."""
+    return Demand(cpu=record.cpu_milli, memory=record.memory_mib, num_gpu=record.num_gpu,
+                  gpu_milli=record.gpu_milli if record.num_gpu else 0, models=frozenset(record.gpu_spec),
+                  cpu_score=record.cpu_milli or demand_reading.DEFAULT_CPU_MILLI,
+                  memory_score=record.memory_mib or -(-demand_reading.DEFAULT_MEMORY_BYTES // demand_reading.MIB))
+
+
+class Admission:
+    """The webhook's decision for each Pod: validate, then apply the mutation's JSON patch.
+
+    Pure functions of (pod, namespace, policies): pods equal but for their name are admitted once
+    and the answer reused, which is what makes the real mutation code affordable per trace pod.
+    """
+
+    def __init__(self, policies_dir: str | None) -> None:
+        from webhook import mutation, validation
+        from webhook.policy import PolicySet
+
+        self.mutation, self.validation = mutation, validation
+        self.policies = PolicySet.from_dir(Path(policies_dir)) if policies_dir else PolicySet.empty()
+        self.cache: dict[str, dict[str, Any] | None] = {}
+        self.applied: dict[str, int] = {}
+
+    def admit(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored Pod, or None when the validating webhook denies it."""
+        template = copy.deepcopy(pod)
+        name = template["metadata"].pop("name")
+        key = json.dumps(template, sort_keys=True)
+        if key not in self.cache:
+            namespace = pod["metadata"]["namespace"]
+            verdict = self.validation.validate(pod, namespace=namespace, policies=self.policies)
+            if not verdict.allowed:
+                self.cache[key] = None
+            else:
+                result = self.mutation.mutate(copy.deepcopy(pod), namespace=namespace, policies=self.policies)
+                admitted = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else copy.deepcopy(pod)
+                admitted["metadata"].pop("name", None)
+                self.cache[key] = admitted
+                policy = str(result.policy) if result.policy else "(none)"
+                self.applied[policy] = self.applied.get(policy, 0) + 1
+        admitted = self.cache[key]
+        if admitted is None:
+            return None
+        out = copy.copy(admitted)
+        out["metadata"] = {**admitted["metadata"], "name": name}
+        return out
+
+
+def kube_cluster(trace: Trace) -> KubeCluster:
+    state = ClusterState(trace.nodes)
+    labels = NodeLabels(state.names, [workload.node_labels(node) for node in trace.nodes])
+    return KubeCluster(state=state, labels=labels)
+
+
+def run(trace: Trace, spec: RunSpec) -> RunResult:
+    """Replay one arm with one seed; pure apart from loading the policy folder named in ``spec``."""
+    if spec.arm not in ARMS:
+        raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
+    started = time.perf_counter()
+    records = trace.pods
+    demands = [record_demand(record) for record in records]
+    cluster = kube_cluster(trace)
+    state = cluster.state
+    tracker = FragmentTracker(state, typical_pods(demands, state))
+    order = arrival_order(records, state.capacity_milli, spec.seed, tune=spec.tune)
+    rng = np.random.default_rng((spec.seed, 1))
+    place: Callable[[int], tuple[int, tuple[int, ...]] | None]
+    denied = 0
+    if spec.arm in REFERENCE_SCHEDULERS:
+        scheduler = REFERENCE_SCHEDULERS[spec.arm](np.random.default_rng((spec.seed, 2)).permutation(state.size))
+
+        def place(index: int) -> tuple[int, tuple[int, ...]] | None:
+            feasible = np.flatnonzero(state.fits(demands[index]))
+            if len(feasible) == 0:
+                return None
+            return scheduler.place(state, demands[index], feasible, rng, tracker)
+    else:
+        kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), rng)
+        relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
+        relabeler.start(cluster)
+        admission = Admission(spec.policies) if spec.arm == "gpugate" else None
+        views: dict[int, PodView | None] = {}
+
+        def view_of(index: int) -> PodView | None:
+            if index not in views:
+                pod = workload.pod_for(records[index])
+                if admission is not None:
+                    pod = admission.admit(pod)
+                if pod is None:
+                    views[index] = None
+                else:
+                    found = demand_reading.view(pod)
+                    if spec.arm == "binpack-profile":
+                        found = PodView(**{**{f: getattr(found, f) for f in PodView.__slots__},
+                                           "scheduler_name": BINPACK})
+                    views[index] = found
+            return views[index]
+
+        def place(index: int) -> tuple[int, tuple[int, ...]] | None:
+            nonlocal denied
+            pod_view = view_of(index)
+            if pod_view is None:
+                denied += 1
+                return None
+            node = kube.schedule(cluster, pod_view)
+            if node is None:
+                return None
+            placement = node, kube.devices(cluster, node, pod_view.demand)
+            relabeler.placed(cluster, node)
+            return placement
+
+    arrived = np.empty(len(order))
+    allocated = np.empty(len(order))
+    fragment = np.empty(len(order))
+    placed = np.zeros(len(order), dtype=bool)
+    total = 0
+    capacity = state.capacity_milli
+    for step, index in enumerate(order):
+        total += records[index].gpu_request_milli
+        placement = place(index)
+        if placement is not None:
+            node, devices = placement
+            # The binding itself: the kube arms' demand is read from the admitted Pod.
+            bound = demands[index] if spec.arm in REFERENCE_SCHEDULERS else views[index].demand  # type: ignore[union-attr]
+            state.bind(node, bound, devices)
+            tracker.refresh(state, node)
+            placed[step] = True
+        arrived[step] = 100.0 * total / capacity
+        allocated[step] = 100.0 * state.used_milli / capacity
+        fragment[step] = 100.0 * tracker.cluster_fragment() / capacity
+    return RunResult(arm=spec.arm, seed=spec.seed, workload=trace.workload, arrived=arrived, allocated=allocated,
+                     fragment=fragment, placed=placed, failed=int((~placed).sum()), denied=denied,
+                     seconds=time.perf_counter() - started)
+
+
+_WORKER_TRACE: Trace | None = None
+
+
+def _init_worker(trace: Trace) -> None:
+    global _WORKER_TRACE  # per worker process, set once before any task: the trace is sent once
+    _WORKER_TRACE = trace
+
+
+def _run_in_worker(spec: RunSpec) -> RunResult:
+    assert _WORKER_TRACE is not None
+    return run(_WORKER_TRACE, spec)
+
+
+def run_many(trace: Trace, specs: Iterable[RunSpec], *, workers: int,
+             progress: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """Independent runs in separate processes (one when ``workers`` is 1), in the order given."""
+    specs = list(specs)
+    if workers <= 1 or len(specs) <= 1:
+        results = []
+        for spec in specs:
+            result = run(trace, spec)
+            if progress:
+                progress(result)
+            results.append(result)
+        return results
+    done: dict[int, RunResult] = {}
+    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(trace,)) as pool:
+        futures = {pool.submit(_run_in_worker, spec): i for i, spec in enumerate(specs)}
+        for future in as_completed(futures):
+            result = future.result()
+            done[futures[future]] = result
+            if progress:
+                progress(result)
+    return [done[i] for i in range(len(specs))]
