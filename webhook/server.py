@@ -28,6 +28,8 @@ from webhook.errors import BadReview
 from webhook.policystore import PolicyStore
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
+# How much of an over-limit body is read and dropped so the client can see its 413.
+DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
 EXTENSION = "gpugate"
 
 _admission_log = logging.getLogger(logs.ADMISSION_LOGGER)
@@ -151,14 +153,13 @@ def _admit(endpoint: str) -> Response:
     st = state()
     limit = st.settings.max_body_bytes
     fields: dict[str, Any] = {"endpoint": endpoint}
-    # Refuse on the declared length before reading a byte of the body.
+    # Refuse on the declared length before buffering or parsing any of the body.
     if request.content_length is not None and request.content_length > limit:
         return _refuse(endpoint, 413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit",
-                       started, fields)
-    try:
-        body = request.get_data(cache=False)
-    except RequestEntityTooLarge:  # chunked body that grew past the limit
-        return _refuse(endpoint, 413, f"body exceeds the {limit}-byte limit", started, fields)
+                       started, fields, drain=True)
+    body = _read_body(limit)
+    if body is None:  # a chunked body that grew past the limit
+        return _refuse(endpoint, 413, f"body exceeds the {limit}-byte limit", started, fields, drain=True)
     try:
         review = admission.decode(body)
     except BadReview as err:
@@ -260,17 +261,64 @@ def _internal_error(st: ServerState, endpoint: str, review: admission.Review, er
     return _Outcome(answer, result="error", revision=revision, error=detail)
 
 
-def _refuse(endpoint: str, code: int, message: str, started: float, fields: dict[str, Any]) -> Response:
+def _refuse(endpoint: str, code: int, message: str, started: float, fields: dict[str, Any],
+            drain: bool = False) -> Response:
+    if drain:
+        # Read (and drop) what the client is still sending: closing a socket with unread data
+        # makes the kernel reset it and the client would never see the 413. Bounded, so a
+        # client streaming without end is cut off instead.
+        _discard(request.environ.get("wsgi.input"), DRAIN_LIMIT_BYTES)
     result = "too_large" if code == 413 else "bad_request"
     metrics.ADMISSIONS.labels(endpoint, "", "", result).inc()
     metrics.DURATION.labels(endpoint).observe(time.perf_counter() - started)
     logs.log_admission(_admission_log, {**fields, "result": result, "error": message,
-                                        "duration_ms": round((time.perf_counter() - started) * 1000, 3)})
+                                        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+                                        "pid": os.getpid()})
     response = jsonify(error=message, code=code)
-    # No "Connection: close" on 413: closing with the body unread makes the kernel reset the
-    # connection and the client may never see the answer; gunicorn drains the body instead.
     response.status_code = code
+    if drain:
+        response.headers["Connection"] = "close"
     return response
+
+
+def _read_body(limit: int) -> bytes | None:
+    """The request body, or None when it is longer than ``limit``.
+
+    With a Content-Length, Flask reads it. A chunked body (no length) is read here from the
+    server's stream, which decodes the chunks: Werkzeug hands out an empty stream for it unless
+    the server sets ``wsgi.input_terminated``, which gunicorn does not.
+    """
+    if request.content_length is not None:
+        try:
+            return request.get_data(cache=False)
+        except RequestEntityTooLarge:
+            return None
+    stream = request.environ.get("wsgi.input")
+    if stream is None:
+        return b""
+    parts, size = [], 0
+    while True:
+        chunk = stream.read(65536)
+        if not chunk:
+            return b"".join(parts)
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+
+
+def _discard(stream: Any, limit: int) -> None:
+    if stream is None:
+        return
+    remaining = limit
+    try:
+        while remaining > 0:
+            chunk = stream.read(min(65536, remaining))
+            if not chunk:
+                return
+            remaining -= len(chunk)
+    except Exception:  # the client went away or sent a broken chunk: nothing left to answer
+        return
 
 
 def _audit(policy: str, revision: str) -> dict[str, str]:

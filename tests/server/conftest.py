@@ -130,7 +130,7 @@ class Server:
         return out
 
     def post(self, endpoint: str, body: Any, **kwargs: Any) -> requests.Response:
-        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        data = json.dumps(body) if isinstance(body, (dict, list)) else body
         headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
         return self.session.post(f"{self.url}/{endpoint}", data=data, headers=headers, timeout=10, **kwargs)
 
