@@ -1,0 +1,104 @@
+"""``gpugate replay``: measure what a policy does to GPU allocation on a cluster trace."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from webhook.errors import InputError
+
+ALL_ARMS = "stock,gpugate,binpack-profile,random,bestfit,fgd"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42-51``, ``42,45,47`` or a mix: the seeds in the order given, without repeats."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise click.BadParameter(f"{part!r} is not a seed or a range like 42-51", param_hint="--seeds")
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) else low
+        if high < low:
+            raise click.BadParameter(f"range {part!r} runs backwards", param_hint="--seeds")
+        seeds.extend(s for s in range(low, high + 1) if s not in seeds)
+    return seeds
+
+
+def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in known]
+    if unknown or not arms:
+        raise click.BadParameter(f"unknown arm(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}",
+                                 param_hint="--arms")
+    return list(dict.fromkeys(arms))
+
+
+@click.command("replay")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder of the openb trace (openb_node_list_gpu_node.csv and pod lists). "
+                   "Without it, a synthetic cluster and pod list are generated from the first seed.")
+@click.option("--pods", "pods_file", type=click.Path(path_type=Path),
+              help="Pod list to replay (a path, or a file name inside --trace); default openb_pod_list_default.csv.")
+@click.option("--policies", type=click.Path(file_okay=False, path_type=Path), default=Path("policies"),
+              show_default=True, help="Policy folder the gpugate arm admits pods with.")
+@click.option("--arms", default=ALL_ARMS, show_default=True, help="Comma-separated arms to run.")
+@click.option("--seeds", default="42-51", show_default=True, help="Seeds: a range (42-51) or a list (42,43).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-out"),
+              show_default=True, help="Folder for summary.json, per-run CSVs and the plot.")
+@click.option("--label-lag", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Recompute the balancer's node labels every K placements (stale labels in between).")
+@click.option("--taint-congested", is_flag=True, help="Model the balancer's optional congested PreferNoSchedule taint.")
+@click.option("--tune", type=click.FloatRange(min=0.1, max=3.0), default=1.3, show_default=True,
+              help="Inflate (or cut) the pod list to this multiple of GPU capacity.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes for independent runs (default: the CPUs available).")
+@click.option("--synthetic-nodes", type=click.IntRange(min=4), default=120, show_default=True,
+              help="Nodes of the synthetic cluster (only without --trace).")
+def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, seeds: str, out: Path,
+           label_lag: int, taint_congested: bool, tune: float, workers: int | None, synthetic_nodes: int) -> None:
+    """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
+
+    Prints arm by metric (GPU allocation at 100% and 130% arrived GPU request, fragmentation),
+    writes OUT/summary.json, OUT/runs/<arm>-seed<N>.csv and OUT/allocation.png.
+    """
+    from webhook.replay import report, runner, trace
+
+    arm_list = parse_arms(arms, runner.ARMS)
+    seed_list = parse_seeds(seeds)
+    if pods_file is not None and trace_dir is None:
+        raise click.UsageError("--pods needs --trace (the node list comes from the trace folder)")
+    if trace_dir is not None:
+        loaded = trace.load_trace(trace_dir, pods_file)
+    else:
+        loaded = trace.synthetic(seed_list[0], nodes=synthetic_nodes)
+    if "gpugate" in arm_list:
+        from webhook.policy import PolicySet
+
+        if not policies.is_dir():
+            raise InputError(f"{policies}: no such policy folder (give --policies DIR, or leave out the gpugate arm)")
+        PolicySet.from_dir(policies)  # refuse a bad folder before starting any run
+    specs = [runner.RunSpec(arm=arm, seed=seed, label_lag=label_lag, tune=tune, taint_congested=taint_congested,
+                            policies=str(policies) if arm == "gpugate" else None)
+             for arm in arm_list for seed in seed_list]
+    progress = report.Progress(len(specs), sys.stderr)
+    results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
+    for result in results:
+        report.write_run_csv(result, out / "runs")
+    data = report.summary(results, workload=loaded.workload, seeds=seed_list)
+    report.write_summary(data, out)
+    report.plot(results, out / "allocation.png", title=f"GPU allocation vs arrival: {loaded.workload}")
+    click.echo(report.table(results, workload=loaded.workload, seeds=seed_list))
+    click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'} and {len(results)} CSV file(s) in {out / 'runs'}")
+
+
+def _cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1

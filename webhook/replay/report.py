@@ -1,0 +1,149 @@
+"""What a replay leaves behind: the table, one CSV per run, OUT/summary.json and the plot.
+
+summary.json is shaped ``{"workload", "seeds", "arms": {arm: {"alloc_at_100", "alloc_at_130",
+"frag_at_100", "runs"}}}``: medians over seeds, in percent of GPU capacity, rounded to 2 places.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, TextIO
+
+from webhook.replay.runner import RunResult
+
+POINTS = range(0, 131)
+
+
+def _median(values: list[float]) -> float | None:
+    clean = [v for v in values if not math.isnan(v)]
+    return round(statistics.median(clean), 2) if clean else None
+
+
+def by_arm(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    grouped: dict[str, list[RunResult]] = {}
+    for result in results:
+        grouped.setdefault(result.arm, []).append(result)
+    return grouped
+
+
+def summary(results: list[RunResult], *, workload: str, seeds: list[int]) -> dict[str, Any]:
+    arms = {}
+    for arm, runs in by_arm(results).items():
+        arms[arm] = {"alloc_at_100": _median([r.alloc_at(100) for r in runs]),
+                     "alloc_at_130": _median([r.alloc_at(130) for r in runs]),
+                     "frag_at_100": _median([r.frag_at(100) for r in runs]),
+                     "runs": len(runs)}
+    return {"workload": workload, "seeds": list(seeds), "arms": arms}
+
+
+def table(results: list[RunResult], *, workload: str, seeds: list[int]) -> str:
+    """Arm by metric, medians over seeds; failed pods are those that arrived up to 100%."""
+    data = summary(results, workload=workload, seeds=seeds)["arms"]
+    grouped = by_arm(results)
+    header = ("arm", "alloc@100%", "alloc@130%", "frag@100%", "failed@100%", "runs", "s/run")
+    rows = [header]
+    for arm, values in data.items():
+        runs = grouped[arm]
+        failed = statistics.median([int((~r.placed[r.arrived <= 100.0]).sum()) for r in runs])
+        seconds = statistics.mean([r.seconds for r in runs])
+        rows.append((arm, _fmt(values["alloc_at_100"]), _fmt(values["alloc_at_130"]),
+                     _fmt(values["frag_at_100"]), f"{failed:g}", str(values["runs"]), f"{seconds:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [f"workload {workload}, seeds {_seed_text(seeds)}; medians over seeds, % of GPU capacity"]
+    for number, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
+        if number == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _seed_text(seeds: list[int]) -> str:
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(str(s) for s in seeds)
+
+
+def write_run_csv(result: RunResult, directory: Path) -> Path:
+    """The run's curve by arrived percent (the published binning), plus failures so far."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{result.arm}-seed{result.seed}.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("arrived_pct", "alloc_pct", "frag_pct", "failed_pods"))
+        for point in POINTS:
+            alloc = result.alloc_at(point)
+            if math.isnan(alloc):
+                continue
+            failed = int((~result.placed[result.arrived <= point + 0.5]).sum())
+            writer.writerow((point, f"{alloc:.4f}", f"{result.frag_at(point):.4f}", failed))
+    return path
+
+
+def write_summary(data: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def median_curve(runs: list[RunResult]) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for point in POINTS:
+        value = _median([r.alloc_at(point) for r in runs])
+        if value is not None:
+            xs.append(point)
+            ys.append(value)
+    return xs, ys
+
+
+def plot(results: list[RunResult], path: Path, *, title: str) -> Path:
+    """Allocation against arrived GPU request, median over seeds, one line per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(8, 5), dpi=110)
+    for arm, runs in by_arm(results).items():
+        xs, ys = median_curve(runs)
+        axes.plot(xs, ys, label=f"{arm} ({_fmt(_median([r.alloc_at(100) for r in runs]))}% at 100%)",
+                  linestyle="--" if arm in ("random", "bestfit", "fgd") else "-")
+    axes.plot([0, 130], [0, 130], color="grey", linewidth=0.6, label="every arrived GPU allocated")
+    axes.set_xlim(60, 130)
+    axes.set_ylim(60, 100)
+    axes.set_xlabel("arrived GPU request (% of capacity)")
+    axes.set_ylabel("GPU allocation (% of capacity)")
+    axes.set_title(title)
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    pyplot.close(figure)
+    return path
+
+
+class Progress:
+    """A one-line progress bar on stderr: runs done, the last run, time so far."""
+
+    def __init__(self, total: int, stream: TextIO, *, width: int = 30) -> None:
+        self.total, self.stream, self.width, self.done = total, stream, width, 0
+
+    def __call__(self, result: RunResult) -> None:
+        self.done += 1
+        filled = self.width * self.done // max(self.total, 1)
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} runs "
+                          f"(last: {result.arm} seed {result.seed}, {result.seconds:.1f}s)")
+        if self.done == self.total:
+            self.stream.write("\n")
+        self.stream.flush()
