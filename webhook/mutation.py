@@ -72,19 +72,80 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet) -> Mutation:
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
     ref = PolicyRef(policy.name, policies.revision)
-    if policy.mode == "off":
-        return Mutation(desired=pod, patch=(), policy=ref, mode="off")
-    desired = copy.deepcopy(pod)
+    desired = clone(pod)
     context = StepContext(policy=policy, ref=ref, namespace=namespace)
     for step in STEPS:
         step(desired, context)
-    patch = tuple(jsonpatch.make_patch(pod, desired).patch)
+    patch = make_patch(pod, desired)
     if policy.mode == "audit":
         warnings = tuple(f"audit: {w}" for w in context.warnings)
         if patch:
             warnings += (f"audit: gpugate {ref} would apply {len(patch)} patch operation(s); mode is audit",)
         return Mutation(desired=pod, patch=(), policy=ref, warnings=warnings, mode="audit")
     return Mutation(desired=desired, patch=patch, policy=ref, warnings=tuple(context.warnings))
+
+
+def clone(obj: Any) -> Any:
+    """A deep copy of JSON data (dicts, lists, scalars): several times faster than copy.deepcopy."""
+    if isinstance(obj, dict):
+        return {key: clone(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [clone(value) for value in obj]
+    return obj
+
+
+def make_patch(source: Pod, desired: Pod) -> tuple[PatchOp, ...]:
+    """``jsonpatch.make_patch`` over the parts that differ: same ops, a fraction of the work.
+
+    jsonpatch serializes every list member to align lists, which costs more than everything else
+    a mutation does. Shared subtrees produce no operation, so they are stripped first: equal dict
+    members are dropped and equal list members replaced by a per-position marker, keeping every
+    path of what differs. A list member that differs is kept whole on both sides, so any
+    operation jsonpatch emits for it carries the full value.
+    """
+    pruned_source, pruned_desired = _strip_shared(source, desired)
+    return tuple(jsonpatch.make_patch(pruned_source, pruned_desired).patch)
+
+
+def _strip_shared(source: Any, desired: Any) -> tuple[Any, Any]:
+    if isinstance(source, dict) and isinstance(desired, dict):
+        kept_source: dict[str, Any] = {}
+        kept_desired: dict[str, Any] = {}
+        for key, value in source.items():
+            if key not in desired:
+                kept_source[key] = value
+            elif _same(value, desired[key]):
+                continue
+            else:
+                kept_source[key], kept_desired[key] = _strip_shared(value, desired[key])
+        for key, value in desired.items():
+            if key not in source:
+                kept_desired[key] = value
+        return kept_source, kept_desired
+    if isinstance(source, list) and isinstance(desired, list):
+        common = min(len(source), len(desired))
+        left: list[Any] = []
+        right: list[Any] = []
+        for i in range(common):
+            if _same(source[i], desired[i]):
+                left.append(f"\0same-{i}")
+                right.append(f"\0same-{i}")
+            elif len(source) == len(desired):
+                # Every other member is a unique marker and the lengths match, so jsonpatch pairs
+                # this member by position and diffs inside it: strip inside it too.
+                a, b = _strip_shared(source[i], desired[i])
+                left.append(a)
+                right.append(b)
+            else:
+                left.append(source[i])
+                right.append(desired[i])
+        return left + source[common:], right + desired[common:]
+    return source, desired
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON: Python's == plus a type check, since 1 == True but "1" != "true" in JSON."""
+    return type(a) is type(b) and a == b
 
 
 # --- helpers over the desired pod (it is our own copy: steps edit it in place) -------------

@@ -218,6 +218,11 @@ def _selector(raw: dict[str, Any] | None) -> LabelSelector:
     )
 
 
+def _int(value: Any) -> int | None:
+    """JSON Schema's integer admits 8.0; the policy means 8."""
+    return None if value is None else int(value)
+
+
 def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
     match = spec.get("match") or {}
     gpu = spec.get("gpu") or {}
@@ -227,7 +232,7 @@ def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
     return GPUPolicy(
         name=name,
         source=where,
-        priority=spec.get("priority", 0),
+        priority=_int(spec.get("priority", 0)) or 0,
         mode=spec.get("mode", "enforce"),
         match=Match(
             namespaces=tuple(match.get("namespaces") or ("*",)),
@@ -237,17 +242,18 @@ def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
         ),
         gpu=GPUSpec(
             resource=gpu.get("resource", names.GPU_RESOURCE),
-            default=gpu.get("default"),
-            max=gpu.get("max"),
+            default=_int(gpu.get("default")),
+            max=_int(gpu.get("max")),
             allowed_resources=tuple(gpu.get("allowedResources") or ()),
             fail_requests_greater_than_one=gpu.get("failRequestsGreaterThanOne", True),
             products=tuple(gpu.get("products") or ()),
             families=tuple(gpu.get("families") or ()),
-            min_memory_mib=gpu.get("minMemoryMiB"),
+            min_memory_mib=_int(gpu.get("minMemoryMiB")),
         ),
         tolerations=tolerations if isinstance(tolerations, str) else tuple(
             Toleration(key=t.get("key"), operator=t.get("operator", "Equal" if "value" in t else "Exists"),
-                       value=t.get("value"), effect=t.get("effect"), toleration_seconds=t.get("tolerationSeconds"))
+                       value=t.get("value"), effect=t.get("effect"),
+                       toleration_seconds=_int(t.get("tolerationSeconds")))
             for t in tolerations
         ),
         runtime_class_name=spec.get("runtimeClassName"),

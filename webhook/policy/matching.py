@@ -6,7 +6,9 @@ without ``metadata.namespace``.
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
+import re
+from fnmatch import translate
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from webhook import pods
@@ -18,9 +20,15 @@ if TYPE_CHECKING:
 
 def namespace_matches(namespace: str, include: tuple[str, ...], exclude: tuple[str, ...] = ()) -> bool:
     """Glob match (``ml-*``, ``team-?``) on the request namespace; excludes win."""
-    if any(fnmatchcase(namespace, pattern) for pattern in exclude):
+    if exclude and _globs(exclude).match(namespace):
         return False
-    return any(fnmatchcase(namespace, pattern) for pattern in include)
+    return _globs(include).match(namespace) is not None
+
+
+@lru_cache(maxsize=1024)
+def _globs(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """One compiled, case-sensitive regex for a tuple of globs (policies are immutable, so cache)."""
+    return re.compile("|".join(f"(?:{translate(p)})" for p in patterns))
 
 
 def requirement_matches(requirement: SelectorRequirement, labels: dict[str, str]) -> bool:
@@ -51,11 +59,12 @@ def select(policies: "PolicySet", pod: pods.Pod, *, namespace: str) -> GPUPolicy
     """The highest-priority policy whose match applies, or None (also for opted-out pods).
 
     Policies are kept sorted by descending priority, and equal priorities that could both
-    match are refused at load, so the first hit is the only answer.
+    match are refused at load, so the first hit is the only answer. A policy in mode ``off``
+    is as if absent: switching one off never changes which other policy a pod gets.
     """
     if pods.is_skipped(pod):
         return None
-    return next((p for p in policies.policies if match_applies(p.match, pod, namespace)), None)
+    return next((p for p in policies.policies if p.mode != "off" and match_applies(p.match, pod, namespace)), None)
 
 
 def deny_applies(rule: DenyRule, pod: pods.Pod, namespace: str) -> bool:

@@ -27,7 +27,8 @@ def conflicts(policies: list[GPUPolicy]) -> list[str]:
 
 
 def matches_can_overlap(a: Match, b: Match) -> bool:
-    if not any(globs_intersect(x, y) for x in a.namespaces for y in b.namespaces):
+    if not any(globs_intersect(x, y) and not _covered(y, a.exclude_namespaces) and not _covered(x, b.exclude_namespaces)
+               for x in a.namespaces for y in b.namespaces):
         return False
     return selectors_can_overlap(a.pod_selector, b.pod_selector)
 
@@ -57,6 +58,17 @@ def _satisfiable(group: list[SelectorRequirement]) -> bool:
     if allowed is None:
         return True  # Exists / NotIn only: some other value, or absence, satisfies them
     return bool(allowed - forbidden)
+
+
+def _covered(glob: str, excludes: tuple[str, ...]) -> bool:
+    """True when every namespace matching ``glob`` is excluded (proved for the simple, common shapes)."""
+    for exclude in excludes:
+        if exclude == glob or exclude == "*":
+            return True
+        prefix = exclude[:-1]
+        if exclude.endswith("*") and not any(c in prefix for c in "*?[") and glob.startswith(prefix):
+            return True
+    return False
 
 
 def globs_intersect(a: str, b: str) -> bool:
