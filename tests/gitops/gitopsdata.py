@@ -1,0 +1,131 @@
+"""Shared helpers for the GitOps tests: locating ../shared, loading Argo CD objects, rendering
+an Application source the way Argo CD's repo server would, and CRD schemas made strict.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from webhook import manifestcheck
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared"
+ARGOCD = REPO / "argocd"
+REPO_URL = "https://github.com/example-org/gpugate.git"
+CHART_REPO = "https://helm.ngc.nvidia.com/nvidia"
+
+KubeObject = dict[str, Any]
+
+
+def shared_or_skip() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} is absent (fresh clone): ../shared/schemas and ../shared/upstream are needed")
+    return SHARED
+
+
+def yaml_documents(root: Path) -> Iterator[tuple[Path, KubeObject]]:
+    """Every YAML document under ``root`` that is a Kubernetes-style object."""
+    for path in sorted(root.rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if isinstance(document, dict) and "apiVersion" in document and "kind" in document:
+                yield path, document
+
+
+def argo_objects() -> list[tuple[Path, KubeObject]]:
+    """Every Application, ApplicationSet and AppProject anywhere under argocd/."""
+    return [(p, o) for p, o in yaml_documents(ARGOCD) if str(o["apiVersion"]).startswith("argoproj.io/")]
+
+
+def deployed_applications() -> list[KubeObject]:
+    """The Applications that really get applied: the root (bootstrap) and what it renders."""
+    apps = [o for o in manifestcheck.kustomize(ARGOCD / "bootstrap") if o["kind"] == "Application"]
+    apps += [o for o in manifestcheck.kustomize(ARGOCD / "apps") if o["kind"] == "Application"]
+    return apps
+
+
+def app_named(name: str) -> KubeObject:
+    for app in deployed_applications():
+        if app["metadata"]["name"] == name:
+            return app
+    raise AssertionError(f"no Application {name} is deployed")
+
+
+def sources(app: KubeObject) -> list[dict[str, Any]]:
+    spec = app["spec"]
+    return list(spec["sources"]) if spec.get("sources") else [spec["source"]]
+
+
+def render_source(source: dict[str, Any]) -> list[KubeObject]:
+    """Render a Git source with a path like Argo CD does for kustomize: the path, plus any
+    ``kustomize.components`` (Argo CD adds them with `kustomize edit add component`; we add
+    them through a temporary overlay, which renders the same objects)."""
+    path = REPO / source["path"]
+    components = (source.get("kustomize") or {}).get("components") or []
+    if not components:
+        return manifestcheck.kustomize(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        overlay = Path(tmp)
+        rel = lambda p: os.path.relpath(p, overlay)  # noqa: E731 - kustomize refuses absolute paths
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [rel(path)],
+            "components": [rel(path / c) for c in components],
+        }))
+        return manifestcheck.kustomize(overlay)
+
+
+def strict_crd_schema(crd_file: Path) -> dict[str, Any]:
+    """The CRD's openAPIV3Schema as JSON Schema, strict like kubeconform's openapi2jsonschema:
+    objects with declared properties refuse unknown fields (the API server would prune them
+    silently, which is exactly the typo we want to catch), int-or-string accepts both."""
+    crd = yaml.safe_load(crd_file.read_text())
+    schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+    def fix(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("x-kubernetes-int-or-string"):
+                node.pop("type", None)
+                node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+            if node.get("nullable") and "type" in node:
+                node["type"] = [node["type"], "null"]
+            if ("properties" in node and "additionalProperties" not in node
+                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+                node["additionalProperties"] = False
+            for value in node.values():
+                fix(value)
+        elif isinstance(node, list):
+            for value in node:
+                fix(value)
+
+    fix(schema)
+    # metadata is validated by the API server, not by the CRD schema
+    schema.setdefault("properties", {})["metadata"] = {"type": "object"}
+    return schema
+
+
+def dig(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Helm's values merge: maps merge key by key, everything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
