@@ -1,0 +1,61 @@
+"""Plaintext ``/healthz`` and ``/metrics`` for the kubelet and Prometheus (an edge)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from webhook.balancer.metrics import Metrics
+
+
+class HealthServer:
+    """Serves ``/healthz`` from ``status()`` (``{"ok": bool, ...}``) and ``/metrics`` from ``metrics``."""
+
+    def __init__(self, host: str, port: int, *, metrics: Metrics, status: Callable[[], dict[str, Any]]) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+                pass
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/healthz":
+                    state = status()
+                    self._send(200 if state.get("ok") else 503, "application/json",
+                               json.dumps(state).encode())
+                elif path == "/metrics":
+                    self._send(200, CONTENT_TYPE_LATEST, generate_latest(outer.metrics.registry))
+                else:
+                    self._send(404, "text/plain", b"not found\n")
+
+            def _send(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.metrics = metrics
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def start(self) -> HealthServer:
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="balancer-health", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,186 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, the way client-go does it.
+
+Expiry is judged on this replica's own clock, from the moment it last saw the lease record
+change, never by comparing the holder's ``renewTime`` with our wall clock: two nodes' clocks
+may disagree by more than a lease duration. The leader stops writing once it has failed to
+renew for ``renew_deadline`` (< ``duration``), so it is silent before any standby may start.
+Release (on SIGTERM) empties ``holderIdentity`` so a standby takes over at its next retry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from webhook.balancer.settings import LeaseSettings
+
+log = logging.getLogger("gpugate.balancer.lease")
+
+Obj = dict[str, Any]
+
+
+def micro_time(moment: datetime) -> str:
+    """A Kubernetes MicroTime: RFC 3339 with microseconds, UTC."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The last lease record we saw and when (our monotonic clock) we first saw it."""
+
+    record: tuple[Any, ...]
+    seen_at: float
+
+
+def may_acquire(spec: Obj, *, me: str, observed: Observation, now: float) -> bool:
+    """True when ``me`` may take or keep the lease described by ``spec`` (pure).
+
+    Free (no holder), ours, or not renewed within its duration since we saw it last change.
+    """
+    holder = spec.get("holderIdentity") or ""
+    if not holder or holder == me:
+        return True
+    duration = float(spec.get("leaseDurationSeconds") or 0)
+    return now >= observed.seen_at + duration
+
+
+class LeaderElector:
+    """Acquire and renew one Lease in a loop; ``is_leader()`` is safe to call from any thread."""
+
+    def __init__(self, api: client.ApiClient, settings: LeaseSettings, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 on_change: Callable[[bool], None] = lambda leading: None,
+                 on_error: Callable[[str, BaseException], None] = lambda op, err: None) -> None:
+        self._api = client.CoordinationV1Api(api)
+        self._settings = settings
+        self._clock = clock
+        self._wall = wall
+        self._on_change = on_change
+        self._on_error = on_error
+        self._observed: Observation | None = None
+        self._renewed_at: float | None = None  # monotonic time of our last successful write
+        self._leading = False
+        self._lock = threading.Lock()
+
+    @property
+    def identity(self) -> str:
+        return self._settings.identity
+
+    def is_leader(self) -> bool:
+        with self._lock:
+            return self._leading and self._renewed_at is not None and \
+                self._clock() - self._renewed_at < self._settings.renew_deadline
+
+    def run(self, stop: threading.Event) -> None:
+        """Try to acquire or renew every ``retry_period`` until ``stop``; never raises."""
+        while not stop.is_set():
+            try:
+                self.try_acquire_or_renew()
+            except Exception as err:  # noqa: BLE001 - an edge loop: report and retry next period
+                self._on_error("lease", err)
+                log.warning("lease update failed", extra={"fields": {"error": str(err)[:300]}})
+            self._publish()
+            stop.wait(self._settings.retry_period)
+
+    def _publish(self) -> None:
+        leading = self.is_leader()
+        with self._lock:
+            changed = leading != getattr(self, "_published", False)
+            self._published = leading
+        if changed:
+            log.info("leadership changed", extra={"fields": {"leader": leading, "identity": self.identity}})
+            self._on_change(leading)
+
+    def try_acquire_or_renew(self) -> bool:
+        """One round: read the lease, then create, renew or take it over if allowed."""
+        s = self._settings
+        now_wall = micro_time(self._wall())
+        try:
+            lease = json.loads(self._api.read_namespaced_lease(s.name, s.namespace, _preload_content=False,
+                                                               _request_timeout=(5, 10)).data)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": s.name, "namespace": s.namespace},
+                    "spec": self._spec(now_wall, acquire=now_wall, transitions=0)}
+            try:
+                self._api.create_namespaced_lease(s.namespace, body, _preload_content=False,
+                                                  _request_timeout=(5, 10))
+            except ApiException as create_err:
+                if create_err.status == 409:  # another replica created it first
+                    return self._lost()
+                raise
+            return self._won()
+        spec = lease.get("spec") or {}
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseTransitions"),
+                  lease["metadata"].get("resourceVersion"))
+        now = self._clock()
+        if self._observed is None or self._observed.record != record:
+            self._observed = Observation(record, now)
+        if not may_acquire(spec, me=s.identity, observed=self._observed, now=now):
+            return self._lost()
+        holder = spec.get("holderIdentity") or ""
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == s.identity else 1)
+        acquire = spec.get("acquireTime") if holder == s.identity else now_wall
+        lease["spec"] = self._spec(now_wall, acquire=acquire, transitions=transitions)
+        try:
+            self._api.replace_namespaced_lease(s.name, s.namespace, lease, _preload_content=False,
+                                               _request_timeout=(5, 10))
+        except ApiException as err:
+            if err.status == 409:  # someone wrote in between: they hold it now
+                return self._lost()
+            raise
+        return self._won()
+
+    def release(self) -> None:
+        """Give the lease up if we hold it (SIGTERM), so a standby need not wait for expiry."""
+        with self._lock:
+            was_leading = self._leading
+            self._leading = False
+        if not was_leading:
+            return
+        s = self._settings
+        try:
+            lease = json.loads(self._api.read_namespaced_lease(s.name, s.namespace, _preload_content=False,
+                                                               _request_timeout=(5, 10)).data)
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != s.identity:
+                return
+            now_wall = micro_time(self._wall())
+            lease["spec"] = dict(spec, holderIdentity=None, leaseDurationSeconds=1, renewTime=now_wall,
+                                 acquireTime=now_wall)
+            self._api.replace_namespaced_lease(s.name, s.namespace, lease, _preload_content=False,
+                                               _request_timeout=(5, 10))
+            log.info("lease released", extra={"fields": {"identity": s.identity}})
+        except Exception as err:  # noqa: BLE001 - best effort on the way out; expiry covers a failure
+            self._on_error("lease", err)
+            log.warning("lease release failed", extra={"fields": {"error": str(err)[:300]}})
+        finally:
+            self._publish()
+
+    def _spec(self, now_wall: str, *, acquire: str | None, transitions: int) -> Obj:
+        return {"holderIdentity": self._settings.identity,
+                "leaseDurationSeconds": max(int(round(self._settings.duration)), 1),
+                "acquireTime": acquire, "renewTime": now_wall, "leaseTransitions": transitions}
+
+    def _won(self) -> bool:
+        with self._lock:
+            self._leading = True
+            self._renewed_at = self._clock()
+        return True
+
+    def _lost(self) -> bool:
+        with self._lock:
+            self._leading = False
+        return False

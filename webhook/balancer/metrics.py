@@ -1,0 +1,60 @@
+"""The balancer's Prometheus metrics, on a registry of its own (never the process-global one).
+
+A registry per Balancer keeps two instances in one test process (leader and standby) apart
+and keeps library collectors out of the page.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from webhook.names import LOAD_TIERS
+
+
+class Metrics:
+    """Every series ``/metrics`` shows; names start with ``gpugate_balancer_``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._clock = clock
+        self.nodes = Gauge("gpugate_balancer_nodes", "GPU nodes per load tier, as last computed.",
+                           ["tier"], registry=r)
+        for tier in LOAD_TIERS:
+            self.nodes.labels(tier)
+        self.label_writes = Counter("gpugate_balancer_label_writes",
+                                    "Node patches the balancer sent (result=ok|conflict|error) or would "
+                                    "have sent (result=dry_run).", ["result"], registry=r)
+        self.api_errors = Counter("gpugate_balancer_api_errors",
+                                  "Kubernetes API calls that failed, by operation.", ["operation"], registry=r)
+        self.watch_events = Counter("gpugate_balancer_watch_events", "Watch events handled.", ["resource"],
+                                    registry=r)
+        self.relists = Counter("gpugate_balancer_relists", "Relists after an expired watch (410 Gone).",
+                               ["resource"], registry=r)
+        self.leader = Gauge("gpugate_balancer_leader", "1 while this replica holds the lease and writes.",
+                            registry=r)
+        self.prometheus_up = Gauge("gpugate_balancer_prometheus_up",
+                                   "1 when the last DCGM query succeeded, 0 when it failed, -1 when no "
+                                   "Prometheus is configured.", registry=r)
+        self.allocation_only = Gauge("gpugate_balancer_allocation_only",
+                                     "1 while tiers come from allocation alone (no usable utilization).",
+                                     registry=r)
+        self.last_full_sync = Gauge("gpugate_balancer_last_full_sync_timestamp_seconds",
+                                    "Unix time of the last pass over every node.", registry=r)
+        self._last_full_sync: float | None = None
+        since = Gauge("gpugate_balancer_seconds_since_last_full_sync",
+                      "Seconds since the last pass over every node (-1 before the first).", registry=r)
+        since.set_function(self.seconds_since_full_sync)
+        self.prometheus_up.set(-1)
+        self.allocation_only.set(1)
+
+    def full_sync_done(self) -> None:
+        self._last_full_sync = self._clock()
+        self.last_full_sync.set(self._last_full_sync)
+
+    def seconds_since_full_sync(self) -> float:
+        return -1.0 if self._last_full_sync is None else self._clock() - self._last_full_sync

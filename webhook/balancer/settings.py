@@ -1,0 +1,191 @@
+"""The balancer's settings: grouped frozen dataclasses, one YAML file, flags on top.
+
+Order of precedence: command-line flags > the YAML file (``--config``) > the defaults below.
+Each default's docstring says why it is what it is; the README's balancer section repeats them.
+The file is checked once when loaded: an unknown key or a wrong type is refused with its
+dotted path, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from webhook.balancer.tiers import ThresholdError, TierThresholds
+from webhook.errors import GpugateError
+
+
+class SettingsError(GpugateError):
+    """The balancer's configuration file or flags are invalid."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrometheusSettings:
+    """Where and how often DCGM utilization is read."""
+
+    url: str | None = None
+    """Prometheus base URL (``http://prometheus.monitoring:9090``); unset means allocation-only tiers."""
+    window: str = "5m"
+    """``avg_over_time`` range: long enough to smooth DCGM's instantaneous samples (30 s scrape),
+    short enough that a job finishing shows within minutes."""
+    interval: float = 30.0
+    """Seconds between queries; DCGM exporter collects every 30 s, querying faster adds nothing."""
+    timeout: float = 5.0
+    """Seconds before a query is given up (and the poll counts as Prometheus being down)."""
+    stale_after: float = 120.0
+    """Seconds after the last good answer from which utilization is dropped (allocation only)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseSettings:
+    """Leader election: one replica writes, the others keep caches warm."""
+
+    name: str = "gpugate-balancer"
+    namespace: str = ""
+    """Empty: ``$POD_NAMESPACE`` (downward API), else ``gpugate-system``; resolved by the command."""
+    identity: str = ""
+    """This replica's name in the Lease. Empty: ``$POD_NAME``, else the host name."""
+    duration: float = 15.0
+    """Seconds a standby waits after the last renewal it saw before taking over (client-go default)."""
+    renew_deadline: float = 10.0
+    """Seconds the leader keeps writing without a successful renewal; must be below ``duration``
+    so it stops before a standby can start (no two writers)."""
+    retry_period: float = 2.0
+    """Seconds between acquire/renew attempts."""
+    enabled: bool = True
+    """False: act as the only writer (a single replica, or tests); ``--dry-run`` also skips it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BalancerSettings:
+    """Everything ``gpugate balance`` needs, parsed once."""
+
+    tiers: TierThresholds = field(default_factory=TierThresholds)
+    taint_congested: bool = False
+    """Also taint congested nodes ``gpugate.io/congested:PreferNoSchedule``. Off by default: the
+    taint weighs on every pod (CPU pods too) with TaintToleration weight 3, so it is opt-in."""
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    server: str | None = None
+    """API server URL; unset means in-cluster service account, else kubeconfig."""
+    dry_run: bool = False
+    """Log the label and taint changes instead of writing them (and take no lease)."""
+    health_bind: str = "0.0.0.0:8080"
+    """Plaintext ``/healthz`` and ``/metrics``."""
+    resync_interval: float = 300.0
+    """Seconds between full passes over every node, which also repair a label someone else edited
+    (the watch already triggers a pass for each node that changes)."""
+    watch_timeout: int = 300
+    """Server-side ``timeoutSeconds`` of each watch; the stream is then resumed from the last
+    resourceVersion (no relist)."""
+    page_size: int = 500
+    """Items per list page (``limit``): bounds memory while listing 150,000 pods."""
+    write_concurrency: int = 8
+    """Node patches in flight at once: 5,000 first-time labels at ~10 ms each take 6 s, not 50."""
+    backoff_initial: float = 0.5
+    """First retry delay after an API error, in seconds; doubles up to ``backoff_max``, jittered."""
+    backoff_max: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1 or self.write_concurrency < 1 or self.watch_timeout < 1:
+            raise SettingsError("page_size, write_concurrency and watch_timeout must be at least 1")
+        if self.resync_interval <= 0 or self.backoff_initial <= 0 or self.backoff_max < self.backoff_initial:
+            raise SettingsError("resync_interval and backoff_initial must be > 0, backoff_max >= backoff_initial")
+        lease = self.lease
+        if not 0 < lease.retry_period < lease.renew_deadline < lease.duration:
+            raise SettingsError("lease: need 0 < retry_period < renew_deadline < duration "
+                                f"(got {lease.retry_period}, {lease.renew_deadline}, {lease.duration})")
+        if self.prometheus.interval <= 0 or self.prometheus.timeout <= 0:
+            raise SettingsError("prometheus.interval and prometheus.timeout must be > 0")
+        if not re.fullmatch(r"[0-9]+(ms|s|m|h|d)", self.prometheus.window):
+            raise SettingsError(f"prometheus.window must be a Prometheus duration like 5m, got "
+                                f"{self.prometheus.window!r}")
+        parse_bind(self.health_bind)
+
+    @classmethod
+    def from_file(cls, path: Path) -> BalancerSettings:
+        """Read one YAML mapping whose keys mirror the fields (sections ``tiers``, ``prometheus``, ``lease``)."""
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as err:
+            raise SettingsError(f"{path}: cannot read the balancer configuration: {err.strerror}") from err
+        except yaml.YAMLError as err:
+            raise SettingsError(f"{path}: not valid YAML: {err}") from err
+        return cls.from_dict(data or {}, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "configuration") -> BalancerSettings:
+        try:
+            return _build(cls, data, source, "")
+        except ThresholdError as err:
+            raise SettingsError(f"{source}: {err}") from err
+        except SettingsError as err:
+            if str(err).startswith(source):
+                raise
+            raise SettingsError(f"{source}: {err}") from err
+
+    def with_overrides(self, **changes: Any) -> BalancerSettings:
+        """A copy with the given fields replaced; ``None`` values (flags not given) are ignored.
+
+        Dotted names reach into a section: ``{"lease.name": "x", "prometheus.url": "http://..."}``
+        is spelled ``lease__name`` / ``prometheus__url`` here.
+        """
+        top: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in changes.items():
+            if value is None:
+                continue
+            if "__" in key:
+                section, name = key.split("__", 1)
+                nested.setdefault(section, {})[name] = value
+            else:
+                top[key] = value
+        for section, values in nested.items():
+            top[section] = dataclasses.replace(getattr(self, section), **values)
+        return dataclasses.replace(self, **top)
+
+
+def parse_bind(bind: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::]:8080`` for IPv6) as a tuple; SettingsError names the bad value."""
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(f"health_bind must be HOST:PORT, got {bind!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "float": (int, float), "int": (int,), "bool": (bool,), "str": (str,), "str | None": (str, type(None)),
+}
+
+
+def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise SettingsError(f"{source}: {prefix.rstrip('.') or 'the top level'} must be a mapping, "
+                            f"got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        where = f"{prefix}{key}"
+        fld = fields.get(key)
+        if fld is None:
+            raise SettingsError(f"{source}: unknown key {where!r}; known keys here: {', '.join(sorted(fields))}")
+        kind = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
+        if kind in ("TierThresholds", "PrometheusSettings", "LeaseSettings"):
+            section = {"TierThresholds": TierThresholds, "PrometheusSettings": PrometheusSettings,
+                       "LeaseSettings": LeaseSettings}[kind]
+            values[key] = _build(section, value if value is not None else {}, source, f"{where}.")
+            continue
+        allowed = _TYPES.get(kind)
+        if allowed is None:  # pragma: no cover - a field type this loader does not know
+            raise TypeError(f"settings field {where} has unsupported type {kind}")
+        if isinstance(value, bool) and bool not in allowed:
+            raise SettingsError(f"{source}: {where} must be a {kind}, got a boolean")
+        if not isinstance(value, allowed):
+            raise SettingsError(f"{source}: {where} must be a {kind}, got {value!r}")
+        values[key] = float(value) if kind == "float" else value
+    return cls(**values)

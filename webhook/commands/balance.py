@@ -1,0 +1,80 @@
+"""``gpugate balance``: run the node-load balancer (flags > ``--config`` YAML > defaults)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+import click
+
+from webhook.balancer.settings import BalancerSettings
+
+
+def _env_default(name: str, fallback: str) -> str:
+    return os.environ.get(name) or fallback
+
+
+@click.command("balance")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="YAML settings file (keys: tiers, taint_congested, prometheus, lease, resync_interval, ...).")
+@click.option("--prometheus", metavar="URL", help="Prometheus base URL for DCGM utilization; "
+              "without it tiers come from allocation only.")
+@click.option("--dry-run", is_flag=True, default=None, help="Log the label/taint changes instead of writing them.")
+@click.option("--server", metavar="URL", help="API server URL (default: in-cluster, else kubeconfig).")
+@click.option("--lease-name", metavar="NAME", help="Lease used for leader election [default: gpugate-balancer].")
+@click.option("--lease-namespace", metavar="NS",
+              help="Namespace of the Lease [default: $POD_NAMESPACE, else gpugate-system].")
+@click.option("--identity", metavar="ID", help="This replica's holder identity [default: $POD_NAME, else hostname].")
+@click.option("--health-bind", metavar="HOST:PORT", help="Plaintext /healthz and /metrics [default: 0.0.0.0:8080].")
+@click.option("--taint-congested/--no-taint-congested", default=None,
+              help="Also taint congested nodes gpugate.io/congested:PreferNoSchedule [default: off].")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | None, server: str | None,
+            lease_name: str | None, lease_namespace: str | None, identity: str | None, health_bind: str | None,
+            taint_congested: bool | None, log_level: str) -> None:
+    """Label GPU nodes gpugate.io/gpu-free and gpugate.io/gpu-load from live load.
+
+    Lists and watches nodes and pods, optionally reads DCGM utilization from Prometheus, and
+    patches each GPU node's labels (and optional PreferNoSchedule taint) when they change. One
+    replica writes, chosen by a coordination.k8s.io Lease; SIGTERM releases it.
+    """
+    from webhook.balancer import jsonlog
+    from webhook.balancer.controller import Balancer
+    from webhook.kubeclient import api_client
+
+    settings = settings_from(config_file, prometheus=prometheus, dry_run=dry_run, server=server,
+                             lease_name=lease_name, lease_namespace=lease_namespace, identity=identity,
+                             health_bind=health_bind, taint_congested=taint_congested)
+    jsonlog.configure(log_level)
+    balancer = Balancer(settings, client_factory=lambda: api_client(settings.server), serve_health=True)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        balancer.stop()  # run() then releases the lease, so a standby takes over at once
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    balancer.run()
+
+
+def settings_from(config_file: Path | None, **flags: Any) -> BalancerSettings:
+    """Defaults, then the file, then flags; an empty lease namespace or identity comes from the
+    ``POD_NAMESPACE`` / ``POD_NAME`` environment (the Deployment's downward API), else defaults."""
+    base = BalancerSettings.from_file(config_file) if config_file else BalancerSettings()
+    settings = base.with_overrides(
+        prometheus__url=flags.get("prometheus"),
+        dry_run=flags.get("dry_run"),
+        server=flags.get("server"),
+        health_bind=flags.get("health_bind"),
+        taint_congested=flags.get("taint_congested"),
+        lease__name=flags.get("lease_name"),
+        lease__namespace=flags.get("lease_namespace"),
+        lease__identity=flags.get("identity"),
+    )
+    return settings.with_overrides(
+        lease__namespace=settings.lease.namespace or _env_default("POD_NAMESPACE", "gpugate-system"),
+        lease__identity=settings.lease.identity or _env_default("POD_NAME", socket.gethostname()),
+    )
