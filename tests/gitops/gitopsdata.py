@@ -43,10 +43,22 @@ def argo_objects() -> list[tuple[Path, KubeObject]]:
     return [(p, o) for p, o in yaml_documents(ARGOCD) if str(o["apiVersion"]).startswith("argoproj.io/")]
 
 
+_RENDER_CACHE: dict[tuple[str, tuple[str, ...]], list[KubeObject]] = {}
+
+
+def kustomize(path: Path, components: tuple[str, ...] = ()) -> list[KubeObject]:
+    """``manifestcheck.kustomize`` once per (path, components) per test session; callers get
+    copies, so a test that mutates what it got cannot leak into another test."""
+    key = (str(path), components)
+    if key not in _RENDER_CACHE:
+        _RENDER_CACHE[key] = _render(path, components)
+    return copy.deepcopy(_RENDER_CACHE[key])
+
+
 def deployed_applications() -> list[KubeObject]:
     """The Applications that really get applied: the root (bootstrap) and what it renders."""
-    apps = [o for o in manifestcheck.kustomize(ARGOCD / "bootstrap") if o["kind"] == "Application"]
-    apps += [o for o in manifestcheck.kustomize(ARGOCD / "apps") if o["kind"] == "Application"]
+    apps = [o for o in kustomize(ARGOCD / "bootstrap") if o["kind"] == "Application"]
+    apps += [o for o in kustomize(ARGOCD / "apps") if o["kind"] == "Application"]
     return apps
 
 
@@ -66,8 +78,11 @@ def render_source(source: dict[str, Any]) -> list[KubeObject]:
     """Render a Git source with a path like Argo CD does for kustomize: the path, plus any
     ``kustomize.components`` (Argo CD adds them with `kustomize edit add component`; we add
     them through a temporary overlay, which renders the same objects)."""
-    path = REPO / source["path"]
-    components = (source.get("kustomize") or {}).get("components") or []
+    components = tuple((source.get("kustomize") or {}).get("components") or ())
+    return kustomize(REPO / source["path"], components)
+
+
+def _render(path: Path, components: tuple[str, ...]) -> list[KubeObject]:
     if not components:
         return manifestcheck.kustomize(path)
     with tempfile.TemporaryDirectory() as tmp:

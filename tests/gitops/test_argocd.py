@@ -22,6 +22,7 @@ from tests.gitops.gitopsdata import (
     deep_merge,
     deployed_applications,
     dig,
+    kustomize,
     render_source,
     shared_or_skip,
     sources,
@@ -207,9 +208,7 @@ def test_every_repo_and_destination_is_allowed_by_the_project():
 
 
 def deployed_applications_and_project() -> list[dict]:
-    from webhook import manifestcheck
-
-    return manifestcheck.kustomize(ARGOCD / "apps")
+    return kustomize(ARGOCD / "apps")
 
 
 # --- waves and sync policy ----------------------------------------------------------------
