@@ -1,0 +1,139 @@
+"""The compatibility matrix and the upgrade rules, without files or git (pure core)."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+import yaml
+
+from webhook.errors import GpugateError
+from webhook.stack import compat, matrix
+from webhook.stack.compat import OperatorVersion as V
+
+M = matrix.load()
+
+
+def test_matrix_covers_every_release_line_from_v24_9_to_v26_7_0():
+    versions = [str(r.version) for r in M.releases]
+    assert versions[0] == "v24.9.0" and versions[-1] == "v26.7.0"
+    assert M.lines() == ((24, 9), (25, 3), (25, 10), (26, 3), (26, 7))
+    assert {"v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3"} <= set(versions)
+
+
+def test_every_entry_names_a_source_for_defaults_kubernetes_and_drivers():
+    for release in M.releases:
+        assert set(release.sources) >= {"defaults", "kubernetes", "drivers"}, release.version
+        assert all(":" in text and len(text) > 20 for text in release.sources.values())
+        assert release.defaults["driver"], release.version
+        assert release.branches and release.drivers
+
+
+def test_an_entry_without_a_source_is_refused_at_load():
+    data = yaml.safe_load(resources.files("webhook.stack").joinpath("data/matrix.yaml").read_text())
+    del data["releases"][3]["source"]["kubernetes"]
+    with pytest.raises(compat.MatrixError, match=r"v25.3.0.*no source for kubernetes"):
+        compat.Matrix.from_dict(data)
+
+
+def test_a_listed_driver_outside_the_listed_branches_is_refused_at_load():
+    data = yaml.safe_load(resources.files("webhook.stack").joinpath("data/matrix.yaml").read_text())
+    data["releases"][-1]["drivers"].append("570.1.1")
+    with pytest.raises(compat.MatrixError, match="outside the listed branches"):
+        compat.Matrix.from_dict(data)
+
+
+@pytest.mark.parametrize("tag", ["v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3", "v26.7.0"])
+def test_defaults_equal_the_chart_values_at_that_tag(tag, require_shared):
+    values = yaml.safe_load((require_shared / "upstream" / "gpu-operator" / f"values-{tag}.yaml").read_text())
+    paths = {"driver": ("driver", "version"), "driverManager": ("driver", "manager", "version"),
+             "toolkit": ("toolkit", "version"), "devicePlugin": ("devicePlugin", "version"),
+             "gfd": ("gfd", "version"), "dcgmExporter": ("dcgmExporter", "version"),
+             "dcgm": ("dcgm", "version"), "migManager": ("migManager", "version")}
+    release = M.release(tag)
+    for component, version in release.defaults.items():
+        node = values
+        for key in paths[component]:
+            node = node[key]
+        assert node == version, f"{tag} {component}: matrix {version}, chart {node}"
+
+
+@pytest.mark.parametrize(("current", "target", "ok", "says"), [
+    ("v25.10.0", "v25.10.1", True, "stays within release line v25.10"),
+    ("v25.3.4", "v25.10.1", True, "moves to the next release line v25.10"),
+    ("v26.3.3", "v26.7.0", True, "next release line"),
+    ("v26.7.0", "v26.7.0", True, "stays at"),
+    ("v24.9.2", "v25.10.1", False, "skips release line(s) v25.3"),
+    ("v25.3.4", "v26.7.0", False, "skips release line(s) v25.10, v26.3"),
+    ("v26.7.0", "v26.3.3", False, "older than the current"),
+])
+def test_release_path_allows_the_same_or_the_next_line_only(current, target, ok, says):
+    check = compat.check_release_path(M, V.parse(current), V.parse(target))
+    assert check.ok is ok
+    assert says in check.reason
+
+
+@pytest.mark.parametrize(("tag", "minor", "ok"), [
+    ("v26.7.0", 33, True), ("v26.7.0", 36, True), ("v26.7.0", 32, False), ("v26.7.0", 37, False),
+    ("v24.9.2", 31, True), ("v24.9.2", 32, False), ("v25.10.1", 30, True),
+])
+def test_kubernetes_minor_must_be_in_the_targets_range(tag, minor, ok):
+    check = compat.check_kubernetes(M.release(tag), minor)
+    assert check.ok is ok
+    assert f"1.{minor}" in check.reason and M.release(tag).kubernetes_range in check.reason
+
+
+@pytest.mark.parametrize("driver", ["570.124.06", "570.133.20", "570.148.08", "570.158.01"])
+def test_known_bad_drivers_are_refused_on_pools_mixing_mig_and_full_gpus(driver):
+    check = compat.check_mig_mixed(M, pool="canary", driver=driver, mixes_mig_and_full=True)
+    assert not check.ok
+    assert "mixes MIG and full GPUs" in check.reason and "Pending" in check.reason
+    assert compat.check_mig_mixed(M, pool="canary", driver=driver, mixes_mig_and_full=False).ok
+    assert compat.check_mig_mixed(M, pool="canary", driver="580.65.06", mixes_mig_and_full=True).ok
+
+
+def test_driver_outside_validated_branches_is_refused_unless_allowed_then_warned():
+    release = M.release("v26.7.0")
+    refused = compat.check_driver_validated(release, pool="default", driver="575.57.08", allow_unvalidated=False)
+    assert not refused.ok and "outside v26.7.0's validated branches" in refused.reason and not refused.warning
+    allowed = compat.check_driver_validated(release, pool="default", driver="575.57.08", allow_unvalidated=True)
+    assert allowed.ok and "575.57.08" in allowed.warning
+    in_branch = compat.check_driver_validated(release, pool="default", driver="580.65.06", allow_unvalidated=False)
+    assert in_branch.ok and "validated branch" in in_branch.reason
+    precompiled = compat.check_driver_validated(release, pool="default", driver="595", allow_unvalidated=False)
+    assert precompiled.ok
+
+
+@pytest.mark.parametrize(("current", "mode", "target", "target_mode", "steps"), [
+    ("v26.3.3", "clusterpolicy", "v26.7.0", "nvidiadriver", 2),
+    ("v26.7.0", "clusterpolicy", "v26.7.0", "nvidiadriver", 1),
+    ("v26.3.3", "clusterpolicy", "v26.7.0", "clusterpolicy", 1),
+    ("v26.7.0", "nvidiadriver", "v26.7.0", "nvidiadriver", 1),
+])
+def test_moving_to_nvidiadriver_from_before_v26_7_0_takes_two_commits(current, mode, target, target_mode, steps):
+    assert compat.migration_steps(M, current=V.parse(current), current_mode=mode,
+                                  target=V.parse(target), target_mode=target_mode) == steps
+
+
+def test_nvidiadriver_management_needs_v26_7_0():
+    check = compat.check_driver_management(M, current=V.parse("v26.3.0"), current_mode="clusterpolicy",
+                                           target=V.parse("v26.3.3"), target_mode="nvidiadriver")
+    assert not check.ok and "needs gpu-operator v26.7.0" in check.reason
+
+
+@pytest.mark.parametrize(("old", "new", "ok"), [
+    ({"driverType": "gpu", "usePrecompiled": False}, {"driverType": "gpu", "usePrecompiled": False}, True),
+    ({"driverType": "gpu"}, {"driverType": "vgpu", "usePrecompiled": False}, False),
+    ({"driverType": "gpu", "usePrecompiled": False}, {"driverType": "gpu", "usePrecompiled": True}, False),
+])
+def test_driver_type_and_use_precompiled_never_change_under_one_cr_name(old, new, ok):
+    check = compat.check_immutable(cr_name="canary", old=old, new=new)
+    assert check.ok is ok
+    if not ok:
+        assert "immutable" in check.reason and "new CR name" in check.reason
+
+
+@pytest.mark.parametrize("bad", ["26.7", "v26.7.0-rc1", "latest"])
+def test_a_malformed_operator_version_names_the_expected_form(bad):
+    with pytest.raises(GpugateError, match="vYY.MM.PP"):
+        V.parse(bad)

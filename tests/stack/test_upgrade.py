@@ -1,0 +1,340 @@
+"""`gpugate stack plan|upgrade|promote|rollback` on a real git repository in a temp folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.stack.conftest import git, snapshot
+from webhook import manifestcheck
+from webhook.cli import main
+from webhook.errors import GpugateError
+from webhook.stack import manifests, plan as planning, upgrade, verify
+from webhook.stack.gitrepo import Repo
+
+
+def run(repo: Path, *args: str):
+    result = CliRunner().invoke(main, ["stack", *args, "--repo", str(repo)], catch_exceptions=False)
+    return result
+
+
+def head(repo: Path) -> str:
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def committed_files(repo: Path, rev: str = "HEAD") -> list[str]:
+    return sorted(git(repo, "show", "--name-only", "--format=", rev).split())
+
+
+def message(repo: Path, rev: str = "HEAD") -> str:
+    return git(repo, "log", "-n1", "--format=%B", rev)
+
+
+def stack_yaml(repo: Path) -> dict:
+    return yaml.safe_load((repo / manifests.STACK_FILE).read_text())
+
+
+def pools(repo: Path) -> dict[str, str]:
+    return {p["name"]: p["driver"] for p in stack_yaml(repo)["pools"]}
+
+
+def assert_renders_and_validates(repo: Path, shared: Path | None) -> None:
+    objects = manifestcheck.kustomize(repo / manifests.DRIVERS_DIR)
+    schema_root = shared / "schemas" if shared else None
+    checks = verify.rendered_drivers(manifests.read_files(repo), kubernetes_minor=stack_yaml(repo)["cluster"]
+                                     and int(stack_yaml(repo)["cluster"]["kubernetesVersion"].split(".")[1]),
+                                     schema_root=schema_root)
+    assert all(c.ok for c in checks), checks
+    values = yaml.safe_load((repo / manifests.VALUES_FILE).read_text())
+    from webhook.stack import chartvalues
+    assert chartvalues.unknown_keys(values, stack_yaml(repo)["operator"]["version"]) == []
+    app = yaml.safe_load((repo / manifests.ARGO_APP_FILE).read_text())
+    chart = [s for s in app["spec"]["sources"] if s.get("chart") == "gpu-operator"][0]
+    assert chart["targetRevision"] == stack_yaml(repo)["operator"]["version"]
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        pool = [p for p in stack_yaml(repo)["pools"] if p.get("crName", p["name"]) == name][0]
+        assert obj["spec"]["version"] == pool["driver"]
+
+
+# ---------------------------------------------------------------------------- happy paths
+
+
+def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_message(stack_repo, set_stack, require_shared):
+    set_stack(operator_version="v26.3.3", management="clusterpolicy",
+              pools={"default": {"driver": "580.126.20"}}, message="stack at v26.3.3")
+    before = head(stack_repo)
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "595.91.07")
+    assert result.exit_code == 0, result.output
+    assert git(stack_repo, "rev-parse", "HEAD~1").strip() == before
+    assert committed_files(stack_repo) == sorted([manifests.STACK_FILE, manifests.VALUES_FILE, manifests.ARGO_APP_FILE])
+    text = message(stack_repo)
+    assert text.startswith("gpugate stack: upgrade gpu-operator v26.3.3 -> v26.7.0; driver 595.91.07 on pool default\n")
+    assert "  operator: v26.3.3 -> v26.7.0\n" in text
+    assert "  pool default: 580.126.20 -> 595.91.07\n" in text
+    assert "Checks passed:\n  release-path: v26.3.3 -> v26.7.0 moves to the next release line v26.7" in text
+    for name in ("kubernetes:", "driver-validated[default]:", "driver-mig-mixed[default]:", "values-keys:",
+                 "drivers-render:", "drivers-valid:"):
+        assert f"\n  {name}" in text, name
+    assert text.rstrip().endswith("Gpugate-Stack-To: operator=v26.7.0 kubernetes=1.33 management=clusterpolicy "
+                                  "default=595.91.07")
+    trailers = git(stack_repo, "log", "-n1", "--format=%(trailers:key=Gpugate-Stack,valueonly)").strip()
+    assert trailers == "upgrade"
+    diff = git(stack_repo, "diff", "HEAD~1", "--", manifests.VALUES_FILE)
+    assert [l for l in diff.splitlines() if l.startswith(("+ ", "- ", "+\t", "-\t")) or l[:2] in ("+ ", "- ")] == [
+        '-  version: "580.126.20"', '+  version: "595.91.07"']
+    assert git(stack_repo, "status", "--porcelain") == ""
+    assert_renders_and_validates(stack_repo, require_shared)
+
+
+def test_driver_upgrade_of_every_pool_rewrites_each_nvidiadriver_and_still_validates(stack_repo, require_shared):
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04")
+    assert result.exit_code == 0, result.output
+    assert committed_files(stack_repo) == sorted([
+        manifests.STACK_FILE, manifests.VALUES_FILE,
+        f"{manifests.DRIVERS_DIR}/default.yaml", f"{manifests.DRIVERS_DIR}/canary.yaml"])
+    assert pools(stack_repo) == {"default": "610.57.04", "canary": "610.57.04"}
+    assert_renders_and_validates(stack_repo, require_shared)
+
+
+def test_plan_prints_every_check_and_the_commit_without_touching_the_repo(stack_repo):
+    before = snapshot(stack_repo)
+    result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary")
+    assert result.exit_code == 0, result.output
+    assert "PASS  pool-scope[canary]" in result.output and "FAIL" not in result.output
+    assert "1. gpugate stack: upgrade driver 610.57.04 on pool canary  [this run]" in result.output
+    assert "files: manifests/gpu-operator/drivers/canary.yaml, manifests/gpu-operator/stack.yaml" in result.output
+    assert snapshot(stack_repo) == before
+    data = json.loads(run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04",
+                          "--pool", "canary", "-o", "json").output)
+    assert data["ok"] is True and data["commits"][0]["changes"] == ["pool canary: 595.91.07 -> 610.57.04"]
+    assert {c["name"] for c in data["checks"]} >= {"release-path", "kubernetes", "driver-validated",
+                                                   "driver-mig-mixed", "values-keys", "drivers-valid"}
+
+
+# ---------------------------------------------------------------------------- one test per refusal rule
+
+
+def _refused(repo: Path, args: list[str], check: str, says: str) -> None:
+    before = snapshot(repo)
+    for command in ("plan", "upgrade"):
+        result = run(repo, command, *args)
+        assert result.exit_code == 1, result.output
+        assert f"FAIL  {check}" in result.output, result.output
+        assert says in result.output, result.output
+    assert snapshot(repo) == before
+
+
+def test_refused_skipping_a_release_line(stack_repo, set_stack):
+    set_stack(operator_version="v24.9.2", management="clusterpolicy", kubernetes_minor=31,
+              pools={"default": {"driver": "550.144.03"}})
+    _refused(stack_repo, ["--operator", "v25.10.1", "--kubernetes", "1.31"], "release-path",
+             "v24.9.2 -> v25.10.1 skips release line(s) v25.3")
+
+
+def test_refused_kubernetes_outside_the_targets_range(stack_repo):
+    _refused(stack_repo, ["--operator", "v26.7.0", "--driver", "610.57.04", "--kubernetes", "1.32"],
+             "kubernetes", "Kubernetes 1.32 is outside v26.7.0's supported range 1.33-1.36")
+
+
+def test_refused_known_bad_driver_on_a_pool_mixing_mig_and_full_gpus(stack_repo, set_stack):
+    set_stack(operator_version="v25.3.4", management="clusterpolicy",
+              pools={"default": {"driver": "580.82.07", "mig_and_full_gpus": True}})
+    _refused(stack_repo, ["--operator", "v25.3.4", "--driver", "570.158.01"], "driver-mig-mixed[default]",
+             "driver 570.158.01 on pool default, which mixes MIG and full GPUs: pods stay Pending")
+
+
+def test_refused_unvalidated_driver_unless_allowed_then_warned(stack_repo):
+    _refused(stack_repo, ["--operator", "v26.7.0", "--driver", "575.57.08", "--pool", "canary"],
+             "driver-validated[canary]", "outside v26.7.0's validated branches 610, 595, 580, 535")
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "575.57.08", "--pool", "canary",
+                 "--allow-unvalidated-driver")
+    assert result.exit_code == 0, result.output
+    assert "warnings:\n  pool canary: driver 575.57.08 is not validated for v26.7.0" in result.output
+    assert "Warnings:\n  pool canary: driver 575.57.08 is not validated for v26.7.0" in message(stack_repo)
+
+
+def test_moving_to_nvidiadriver_from_before_v26_7_0_plans_two_commits_and_makes_only_the_first(stack_repo, set_stack, require_shared):
+    set_stack(operator_version="v26.3.3", management="clusterpolicy", pools={"default": {"driver": "580.126.20"}})
+    args = ["--operator", "v26.7.0", "--driver-management", "nvidiadriver"]
+    data = json.loads(run(stack_repo, "plan", *args, "-o", "json").output)
+    assert [c["made_by_this_run"] for c in data["commits"]] == [True, False]
+    assert data["commits"][0]["title"].endswith("(step 1 of 2)")
+    assert data["commits"][1]["files"] == sorted([manifests.STACK_FILE, manifests.VALUES_FILE,
+                                                  f"{manifests.DRIVERS_DIR}/default.yaml",
+                                                  f"{manifests.DRIVERS_DIR}/kustomization.yaml"])
+    result = run(stack_repo, "upgrade", *args)
+    assert result.exit_code == 0, result.output
+    assert "takes two commits" in result.output and "next: move the driver to NVIDIADriver" in result.output
+    after_first = stack_yaml(stack_repo)
+    assert after_first["operator"]["version"] == "v26.7.0"
+    assert after_first["driver"]["management"] == "clusterpolicy"
+    assert yaml.safe_load((stack_repo / manifests.VALUES_FILE).read_text())["driver"]["nvidiaDriverCRD"]["enabled"] is False
+    assert not (stack_repo / manifests.DRIVERS_DIR / "default.yaml").exists()
+    assert "(step 1 of 2)" in message(stack_repo).splitlines()[0]
+    # step 2, after Argo CD synced step 1 healthy: the same command now takes one commit
+    result = run(stack_repo, "upgrade", *args)
+    assert result.exit_code == 0, result.output
+    assert stack_yaml(stack_repo)["driver"]["management"] == "nvidiadriver"
+    assert f"{manifests.DRIVERS_DIR}/default.yaml" in committed_files(stack_repo)
+    assert_renders_and_validates(stack_repo, require_shared)
+
+
+def test_refused_changing_driver_type_of_an_existing_nvidiadriver(stack_repo):
+    text = (stack_repo / manifests.STACK_FILE).read_text()
+    data = yaml.safe_load(text)
+    data["pools"][1]["driverType"] = "vgpu"
+    (stack_repo / manifests.STACK_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
+    git(stack_repo, "commit", "-q", "-am", "canary pool to vgpu (by hand)")
+    _refused(stack_repo, ["--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary"],
+             "immutable-fields[canary]", "NVIDIADriver canary: driverType 'gpu' -> 'vgpu' is immutable")
+    # the fix the message names: a new CR name; the old CR file goes, the new one comes
+    data["pools"][1]["crName"] = "canary-vgpu"
+    (stack_repo / manifests.STACK_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
+    git(stack_repo, "commit", "-q", "-am", "new CR name for the vgpu canary")
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary")
+    assert result.exit_code == 0, result.output
+    assert f"{manifests.DRIVERS_DIR}/canary-vgpu.yaml" in committed_files(stack_repo)
+    assert not (stack_repo / manifests.DRIVERS_DIR / "canary.yaml").exists()
+
+
+def test_refused_pool_upgrade_that_also_moves_the_operator(stack_repo, set_stack):
+    set_stack(operator_version="v26.3.3")
+    _refused(stack_repo, ["--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary"], "pool-scope[canary]",
+             "--operator v26.7.0 differs from the stack's v26.3.3; upgrade the operator for all pools first")
+
+
+def test_refused_when_the_values_no_longer_match_the_chart(stack_repo):
+    values = stack_repo / manifests.VALUES_FILE
+    values.write_text(values.read_text().replace("  upgradeCRD: false\n", "  upgradeCRD: false\n  upgradeCrds: true\n"))
+    git(stack_repo, "commit", "-q", "-am", "typo in values")
+    _refused(stack_repo, ["--operator", "v26.7.0", "--driver", "610.57.04"], "values-keys", "operator.upgradeCrds")
+
+
+def test_nothing_to_change_exits_1(stack_repo):
+    result = run(stack_repo, "plan", "--operator", "v26.7.0")
+    assert result.exit_code == 1 and "FAIL  changes" in result.output and "nothing to commit" in result.output
+
+
+# ---------------------------------------------------------------------------- safety
+
+
+def test_a_dirty_working_tree_is_refused(stack_repo):
+    (stack_repo / manifests.VALUES_FILE).write_text((stack_repo / manifests.VALUES_FILE).read_text() + "# wip\n")
+    before = snapshot(stack_repo)
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04")
+    assert result.exit_code == 1
+    assert "uncommitted changes" in result.output and "values.yaml" in result.output
+    assert snapshot(stack_repo) == before
+    assert run(stack_repo, "rollback").exit_code == 1
+
+
+def test_a_failure_after_the_first_file_is_written_leaves_the_repo_byte_identical(stack_repo):
+    before = snapshot(stack_repo)
+    request = planning.Request(operator="v26.7.0", driver="610.57.04")
+    schema_root = verify.default_schema_root(stack_repo)
+    prepared = upgrade.prepare_upgrade(stack_repo, request, schema_root=schema_root if schema_root.is_dir() else None)
+    assert prepared.ok and len(prepared.changes) == 4
+    written: list[str] = []
+
+    def fail_after_first(path: str) -> None:
+        written.append(path)
+        assert (stack_repo / path).read_bytes() == prepared.changes[path]  # it really was written
+        raise OSError("disk full (injected)")
+
+    with pytest.raises(OSError, match="injected"):
+        upgrade.execute(Repo(stack_repo), prepared, schema_root=None, after_write=fail_after_first)
+    assert len(written) == 1
+    assert snapshot(stack_repo) == before
+    assert git(stack_repo, "status", "--porcelain") == ""
+
+
+def test_a_failure_after_all_files_are_written_but_before_the_commit_restores_them(stack_repo):
+    before = snapshot(stack_repo)
+    prepared = upgrade.prepare_upgrade(stack_repo, planning.Request(operator="v26.7.0", driver="610.57.04"),
+                                       schema_root=None)
+    count = {"n": 0}
+
+    def fail_on_last(path: str) -> None:
+        count["n"] += 1
+        if count["n"] == len(prepared.changes):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        upgrade.execute(Repo(stack_repo), prepared, schema_root=None, after_write=fail_on_last)
+    assert snapshot(stack_repo) == before
+
+
+# ---------------------------------------------------------------------------- canary, promote, rollback
+
+
+def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, require_shared):
+    base = head(stack_repo)
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary")
+    assert result.exit_code == 0, result.output
+    assert committed_files(stack_repo) == sorted([manifests.STACK_FILE, f"{manifests.DRIVERS_DIR}/canary.yaml"])
+    assert pools(stack_repo) == {"default": "595.91.07", "canary": "610.57.04"}
+
+    result = run(stack_repo, "promote", "--from", "canary", "--to", "all")
+    assert result.exit_code == 0, result.output
+    assert committed_files(stack_repo) == sorted([manifests.STACK_FILE, manifests.VALUES_FILE,
+                                                  f"{manifests.DRIVERS_DIR}/default.yaml"])
+    assert pools(stack_repo) == {"default": "610.57.04", "canary": "610.57.04"}
+    assert "Gpugate-Stack: promote" in message(stack_repo)
+    promote_sha = head(stack_repo)
+
+    result = run(stack_repo, "rollback")
+    assert result.exit_code == 0, result.output
+    assert f"reverted {promote_sha[:12]} [promote] gpugate stack: promote driver 610.57.04 from pool canary to all pools" in result.output
+    assert "pool default: 610.57.04 -> 595.91.07" in result.output
+    assert pools(stack_repo) == {"default": "595.91.07", "canary": "610.57.04"}
+    assert f"Gpugate-Reverts: {promote_sha}" in message(stack_repo)
+    rollback_sha = head(stack_repo)
+
+    result = run(stack_repo, "rollback", "-o", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["reverted"] == rollback_sha
+    assert pools(stack_repo) == {"default": "610.57.04", "canary": "610.57.04"}
+
+    subjects = git(stack_repo, "log", "--format=%s", f"{base}..HEAD").splitlines()
+    assert subjects == [
+        "gpugate stack: rollback rollback promote driver 610.57.04 from pool canary to all pools",
+        "gpugate stack: rollback promote driver 610.57.04 from pool canary to all pools",
+        "gpugate stack: promote driver 610.57.04 from pool canary to all pools",
+        "gpugate stack: upgrade driver 610.57.04 on pool canary",
+    ]
+    actions = git(stack_repo, "log", "--format=%(trailers:key=Gpugate-Stack,valueonly)", f"{base}..HEAD").split()
+    assert actions == ["rollback", "rollback", "promote", "upgrade"]
+    # history only grows: the original commits are still ancestors of HEAD
+    git(stack_repo, "merge-base", "--is-ancestor", promote_sha, "HEAD")
+    assert_renders_and_validates(stack_repo, require_shared)
+
+
+def test_rollback_skips_ordinary_commits_and_reverts_the_newest_stack_commit(stack_repo):
+    assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary").exit_code == 0
+    upgrade_sha = head(stack_repo)
+    (stack_repo / "README.md").write_text("unrelated\n")
+    git(stack_repo, "add", "README.md")
+    git(stack_repo, "commit", "-q", "-m", "docs")
+    result = run(stack_repo, "rollback")
+    assert result.exit_code == 0, result.output
+    assert f"reverted {upgrade_sha[:12]} [upgrade]" in result.output
+    assert pools(stack_repo)["canary"] == "595.91.07" and (stack_repo / "README.md").exists()
+
+
+def test_rollback_without_a_stack_commit_says_so(stack_repo):
+    result = run(stack_repo, "rollback")
+    assert result.exit_code == 1 and "no stack commit to roll back" in result.output
+
+
+def test_promote_refuses_a_known_bad_driver_for_a_mixed_mig_pool(stack_repo, set_stack):
+    set_stack(operator_version="v26.7.0", pools={"canary": {"driver": "570.158.01", "mig_and_full_gpus": False}})
+    before = snapshot(stack_repo)
+    result = run(stack_repo, "promote", "--from", "canary", "--to", "default", "--allow-unvalidated-driver")
+    assert result.exit_code == 1
+    assert "FAIL  driver-mig-mixed[default]" in result.output and "mixes MIG and full GPUs" in result.output
+    assert snapshot(stack_repo) == before
