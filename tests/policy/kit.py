@@ -117,3 +117,15 @@ def node_feasible(pod_: dict[str, Any], labels: dict[str, str]) -> bool:
     if not required:
         return True
     return any(term_holds(t, labels) for t in required.get("nodeSelectorTerms") or [])
+
+
+def tolerates(toleration: dict[str, Any], taint: dict[str, str]) -> bool:
+    """Kubernetes' Toleration.ToleratesTaint."""
+    if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if not toleration.get("key"):
+        return operator == "Exists"
+    if toleration["key"] != taint["key"]:
+        return False
+    return operator == "Exists" or (toleration.get("value") or "") == (taint.get("value") or "")

@@ -236,15 +236,15 @@ class TestErrorsPoint:
         (problem,) = problems_of(policy("x", "gpu: {default: 4, max: 2}"))
         assert problem == "p.yaml, document 1, spec.gpu.default: 4 is above spec.gpu.max 2"
 
-    @pytest.mark.xfail(strict=True, reason="bug: JSON Schema 'integer' accepts 8.0, and the loader keeps the float, "
-                                           "so messages say 'allows 8.0'")
-    def test_integer_fields_written_as_floats_load_as_ints_or_are_refused(self):
-        try:
-            policies = load(policy("x", "gpu: {max: 8.0, default: 1.0}"))
-        except PolicyLoadError:
-            return
-        gpu = policies.policies[0].gpu
-        assert type(gpu.max) is int and type(gpu.default) is int
+    def test_integer_fields_written_as_floats_load_as_ints(self):
+        """JSON Schema's integer admits 8.0; messages and injected counts must still say 8."""
+        (p,) = load(policy("x", "priority: 3.0\ngpu: {max: 8.0, default: 1.0, minMemoryMiB: 40000.0}")).policies
+        assert [type(v) for v in (p.priority, p.gpu.max, p.gpu.default, p.gpu.min_memory_mib)] == [int] * 4
+        assert (p.priority, p.gpu.max, p.gpu.default) == (3, 8, 1)
+
+    def test_a_fractional_count_is_refused(self):
+        (problem,) = problems_of(policy("x", "gpu: {max: 1.5}"))
+        assert problem.startswith("p.yaml, document 1, spec.gpu.max: 1.5 is not of type 'integer'")
 
 
 class TestAllOrNothing:
@@ -310,12 +310,27 @@ class TestDuplicatesAndOverlap:
     def test_different_priorities_may_overlap(self):
         assert len(load(TRAINING, FALLBACK).policies) == 2
 
-    @pytest.mark.xfail(strict=True, reason="bug: overlap ignores excludeNamespaces, so a catch-all that excludes "
-                                           "the other policy's namespaces is refused as overlapping")
-    def test_an_exclude_equal_to_the_other_include_makes_policies_disjoint(self):
-        policies = load(policy("rest", 'match: {namespaces: ["*"], excludeNamespaces: ["ml-*"]}', priority=1),
-                        policy("ml", 'match: {namespaces: ["ml-*"]}', priority=1))
+    @pytest.mark.parametrize(("rest", "other"), [
+        ('["*"], excludeNamespaces: ["ml-*"]', '["ml-*"]'),
+        ('["*"], excludeNamespaces: ["ml-*"]', '["ml-train-*", "ml-serve"]'),
+        ('["ml-*", "web-*"], excludeNamespaces: ["web-*", "ml-a"]', '["ml-a", "web-b"]'),
+    ], ids=["an exclude equal to the other include", "an exclude prefix covering the other globs",
+            "each of the other globs excluded"])
+    def test_excludes_that_cover_the_other_policy_make_them_disjoint(self, rest, other):
+        policies = load(policy("rest", f"match: {{namespaces: {rest}}}", priority=1),
+                        policy("other", f"match: {{namespaces: {other}}}", priority=1))
         assert len(policies.policies) == 2
+
+    @pytest.mark.parametrize(("rest", "other"), [
+        ('["*"], excludeNamespaces: ["ml-a"]', '["ml-*"]'),
+        ('["*"], excludeNamespaces: ["ml-?"]', '["ml-*"]'),
+        ('["*"], excludeNamespaces: ["ml-*"]', '["ml-*", "research-*"]'),
+    ], ids=["an exclude of one name leaves the rest of the glob", "ml-? does not cover ml-long",
+            "one glob of the other policy is not excluded"])
+    def test_excludes_that_leave_a_common_namespace_are_still_refused(self, rest, other):
+        (problem,) = problems_of(policy("rest", f"match: {{namespaces: {rest}}}", priority=1),
+                                 policy("other", f"match: {{namespaces: {other}}}", priority=1))
+        assert "both have priority 1" in problem
 
 
 class TestYaml11:

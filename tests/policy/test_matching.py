@@ -162,8 +162,6 @@ class TestPriority:
         for documents in ((low, high), (high, low)):
             assert selected(load(*documents), GPU_POD, "x") == "zzz-high"
 
-    @pytest.mark.xfail(strict=True, reason="bug: off policies are exempt from the overlap check but still selected, "
-                                           "so at equal priority the policy NAME decides whether a pod is shaped")
     def test_an_off_policy_at_equal_priority_does_not_make_the_outcome_depend_on_names(self):
         outcomes = set()
         for off_name in ("aaa-paused", "zzz-paused"):
@@ -176,6 +174,16 @@ class TestPriority:
                                      policies=policies)
             outcomes.add(len(result.patch) > 0)
         assert len(outcomes) == 1, outcomes
+
+
+    def test_an_off_policy_is_as_if_absent(self):
+        policies = load(policy("paused", "", priority=50, mode="off"), policy("low", "", priority=1))
+        assert selected(policies, GPU_POD, "x") == "low"
+        assert selected(load(policy("paused", "", mode="off")), GPU_POD, "x") is None
+
+    def test_an_audit_policy_is_selected_like_an_enforcing_one(self):
+        policies = load(policy("watch", "", priority=50, mode="audit"), policy("low", "", priority=1))
+        assert selected(policies, GPU_POD, "x") == "watch"
 
 
 class TestNamespaceFromTheRequest:
