@@ -1,0 +1,124 @@
+"""manifests/scheduler: the gpugate-binpack profile, its Deployment and the upstream RBAC."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from webhook.names import GPU_RESOURCE
+
+from tests.manifests.helpers import KUBERNETES_VERSION, MANIFESTS, NAMESPACE, arg_value, find, one, render_variant
+
+# KubeSchedulerConfiguration v1 top-level fields (kubescheduler.config.k8s.io/v1 reference).
+CONFIG_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
+                 "healthzBindAddress", "metricsBindAddress", "enableProfiling", "enableContentionProfiling",
+                 "percentageOfNodesToScore", "podInitialBackoffSeconds", "podMaxBackoffSeconds", "profiles",
+                 "extenders", "delayCacheUntilActive"}
+PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+SCORING_TYPES = {"LeastAllocated", "MostAllocated", "RequestedToCapacityRatio"}
+LEADER_FIELDS = {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
+                 "resourceNamespace"}
+
+
+def _config() -> tuple[dict, dict, dict]:
+    objs = render_variant("scheduler")
+    deployment = one(objs, "Deployment", "gpugate-scheduler")
+    [config_map] = [o for o in find(objs, "ConfigMap") if o["metadata"]["name"].startswith("gpugate-scheduler-config")]
+    [key] = config_map["data"]
+    return yaml.safe_load(config_map["data"][key]), config_map, deployment
+
+
+def test_config_is_a_v1_kube_scheduler_configuration_with_known_fields() -> None:
+    config, _, _ = _config()
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert set(config) <= CONFIG_FIELDS, set(config) - CONFIG_FIELDS
+    assert set(config["leaderElection"]) <= LEADER_FIELDS
+    for profile in config["profiles"]:
+        assert set(profile) <= PROFILE_FIELDS, set(profile) - PROFILE_FIELDS
+        for entry in profile.get("pluginConfig", []):
+            assert set(entry) == {"name", "args"}
+    assert 0 <= config.get("percentageOfNodesToScore", 0) <= 100
+
+
+def test_the_only_profile_is_gpugate_binpack() -> None:
+    config, _, _ = _config()
+    assert [p["schedulerName"] for p in config["profiles"]] == ["gpugate-binpack"]
+
+
+def test_binpack_scores_most_allocated_with_gpu_weighted_above_cpu_and_memory() -> None:
+    config, _, _ = _config()
+    [profile] = config["profiles"]
+    [fit] = [c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
+    strategy = fit["scoringStrategy"]
+    assert strategy["type"] == "MostAllocated" and strategy["type"] in SCORING_TYPES
+    weights = {r["name"]: r["weight"] for r in strategy["resources"]}
+    assert all(isinstance(w, int) and 1 <= w <= 100 for w in weights.values())  # the API's range
+    assert weights[GPU_RESOURCE] > weights["cpu"] and weights[GPU_RESOURCE] > weights["memory"]
+    disabled = {p["name"] for p in (profile.get("plugins", {}).get("score", {}).get("disabled", []))}
+    assert "NodeResourcesFit" not in disabled and "*" not in disabled
+
+
+def test_deployment_reads_the_config_from_the_generated_configmap() -> None:
+    config, config_map, deployment = _config()
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    path = Path(arg_value(container, "--config"))
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(path.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert path.name in config_map["data"]
+    assert pod["serviceAccountName"] == "gpugate-scheduler"
+    assert container["livenessProbe"]["httpGet"]["port"] == 10259
+    assert container["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_image_is_kube_scheduler_pinned_to_the_clusters_minor() -> None:
+    _, _, deployment = _config()
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    match = re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v(\d+)\.(\d+)\.(\d+)", image)
+    assert match, image
+    assert f"{match[1]}.{match[2]}" == KUBERNETES_VERSION
+    stack = MANIFESTS / "gpu-operator/stack.yaml"
+    if stack.is_file():
+        cluster = (yaml.safe_load(stack.read_text()) or {}).get("cluster", {})
+        if cluster.get("kubernetesVersion"):
+            assert f"{match[1]}.{match[2]}" == str(cluster["kubernetesVersion"])
+
+
+def _binding(objs, kind: str, role: str) -> dict:
+    [binding] = [o for o in find(objs, kind) if o["roleRef"]["name"] == role]
+    return binding
+
+
+@pytest.mark.parametrize("role", ["system:kube-scheduler", "system:volume-scheduler"])
+def test_cluster_role_bindings_to_the_built_in_scheduler_roles(role: str) -> None:
+    objs = render_variant("scheduler")
+    binding = _binding(objs, "ClusterRoleBinding", role)
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpugate-scheduler", "namespace": NAMESPACE}]
+
+
+def test_authentication_reader_role_binding_lives_in_kube_system() -> None:
+    objs = render_variant("scheduler")
+    binding = _binding(objs, "RoleBinding", "extension-apiserver-authentication-reader")
+    assert binding["metadata"]["namespace"] == "kube-system"
+    assert binding["roleRef"]["kind"] == "Role"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpugate-scheduler", "namespace": NAMESPACE}]
+
+
+def test_leader_election_lease_is_granted_where_the_config_puts_it() -> None:
+    config, _, _ = _config()
+    election = config["leaderElection"]
+    assert election["leaderElect"] is True and election.get("resourceLock", "leases") == "leases"
+    objs = render_variant("scheduler")
+    [role] = [r for r in find(objs, "Role") if r["metadata"]["namespace"] == election["resourceNamespace"]]
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [election["resourceName"]], "verbs": ["get", "update"]}]
+    binding = _binding(objs, "RoleBinding", role["metadata"]["name"])
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert binding["subjects"][0]["name"] == "gpugate-scheduler"
