@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from webhook.errors import GpugateError
@@ -335,18 +335,3 @@ def check_component_overrides(release: Release, overrides: Mapping[str, str]) ->
                                 reason=f"{component} stays pinned at {version}; {release.version} defaults to {default}",
                                 warning=f"{component} is pinned at {version}, not {release.version}'s default {default}"))
     return checks
-
-
-@dataclass(frozen=True)
-class CheckList:
-    """An ordered collection of checks; all must pass."""
-
-    checks: tuple[Check, ...] = field(default_factory=tuple)
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        return tuple(c.warning for c in self.checks if c.warning)

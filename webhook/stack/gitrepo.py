@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from webhook.errors import GpugateError
-
-TRAILER = "Gpugate-Stack"
-REVERTS_TRAILER = "Gpugate-Reverts"
+from webhook.stack.plan import TRAILER
 GIT_TIMEOUT_SECONDS = 60
 
 

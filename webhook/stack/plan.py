@@ -13,8 +13,11 @@ from typing import Any
 from webhook.errors import GpugateError
 from webhook.stack import compat
 from webhook.stack.compat import Check, Matrix, OperatorVersion
-from webhook.stack.gitrepo import REVERTS_TRAILER, TRAILER
 from webhook.stack.model import Stack
+
+TRAILER = "Gpugate-Stack"
+"""The git trailer that marks a stack commit; its value is the action (upgrade, promote, rollback)."""
+REVERTS_TRAILER = "Gpugate-Reverts"
 
 ExistingDrivers = Mapping[str, Mapping[str, Any]]
 """NVIDIADriver objects already in Git (and so in the cluster), by CR name."""

@@ -1,0 +1,91 @@
+"""`gpugate stack status --kube`: the real kubernetes client against the fake API server."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
+from webhook.cli import main
+from webhook.stack import status
+
+
+def node(name: str, *, gpu: bool = True, owner: str | None = None, state: str | None = None,
+         pool_label: str | None = None) -> dict:
+    labels = {"kubernetes.io/hostname": name}
+    if gpu:
+        labels[status.GPU_PRESENT_LABEL] = "true"
+    if owner:
+        labels[status.DRIVER_OWNER_LABEL] = owner
+    if state:
+        labels[status.DRIVER_UPGRADE_STATE_LABEL] = state
+    if pool_label:
+        labels["gpugate.io/driver-pool"] = pool_label
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+def nvidia_driver(name: str, state: str, reason: str) -> dict:
+    return {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": name},
+            "spec": {"driverType": "gpu", "image": "driver"},
+            "status": {"state": state, "conditions": [
+                {"type": "Ready", "status": "True" if state == "ready" else "False", "reason": reason,
+                 "message": "", "lastTransitionTime": "2026-08-21T10:00:00Z"}]}}
+
+
+def populate(fk) -> None:
+    fk.put({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+            "spec": {}, "status": {"state": "notReady", "namespace": "gpu-operator", "conditions": [
+                {"type": "Ready", "status": "False", "reason": "DriverNotReady", "message": "upgrade in progress",
+                 "lastTransitionTime": "2026-08-21T10:00:00Z"}]}})
+    fk.put(nvidia_driver("default", "ready", "Reconciled"))
+    fk.put(nvidia_driver("canary", "notReady", "DriverNotReady"))
+    for item in (
+        node("gpu-a", owner="default", state="upgrade-done"),
+        node("gpu-b", owner="default", state="upgrade-done"),
+        node("gpu-c", owner="default", state="upgrade-required"),
+        node("gpu-d", owner="canary", state="cordon-required", pool_label="canary"),
+        node("gpu-e", pool_label="canary"),  # not yet labelled by the operator: matched by nodeSelector
+        node("cpu-1", gpu=False),
+    ):
+        fk.put(item)
+
+
+def test_status_kube_reports_states_conditions_and_nodes_per_pool_by_upgrade_state(stack_repo, fake_kube):  # noqa: F811
+    populate(fake_kube)
+    result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--kube",
+                                       "--server", fake_kube.url, "-o", "json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    cluster = data["cluster"]
+    assert cluster["clusterPolicies"] == [{"name": "cluster-policy", "state": "notReady", "conditions": [
+        {"type": "Ready", "status": "False", "reason": "DriverNotReady", "message": "upgrade in progress"}]}]
+    assert {d["name"]: d["state"] for d in cluster["nvidiaDrivers"]} == {"default": "ready", "canary": "notReady"}
+    pools = {p["name"]: p for p in cluster["pools"]}
+    assert pools["default"]["upgradeStates"] == {"upgrade-done": 2, "upgrade-required": 1}
+    assert pools["canary"]["upgradeStates"] == {"(none)": 1, "cordon-required": 1}
+    assert pools["canary"]["nodes"] == ["gpu-d", "gpu-e"] and pools["canary"]["nvidiaDriver"] == "notReady"
+    assert data["git"]["operator"]["version"] == "v26.7.0"
+    gets = {r.path: r.query for r in fake_kube.requests if r.method == "GET"}
+    assert "/apis/nvidia.com/v1/clusterpolicies" in gets
+    assert "/apis/nvidia.com/v1alpha1/nvidiadrivers" in gets
+    assert gets["/api/v1/nodes"].get("labelSelector") == "nvidia.com/gpu.present=true"
+
+
+def test_status_kube_text_names_each_object_and_pool(stack_repo, fake_kube):  # noqa: F811
+    populate(fake_kube)
+    result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--server", fake_kube.url],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "operator           gpu-operator v26.7.0" in out
+    assert "ClusterPolicy cluster-policy: notReady [Ready=False (DriverNotReady)]" in out
+    assert "NVIDIADriver canary: notReady [Ready=False (DriverNotReady)]" in out
+    assert "    default      upgrade-done=2, upgrade-required=1 (NVIDIADriver ready)" in out
+    assert "    canary       (none)=1, cordon-required=1 (NVIDIADriver notReady)" in out
+
+
+def test_status_kube_with_an_unreachable_server_is_a_clear_error(stack_repo):
+    result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--server", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "error: listing ClusterPolicies failed" in result.output
