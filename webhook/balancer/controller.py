@@ -180,7 +180,7 @@ class Balancer:
         last_full: float | None = None
         try:
             while not stop.is_set():
-                self._wake.wait(1.0)
+                self._wake.wait(min(1.0, self.settings.resync_interval))
                 self._wake.clear()
                 self._heartbeat = self._clock()
                 if stop.is_set() or not self.synced:
@@ -196,6 +196,7 @@ class Balancer:
                     backoff.reset()
                 else:
                     stop.wait(backoff.next())
+                    self._wake.set()  # retry the failed nodes right after the backoff
         finally:
             for informer in (self.nodes, self.pods):
                 informer.close()

@@ -1,0 +1,78 @@
+"""Settings: defaults, one YAML file, flags on top; bad input names the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from webhook.balancer.settings import BalancerSettings, SettingsError
+from webhook.cli import main
+from webhook.commands.balance import settings_from
+
+
+def test_yaml_file_sets_sections_and_flags_win(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "from-env")
+    monkeypatch.setenv("POD_NAME", "pod-7")
+    config = tmp_path / "balancer.yaml"
+    config.write_text(
+        "tiers: {busy_utilization: 0.5, congested_utilization: 0.8, hysteresis: 0.05}\n"
+        "taint_congested: true\n"
+        "prometheus: {url: http://prom:9090, window: 10m, interval: 15}\n"
+        "lease: {name: from-file, duration: 20}\n"
+        "resync_interval: 120\n")
+    settings = settings_from(config, prometheus="http://flag:9090", lease_name=None, dry_run=None)
+    assert settings.tiers.busy_utilization == 0.5 and settings.tiers.hysteresis == 0.05
+    assert settings.taint_congested is True
+    assert settings.prometheus.url == "http://flag:9090" and settings.prometheus.window == "10m"
+    assert settings.prometheus.interval == 15.0
+    assert settings.lease.name == "from-file" and settings.lease.duration == 20.0
+    assert settings.lease.namespace == "from-env" and settings.lease.identity == "pod-7"
+    assert settings.resync_interval == 120.0 and settings.dry_run is False
+
+
+def test_defaults_without_a_file(monkeypatch) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setenv("POD_NAME", "me")
+    settings = settings_from(None, lease_namespace=None, identity=None)
+    assert settings.lease.name == "gpugate-balancer" and settings.lease.namespace == "gpugate-system"
+    assert settings.health_bind == "0.0.0.0:8080" and settings.prometheus.url is None
+    assert settings_from(None, identity="x", lease_namespace="ns").lease.identity == "x"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tiers: {busy_utilisation: 0.5}\n", "unknown key 'tiers.busy_utilisation'"),
+    ("resync_interval: soon\n", "resync_interval must be a float"),
+    ("taint_congested: 1\n", "taint_congested must be a bool"),
+    ("page_size: true\n", "page_size must be a int, got a boolean"),
+    ("tiers: {busy_utilization: 0.95}\n", "busy_utilization must not exceed"),
+    ("lease: {duration: 5, renew_deadline: 10}\n", "retry_period < renew_deadline < duration"),
+    ("prometheus: {window: five}\n", "prometheus.window"),
+    ("- a list\n", "must be a mapping"),
+    ("health_bind: nope\n", "HOST:PORT"),
+])
+def test_bad_files_are_refused_with_the_key_named(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(SettingsError) as err:
+        BalancerSettings.from_file(config)
+    assert message in str(err.value) and str(config) in str(err.value)
+
+
+def test_unreadable_yaml_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "broken.yaml"
+    config.write_text("tiers: [unclosed\n")
+    with pytest.raises(SettingsError, match="not valid YAML"):
+        BalancerSettings.from_file(config)
+
+
+def test_cli_help_and_bad_config_exit_codes(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["balance", "--help"])
+    assert result.exit_code == 0 and "--prometheus URL" in result.output and "--lease-namespace" in result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nope: 1\n")
+    result = runner.invoke(main, ["balance", "--config", str(bad)])
+    assert result.exit_code == 1 and "unknown key 'nope'" in result.output
+    assert runner.invoke(main, ["balance", "--config", str(tmp_path / "missing.yaml")]).exit_code == 2
