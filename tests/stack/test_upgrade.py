@@ -338,3 +338,44 @@ def test_promote_refuses_a_known_bad_driver_for_a_mixed_mig_pool(stack_repo, set
     assert result.exit_code == 1
     assert "FAIL  driver-mig-mixed[default]" in result.output and "mixes MIG and full GPUs" in result.output
     assert snapshot(stack_repo) == before
+
+
+# ---------------------------------------------------------------------------- sync (hand edits of stack.yaml)
+
+
+def _edit_stack(repo: Path, change) -> None:
+    data = stack_yaml(repo)
+    change(data)
+    (repo / manifests.STACK_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_sync_commits_a_paused_canary_pool_with_its_nvidiadriver(stack_repo, require_shared):
+    _edit_stack(stack_repo, lambda d: d["pools"][1]["upgradePolicy"].update(autoUpgrade=False))
+    check = run(stack_repo, "sync", "--check")
+    assert check.exit_code == 0, check.output
+    assert "files: manifests/gpu-operator/drivers/canary.yaml, manifests/gpu-operator/stack.yaml" in check.output
+    result = run(stack_repo, "sync")
+    assert result.exit_code == 0, result.output
+    assert committed_files(stack_repo) == sorted([manifests.STACK_FILE, f"{manifests.DRIVERS_DIR}/canary.yaml"])
+    canary = yaml.safe_load((stack_repo / manifests.DRIVERS_DIR / "canary.yaml").read_text())
+    assert canary["spec"]["upgradePolicy"]["autoUpgrade"] is False
+    assert "Gpugate-Stack: sync" in message(stack_repo)
+    assert git(stack_repo, "status", "--porcelain") == ""
+    assert_renders_and_validates(stack_repo, require_shared)
+
+
+def test_sync_applies_the_upgrade_rules_to_a_hand_edit(stack_repo):
+    _edit_stack(stack_repo, lambda d: d["pools"][0].update(driver="570.148.08"))
+    before = snapshot(stack_repo)
+    result = run(stack_repo, "sync", "--allow-unvalidated-driver")
+    assert result.exit_code == 1
+    assert "FAIL  driver-mig-mixed[default]" in result.output
+    assert snapshot(stack_repo) == before  # the user's edit is still there, nothing else changed
+
+
+def test_sync_refuses_other_uncommitted_changes(stack_repo):
+    _edit_stack(stack_repo, lambda d: d["pools"][1]["upgradePolicy"].update(autoUpgrade=False))
+    (stack_repo / manifests.VALUES_FILE).write_text((stack_repo / manifests.VALUES_FILE).read_text() + "# wip\n")
+    result = run(stack_repo, "sync")
+    assert result.exit_code == 1 and "uncommitted changes" in result.output and "values.yaml" in result.output
+    assert "stack.yaml" not in result.output.split("uncommitted changes")[1].split(")")[0]

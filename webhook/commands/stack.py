@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from webhook.errors import GpugateError
+from webhook.stack import manifests
 from webhook.stack import plan as planning
 from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
@@ -237,6 +238,28 @@ def promote_command(ctx: click.Context, source: str, to: str, allow_unvalidated_
     schema_root = _schema_root(root, schemas)
     prepared = stack_upgrade.prepare_promote(root, source=source, to=to,
                                              allow_unvalidated_driver=allow_unvalidated_driver, schema_root=schema_root)
+    _commit(ctx, root, prepared, output, schema_root)
+
+
+@stack.command("sync")
+@click.option("--check", "check_only", is_flag=True, help="Only print the checks and the commit; write nothing.")
+@click.option("--allow-unvalidated-driver", is_flag=True, help="Accept a driver outside the validated branches.")
+@_repo_option
+@_schemas_option
+@_output_option
+@click.pass_context
+def sync_command(ctx: click.Context, check_only: bool, allow_unvalidated_driver: bool, repo: Path,
+                 schemas: Path | None, output: str) -> None:
+    """Commit a hand edit of stack.yaml (e.g. a pool's upgradePolicy) with every derived file, after the checks."""
+    root = _root(repo)
+    git_repo = Repo(root)
+    git_repo.require_clean(stack_upgrade.STACK_PATHS, allow=(manifests.STACK_FILE,))
+    schema_root = _schema_root(root, schemas)
+    prepared = stack_upgrade.prepare_sync(git_repo, allow_unvalidated_driver=allow_unvalidated_driver,
+                                          schema_root=schema_root)
+    if check_only:
+        _emit_plan(prepared, output)
+        ctx.exit(0 if prepared.ok else 1)
     _commit(ctx, root, prepared, output, schema_root)
 
 

@@ -52,8 +52,9 @@ class Repo:
         untracked = self._git("status", "--porcelain", "--untracked-files=all", "--", *paths).splitlines()
         return sorted({line for line in tracked + untracked if line.strip()})
 
-    def require_clean(self, paths: list[str]) -> None:
-        changes = self.dirty(paths)
+    def require_clean(self, paths: list[str], *, allow: tuple[str, ...] = ()) -> None:
+        """Refuse uncommitted changes; ``allow`` names tracked files that may be modified (not added)."""
+        changes = [line for line in self.dirty(paths) if not (line[:2] == " M" and line[3:] in allow)]
         if changes:
             shown = "; ".join(line.strip() for line in changes[:8])
             more = f" and {len(changes) - 8} more" if len(changes) > 8 else ""

@@ -179,8 +179,6 @@ def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: Exi
         )
     else:
         steps = (Step(action="upgrade", stack=final, title=_upgrade_title(current, final, request)),)
-    if steps[0].stack == current:
-        checks.append(_fail("changes", "stack.yaml already declares these versions: nothing to commit"))
     return Plan(action="upgrade", current=current, steps=steps, checks=tuple(checks))
 
 
@@ -197,7 +195,40 @@ def _upgrade_title(current: Stack, final: Stack, request: Request) -> str:
         parts.append(f"driver {', '.join(drivers)} on {'pool' if len(changed) == 1 else 'pools'} {names}")
     if final.kubernetes_minor != current.kubernetes_minor:
         parts.append(f"kubernetes 1.{current.kubernetes_minor} -> 1.{final.kubernetes_minor}")
-    return "upgrade " + ("; ".join(parts) if parts else "(no change)")
+    return "upgrade " + ("; ".join(parts) if parts else "stack.yaml settings (no version change)")
+
+
+def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidated_driver: bool,
+              existing: ExistingDrivers) -> Plan:
+    """Check a hand edit of stack.yaml (``current`` = HEAD, ``edited`` = the working tree) by the same rules.
+
+    For what has no command of its own: a pool's upgradePolicy (pause with autoUpgrade: false),
+    a new pool, a new crName. Anything a command can do takes the same checks here.
+    """
+    checks: list[Check] = []
+    try:
+        release = matrix.release(edited.operator_version)
+        matrix.release(current.operator_version)
+    except GpugateError as err:
+        return Plan(action="sync", current=current, steps=(), checks=(_fail("release-known", str(err)),))
+    checks.append(compat.check_release_path(matrix, current.operator_version, edited.operator_version))
+    checks.append(compat.check_kubernetes(release, edited.kubernetes_minor))
+    checks.append(compat.check_driver_management(matrix, current=current.operator_version,
+                                                 current_mode=current.management, target=edited.operator_version,
+                                                 target_mode=edited.management))
+    if compat.migration_steps(matrix, current=current.operator_version, current_mode=current.management,
+                              target=edited.operator_version, target_mode=edited.management) > 1:
+        checks.append(_fail("driver-management", "a hand edit cannot move the driver to NVIDIADriver and upgrade "
+                                                 "the operator in one commit; use `gpugate stack upgrade "
+                                                 "--driver-management nvidiadriver`, which plans the two commits"))
+    checks.append(_pool_rules(edited))
+    old = {p.name: p.driver for p in current.pools}
+    pools = [p.name for p in edited.pools
+             if edited.operator_version != current.operator_version or old.get(p.name) != p.driver]
+    checks += _driver_checks(matrix, release, edited, pools, allow_unvalidated_driver)
+    checks += _immutable_checks(edited, existing)
+    step = Step(action="sync", stack=edited, title="sync " + _upgrade_title(current, edited, Request(operator="")).removeprefix("upgrade "))
+    return Plan(action="sync", current=current, steps=(step,), checks=tuple(checks))
 
 
 def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_unvalidated_driver: bool,
@@ -228,8 +259,6 @@ def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_
     checks = [Check(name="pool-scope", ok=True, reason=f"driver {driver} from pool {source} to {', '.join(targets)}")]
     checks += _driver_checks(matrix, release, final, targets, allow_unvalidated_driver)
     checks += _immutable_checks(final, existing)
-    if final == current:
-        checks.append(_fail("changes", f"pool(s) {', '.join(targets)} already run driver {driver}: nothing to commit"))
     step = Step(action="promote", stack=final,
                 title=f"promote driver {driver} from pool {source} to {'all pools' if to == 'all' else 'pool ' + to}")
     return Plan(action="promote", current=current, steps=(step,), checks=tuple(checks))

@@ -49,10 +49,11 @@ class Prepared:
         return tuple(c.warning for c in self.checks if c.warning)
 
 
-def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None) -> Prepared:
+def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
+             base: dict[str, bytes | None] | None = None) -> Prepared:
     if not plan.ok:
         return Prepared(plan=plan, changes={}, step_files=tuple(() for _ in plan.steps), checks=plan.checks)
-    current = manifests.read_files(repo)
+    current = base if base is not None else manifests.read_files(repo)
     step_files: list[tuple[str, ...]] = []
     changes: dict[str, bytes | None] = {}
     overlay: dict[str, bytes | None] = dict(current)
@@ -68,6 +69,10 @@ def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None) -> Pr
     except GpugateError as err:
         extra = (Check(name="derive", ok=False, reason=str(err)),)
     else:
+        if not changes:
+            return Prepared(plan=plan, changes={}, step_files=tuple(step_files), checks=plan.checks + (
+                Check(name="changes", ok=False,
+                      reason="the files already declare this stack: nothing to commit"),))
         first = plan.steps[0].stack
         extra = verify.staged(first_overlay, release=first.operator_version,
                               kubernetes_minor=first.kubernetes_minor, schema_root=schema_root)
@@ -88,6 +93,22 @@ def prepare_promote(repo: Path, *, source: str, to: str, allow_unvalidated_drive
     plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to,
                                  allow_unvalidated_driver=allow_unvalidated_driver, existing=existing)
     return _prepare(repo, plan, schema_root=schema_root)
+
+
+def prepare_sync(repo: Repo, *, allow_unvalidated_driver: bool, schema_root: Path | None) -> Prepared:
+    """Plan a commit of a hand-edited stack.yaml against the stack.yaml of HEAD."""
+    root = repo.root
+    head_text = repo.show_file("HEAD", manifests.STACK_FILE)
+    if head_text is None:
+        raise GpugateError(f"{manifests.STACK_FILE} is not committed yet; commit it once by hand")
+    current = Stack.from_yaml(head_text)
+    edited = manifests.load_stack(root)
+    files = manifests.read_files(root)
+    files[manifests.STACK_FILE] = head_text.encode()
+    existing = manifests.existing_drivers(files)
+    plan = planning.plan_sync(matrix_data.load(), current, edited,
+                              allow_unvalidated_driver=allow_unvalidated_driver, existing=existing)
+    return _prepare(root, plan, schema_root=schema_root, base=files)
 
 
 def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
