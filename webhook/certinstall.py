@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import serialization
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from webhook import certs
+from webhook import __version__, certs
 from webhook.errors import ClusterAPIError, GpugateError
 
 TLS_SECRET_TYPE = "kubernetes.io/tls"
@@ -221,7 +221,13 @@ def _secret_body(namespace: str, name: str, bundle: certs.CertBundle, existing: 
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
-        "labels": {"app.kubernetes.io/part-of": "gpugate", "app.kubernetes.io/managed-by": MANAGED_BY},
+        "labels": {
+            "app.kubernetes.io/name": "gpugate-webhook",
+            "app.kubernetes.io/part-of": "gpugate",
+            "app.kubernetes.io/component": "tls",
+            "app.kubernetes.io/version": __version__,
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+        },
     }
     if existing is not None:
         # Replace, not patch: the resourceVersion makes a concurrent writer a 409, not a mix.
