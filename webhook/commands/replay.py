@@ -54,6 +54,12 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--label-lag", type=click.IntRange(min=1), default=1, show_default=True,
               help="Recompute the balancer's node labels every K placements (stale labels in between).")
 @click.option("--taint-congested", is_flag=True, help="Model the balancer's optional congested PreferNoSchedule taint.")
+@click.option("--device-allocation", type=click.Choice(["distributed", "packed"]), default="distributed",
+              show_default=True, help="How the NVIDIA device plugin picks the GPU for a time-sliced share "
+                                      "(distributed is its default; packed is --allocation-policy packed).")
+@click.option("--cpu-pod-placement", is_flag=True,
+              help="Model the proposed mutation change: CPU-only pods matched by a gpuOnly: false policy get "
+                   "its placement preferences (see docs/placement.md).")
 @click.option("--tune", type=click.FloatRange(min=0.1, max=3.0), default=1.3, show_default=True,
               help="Inflate (or cut) the pod list to this multiple of GPU capacity.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -61,7 +67,7 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--synthetic-nodes", type=click.IntRange(min=4), default=120, show_default=True,
               help="Nodes of the synthetic cluster (only without --trace).")
 def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, seeds: str, out: Path,
-           label_lag: int, taint_congested: bool, tune: float, workers: int | None, synthetic_nodes: int) -> None:
+           label_lag: int, taint_congested: bool, device_allocation: str, cpu_pod_placement: bool, tune: float, workers: int | None, synthetic_nodes: int) -> None:
     """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
 
     Prints arm by metric (GPU allocation at 100% and 130% arrived GPU request, fragmentation),
@@ -84,6 +90,7 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
             raise InputError(f"{policies}: no such policy folder (give --policies DIR, or leave out the gpugate arm)")
         PolicySet.from_dir(policies)  # refuse a bad folder before starting any run
     specs = [runner.RunSpec(arm=arm, seed=seed, label_lag=label_lag, tune=tune, taint_congested=taint_congested,
+                            device_policy=device_allocation, cpu_pod_placement=cpu_pod_placement,
                             policies=str(policies) if arm == "gpugate" else None)
              for arm in arm_list for seed in seed_list]
     progress = report.Progress(len(specs), sys.stderr)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from webhook.replay.cluster import ClusterState, Demand, best_fit_gpu
+from webhook.replay.cluster import ClusterState, Demand, best_fit_gpu, worst_fit_gpu
 from webhook.replay.trace import MILLI
 
 MAX_NODE_SCORE = 100
@@ -419,10 +419,18 @@ class KubeScheduler:
         return int(nodes[best[self.rng.integers(len(best))]])
 
     @staticmethod
-    def devices(cluster: KubeCluster, node: int, demand: Demand) -> tuple[int, ...]:
-        """GPUs for the pod on the chosen node: the fullest GPU that fits a share, else the first free ones."""
+    def devices(cluster: KubeCluster, node: int, demand: Demand, policy: str = "distributed") -> tuple[int, ...]:
+        """GPUs the device plugin hands the pod on the chosen node.
+
+        Whole GPUs: the first free ones. A time-sliced share: NVIDIA's device plugin defaults to
+        its ``distributed`` allocation policy (the GPU with the fewest replicas taken, here the most
+        left that fits); ``packed`` (``--allocation-policy packed``, k8s-device-plugin PR #1621)
+        takes the fullest GPU that fits.
+        """
         if not demand.num_gpu:
             return ()
         if demand.shares_gpu:
-            return (best_fit_gpu(cluster.state, node, demand.gpu_milli),)
+            if policy == "packed":
+                return (best_fit_gpu(cluster.state, node, demand.gpu_milli),)
+            return (worst_fit_gpu(cluster.state, node, demand.gpu_milli),)
         return cluster.state.first_free(node, demand.num_gpu)

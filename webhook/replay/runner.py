@@ -48,6 +48,11 @@ class RunSpec:
     policies: str | None = None
     """Policy folder for the gpugate arm (a path, so a worker process loads it itself)."""
     taint_congested: bool = False
+    device_policy: str = "distributed"
+    """How the device plugin picks a GPU for a time-sliced share: distributed (its default) or packed."""
+    cpu_pod_placement: bool = False
+    """Model the proposed mutation change: CPU-only pods matched by a ``gpuOnly: false`` policy get
+    that policy's placement preferences too (``add_placement_preferences`` skips them today)."""
 
 
 @dataclass(frozen=True)
@@ -95,11 +100,12 @@ class Admission:
     and the answer reused, which is what makes the real mutation code affordable per trace pod.
     """
 
-    def __init__(self, policies_dir: str | None) -> None:
+    def __init__(self, policies_dir: str | None, *, cpu_pod_placement: bool = False) -> None:
         from webhook import mutation, validation
-        from webhook.policy import PolicySet
+        from webhook.policy import PolicySet, matching
 
-        self.mutation, self.validation = mutation, validation
+        self.mutation, self.validation, self.matching = mutation, validation, matching
+        self.cpu_pod_placement = cpu_pod_placement
         self.policies = PolicySet.from_dir(Path(policies_dir)) if policies_dir else PolicySet.empty()
         self.cache: dict[str, dict[str, Any] | None] = {}
         self.applied: dict[str, int] = {}
@@ -117,6 +123,8 @@ class Admission:
             else:
                 result = self.mutation.mutate(copy.deepcopy(pod), namespace=namespace, policies=self.policies)
                 admitted = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else copy.deepcopy(pod)
+                if self.cpu_pod_placement:
+                    self._place_cpu_pod(admitted, namespace)
                 admitted["metadata"].pop("name", None)
                 self.cache[key] = admitted
                 policy = str(result.policy) if result.policy else "(none)"
@@ -127,6 +135,26 @@ class Admission:
         out = copy.copy(admitted)
         out["metadata"] = {**admitted["metadata"], "name": name}
         return out
+
+
+    def _place_cpu_pod(self, pod: dict[str, Any], namespace: str) -> None:
+        """The proposed step: the matched policy's preferred terms on a pod with no NVIDIA resource.
+
+        The terms come from the webhook's own ``mutation.preferred_terms`` (a CPU pod asks for 0
+        whole GPUs), so the proposal differs from today's mutation only by the early return.
+        """
+        from webhook import pods
+
+        if pods.requested_nvidia_resources(pod):
+            return
+        policy = self.matching.select(self.policies, pod, namespace=namespace)
+        if policy is None or policy.match.gpu_only or policy.mode != "enforce":
+            return
+        terms = self.mutation.preferred_terms(pod, policy)
+        if terms:
+            affinity = pod.setdefault("spec", {}).setdefault("affinity", {}).setdefault("nodeAffinity", {})
+            existing = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+            affinity["preferredDuringSchedulingIgnoredDuringExecution"] = existing + [t for t in terms if t not in existing]
 
 
 def kube_cluster(trace: Trace) -> KubeCluster:
@@ -161,7 +189,8 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), rng)
         relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
         relabeler.start(cluster)
-        admission = Admission(spec.policies) if spec.arm == "gpugate" else None
+        admission = (Admission(spec.policies, cpu_pod_placement=spec.cpu_pod_placement)
+                     if spec.arm == "gpugate" else None)
         views: dict[int, PodView | None] = {}
 
         def view_of(index: int) -> PodView | None:
@@ -188,7 +217,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
             node = kube.schedule(cluster, pod_view)
             if node is None:
                 return None
-            placement = node, kube.devices(cluster, node, pod_view.demand)
+            placement = node, kube.devices(cluster, node, pod_view.demand, spec.device_policy)
             relabeler.placed(cluster, node)
             return placement
 
