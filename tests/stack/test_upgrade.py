@@ -9,6 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from tests.stack.conftest import git, snapshot
 from webhook import manifestcheck
 from webhook.cli import main
@@ -158,7 +159,15 @@ def test_refused_unvalidated_driver_unless_allowed_then_warned(stack_repo):
     assert "Warnings:\n  pool canary: driver 575.57.08 is not validated for v26.7.0" in message(stack_repo)
 
 
-def test_moving_to_nvidiadriver_from_before_v26_7_0_plans_two_commits_and_makes_only_the_first(stack_repo, set_stack, require_shared):
+def _cluster_policy(state: str, ready: str) -> dict:
+    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+            "spec": {}, "status": {"state": state, "conditions": [
+                {"type": "Ready", "status": ready, "reason": "Reconciled" if ready == "True" else "OperandNotReady",
+                 "message": "", "lastTransitionTime": "2026-08-21T10:00:00Z"}]}}
+
+
+def test_moving_to_nvidiadriver_from_before_v26_7_0_plans_two_commits_and_makes_only_the_first(
+        stack_repo, set_stack, require_shared, fake_kube):  # noqa: F811
     set_stack(operator_version="v26.3.3", management="clusterpolicy", pools={"default": {"driver": "580.126.20"}})
     args = ["--operator", "v26.7.0", "--driver-management", "nvidiadriver"]
     data = json.loads(run(stack_repo, "plan", *args, "-o", "json").output)
@@ -176,9 +185,18 @@ def test_moving_to_nvidiadriver_from_before_v26_7_0_plans_two_commits_and_makes_
     assert yaml.safe_load((stack_repo / manifests.VALUES_FILE).read_text())["driver"]["nvidiaDriverCRD"]["enabled"] is False
     assert not (stack_repo / manifests.DRIVERS_DIR / "default.yaml").exists()
     assert "(step 1 of 2)" in message(stack_repo).splitlines()[0]
-    # step 2, after Argo CD synced step 1 healthy: the same command now takes one commit
-    result = run(stack_repo, "upgrade", *args)
+    # step 2 waits for step 1 to be synced healthy: refused while the ClusterPolicy is not ready
+    plan = run(stack_repo, "plan", *args)
+    assert plan.exit_code == 0 and "previous-step-healthy" in plan.output and "pass --kube" in plan.output
+    fake_kube.put(_cluster_policy("notReady", "False"))
+    before = snapshot(stack_repo)
+    result = run(stack_repo, "upgrade", *args, "--server", fake_kube.url)
+    assert result.exit_code == 1 and "FAIL  previous-step-healthy" in result.output
+    assert "cluster-policy=notReady" in result.output and snapshot(stack_repo) == before
+    fake_kube.put(_cluster_policy("ready", "True"))
+    result = run(stack_repo, "upgrade", *args, "--server", fake_kube.url)
     assert result.exit_code == 0, result.output
+    assert "PASS  previous-step-healthy" in result.output
     assert stack_yaml(stack_repo)["driver"]["management"] == "nvidiadriver"
     assert f"{manifests.DRIVERS_DIR}/default.yaml" in committed_files(stack_repo)
     assert_renders_and_validates(stack_repo, require_shared)

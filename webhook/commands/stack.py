@@ -55,6 +55,18 @@ def _change_options(func: Any) -> Any:
     return func
 
 
+def _cluster_option(func: Any) -> Any:
+    func = click.option("--server", default=None, help="API server URL for --kube (default: in-cluster or kubeconfig).")(func)
+    return click.option("--kube", is_flag=True,
+                        help="Ask the cluster whether the previous step is healthy (driver migration step 2).")(func)
+
+
+def _lister(kube: bool, server: str | None) -> Any:
+    if not kube and server is None:
+        return None
+    return lambda: stack_status.fetch_cluster(server)["clusterPolicies"] or []
+
+
 def _request(operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
              allow_unvalidated_driver: bool, driver_management: str | None) -> planning.Request:
     return planning.Request(operator=operator, driver=driver, pool=pool, kubernetes=kubernetes,
@@ -173,17 +185,19 @@ def _emit_plan(prepared: stack_upgrade.Prepared, output: str, extra: dict[str, A
 
 @stack.command("plan")
 @_change_options
+@_cluster_option
 @_repo_option
 @_schemas_option
 @_output_option
 @click.pass_context
 def plan_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-                 allow_unvalidated_driver: bool, driver_management: str | None, repo: Path,
-                 schemas: Path | None, output: str) -> None:
+                 allow_unvalidated_driver: bool, driver_management: str | None, kube: bool, server: str | None,
+                 repo: Path, schemas: Path | None, output: str) -> None:
     """Print every check (pass/fail and why) and the commits an upgrade would make; exit 1 if any fails."""
     root = _root(repo)
     request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, driver_management)
-    prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=_schema_root(root, schemas))
+    prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=_schema_root(root, schemas),
+                                             cluster_policies=_lister(kube, server))
     _emit_plan(prepared, output)
     ctx.exit(0 if prepared.ok else 1)
 
@@ -206,19 +220,21 @@ def _commit(ctx: click.Context, root: Path, prepared: stack_upgrade.Prepared, ou
 
 @stack.command("upgrade")
 @_change_options
+@_cluster_option
 @_repo_option
 @_schemas_option
 @_output_option
 @click.pass_context
 def upgrade_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-                    allow_unvalidated_driver: bool, driver_management: str | None, repo: Path,
-                    schemas: Path | None, output: str) -> None:
+                    allow_unvalidated_driver: bool, driver_management: str | None, kube: bool, server: str | None,
+                    repo: Path, schemas: Path | None, output: str) -> None:
     """Check, edit stack.yaml and every derived file, re-validate, and make one commit."""
     root = _root(repo)
     Repo(root).require_clean(stack_upgrade.STACK_PATHS)
     schema_root = _schema_root(root, schemas)
     request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, driver_management)
-    prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=schema_root)
+    prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=schema_root,
+                                             cluster_policies=_lister(kube, server))
     _commit(ctx, root, prepared, output, schema_root)
 
 

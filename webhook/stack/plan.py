@@ -198,6 +198,30 @@ def _upgrade_title(current: Stack, final: Stack, request: Request) -> str:
     return "upgrade " + ("; ".join(parts) if parts else "stack.yaml settings (no version change)")
 
 
+def is_migration_second_step(plan: Plan) -> bool:
+    """True when this commit hands the driver from the ClusterPolicy to NVIDIADriver CRs (step 2 of 2)."""
+    return (len(plan.steps) == 1 and plan.current.management == "clusterpolicy"
+            and plan.steps[0].stack.management == "nvidiadriver")
+
+
+def check_previous_step_healthy(cluster_policies: list[Mapping[str, Any]] | None) -> Check:
+    """Step 2 of the migration starts only once step 1 is synced and the ClusterPolicy is ready."""
+    name = "previous-step-healthy"
+    if cluster_policies is None:
+        return Check(name=name, ok=True, reason="not checked against the cluster (no --kube/--server)",
+                     warning="make sure Argo CD shows gpu-operator Synced and Healthy (ClusterPolicy ready) "
+                             "before this commit; pass --kube to have it checked")
+    ready = [p for p in cluster_policies
+             if (p.get("status") or {}).get("state") == "ready"
+             and any(c.get("type") == "Ready" and c.get("status") == "True"
+                     for c in (p.get("status") or {}).get("conditions") or [])]
+    if ready:
+        return Check(name=name, ok=True, reason=f"ClusterPolicy {ready[0].get('metadata', {}).get('name')} is ready")
+    states = ", ".join(f"{(p.get('metadata') or {}).get('name')}={(p.get('status') or {}).get('state', '(no status)')}"
+                       for p in cluster_policies) or "no ClusterPolicy"
+    return _fail(name, f"step 1 is not healthy yet ({states}); wait for ClusterPolicy ready before moving the driver")
+
+
 def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidated_driver: bool,
               existing: ExistingDrivers) -> Plan:
     """Check a hand edit of stack.yaml (``current`` = HEAD, ``edited`` = the working tree) by the same rules.

@@ -7,8 +7,10 @@ Any failure after the first write restores every file, so the repository is byte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -79,10 +81,15 @@ def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
     return Prepared(plan=plan, changes=changes, step_files=tuple(step_files), checks=plan.checks + extra)
 
 
-def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path | None) -> Prepared:
+def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path | None,
+                    cluster_policies: Callable[[], list[dict[str, Any]] | None] | None = None) -> Prepared:
+    """Plan and stage an upgrade; ``cluster_policies`` (a lister) gates step 2 of the driver migration."""
     stack = manifests.load_stack(repo)
     existing = manifests.existing_drivers(manifests.read_files(repo))
     plan = planning.plan_upgrade(matrix_data.load(), stack, request, existing)
+    if planning.is_migration_second_step(plan):
+        listed = cluster_policies() if cluster_policies is not None else None
+        plan = plan.with_checks((planning.check_previous_step_healthy(listed),))
     return _prepare(repo, plan, schema_root=schema_root)
 
 
