@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http import HTTPStatus
@@ -233,7 +233,7 @@ class FakeKube:
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> FakeKube:
         handler = type("_BoundHandler", (_Handler,), {"fake": self})
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server = _QuietServer(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
@@ -309,6 +309,15 @@ class FakeKube:
             store = self._stores[(rtype.group, rtype.plural)]
             return [json.loads(e.raw) for k, e in sorted(store.objects.items())
                     if namespace is None or k[0] == namespace]
+
+    def count(self, api_version: str, kind: str, predicate: Callable[[Obj], bool]) -> int:
+        """How many stored objects of one kind satisfy ``predicate`` (given the stored dict: read only).
+
+        Cheap enough to poll over thousands of objects, which :meth:`list` (decoding copies) is not.
+        """
+        rtype = self._rtype_for(api_version, kind)
+        with self._lock:
+            return sum(1 for entry in self._store(rtype).objects.values() if predicate(entry.obj))
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         rtype = self._rtype_for(api_version, kind)
@@ -420,6 +429,18 @@ class FakeKube:
                     fault.remaining -= 1
                     return fault.code
         return None
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client going away mid-request (a stopped balancer) is normal here, not a traceback."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
 
 
 def _key(rtype: ResourceType, obj: Obj) -> tuple[str, str]:

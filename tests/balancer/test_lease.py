@@ -1,0 +1,74 @@
+"""Leader election rules, and backoff: pure parts as tables, the elector against the fake server."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.kubefake import FakeKube
+from webhook.balancer.backoff import Backoff
+from webhook.balancer.lease import LeaderElector, Observation, may_acquire
+from webhook.balancer.settings import LeaseSettings
+from webhook.kubeclient import api_client
+
+SEEN = Observation(record=("other", "t1", 0, "5"), seen_at=100.0)
+
+
+@pytest.mark.parametrize(("spec", "now", "expected"), [
+    ({}, 100.0, True),                                                           # nobody holds it
+    ({"holderIdentity": "", "leaseDurationSeconds": 15}, 100.0, True),           # released
+    ({"holderIdentity": "me", "leaseDurationSeconds": 15}, 100.0, True),         # ours: renew
+    ({"holderIdentity": "other", "leaseDurationSeconds": 15}, 114.9, False),     # still valid
+    ({"holderIdentity": "other", "leaseDurationSeconds": 15}, 115.0, True),      # expired on our clock
+])
+def test_a_held_lease_is_taken_only_after_its_duration_since_we_saw_it_change(spec, now, expected) -> None:
+    assert may_acquire(spec, me="me", observed=SEEN, now=now) is expected
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_expiry_is_judged_on_the_local_clock_not_the_holders_renew_time(fake_kube: FakeKube) -> None:
+    settings = dict(name="l", namespace="ns", duration=10.0, renew_deadline=5.0, retry_period=1.0)
+    clock_a, clock_b = Clock(), Clock()
+    a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **settings), clock=clock_a)
+    b = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="b", **settings), clock=clock_b)
+    assert a.try_acquire_or_renew() and a.is_leader()
+    assert not b.try_acquire_or_renew()        # b sees the record for the first time now
+    clock_b.now += 9.9
+    assert not b.try_acquire_or_renew()        # unchanged for 9.9 s < 10 s
+    clock_a.now += 6.0
+    assert not a.is_leader()                   # a missed its renew deadline: it stops writing first
+    clock_b.now += 0.2
+    assert b.try_acquire_or_renew() and b.is_leader()
+    assert not a.try_acquire_or_renew()        # a sees b's record: it waits a full duration again
+    lease = fake_kube.get("coordination.k8s.io/v1", "Lease", "l", "ns")
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    assert lease["spec"]["leaseDurationSeconds"] == 10
+
+
+def test_release_empties_the_holder_so_a_standby_need_not_wait(fake_kube: FakeKube) -> None:
+    settings = dict(name="l", namespace="ns", duration=10.0, renew_deadline=5.0, retry_period=1.0)
+    a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **settings), clock=Clock())
+    b = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="b", **settings), clock=Clock())
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()
+    a.release()
+    assert not a.is_leader()
+    assert b.try_acquire_or_renew()            # same clock reading: no expiry needed
+
+
+def test_backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() -> None:
+    backoff = Backoff(0.5, 4.0, random.Random(7))
+    delays = [backoff.next() for _ in range(6)]
+    for delay, ceiling in zip(delays, (0.5, 1.0, 2.0, 4.0, 4.0, 4.0)):
+        assert ceiling / 2 <= delay <= ceiling
+    assert len(set(delays)) == 6               # jittered, not lockstep
+    backoff.reset()
+    assert backoff.next() <= 0.5
