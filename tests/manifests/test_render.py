@@ -6,9 +6,11 @@ misspelt fields fail); custom resources through the strict JSON schemas in ../sh
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from webhook import manifestcheck
 
@@ -79,3 +81,17 @@ def test_cert_manager_variant_carries_the_issuers_and_certificates() -> None:
                    if _is_custom(o))
     assert kinds == [("Certificate", "gpugate-ca"), ("Certificate", "gpugate-webhook"),
                      ("Issuer", "gpugate-ca"), ("Issuer", "gpugate-selfsigned")]
+
+
+@pytest.mark.parametrize("components", [["components/builtin-tls"], ["components/cert-manager", "components/fail-closed"]])
+def test_components_render_when_listed_in_the_base_itself(tmp_path: Path, components: list[str]) -> None:
+    """Argo CD's spec.source.kustomize.components adds them to manifests/webhook's own kustomization."""
+    copy = tmp_path / "manifests/webhook"
+    shutil.copytree(MANIFESTS / "webhook", copy)
+    shutil.copytree(MANIFESTS.parent / "policies", tmp_path / "policies")
+    kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+    kustomization["components"] = components
+    (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    objects = manifestcheck.kustomize(copy)
+    secret_makers = [o for o in objects if o["kind"] in ("Job", "Certificate")]
+    assert secret_makers
