@@ -397,3 +397,13 @@ def test_sync_refuses_other_uncommitted_changes(stack_repo):
     result = run(stack_repo, "sync")
     assert result.exit_code == 1 and "uncommitted changes" in result.output and "values.yaml" in result.output
     assert "stack.yaml" not in result.output.split("uncommitted changes")[1].split(")")[0]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--operator", "26.7"], "vYY.MM.PP"),
+    (["--operator", "v26.7.0", "--kubernetes", "133"], "1.NN"),
+    (["--operator", "v26.7.0", "--driver", "latest"], "NNN.NN.NN"),
+])
+def test_a_malformed_version_is_a_usage_error(stack_repo, args, says):
+    result = run(stack_repo, "plan", *args)
+    assert result.exit_code == 2 and says in result.output

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from webhook.errors import GpugateError
-from webhook.stack import manifests
+from webhook.stack import compat, manifests
 from webhook.stack import plan as planning
 from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
@@ -39,12 +39,29 @@ def _schemas_option(func: Any) -> Any:
                         help="Folder with nvidia.com_nvidiadrivers.yaml (default: <repo>/../shared/schemas).")(func)
 
 
+def _form(parse: Any) -> Any:
+    """A click callback that refuses a malformed value as a usage error (exit 2), with the expected form."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse(value)
+            except GpugateError as err:
+                raise click.BadParameter(str(err)) from err
+        return value
+
+    return callback
+
+
 def _change_options(func: Any) -> Any:
     options = [
-        click.option("--operator", required=True, help="Target GPU Operator release, e.g. v26.7.0."),
-        click.option("--driver", default=None, help="Target driver version (default: keep each pool's)."),
+        click.option("--operator", required=True, callback=_form(compat.OperatorVersion.parse),
+                     help="Target GPU Operator release, e.g. v26.7.0."),
+        click.option("--driver", default=None, callback=_form(compat.driver_branch),
+                     help="Target driver version (default: keep each pool's)."),
         click.option("--pool", default=None, help="Change only this pool's NVIDIADriver (canary)."),
-        click.option("--kubernetes", default=None, help="The cluster's Kubernetes minor, 1.NN (default: stack.yaml)."),
+        click.option("--kubernetes", default=None, callback=_form(compat.parse_minor),
+                     help="The cluster's Kubernetes minor, 1.NN (default: stack.yaml)."),
         click.option("--allow-unvalidated-driver", is_flag=True,
                      help="Accept a driver outside the target's validated branches (warned)."),
         click.option("--driver-management", type=_MODES, default=None,

@@ -186,6 +186,7 @@ def plan_as_dict(prepared: Prepared) -> dict:
         "action": plan.action,
         "ok": prepared.ok,
         "current": yaml.safe_load(plan.current.to_yaml()),
+        "target": yaml.safe_load(plan.steps[0].stack.to_yaml()) if plan.steps else None,
         "checks": [c.as_dict() for c in prepared.checks],
         "warnings": list(prepared.warnings),
         "commits": [
