@@ -107,6 +107,8 @@ class Answer:
     audit_annotations: Mapping[str, str] = field(default_factory=dict)
     denial_code: int = 403
     denial_message: str = ""
+    patch_json: str = ""
+    """``patch`` already encoded as JSON text (the server has it from checking the patch)."""
 
 
 def decode(body: bytes | str) -> Review:
@@ -170,7 +172,8 @@ def response_document(uid: str, answer: Answer) -> AdmissionReview:
         response["status"] = {"code": answer.denial_code, "message": answer.denial_message or "denied"}
     elif answer.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = encode_patch(answer.patch)
+        response["patch"] = (base64.b64encode(answer.patch_json.encode()).decode("ascii") if answer.patch_json
+                             else encode_patch(answer.patch))
     warnings = [_clip(w) for w in answer.warnings][:MAX_WARNINGS]
     if warnings:
         response["warnings"] = warnings

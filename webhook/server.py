@@ -12,6 +12,7 @@ from ``GPUGATE_*`` variables read once in ``ServerSettings.from_env``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -19,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import jsonpatch
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from webhook import admission, logs, metrics, pods
+from webhook import admission, logs, metrics, patchcheck, pods
 from webhook.errors import BadReview
 from webhook.policystore import PolicyStore
 
@@ -221,12 +221,14 @@ def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Any
     result = st.mutate(pod, namespace=namespace, policies=policies)
     policy = str(result.policy) if result.policy else ""
     patch = list(result.patch)
+    patch_json = ""
     if patch:
         # A patch the API server cannot apply rejects the pod even with failurePolicy: Ignore,
         # so check it here and treat a bad one as an internal error (admitted unchanged).
-        jsonpatch.JsonPatch(patch).apply(pod, in_place=False)
+        patch_json = json.dumps(patch, separators=(",", ":"))
+        patchcheck.check(pod, patch_json)
     answer = admission.Answer(allowed=True, patch=patch, warnings=tuple(result.warnings),
-                              audit_annotations=_audit(policy, policies.revision))
+                              audit_annotations=_audit(policy, policies.revision), patch_json=patch_json)
     if patch:
         outcome = "patched"
     elif getattr(result, "mode", "") == "audit":

@@ -205,6 +205,7 @@ def _handshake(server: Server, maximum: ssl.TLSVersion) -> str:
             return str(tls.version())
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
 def test_tls_1_2_is_the_floor(server):
     assert _handshake(server, ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
     assert _handshake(server, ssl.TLSVersion.MAXIMUM_SUPPORTED) == "TLSv1.3"

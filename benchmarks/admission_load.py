@@ -1,0 +1,340 @@
+"""Load benchmark of ``gpugate serve``: HTTPS with keep-alive, fixed 500 req/s, then as fast as it goes.
+
+Runs the same server twice in one go: the null webhook (``--null-webhook``: decode, answer
+allowed, count, log; no policy work) and gpugate with the repository's policies, and prints
+both side by side. The load comes from separate driver processes (threads, one kept-alive TLS
+connection each, requests pre-encoded so the client spends little CPU per request). Latency at
+a fixed rate is measured from the *scheduled* send time, so a stall counts against every
+request queued behind it (no coordinated omission).
+
+Every request is ``POST /mutate`` with the bundled example pod (webhook/examples/pod-training.yaml)
+in namespace ml-vision: a 5-operation patch, the heaviest common case.
+
+    python benchmarks/admission_load.py [--seconds 5] [--rate 500] [--connections 8] [--drivers 2]
+    python benchmarks/admission_load.py --profile   # where the app's CPU goes (in-process cProfile)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+from webhook import admission  # noqa: E402
+
+SERVICE_HOST = "gpugate-webhook.gpugate-system.svc"
+
+
+# --- the server under test ---------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerUnderTest:
+    def __init__(self, workdir: Path, *, null: bool, workers: int, threads: int) -> None:
+        self.port = free_port()
+        self.state = workdir / "state"
+        args = [sys.executable, "-m", "webhook.cli", "serve", "--bind", f"127.0.0.1:{self.port}",
+                "--policies", str(REPO / "policies"), "--state-dir", str(self.state),
+                "--workers", str(workers), "--threads", str(threads)]
+        if null:
+            args.append("--null-webhook")
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        self.log = open(workdir / f"server-{'null' if null else 'gpugate'}.log", "wb")
+        # Admission log lines go to a file as they would to a container log.
+        self.process = subprocess.Popen(args, cwd=workdir, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+        self.ca = self.state / "tls" / "ca.crt"
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise SystemExit(f"server exited: {(workdir / 'server.log')}")
+            if self.ca.exists() and self._ready():
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("server did not become ready")
+            time.sleep(0.1)
+
+    def _ready(self) -> bool:
+        try:
+            conn = Connection("127.0.0.1", self.port, str(self.ca))
+            status, _ = conn.request(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+            conn.close()
+            return status == 200
+        except OSError:
+            return False
+
+    def worker_pids(self) -> list[int]:
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid:
+                    pids.append(int(entry))
+        return sorted(pids)
+
+    def rss_mib(self) -> list[float]:
+        out = []
+        for pid in self.worker_pids():
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    out.append(int(line.split()[1]) / 1024)
+        return out
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.log.close()
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+class Connection:
+    """One kept-alive TLS connection speaking just enough HTTP/1.1 (Content-Length bodies)."""
+
+    def __init__(self, host: str, port: int, ca: str) -> None:
+        context = ssl.create_default_context(cafile=ca)
+        raw = socket.create_connection((host, port), timeout=10)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = context.wrap_socket(raw, server_hostname=SERVICE_HOST)
+        self.buffer = b""
+
+    def request(self, data: bytes) -> tuple[int, bytes]:
+        self.sock.sendall(data)
+        while b"\r\n\r\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            self.buffer += chunk
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(rest) < length:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("server closed the connection mid-body")
+            rest += chunk
+        body, self.buffer = rest[:length], rest[length:]
+        return status, body
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def encoded_requests(n: int) -> list[bytes]:
+    pod = yaml.safe_load((REPO / "webhook" / "examples" / "pod-training.yaml").read_text())
+    out = []
+    for _ in range(n):
+        body = json.dumps(admission.wrap_pod(pod, uid=str(uuid.uuid4()), namespace="ml-vision")).encode()
+        out.append(b"POST /mutate HTTP/1.1\r\nHost: " + SERVICE_HOST.encode()
+                   + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+                   + b"\r\n\r\n" + body)
+    return out
+
+
+def drive(port: int, ca: str, connections: int, seconds: float, rate: float | None, start_at: float,
+          queue: Any) -> None:
+    """One driver process: ``connections`` threads; fixed total ``rate`` per process, or closed loop."""
+    payloads = encoded_requests(64)
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def run(index: int) -> None:
+        local_lat: list[float] = []
+        local_err: list[str] = []
+        try:
+            conn = Connection("127.0.0.1", port, ca)
+        except OSError as err:
+            with lock:
+                errors.append(f"connect: {err}")
+            return
+        interval = connections / rate if rate else 0.0
+        # Stagger the connections over one interval so the fixed rate is smooth.
+        next_at = start_at + (index * interval / connections if rate else 0.0)
+        end = start_at + seconds
+        i = index
+        while True:
+            if rate:
+                now = time.perf_counter()
+                if next_at > end:
+                    break
+                if next_at > now:
+                    time.sleep(next_at - now)
+                scheduled = next_at
+                next_at += interval
+            else:
+                scheduled = time.perf_counter()
+                if scheduled > end:
+                    break
+            try:
+                status, body = conn.request(payloads[i % len(payloads)])
+                done = time.perf_counter()
+                if status != 200 or b'"allowed":true' not in body:
+                    local_err.append(f"HTTP {status}: {body[:120]!r}")
+                else:
+                    local_lat.append(done - scheduled)
+            except (OSError, ValueError) as err:
+                local_err.append(f"{type(err).__name__}: {err}")
+                try:
+                    conn = Connection("127.0.0.1", port, ca)
+                except OSError:
+                    pass
+            i += connections
+        conn.close()
+        with lock:
+            latencies.extend(local_lat)
+            errors.extend(local_err)
+
+    while time.perf_counter() < start_at - 0.5:
+        time.sleep(0.05)
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    queue.put((latencies, errors))
+
+
+def load(server: ServerUnderTest, *, drivers: int, connections: int, seconds: float, rate: float | None) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")   # fresh interpreters: nothing of this process is shared
+    queue = ctx.Queue()
+    # perf_counter is CLOCK_MONOTONIC on Linux: the same clock in every process of the machine.
+    start_at = time.perf_counter() + 2.0
+    per_driver_rate = rate / drivers if rate else None
+    procs = [ctx.Process(target=drive, args=(server.port, str(server.ca), connections, seconds, per_driver_rate,
+                                              start_at, queue)) for _ in range(drivers)]
+    for p in procs:
+        p.start()
+    latencies: list[float] = []
+    errors: list[str] = []
+    for _ in procs:
+        lat, err = queue.get(timeout=seconds + 60)
+        latencies += lat
+        errors += err
+    for p in procs:
+        p.join()
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000 if latencies else float("nan")
+
+    return {"rps": len(latencies) / seconds, "p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99),
+            "errors": len(errors), "first_error": errors[0] if errors else "", "n": len(latencies)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rate", type=float, default=500.0)
+    parser.add_argument("--connections", type=int, default=8, help="connections per driver process")
+    parser.add_argument("--drivers", type=int, default=2, help="driver processes")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--profile", action="store_true", help="profile the app in-process, then exit")
+    args = parser.parse_args()
+    if args.profile:
+        profile_app()
+        return
+
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp:
+        for name, null in (("null", True), ("gpugate", False)):
+            workdir = Path(tmp) / name
+            workdir.mkdir()
+            server = ServerUnderTest(workdir, null=null, workers=args.workers, threads=args.threads)
+            try:
+                load(server, drivers=args.drivers, connections=args.connections, seconds=1.0, rate=None)  # warm-up
+                fixed = load(server, drivers=args.drivers, connections=args.connections, seconds=args.seconds,
+                             rate=args.rate)
+                peak = load(server, drivers=args.drivers, connections=args.connections, seconds=args.seconds,
+                            rate=None)
+                results[name] = {"fixed": fixed, "max": peak, "rss": server.rss_mib()}
+            finally:
+                server.stop()
+
+    null, real = results["null"], results["gpugate"]
+    cpu = os.cpu_count()
+    print(f"\nadmission_load: POST /mutate (example pod, 5-op patch), {args.workers} workers x {args.threads} threads, "
+          f"{args.drivers} drivers x {args.connections} keep-alive TLS connections, {args.seconds:.0f} s per phase, "
+          f"{cpu} CPUs shared by server and load\n")
+    print(f"{'phase':<24}{'null webhook':>16}{'gpugate':>16}{'ratio':>9}")
+    for phase, label in (("fixed", f"fixed {args.rate:.0f}/s"), ("max", "max")):
+        a, b = null[phase], real[phase]
+        print(f"{label + ' req/s':<24}{a['rps']:>16.0f}{b['rps']:>16.0f}{b['rps'] / a['rps']:>9.2f}")
+        for q in ("p50", "p95", "p99"):
+            print(f"{label + ' ' + q + ' ms':<24}{a[q]:>16.2f}{b[q]:>16.2f}{b[q] / a[q]:>9.2f}")
+        print(f"{label + ' errors':<24}{a['errors']:>16}{b['errors']:>16}")
+    print(f"{'RSS per worker MiB':<24}{' / '.join(f'{r:.0f}' for r in null['rss']):>16}"
+          f"{' / '.join(f'{r:.0f}' for r in real['rss']):>16}")
+    for name, res in results.items():
+        for phase in ("fixed", "max"):
+            if res[phase]["first_error"]:
+                print(f"first error ({name}, {phase}): {res[phase]['first_error']}")
+    print("\ngoals: max >= 2000/s: {}; p99 at {:.0f}/s <= 10 ms: {}; max >= 0.7x null: {}".format(
+        "met" if real["max"]["rps"] >= 2000 else "MISSED",
+        args.rate, "met" if real["fixed"]["p99"] <= 10 else "MISSED",
+        "met" if real["max"]["rps"] >= 0.7 * null["max"]["rps"] else "MISSED"))
+
+
+def profile_app(n: int = 3000) -> None:
+    """Where one worker's CPU goes per review: the Flask app in-process (no TLS, no gunicorn)."""
+    import cProfile
+    import pstats
+
+    from webhook import server
+
+    body = encoded_requests(1)[0].partition(b"\r\n\r\n")[2]
+    for null in (True, False):
+        app = server.create_app(server.ServerSettings(policy_dir=REPO / "policies", reload_interval=0,
+                                                      null_webhook=null))
+        client = app.test_client()
+        for _ in range(200):
+            client.post("/mutate", data=body, content_type="application/json")
+        started = time.perf_counter()
+        for _ in range(n):
+            client.post("/mutate", data=body, content_type="application/json")
+        per = (time.perf_counter() - started) / n * 1e6
+        print(f"in-process Flask test client, {'null' if null else 'gpugate'}: {per:.0f} us per review")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        client.post("/mutate", data=body, content_type="application/json")
+    profiler.disable()
+    print("\nprofile of the gpugate app per review (tottime, top 25):")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
