@@ -1,0 +1,125 @@
+"""The webhook container as the Deployment configures it, run for real: gunicorn, TLS, the mounts.
+
+Paths the pod gets from volumes are mapped to temporary folders holding what the volumes would
+hold (the rendered policies ConfigMap's files, a TLS Secret's files, an empty /tmp), and the
+listen addresses to free ports on 127.0.0.1; every other argument is the manifest's own.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from webhook import certs
+
+from tests.manifests.helpers import NAMESPACE, find, one, render_variant
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(port: int, path: str, context: ssl.SSLContext | None, server_name: str) -> tuple[int, bytes]:
+    if context is None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    else:
+        connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
+        connection.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), 5),
+                                              server_hostname=server_name)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_path: Path) -> None:
+    objs = render_variant("webhook")
+    deployment = one(objs, "Deployment", "gpugate-webhook")
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    # What each mounted volume holds in the cluster, in a folder of its own.
+    mounted: dict[str, Path] = {}
+    for mount in container["volumeMounts"]:
+        local = tmp_path / mount["name"]
+        local.mkdir()
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            [config_map] = [c for c in find(objs, "ConfigMap") if c["metadata"]["name"] == volume["configMap"]["name"]]
+            for key, text in config_map["data"].items():
+                (local / key).write_text(text)
+        elif "secret" in volume:
+            bundle = certs.create_bundle(service="gpugate-webhook", namespace=NAMESPACE,
+                                         now=datetime.now(timezone.utc))
+            (local / "tls.crt").write_bytes(bundle.cert)
+            (local / "tls.key").write_bytes(bundle.key)
+            (local / "ca.crt").write_bytes(bundle.ca_cert)
+            ca_file = local / "ca.crt"
+        mounted[mount["mountPath"]] = local
+
+    def local_path(value: str) -> str:
+        for mount_path, local in sorted(mounted.items(), key=lambda item: -len(item[0])):
+            if value == mount_path or value.startswith(mount_path + "/"):
+                return str(local) + value[len(mount_path):]
+        return value
+
+    https_port, metrics_port = _free_port(), _free_port()
+    args = []
+    for arg in container["args"]:
+        flag, _, value = arg.partition("=")
+        if flag == "--bind":
+            value = f"127.0.0.1:{https_port}"
+        elif flag == "--metrics-bind":
+            value = f"127.0.0.1:{metrics_port}"
+        else:
+            value = local_path(value)
+        args.append(f"{flag}={value}" if value else flag)
+    env = {**os.environ, **{e["name"]: local_path(e["value"]) for e in container.get("env", []) if "value" in e}}
+    log = (tmp_path / "serve.log").open("wb")  # a file, not a pipe: a full pipe would stall the server
+    process = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve", *args], env=env,
+                               stdout=log, stderr=subprocess.STDOUT)
+    try:
+        context = ssl.create_default_context(cafile=str(ca_file))
+        name = f"gpugate-webhook.{NAMESPACE}.svc"  # what the API server dials, verified against the CA
+        ready_path = container["readinessProbe"]["httpGet"]["path"]
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                pytest.fail(f"gpugate serve exited {process.returncode}: {(tmp_path / 'serve.log').read_text()}")
+            try:
+                status, _ = _get(https_port, ready_path, context, name)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert status == 200, f"{ready_path} never answered 200 over TLS"
+        live_status, _ = _get(https_port, container["livenessProbe"]["httpGet"]["path"], context, name)
+        assert live_status == 200
+        metrics_status, body = _get(metrics_port, "/metrics", None, name)
+        assert metrics_status == 200 and b"gpugate_" in body
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
