@@ -30,6 +30,7 @@ from webhook.balancer.metrics import Metrics
 from webhook.balancer.prometheus import PrometheusClient, PrometheusError
 from webhook.balancer.settings import BalancerSettings, parse_bind
 from webhook.balancer.state import ClusterState, NodeInfo, PodUsage, node_info, pod_key, pod_usage
+from webhook.errors import GpugateError
 
 log = logging.getLogger("gpugate.balancer")
 
@@ -158,7 +159,11 @@ class Balancer:
         self.stop_event = stop
         if self._serve_health:
             host, port = parse_bind(self.settings.health_bind)
-            self.health = HealthServer(host, port, metrics=self.metrics, status=self.status).start()
+            try:
+                self.health = HealthServer(host, port, metrics=self.metrics, status=self.status).start()
+            except OSError as err:
+                raise GpugateError(f"cannot serve /healthz and /metrics on {self.settings.health_bind}: "
+                                   f"{err.strerror or err}; pick another --health-bind") from err
         self.metrics.leader.set(0)
         threads = [threading.Thread(target=self.nodes.run, args=(stop,), name="informer-nodes", daemon=True),
                    threading.Thread(target=self.pods.run, args=(stop,), name="informer-pods", daemon=True)]
@@ -187,7 +192,11 @@ class Balancer:
                     continue
                 now = self._clock()
                 full = self._force_full or last_full is None or now - last_full >= self.settings.resync_interval
-                ok = self.reconcile(pool, full=full)
+                try:
+                    ok = self.reconcile(pool, full=full)
+                except Exception:  # noqa: BLE001 - a bug in one pass must not end the controller
+                    log.exception("reconcile pass failed")
+                    ok = False
                 if full and ok:
                     self._force_full = False
                     last_full = now

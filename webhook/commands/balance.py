@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from webhook.balancer.settings import BalancerSettings
+from webhook.errors import GpugateError
 
 
 def _env_default(name: str, fallback: str) -> str:
@@ -42,6 +43,8 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
     patches each GPU node's labels (and optional PreferNoSchedule taint) when they change. One
     replica writes, chosen by a coordination.k8s.io Lease; SIGTERM releases it.
     """
+    from kubernetes.config import ConfigException
+
     from webhook.balancer import jsonlog
     from webhook.balancer.controller import Balancer
     from webhook.kubeclient import api_client
@@ -50,7 +53,11 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
                              lease_name=lease_name, lease_namespace=lease_namespace, identity=identity,
                              health_bind=health_bind, taint_congested=taint_congested)
     jsonlog.configure(log_level)
-    balancer = Balancer(settings, client_factory=lambda: api_client(settings.server), serve_health=True)
+    try:
+        balancer = Balancer(settings, client_factory=lambda: api_client(settings.server), serve_health=True)
+    except ConfigException as err:
+        raise GpugateError(f"no cluster to talk to ({err}): pass --server URL, run in a pod with a service "
+                           "account, or set KUBECONFIG") from err
 
     def on_signal(signum: int, frame: Any) -> None:
         balancer.stop()  # run() then releases the lease, so a standby takes over at once
