@@ -88,6 +88,12 @@ def require_shared() -> Path:
 
 
 @pytest.fixture
+def shared_or_none() -> Path | None:
+    """../shared when present; tests still run without it, minus the CRD validation."""
+    return SHARED if SHARED.is_dir() else None
+
+
+@pytest.fixture
 def set_stack(stack_repo: Path) -> Callable[..., Stack]:
     """Commit a variant of the checked-in stack: ``set_stack(operator="v26.3.3", management=...)``."""
 

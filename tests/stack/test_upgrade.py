@@ -14,7 +14,7 @@ from tests.stack.conftest import git, snapshot
 from webhook import manifestcheck
 from webhook.cli import main
 from webhook.errors import GpugateError
-from webhook.stack import manifests, plan as planning, upgrade, verify
+from webhook.stack import chartvalues, manifests, plan as planning, upgrade, verify
 from webhook.stack.gitrepo import Repo
 
 
@@ -44,28 +44,31 @@ def pools(repo: Path) -> dict[str, str]:
 
 
 def assert_renders_and_validates(repo: Path, shared: Path | None) -> None:
+    """The committed manifests render with kubectl kustomize and validate as the tool's own check does."""
+    declared = stack_yaml(repo)
     objects = manifestcheck.kustomize(repo / manifests.DRIVERS_DIR)
-    schema_root = shared / "schemas" if shared else None
-    checks = verify.rendered_drivers(manifests.read_files(repo), kubernetes_minor=stack_yaml(repo)["cluster"]
-                                     and int(stack_yaml(repo)["cluster"]["kubernetesVersion"].split(".")[1]),
-                                     schema_root=schema_root)
+    minor = int(declared["cluster"]["kubernetesVersion"].split(".")[1])
+    checks = verify.rendered_drivers(manifests.read_files(repo), kubernetes_minor=minor,
+                                     schema_root=shared / "schemas" if shared else None)
     assert all(c.ok for c in checks), checks
+    if shared and objects:
+        assert "against the CRD nvidia.com_nvidiadrivers.yaml" in checks[-1].reason
     values = yaml.safe_load((repo / manifests.VALUES_FILE).read_text())
-    from webhook.stack import chartvalues
-    assert chartvalues.unknown_keys(values, stack_yaml(repo)["operator"]["version"]) == []
+    assert chartvalues.unknown_keys(values, declared["operator"]["version"]) == []
     app = yaml.safe_load((repo / manifests.ARGO_APP_FILE).read_text())
     chart = [s for s in app["spec"]["sources"] if s.get("chart") == "gpu-operator"][0]
-    assert chart["targetRevision"] == stack_yaml(repo)["operator"]["version"]
-    for obj in objects:
-        name = obj["metadata"]["name"]
-        pool = [p for p in stack_yaml(repo)["pools"] if p.get("crName", p["name"]) == name][0]
-        assert obj["spec"]["version"] == pool["driver"]
+    assert chart["targetRevision"] == declared["operator"]["version"]
+    crs = {p.get("crName", p["name"]): p["driver"] for p in declared["pools"]}
+    if declared["driver"]["management"] == "nvidiadriver":
+        assert {o["metadata"]["name"]: o["spec"]["version"] for o in objects} == crs
+    else:
+        assert objects == [] and values["driver"]["version"] == declared["pools"][0]["driver"]
 
 
 # ---------------------------------------------------------------------------- happy paths
 
 
-def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_message(stack_repo, set_stack, require_shared):
+def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_message(stack_repo, set_stack, shared_or_none):
     set_stack(operator_version="v26.3.3", management="clusterpolicy",
               pools={"default": {"driver": "580.126.20"}}, message="stack at v26.3.3")
     before = head(stack_repo)
@@ -89,17 +92,17 @@ def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_mes
     assert [l for l in diff.splitlines() if l.startswith(("+ ", "- ", "+\t", "-\t")) or l[:2] in ("+ ", "- ")] == [
         '-  version: "580.126.20"', '+  version: "595.91.07"']
     assert git(stack_repo, "status", "--porcelain") == ""
-    assert_renders_and_validates(stack_repo, require_shared)
+    assert_renders_and_validates(stack_repo, shared_or_none)
 
 
-def test_driver_upgrade_of_every_pool_rewrites_each_nvidiadriver_and_still_validates(stack_repo, require_shared):
+def test_driver_upgrade_of_every_pool_rewrites_each_nvidiadriver_and_still_validates(stack_repo, shared_or_none):
     result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04")
     assert result.exit_code == 0, result.output
     assert committed_files(stack_repo) == sorted([
         manifests.STACK_FILE, manifests.VALUES_FILE,
         f"{manifests.DRIVERS_DIR}/default.yaml", f"{manifests.DRIVERS_DIR}/canary.yaml"])
     assert pools(stack_repo) == {"default": "610.57.04", "canary": "610.57.04"}
-    assert_renders_and_validates(stack_repo, require_shared)
+    assert_renders_and_validates(stack_repo, shared_or_none)
 
 
 def test_plan_prints_every_check_and_the_commit_without_touching_the_repo(stack_repo):
@@ -167,7 +170,7 @@ def _cluster_policy(state: str, ready: str) -> dict:
 
 
 def test_moving_to_nvidiadriver_from_before_v26_7_0_plans_two_commits_and_makes_only_the_first(
-        stack_repo, set_stack, require_shared, fake_kube):  # noqa: F811
+        stack_repo, set_stack, shared_or_none, fake_kube):  # noqa: F811
     set_stack(operator_version="v26.3.3", management="clusterpolicy", pools={"default": {"driver": "580.126.20"}})
     args = ["--operator", "v26.7.0", "--driver-management", "nvidiadriver"]
     data = json.loads(run(stack_repo, "plan", *args, "-o", "json").output)
@@ -199,7 +202,7 @@ def test_moving_to_nvidiadriver_from_before_v26_7_0_plans_two_commits_and_makes_
     assert "PASS  previous-step-healthy" in result.output
     assert stack_yaml(stack_repo)["driver"]["management"] == "nvidiadriver"
     assert f"{manifests.DRIVERS_DIR}/default.yaml" in committed_files(stack_repo)
-    assert_renders_and_validates(stack_repo, require_shared)
+    assert_renders_and_validates(stack_repo, shared_or_none)
 
 
 def test_refused_changing_driver_type_of_an_existing_nvidiadriver(stack_repo):
@@ -290,7 +293,7 @@ def test_a_failure_after_all_files_are_written_but_before_the_commit_restores_th
 # ---------------------------------------------------------------------------- canary, promote, rollback
 
 
-def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, require_shared):
+def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, shared_or_none):
     base = head(stack_repo)
     result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary")
     assert result.exit_code == 0, result.output
@@ -329,7 +332,7 @@ def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, require_sh
     assert actions == ["rollback", "rollback", "promote", "upgrade"]
     # history only grows: the original commits are still ancestors of HEAD
     git(stack_repo, "merge-base", "--is-ancestor", promote_sha, "HEAD")
-    assert_renders_and_validates(stack_repo, require_shared)
+    assert_renders_and_validates(stack_repo, shared_or_none)
 
 
 def test_rollback_skips_ordinary_commits_and_reverts_the_newest_stack_commit(stack_repo):
@@ -367,7 +370,7 @@ def _edit_stack(repo: Path, change) -> None:
     (repo / manifests.STACK_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def test_sync_commits_a_paused_canary_pool_with_its_nvidiadriver(stack_repo, require_shared):
+def test_sync_commits_a_paused_canary_pool_with_its_nvidiadriver(stack_repo, shared_or_none):
     _edit_stack(stack_repo, lambda d: d["pools"][1]["upgradePolicy"].update(autoUpgrade=False))
     check = run(stack_repo, "sync", "--check")
     assert check.exit_code == 0, check.output
@@ -379,7 +382,7 @@ def test_sync_commits_a_paused_canary_pool_with_its_nvidiadriver(stack_repo, req
     assert canary["spec"]["upgradePolicy"]["autoUpgrade"] is False
     assert "Gpugate-Stack: sync" in message(stack_repo)
     assert git(stack_repo, "status", "--porcelain") == ""
-    assert_renders_and_validates(stack_repo, require_shared)
+    assert_renders_and_validates(stack_repo, shared_or_none)
 
 
 def test_sync_applies_the_upgrade_rules_to_a_hand_edit(stack_repo):
