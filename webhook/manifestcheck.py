@@ -72,8 +72,13 @@ def validate_objects(
     ``schema_root`` is given and exists: without the shared schemas (a fresh clone) they
     cannot be checked, and saying so is the caller's job (the tests skip with a reason).
     """
-    import kubernetes_validate  # deferred: the webhook image does not ship it
-    from kubernetes_validate import utils as kv_utils
+    try:  # deferred: the webhook image does not ship it (it is in the test extra)
+        import kubernetes_validate
+        from kubernetes_validate import utils as kv_utils
+    except ImportError as err:
+        raise GpugateError(
+            "validating manifests needs the kubernetes-validate package: pip install 'gpugate[test]'"
+        ) from err
 
     use_schemas = schema_root is not None and Path(schema_root).is_dir()
     schema_cache: dict[Path, Any] = {}
