@@ -7,7 +7,26 @@ import signal
 import time
 from collections import Counter
 
-from tests.server.conftest import example_pod, https_session, review_of
+import pytest
+import requests
+
+from tests.server.conftest import Server, copy_policies, example_pod, free_port, https_session, review_of
+
+
+@pytest.fixture(scope="module")
+def metrics_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(module_tmp, metrics_port):
+    """Two workers, and the optional plaintext /metrics listener."""
+    srv = Server(module_tmp, policies=copy_policies(module_tmp / "policies"),
+                 extra=["--metrics-bind", f"127.0.0.1:{metrics_port}"]).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def _admissions(samples: dict[str, float]) -> dict[str, float]:
@@ -73,3 +92,14 @@ def test_counts_survive_a_worker_being_killed(server):
     assert {k: after[k] - before[k] for k in sent} == dict(sent)
     revisions = {k: v for k, v in server.metrics().items() if k.startswith("gpugate_policy_revision_info")}
     assert list(revisions.values()) == [1.0], revisions   # the dead worker's gauge is gone, not doubled
+
+
+def test_the_plaintext_metrics_port_serves_only_metrics(server, metrics_port):
+    plain = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+    assert plain.status_code == 200
+    tls_total = sum(v for k, v in server.metrics().items() if k.startswith("gpugate_admissions_total{"))
+    plain_total = sum(float(line.rpartition(" ")[2]) for line in plain.text.splitlines()
+                      if line.startswith("gpugate_admissions_total{"))
+    assert plain_total == tls_total > 0
+    refused = requests.post(f"http://127.0.0.1:{metrics_port}/mutate", json=review_of(example_pod()), timeout=5)
+    assert "AdmissionReview" not in refused.text

@@ -264,3 +264,62 @@ def test_without_a_valid_policy_set_it_is_not_ready_and_fails_open_or_closed(mod
             assert refused and "spec.gpu.max" in refused[0]["error"]
         finally:
             srv.stop()
+
+
+# --- gpugate admit against the same server ---------------------------------------------------------
+
+def _admit(server: Server, *args: str):
+    from click.testing import CliRunner
+
+    from webhook.cli import main
+
+    return CliRunner().invoke(main, ["admit", *args, "--server", server.url, "--ca", str(server.ca),
+                                     "--server-name", SERVICE_HOST])
+
+
+def test_admit_wraps_a_pod_and_prints_the_decoded_patch(server):
+    from tests.server.conftest import EXAMPLE_POD
+
+    result = _admit(server, str(EXAMPLE_POD), "--namespace", "ml-vision")
+    assert result.exit_code == 0, result.output
+    assert "mutate: allowed" in result.output and "validate: allowed" in result.output
+    assert "patch (5 operations, JSONPatch)" in result.output
+    assert '"path": "/spec/containers/0/resources/limits/nvidia.com~1gpu"' in result.output
+    assert "audit policy: training@" in result.output
+
+
+def test_admit_exits_1_on_a_denial(server, tmp_path):
+    from tests.server.conftest import EXAMPLE_POD
+
+    result = _admit(server, str(EXAMPLE_POD), "--namespace", "web-shop", "--endpoint", "validate")
+    assert result.exit_code == 1
+    assert "validate: DENIED" in result.output and "reason (403): " in result.output
+
+
+def test_admit_sends_a_review_file_as_is(server, tmp_path):
+    review = review_of(example_pod(), namespace="ml-vision")
+    review["request"]["operation"] = "UPDATE"
+    path = tmp_path / "review.json"
+    path.write_text(json.dumps(review))
+    result = _admit(server, str(path), "--endpoint", "mutate", "--output", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["response"] == {"uid": review["request"]["uid"], "allowed": True}
+
+
+def test_admit_reports_the_servers_400(server, tmp_path):
+    path = tmp_path / "review.yaml"
+    path.write_text("apiVersion: admission.k8s.io/v1beta1\nkind: AdmissionReview\nrequest: {uid: u, operation: CREATE}\n")
+    result = _admit(server, str(path), "--endpoint", "mutate")
+    assert result.exit_code == 1
+    assert "answered HTTP 400" in result.output and "admission.k8s.io/v1beta1" in result.output
+
+
+def test_admit_refuses_a_server_it_cannot_verify(server, tmp_path):
+    from click.testing import CliRunner
+
+    from tests.server.conftest import EXAMPLE_POD
+    from webhook.cli import main
+
+    result = CliRunner().invoke(main, ["admit", str(EXAMPLE_POD), "--server", server.url, "--ca", str(server.ca),
+                                       "--server-name", "not-the-service.example"])
+    assert result.exit_code == 1 and "TLS with" in result.output
