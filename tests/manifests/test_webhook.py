@@ -331,3 +331,12 @@ def test_validation_update_decision_is_written_down() -> None:
     text = (MANIFESTS / "webhook/webhookconfigurations.yaml").read_text()
     assert "UPDATE" in text and "immutable" in text
 
+
+
+def test_pods_keep_serving_while_their_endpoint_is_withdrawn() -> None:
+    objs = render_variant("webhook")
+    pod = _deployment(objs)["spec"]["template"]["spec"]
+    sleep = _container(objs)["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert sleep >= 3
+    assert pod["terminationGracePeriodSeconds"] > sleep + 5  # room for in-flight requests after the sleep
+    assert _deployment(objs)["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
