@@ -13,7 +13,6 @@ from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from tests.stack.conftest import git, snapshot
 from webhook import manifestcheck
 from webhook.cli import main
-from webhook.errors import GpugateError
 from webhook.stack import chartvalues, manifests, plan as planning, upgrade, verify
 from webhook.stack.gitrepo import Repo
 

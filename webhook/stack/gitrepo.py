@@ -72,9 +72,6 @@ class Repo:
             raise
         return self.head()
 
-    def unstage(self, paths: list[str]) -> None:
-        self._git("reset", "--quiet", "--", *paths, what="git reset (unstage) failed")
-
     def stack_commits(self, limit: int = 200) -> list[StackCommit]:
         """Stack commits, newest first (found by trailer)."""
         sep, end = "\x1f", "\x1e"
@@ -88,9 +85,6 @@ class Repo:
             if action.strip():
                 commits.append(StackCommit(sha=sha, action=action.strip(), subject=subject))
         return commits
-
-    def message(self, sha: str) -> str:
-        return self._git("log", "-n1", "--format=%B", sha)
 
     def revert(self, sha: str, message: str) -> str:
         """``git revert`` ``sha`` as one new commit with ``message``; abort and raise on conflict."""
@@ -111,6 +105,3 @@ class Repo:
         proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=self.path, capture_output=True, text=True,
                               timeout=GIT_TIMEOUT_SECONDS, check=False)
         return proc.stdout if proc.returncode == 0 else None
-
-    def changed_files(self, sha: str) -> list[str]:
-        return self._git("show", "--name-only", "--format=", sha).split()

@@ -187,17 +187,6 @@ def render_values(text: str, stack: Stack) -> str:
     return text
 
 
-def read_values_settings(text: str, stack: Stack) -> dict[str, Any]:
-    """What values.yaml currently holds at the derived paths (for drift reports)."""
-    data = yaml.safe_load(text) or {}
-    out: dict[str, Any] = {}
-    for path in values_settings(stack):
-        node: Any = data
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        out[".".join(path)] = node
-    return out
-
 
 def set_chart_revision(text: str, *, chart: str, version: str, filename: str = ARGO_APP_FILE) -> str:
     """Set ``targetRevision`` of the Application source whose ``chart`` is ``chart``; nothing else."""
