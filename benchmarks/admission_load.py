@@ -64,7 +64,7 @@ class ServerUnderTest:
         # Admission log lines go to a file as they would to a container log.
         self.process = subprocess.Popen(args, cwd=workdir, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
-        self.ca = self.state / "tls" / "ca.crt"
+        self.ca = self.state / "ca.crt"
         deadline = time.monotonic() + 30
         while True:
             if self.process.poll() is not None:

@@ -117,6 +117,8 @@ def decode(body: bytes | str) -> Review:
         document = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise BadReview(f"the body is not JSON ({err}); send an AdmissionReview {API_VERSION} document") from err
+    except RecursionError as err:
+        raise BadReview("the body nests JSON too deeply to be an AdmissionReview") from err
     if not isinstance(document, dict):
         raise BadReview(f"the body is a JSON {type(document).__name__}, not an AdmissionReview object")
     api_version, kind = document.get("apiVersion"), document.get("kind")

@@ -74,7 +74,7 @@ class Server:
             self.args += ["--policies", str(policies)]
         self.args += extra or []
         self.process: subprocess.Popen[bytes] | None = None
-        self.ca: Path = self.state_dir / "tls" / "ca.crt"
+        self.ca: Path = self.state_dir / "ca.crt"
 
     def start(self, *, ca: Path | None = None, wait_ready: bool = True) -> "Server":
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}

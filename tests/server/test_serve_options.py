@@ -43,3 +43,23 @@ def test_a_key_of_another_certificate_is_refused(tmp_path):
     (tmp_path / "tls.key").write_bytes(two.key)
     result = _serve("--cert", str(tmp_path / "tls.crt"), "--key", str(tmp_path / "tls.key"), cwd=tmp_path)
     assert result.exit_code == 1 and "is not the private key of" in result.output
+
+
+def test_the_state_dir_pair_is_reused_renewed_or_remade(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from webhook.commands.serve import serving_bundle
+
+    now = datetime.now(timezone.utc)
+    state = tmp_path / "state"
+    cert, key, ca = serving_bundle(state, service="gpugate-webhook", namespace="gpugate-system", now=now)
+    first = certs.read_bundle(state)
+    assert (cert, key, ca) == (state / "tls.crt", state / "tls.key", state / "ca.crt")
+    serving_bundle(state, service="gpugate-webhook", namespace="gpugate-system", now=now + timedelta(days=1))
+    assert certs.read_bundle(state) == first                      # reused
+    serving_bundle(state, service="other", namespace="gpugate-system", now=now)
+    renamed = certs.read_bundle(state)
+    assert renamed.cert != first.cert and renamed.ca_cert == first.ca_cert   # new SANs, same CA
+    (state / "tls.key").write_bytes(b"garbage")
+    serving_bundle(state, service="other", namespace="gpugate-system", now=now)
+    assert certs.read_bundle(state).ca_cert != first.ca_cert      # unusable files are remade

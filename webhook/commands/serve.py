@@ -36,24 +36,39 @@ def _host_port(value: str, option: str) -> tuple[str, int]:
 
 
 def serving_bundle(state_dir: Path, *, service: str, namespace: str, now: datetime) -> tuple[Path, Path, Path]:
-    """The self-signed serving pair in ``state_dir/tls``: reused when valid for this Service, else made.
+    """The self-signed serving pair in ``state_dir``: reused while valid for this Service, else made.
 
-    Returns (certfile, keyfile, ca file).
+    A serving certificate close to expiry is renewed under the same CA while the CA itself is
+    valid, so clients that trust it keep working. Returns (certfile, keyfile, ca file).
     """
-    tls_dir = state_dir / "tls"
-    bundle = certs.read_bundle(tls_dir)
-    wanted = set(certs.service_dns_names(service, namespace))
-    if bundle is not None and not certs.needs_renewal(bundle.cert, within_days=RENEW_WITHIN_DAYS, now=now):
-        from cryptography import x509
+    paths = state_dir / certs.CERT_FILE, state_dir / certs.KEY_FILE, state_dir / certs.CA_CERT_FILE
+    try:
+        bundle = certs.read_bundle(state_dir)
+    except certs.CertError as err:
+        click.echo(f"gpugate: the certificates in {state_dir} are unusable ({err}); making new ones", err=True)
+        bundle = None
+    if bundle is not None:
+        fresh = not certs.needs_renewal(bundle.cert, within_days=RENEW_WITHIN_DAYS, now=now)
+        if fresh and set(certs.service_dns_names(service, namespace)) <= _dns_names(bundle.cert):
+            return paths
+        if not certs.needs_renewal(bundle.ca_cert, within_days=RENEW_WITHIN_DAYS, now=now):
+            renewed = certs.create_bundle(service=service, namespace=namespace, now=now,
+                                          ca_cert=bundle.ca_cert, ca_key=bundle.ca_key)
+            certs.write_bundle(renewed, state_dir)
+            return paths
+    certs.write_bundle(certs.create_bundle(service=service, namespace=namespace, now=now), state_dir)
+    return paths
 
-        cert = x509.load_pem_x509_certificate(bundle.cert)
-        sans = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-                   .value.get_values_for_type(x509.DNSName))
-        if wanted <= sans:
-            return tls_dir / certs.CERT_FILE, tls_dir / certs.KEY_FILE, tls_dir / certs.CA_CERT_FILE
-    bundle = certs.create_bundle(service=service, namespace=namespace, now=now)
-    certs.write_bundle(bundle, tls_dir)
-    return tls_dir / certs.CERT_FILE, tls_dir / certs.KEY_FILE, tls_dir / certs.CA_CERT_FILE
+
+def _dns_names(cert_pem: bytes) -> set[str]:
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return set(sans.get_values_for_type(x509.DNSName))
 
 
 @click.command()
@@ -195,7 +210,7 @@ def render_response(endpoint: str, document: dict[str, Any]) -> tuple[str, bool]
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--server", default=f"https://{DEFAULT_BIND}", show_default=True, help="Base URL of gpugate serve.")
 @click.option("--ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help=f"CA certificate to verify the server (default: {DEFAULT_STATE_DIR}/tls/ca.crt when present).")
+              help=f"CA certificate to verify the server (default: {DEFAULT_STATE_DIR}/ca.crt when present).")
 @click.option("--server-name", help="Verify the certificate for this name instead of the URL's host.")
 @click.option("--endpoint", type=click.Choice(["mutate", "validate", "both"]), default="both", show_default=True)
 @click.option("--namespace", help="Namespace of the request (default: the pod's, else 'default').")
@@ -208,8 +223,8 @@ def admit(file: Path, server: str, ca: Path | None, server_name: str | None, end
     Exit 0 when every endpoint allowed it, 1 when one denied it or the server refused the review.
     """
     document = _read_document(file)
-    if ca is None and (DEFAULT_STATE_DIR / "tls" / certs.CA_CERT_FILE).is_file():
-        ca = DEFAULT_STATE_DIR / "tls" / certs.CA_CERT_FILE
+    if ca is None and (DEFAULT_STATE_DIR / certs.CA_CERT_FILE).is_file():
+        ca = DEFAULT_STATE_DIR / certs.CA_CERT_FILE
     if document["kind"] == "Pod":
         review = admission.wrap_pod(document, uid=str(uuid.uuid4()), namespace=namespace, dry_run=dry_run)
     else:
