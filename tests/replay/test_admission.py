@@ -1,0 +1,105 @@
+"""Trace pods through the real webhook code, and the balancer's labels through the balancer's code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from webhook import names
+from webhook.replay import demand, labels, model, runner, workload
+from webhook.replay.trace import NodeRecord, PodRecord, Trace
+
+WHOLE = PodRecord("train", 8000, 32768, 2, 1000, (), "BE")
+SHARE = PodRecord("share", 4000, 8192, 1, 470, ("T4", "V100M32"), "LS")
+CPU = PodRecord("cpu", 4000, 8192, 0, 0)
+NODES = (NodeRecord("t4", 104_000, 524_288, 2, "T4"), NodeRecord("v100", 48_000, 376_832, 4, "V100M32"),
+         NodeRecord("g2", 96_000, 393_216, 8, "G2"))
+
+
+def test_trace_rows_become_pods_the_scheduler_reads_back() -> None:
+    whole = demand.view(workload.pod_for(WHOLE))
+    assert (whole.demand.num_gpu, whole.demand.gpu_milli, whole.demand.cpu, whole.demand.memory) == (2, 1000, 8000, 32768)
+    share_pod = workload.pod_for(SHARE)
+    assert share_pod["metadata"]["labels"][names.PROFILE_LABEL] == workload.SHARED_GPU_PROFILE
+    share = demand.view(share_pod)
+    assert (share.demand.num_gpu, share.demand.gpu_milli, share.resources >= {names.SHARED_GPU_RESOURCE}) == (1, 470, True)
+    kc = runner.kube_cluster(Trace("t", NODES, (SHARE,)))
+    assert model.node_affinity_filter(kc, share).tolist() == [True, True, False]  # gpu_spec -> product In [...]
+    assert demand.view(workload.pod_for(CPU)).demand.num_gpu == 0
+
+
+def test_node_labels_are_what_gpu_feature_discovery_would_write() -> None:
+    found = workload.node_labels(NODES[1])
+    assert found[names.NVIDIA_PRODUCT_LABEL] == "Tesla-V100-SXM2-32GB"
+    assert found[names.NVIDIA_MEMORY_LABEL] == "32510" and found[names.NVIDIA_COUNT_LABEL] == "4"
+    assert names.NVIDIA_MEMORY_LABEL not in workload.node_labels(NODES[2])  # undisclosed model
+
+
+def test_the_starter_training_policy_pins_products_no_trace_node_has(repo_root: Path) -> None:
+    admission = runner.Admission(str(repo_root / "policies"))
+    admitted = admission.admit(workload.pod_for(WHOLE))
+    assert admitted is not None and admitted["metadata"]["name"] == "train"
+    assert admitted["metadata"]["annotations"][names.POLICY_ANNOTATION].startswith("training@")
+    view = demand.view(admitted)
+    kc = runner.kube_cluster(Trace("t", NODES, (WHOLE,)))
+    assert not model.node_affinity_filter(kc, view).any()
+    assert {t.key for t in view.tolerations} >= {names.GPU_TAINT_KEY}
+
+
+def test_admission_is_computed_once_per_pod_shape(repo_root: Path) -> None:
+    admission = runner.Admission(str(repo_root / "docs" / "replay-policies" / "openb"))
+    first = admission.admit(workload.pod_for(PodRecord("a", 1000, 10, 1, 1000)))
+    second = admission.admit(workload.pod_for(PodRecord("b", 1000, 10, 1, 1000)))
+    assert first["metadata"]["name"] == "a" and second["metadata"]["name"] == "b"
+    assert first["spec"] == second["spec"] and len(admission.cache) == 1
+    terms = first["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert {t["preference"]["matchExpressions"][0]["key"] for t in terms} == {names.GPU_FREE_LABEL}
+
+
+def test_the_proposed_step_gives_cpu_pods_the_policy_placement(repo_root: Path) -> None:
+    folder = str(repo_root / "docs" / "replay-policies" / "openb-proposed")
+    today = runner.Admission(folder).admit(workload.pod_for(CPU))
+    assert "affinity" not in today["spec"]  # mutation skips pods without NVIDIA resources
+    proposed = runner.Admission(folder, cpu_pod_placement=True).admit(workload.pod_for(CPU))
+    terms = proposed["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["preference"]["matchExpressions"][0] == {"key": names.GPU_FREE_LABEL, "operator": "Lt", "values": ["1"]}
+    assert demand.view(proposed).demand.num_gpu == 0  # no GPU was injected into the CPU pod
+
+
+def test_balancer_labels_follow_allocation_only_every_k_placements() -> None:
+    kc = runner.kube_cluster(Trace("t", NODES, ()))
+    relabel = labels.Relabeler(lag=2)
+    relabel.start(kc)
+    assert [kc.labels.value(n, names.GPU_FREE_LABEL) for n in range(3)] == ["2", "4", "8"]
+    assert {kc.labels.value(n, names.GPU_LOAD_LABEL) for n in range(3)} == {"idle"}
+    kc.state.bind(0, model.Demand(cpu=1, memory=1, num_gpu=1, gpu_milli=300), (0,))
+    relabel.placed(kc, 0)
+    assert kc.labels.value(0, names.GPU_FREE_LABEL) == "2"  # stale: the balancer has not run yet
+    kc.state.bind(0, model.Demand(cpu=1, memory=1, num_gpu=1, gpu_milli=1000), (1,))
+    relabel.placed(kc, 0)
+    assert kc.labels.value(0, names.GPU_FREE_LABEL) == "0"
+    assert kc.labels.value(0, names.GPU_LOAD_LABEL) == "congested"  # every device slot taken
+
+
+def test_the_congested_taint_is_written_when_asked() -> None:
+    kc = runner.kube_cluster(Trace("t", NODES, ()))
+    relabel = labels.Relabeler(lag=1, taint_congested=True)
+    relabel.start(kc)
+    kc.state.bind(0, model.Demand(cpu=1, memory=1, num_gpu=2, gpu_milli=1000), (0, 1))
+    relabel.placed(kc, 0)
+    assert kc.taints[0] == (labels.CONGESTED,) and kc.taints[1] == ()
+    view = demand.view(workload.pod_for(CPU))
+    assert model.taint_toleration_score(kc, view, np.array([0, 1])).tolist() == [0, 100]
+
+
+@pytest.mark.parametrize("arm", runner.ARMS)
+def test_every_arm_runs_and_never_allocates_more_than_arrived(arm: str, repo_root: Path) -> None:
+    from webhook.replay import trace
+
+    small = trace.synthetic(3, nodes=30)
+    result = runner.run(small, runner.RunSpec(arm=arm, seed=3, policies=str(repo_root / "docs" / "replay-policies" / "openb")))
+    assert np.all(np.diff(result.arrived) >= 0) and result.arrived[-1] <= 130.0
+    assert np.all(result.allocated <= result.arrived + 1e-9) and np.all(np.diff(result.allocated) >= -1e-9)
+    assert result.failed == int((~result.placed).sum()) and 0 < result.alloc_at(100) <= 100

@@ -1,0 +1,64 @@
+"""``gpugate replay`` end to end on a synthetic cluster: table, CSVs, summary.json, plot, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from webhook.cli import main
+from webhook.commands.replay import parse_seeds
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["replay", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path, repo_root: Path) -> None:
+    out = tmp_path / "out"
+    code, stdout, stderr = invoke("--arms", "stock,gpugate,fgd", "--seeds", "5-6", "--synthetic-nodes", "24",
+                                  "--policies", str(repo_root / "docs" / "replay-policies" / "openb"),
+                                  "--out", str(out), "--workers", "2")
+    assert code == 0, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"workload", "seeds", "arms"}
+    assert summary["workload"] == "synthetic-5" and summary["seeds"] == [5, 6]
+    assert list(summary["arms"]) == ["stock", "gpugate", "fgd"]
+    for values in summary["arms"].values():
+        assert set(values) == {"alloc_at_100", "alloc_at_130", "frag_at_100", "runs"}
+        assert values["runs"] == 2 and 0 < values["alloc_at_100"] <= 100
+    assert "stock" in stdout and "alloc@100%" in stdout and "6/6 runs" in stderr
+    rows = list(csv.DictReader((out / "runs" / "fgd-seed6.csv").open()))
+    assert rows[0].keys() == {"arrived_pct", "alloc_pct", "frag_pct", "failed_pods"}
+    assert float(rows[-1]["arrived_pct"]) >= 125
+    assert (out / "allocation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--seeds", "51-42"), "runs backwards"),
+    (("--seeds", "forty"), "is not a seed"),
+    (("--arms", "stock,tetris"), "unknown arm(s) tetris"),
+    (("--pods", "x.csv"), "--pods needs --trace"),
+])
+def test_usage_errors_exit_2(args: tuple[str, ...], message: str) -> None:
+    code, _, stderr = invoke(*args)
+    assert code == 2 and message in stderr
+
+
+def test_a_bad_trace_or_policy_folder_exits_1_with_the_reason(tmp_path: Path) -> None:
+    code, _, stderr = invoke("--trace", str(tmp_path), "--arms", "stock", "--out", str(tmp_path / "o"))
+    assert code == 1 and "openb_node_list_gpu_node.csv: no such trace file" in stderr
+    bad = tmp_path / "policies"
+    bad.mkdir()
+    (bad / "broken.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: x}\nspec: {priority: high}\n")
+    code, _, stderr = invoke("--arms", "gpugate", "--policies", str(bad), "--out", str(tmp_path / "o"))
+    assert code == 1 and "broken.yaml" in stderr
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_seeds_accept_ranges_and_lists() -> None:
+    assert parse_seeds("42-44,50,43") == [42, 43, 44, 50]
