@@ -448,6 +448,10 @@ def _key(rtype: ResourceType, obj: Obj) -> tuple[str, str]:
     return (meta.get("namespace", "") if rtype.namespaced else "", meta["name"])
 
 
+# Query booleans are parsed like Go's strconv.ParseBool: older kubernetes clients send "True".
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+
 # ---- selectors -------------------------------------------------------------------------------
 _SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
 
@@ -635,7 +639,7 @@ class _Handler(BaseHTTPRequestHandler):
             target = self._resolve(path)
             dry_run = "dryRun" in query
             if method == "GET" and target.name is None:
-                if query.get("watch") in ("true", "1"):
+                if query.get("watch") in _GO_TRUE:
                     self._watch(target, query)
                 else:
                     self._list(target, query)

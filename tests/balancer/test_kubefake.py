@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.error
+import urllib.request
 
 import pytest
 from kubernetes import client
@@ -148,7 +150,11 @@ def test_patch_accepts_json_patch_and_merge_patch(fake_kube: FakeKube, core) -> 
     fake_kube.put(node("gpu-1", labels={"a": "1"}))
     core.patch_node("gpu-1", [{"op": "add", "path": "/metadata/labels/b", "value": "2"}])
     assert fake_kube.requests[-1].content_type == JSON_PATCH
-    core.patch_node("gpu-1", {"metadata": {"labels": {"a": None}}}, _content_type=MERGE_PATCH)
+    # Not every supported client version can force a content type: send this one by hand.
+    request = urllib.request.Request(f"{fake_kube.url}/api/v1/nodes/gpu-1", method="PATCH",
+                                     data=json.dumps({"metadata": {"labels": {"a": None}}}).encode(),
+                                     headers={"Content-Type": MERGE_PATCH})
+    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5).read()
     assert fake_kube.requests[-1].content_type == MERGE_PATCH
     assert fake_kube.get("v1", "Node", "gpu-1")["metadata"]["labels"] == {"b": "2"}
 
@@ -207,6 +213,15 @@ def test_generate_name_and_dry_run(fake_kube: FakeKube, core) -> None:
     assert made.metadata.name.startswith("job-") and len(made.metadata.name) > 4
     core.create_namespaced_pod("ml", pod("dry"), dry_run="All")
     assert fake_kube.get("v1", "Pod", "dry", "ml") is None
+
+
+def test_unknown_patch_content_type_is_415(fake_kube: FakeKube) -> None:
+    fake_kube.put(node("gpu-1"))
+    request = urllib.request.Request(f"{fake_kube.url}/api/v1/nodes/gpu-1", method="PATCH", data=b"{}",
+                                     headers={"Content-Type": "application/apply-patch+yaml"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5)
+    assert err.value.code == 415
 
 
 def test_injected_faults_answer_with_the_status_asked(fake_kube: FakeKube, core) -> None:
