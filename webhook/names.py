@@ -42,6 +42,10 @@ NVIDIA_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 NVIDIA_SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
 NVIDIA_CLIQUE_LABEL = "nvidia.com/gpu.clique"
 NVIDIA_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+# Written by the GPU Operator's driver upgrade state machine and NVIDIADriver ownership.
+DRIVER_UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
+DRIVER_OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
 
 # Extended resources the NVIDIA device plugin advertises.
 GPU_RESOURCE = "nvidia.com/gpu"
