@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from webhook.cli import main
 from webhook.commands.replay import parse_seeds
+from webhook.replay import report
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -36,6 +37,11 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
     assert rows[0].keys() == {"arrived_pct", "alloc_pct", "frag_pct", "failed_pods"}
     assert float(rows[-1]["arrived_pct"]) >= 125
     assert (out / "allocation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curves = report.curves_from_csv(out, label="x-{arm}")
+    assert sorted(curves) == sorted(f"x-{arm} ({summary['arms'][arm]['alloc_at_100']:.2f}% at 100%)"
+                                    for arm in ("stock", "gpugate", "fgd"))
+    combined = report.plot_curves(curves, tmp_path / "combined.png", title="t")
+    assert combined.read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize(("args", "message"), [

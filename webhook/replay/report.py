@@ -108,24 +108,48 @@ def median_curve(runs: list[RunResult]) -> tuple[list[int], list[float]]:
 
 def plot(results: list[RunResult], path: Path, *, title: str) -> Path:
     """Allocation against arrived GPU request, median over seeds, one line per arm."""
+    curves = {}
+    for arm, runs in by_arm(results).items():
+        curves[f"{arm} ({_fmt(_median([r.alloc_at(100) for r in runs]))}% at 100%)"] = median_curve(runs)
+    return plot_curves(curves, path, title=title)
+
+
+def curves_from_csv(directory: Path, *, label: str = "{arm}") -> dict[str, tuple[list[int], list[float]]]:
+    """Median curves per arm from a replay's ``runs/*.csv`` (to draw several replays in one plot)."""
+    per_arm: dict[str, dict[int, list[float]]] = {}
+    for path in sorted((directory / "runs").glob("*-seed*.csv")):
+        arm = path.stem.rsplit("-seed", 1)[0]
+        with path.open(newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                per_arm.setdefault(arm, {}).setdefault(int(row["arrived_pct"]), []).append(float(row["alloc_pct"]))
+    curves = {}
+    for arm, points in per_arm.items():
+        xs = sorted(points)
+        ys = [statistics.median(points[x]) for x in xs]
+        at100 = points.get(100)
+        name = label.format(arm=arm) + (f" ({statistics.median(at100):.2f}% at 100%)" if at100 else "")
+        curves[name] = (xs, ys)
+    return curves
+
+
+def plot_curves(curves: dict[str, tuple[list[int], list[float]]], path: Path, *, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    figure, axes = pyplot.subplots(figsize=(8, 5), dpi=110)
-    for arm, runs in by_arm(results).items():
-        xs, ys = median_curve(runs)
-        axes.plot(xs, ys, label=f"{arm} ({_fmt(_median([r.alloc_at(100) for r in runs]))}% at 100%)",
-                  linestyle="--" if arm in ("random", "bestfit", "fgd") else "-")
+    figure, axes = pyplot.subplots(figsize=(8.5, 5.5), dpi=110)
+    for name, (xs, ys) in curves.items():
+        reference = name.split(" ")[0] in ("random", "bestfit", "fgd")
+        axes.plot(xs, ys, label=name, linestyle="--" if reference else "-", linewidth=1.2 if reference else 1.6)
     axes.plot([0, 130], [0, 130], color="grey", linewidth=0.6, label="every arrived GPU allocated")
     axes.set_xlim(60, 130)
     axes.set_ylim(60, 100)
     axes.set_xlabel("arrived GPU request (% of capacity)")
-    axes.set_ylabel("GPU allocation (% of capacity)")
+    axes.set_ylabel("GPU allocation (% of capacity), median over seeds")
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
-    axes.legend(loc="lower right", fontsize=8)
+    axes.legend(loc="lower right", fontsize=7)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
