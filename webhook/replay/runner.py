@@ -176,6 +176,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     order = arrival_order(records, state.capacity_milli, spec.seed, tune=spec.tune)
     rng = np.random.default_rng((spec.seed, 1))
     place: Callable[[int], tuple[int, tuple[int, ...]] | None]
+    relabeler: Relabeler | None = None
     denied = 0
     if spec.arm in REFERENCE_SCHEDULERS:
         scheduler = REFERENCE_SCHEDULERS[spec.arm](np.random.default_rng((spec.seed, 2)).permutation(state.size))
@@ -217,9 +218,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
             node = kube.schedule(cluster, pod_view)
             if node is None:
                 return None
-            placement = node, kube.devices(cluster, node, pod_view.demand, spec.device_policy)
-            relabeler.placed(cluster, node)
-            return placement
+            return node, kube.devices(cluster, node, pod_view.demand, spec.device_policy)
 
     arrived = np.empty(len(order))
     allocated = np.empty(len(order))
@@ -236,6 +235,8 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
             bound = demands[index] if spec.arm in REFERENCE_SCHEDULERS else views[index].demand  # type: ignore[union-attr]
             state.bind(node, bound, devices)
             tracker.refresh(state, node)
+            if relabeler is not None:  # the balancer sees the pod once it is bound
+                relabeler.placed(cluster, node)
             placed[step] = True
         arrived[step] = 100.0 * total / capacity
         allocated[step] = 100.0 * state.used_milli / capacity
