@@ -14,15 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from webhook.errors import ClusterAPIError, GpugateError
+from webhook.names import DRIVER_OWNER_LABEL, DRIVER_UPGRADE_STATE_LABEL, GPU_PRESENT_LABEL
 from webhook.stack import manifests
 from webhook.stack.gitrepo import Repo
 from webhook.stack.model import Stack
 
-# Labels the GPU Operator writes on nodes (shared/reference/gpu-operator.md 4.2 and 1.5).
-# Not in webhook/names.py yet: the lead is asked to move them there.
-GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
-DRIVER_UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
-DRIVER_OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
 NO_STATE = "(none)"
 
 
