@@ -90,6 +90,14 @@ class TestGpuRequests:
         assert "resources" not in desired["initContainers"][0]
         assert gpu_limits(desired["containers"][0]) == {"nvidia.com/gpu": "1"}
 
+    @pytest.mark.xfail(strict=True, reason="bug: inject_gpu_requests treats an init container's GPU as the pod's "
+                                           "own count, so the gpus label is dropped for the regular containers "
+                                           "without any warning")
+    def test_an_init_container_gpu_does_not_silently_swallow_the_gpus_label(self):
+        result = run(labelled("2", container("main"), init=[container("setup", gpus=1)]))
+        main = spec_of(result)["containers"][0]
+        assert gpu_limits(main) == {"nvidia.com/gpu": "2"} or any(names.GPUS_LABEL in w for w in result.warnings)
+
     def test_an_annotation_naming_an_init_container_adds_nothing(self):
         p = labelled("1", container("main"), init=[container("setup")],
                      annotations={names.CONTAINER_ANNOTATION: "setup"})

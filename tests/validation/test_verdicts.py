@@ -101,10 +101,21 @@ class TestDenyRules:
     @pytest.mark.parametrize(("p", "namespace"), [
         (pod(container("app")), "web-shop"),
         (pod(container("app", gpus=1)), "ml-a"),
-        (pod(container("app", gpus=1), labels={names.SKIP_LABEL: "true"}), "web-shop"),
-    ], ids=["a CPU pod in a web namespace", "a GPU pod elsewhere", "an opted-out pod"])
+    ], ids=["a CPU pod in a web namespace", "a GPU pod elsewhere"])
     def test_pods_outside_the_rule_are_allowed(self, p, namespace):
         assert verdict(p, self.WEB, namespace=namespace)[0].allowed
+
+    @pytest.mark.xfail(strict=True, reason="bug: validate() returns allowed for any pod labelled gpugate.io/skip=true, "
+                                           "so the opt-out label (DESIGN: 'opt out of mutation') also bypasses deny "
+                                           "rules: anyone can run GPUs in a denied namespace")
+    def test_the_skip_label_opts_out_of_mutation_not_out_of_deny_rules(self):
+        p = pod(container("app", gpus=1), labels={names.SKIP_LABEL: "true"})
+        assert not verdict(p, self.WEB, namespace="web-shop")[0].allowed
+
+    def test_the_skip_label_skips_the_policy_rules(self):
+        """Opted-out pods are not shaped, so the selected policy's own limits do not judge them."""
+        p = pod(container("app", gpus=9), labels={names.SKIP_LABEL: "true"})
+        assert verdict(p, MAX4)[0].allowed
 
     def test_a_deny_rule_narrowed_by_namespace_and_selector(self):
         doc = policy("ml", """
