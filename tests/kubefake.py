@@ -23,6 +23,10 @@ NVIDIADriver, argoproj Application, and anything added with :meth:`FakeKube.regi
   other lists replaced, ``$patch: delete`` honoured), ``DELETE``; ``dryRun`` persists nothing;
 - discovery documents ``/api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>``, ``/version``.
 
+Test helpers beyond the shared interface: ``put_many`` (bulk load), ``list``, ``count`` (cheap
+polling), ``fail_next`` (inject an HTTP error for matching requests), ``open_watches`` (wait until
+a client is watching); every request is kept in ``requests`` with its ``.query``.
+
 Speed: each stored object is serialized once when written, so a list of 150,000 pods or a
 burst of watch events is bytes concatenation, not JSON encoding.
 """
