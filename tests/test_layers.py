@@ -14,7 +14,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "webhook"
 CORE = ["policy/model.py", "policy/matching.py", "policy/overlap.py", "mutation.py", "validation.py",
         "pods.py", "quantity.py", "names.py"]
-OPTIONAL_CORE = ["balancer/tiers.py", "replay/model.py", "stack/compat.py"]
+OPTIONAL_CORE = ["balancer/tiers.py", "balancer/state.py", "balancer/marks.py", "balancer/settings.py",
+                 "replay/model.py", "stack/compat.py", "stack/plan.py"]
 FORBIDDEN = ("flask", "kubernetes", "gunicorn", "requests", "urllib3", "subprocess", "socket", "http",
              "webhook.server", "webhook.cli", "webhook.commands", "webhook.kubeclient", "os", "time", "random")
 
