@@ -1,7 +1,8 @@
 """JSON-line logs: one object per line, so a log pipeline needs no parser of ours.
 
 Every gpugate record (and gunicorn's own, when ``serve`` installs ``LOGCONFIG``) is written by
-``JSONFormatter``: ``ts``, ``level``, ``logger``, ``event`` plus the record's ``fields`` dict.
+``JSONFormatter``: ``ts``, ``level``, ``logger``, ``event``, ``pid`` (which worker) plus the
+record's ``fields`` dict.
 The admission server logs exactly one ``admission`` line per review it answers.
 """
 
@@ -26,6 +27,7 @@ class JSONFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
+            "pid": record.process,
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, Mapping):

@@ -190,7 +190,6 @@ def _admit(endpoint: str) -> Response:
         "patch_ops": outcome.patch_ops,
         "result": outcome.result,
         "duration_ms": round(duration * 1000, 3),
-        "pid": os.getpid(),
         **({"error": outcome.error} if outcome.error else {}),
     })
     return Response(body_out, 200, content_type="application/json")
@@ -274,8 +273,7 @@ def _refuse(endpoint: str, code: int, message: str, started: float, fields: dict
     metrics.ADMISSIONS.labels(endpoint, "", "", result).inc()
     metrics.DURATION.labels(endpoint).observe(time.perf_counter() - started)
     logs.log_admission(_admission_log, {**fields, "result": result, "error": message,
-                                        "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-                                        "pid": os.getpid()})
+                                        "duration_ms": round((time.perf_counter() - started) * 1000, 3)})
     response = jsonify(error=message, code=code)
     response.status_code = code
     if drain:

@@ -160,6 +160,10 @@ def test_policy_changes_apply_while_requests_flow_and_bad_ones_are_refused(serve
                  len(_fresh_revisions(server)) == 1, what="every worker to serve the new revision")
         second = _revision(server)
         assert second != first
+        workers = {line["pid"] for line in server.log_lines() if line.get("event") == "admission"}
+        wait_for(lambda: {line["pid"] for line in server.log_lines()
+                          if line.get("event") == "policy set loaded" and line.get("revision") == second} >= workers,
+                 what="every worker to log loading the new set")
         review = review_of(example_pod())
         patched = jsonpatch.apply_patch(review["request"]["object"],
                                         admission.decode_patch(_mutate_once(server, server.session)["patch"]))
