@@ -72,7 +72,7 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet) -> Mutation:
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
     ref = PolicyRef(policy.name, policies.revision)
-    desired = clone(pod)
+    desired = working_copy(pod)
     context = StepContext(policy=policy, ref=ref, namespace=namespace)
     for step in STEPS:
         step(desired, context)
@@ -94,20 +94,68 @@ def clone(obj: Any) -> Any:
     return obj
 
 
-def make_patch(source: Pod, desired: Pod) -> tuple[PatchOp, ...]:
-    """``jsonpatch.make_patch`` over the parts that differ: same ops, a fraction of the work.
+def working_copy(pod: Pod) -> Pod:
+    """A copy of the parts of ``pod`` the steps may edit in place; everything else is shared.
 
-    jsonpatch serializes every list member to align lists, which costs more than everything else
-    a mutation does. Shared subtrees produce no operation, so they are stripped first: equal dict
-    members are dropped and equal list members replaced by a per-position marker, keeping every
-    path of what differs. A list member that differs is kept whole on both sides, so any
-    operation jsonpatch emits for it carries the full value.
+    The steps edit metadata, the spec's top level, tolerations, affinity and each container's
+    resources; env, volumes, commands and the rest are only read, so copying them (most of a
+    pod's bytes) would be wasted. A test proves mutate() never changes its input.
     """
-    pruned_source, pruned_desired = _strip_shared(source, desired)
-    return tuple(jsonpatch.make_patch(pruned_source, pruned_desired).patch)
+    desired = dict(pod)
+    if isinstance(pod.get("metadata"), dict):
+        desired["metadata"] = clone(pod["metadata"])
+    spec = pod.get("spec")
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        for key in ("tolerations", "affinity", "nodeSelector"):
+            if key in spec:
+                spec[key] = clone(spec[key])
+        for key in ("containers", "initContainers"):
+            if isinstance(spec.get(key), list):
+                spec[key] = [_container_copy(c) for c in spec[key]]
+        desired["spec"] = spec
+    return desired
 
 
-def _strip_shared(source: Any, desired: Any) -> tuple[Any, Any]:
+def _container_copy(container: Any) -> Any:
+    if not isinstance(container, dict):
+        return container
+    copied = dict(container)
+    if "resources" in copied:
+        copied["resources"] = clone(copied["resources"])
+    return copied
+
+
+def make_patch(source: Pod, desired: Pod) -> tuple[PatchOp, ...]:
+    """``jsonpatch.make_patch`` over the parts that differ: the same operations, a fraction of the work.
+
+    jsonpatch copies and serializes whatever it is given, which costs more than everything else a
+    mutation does. So it is given a skeleton: subtrees both pods share are stripped (equal dict
+    members dropped, equal list members replaced by a per-position marker, so every path of what
+    differs is kept), and each wholly new value is replaced by a unique marker that is swapped back
+    into the operation afterwards. A list member that differs in a list whose length changed is
+    kept whole on both sides, so any operation jsonpatch emits for it carries the full value.
+    """
+    added: dict[str, Any] = {}
+    pruned_source, pruned_desired = _strip_shared(source, desired, added)
+    operations = jsonpatch.make_patch(pruned_source, pruned_desired).patch
+    for operation in operations:
+        value = operation.get("value")
+        if isinstance(value, str) and value in added:
+            operation["value"] = added[value]
+    return tuple(operations)
+
+
+def _new(value: Any, added: dict[str, Any]) -> Any:
+    """A marker standing for a value only the desired pod has (scalars stand for themselves)."""
+    if not isinstance(value, (dict, list)):
+        return value
+    marker = f"\0new-{len(added)}"
+    added[marker] = value
+    return marker
+
+
+def _strip_shared(source: Any, desired: Any, added: dict[str, Any]) -> tuple[Any, Any]:
     if isinstance(source, dict) and isinstance(desired, dict):
         kept_source: dict[str, Any] = {}
         kept_desired: dict[str, Any] = {}
@@ -117,10 +165,10 @@ def _strip_shared(source: Any, desired: Any) -> tuple[Any, Any]:
             elif _same(value, desired[key]):
                 continue
             else:
-                kept_source[key], kept_desired[key] = _strip_shared(value, desired[key])
+                kept_source[key], kept_desired[key] = _strip_shared(value, desired[key], added)
         for key, value in desired.items():
             if key not in source:
-                kept_desired[key] = value
+                kept_desired[key] = _new(value, added)
         return kept_source, kept_desired
     if isinstance(source, list) and isinstance(desired, list):
         common = min(len(source), len(desired))
@@ -133,13 +181,13 @@ def _strip_shared(source: Any, desired: Any) -> tuple[Any, Any]:
             elif len(source) == len(desired):
                 # Every other member is a unique marker and the lengths match, so jsonpatch pairs
                 # this member by position and diffs inside it: strip inside it too.
-                a, b = _strip_shared(source[i], desired[i])
+                a, b = _strip_shared(source[i], desired[i], added)
                 left.append(a)
                 right.append(b)
             else:
                 left.append(source[i])
                 right.append(desired[i])
-        return left + source[common:], right + desired[common:]
+        return left + source[common:], right + [_new(v, added) for v in desired[common:]]
     return source, desired
 
 
