@@ -138,6 +138,8 @@ def validate_route() -> Response:
 
 # --- the admission path ------------------------------------------------------------------------
 
+_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+
 @dataclass
 class _Outcome:
     answer: admission.Answer
@@ -173,7 +175,8 @@ def _admit(endpoint: str) -> Response:
     body_out = admission.encode(review, outcome.answer)
     duration = time.perf_counter() - started
 
-    metrics.ADMISSIONS.labels(endpoint, review.operation, outcome.policy, outcome.result).inc()
+    operation = review.operation if review.operation in _OPERATIONS else "other"  # bounded label values
+    metrics.ADMISSIONS.labels(endpoint, operation, outcome.policy, outcome.result).inc()
     metrics.DURATION.labels(endpoint).observe(duration)
     if outcome.patch_ops:
         metrics.PATCH_OPERATIONS.labels(outcome.policy).inc(outcome.patch_ops)

@@ -103,3 +103,13 @@ def test_the_plaintext_metrics_port_serves_only_metrics(server, metrics_port):
     assert plain_total == tls_total > 0
     refused = requests.post(f"http://127.0.0.1:{metrics_port}/mutate", json=review_of(example_pod()), timeout=5)
     assert "AdmissionReview" not in refused.text
+
+
+def test_label_values_stay_bounded_whatever_the_client_sends(server):
+    for operation in ("PATCH-ME-1", "PATCH-ME-2"):
+        review = review_of(example_pod())
+        review["request"]["operation"] = operation
+        assert server.post("mutate", review).json()["response"]["allowed"] is True
+    samples = server.metrics()
+    assert not any("PATCH-ME" in key for key in samples)
+    assert any('operation="other"' in key and 'result="skipped"' in key for key in samples)
