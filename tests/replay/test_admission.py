@@ -103,3 +103,30 @@ def test_every_arm_runs_and_never_allocates_more_than_arrived(arm: str, repo_roo
     assert np.all(np.diff(result.arrived) >= 0) and result.arrived[-1] <= 130.0
     assert np.all(result.allocated <= result.arrived + 1e-9) and np.all(np.diff(result.allocated) >= -1e-9)
     assert result.failed == int((~result.placed).sum()) and 0 < result.alloc_at(100) <= 100
+
+
+def test_the_pack_ladder_proposal_swaps_the_terms_for_one_run_only(repo_root: Path) -> None:
+    from webhook import mutation
+    from webhook.replay import trace
+
+    before = mutation.PACK_TERMS
+    small = trace.synthetic(4, nodes=20)
+    spec = runner.RunSpec(arm="gpugate", seed=4, pack_ladder=True,
+                          policies=str(repo_root / "docs" / "replay-policies" / "openb"))
+    seen = []
+    real = runner.Admission.admit
+
+    def spy(self, pod):
+        admitted = real(self, pod)
+        seen.extend(admitted["spec"].get("affinity", {}).get("nodeAffinity", {})
+                    .get("preferredDuringSchedulingIgnoredDuringExecution", []))
+        return admitted
+
+    runner.Admission.admit = spy
+    try:
+        runner.run(small, spec)
+    finally:
+        runner.Admission.admit = real
+    assert mutation.PACK_TERMS is before
+    thresholds = {t["preference"]["matchExpressions"][0]["values"][0] for t in seen if t["weight"] == 10}
+    assert {"2", "3", "4", "5", "6", "7", "8", "9"} <= thresholds  # a 1-GPU pod: Lt 2 .. Lt 9, one per free GPU

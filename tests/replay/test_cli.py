@@ -49,6 +49,7 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
     (("--seeds", "forty"), "is not a seed"),
     (("--arms", "stock,tetris"), "unknown arm(s) tetris"),
     (("--pods", "x.csv"), "--pods needs --trace"),
+    (("--propose", "cpu-pods,magic"), "unknown proposal(s) magic"),
 ])
 def test_usage_errors_exit_2(args: tuple[str, ...], message: str) -> None:
     code, _, stderr = invoke(*args)

@@ -53,6 +53,10 @@ class RunSpec:
     cpu_pod_placement: bool = False
     """Model the proposed mutation change: CPU-only pods matched by a ``gpuOnly: false`` policy get
     that policy's placement preferences too (``add_placement_preferences`` skips them today)."""
+    pack_ladder: bool = False
+    """Model the proposed pack terms: one equal-weight ``gpu-free Lt n+k`` term for k = 1..8, so the
+    score falls with every extra free GPU (today's 1/2/4/8 steps tie a fresh 8-GPU node with one
+    that has 4 free, and LeastAllocated then picks the fresh one)."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +167,25 @@ def kube_cluster(trace: Trace) -> KubeCluster:
     return KubeCluster(state=state, labels=labels)
 
 
+PACK_LADDER: tuple[tuple[int, int], ...] = tuple((step, 10) for step in range(1, 9))
+
+
 def run(trace: Trace, spec: RunSpec) -> RunResult:
     """Replay one arm with one seed; pure apart from loading the policy folder named in ``spec``."""
+    if not spec.pack_ladder:
+        return _run(trace, spec)
+    from webhook import mutation
+
+    # The proposal is a different constant in the webhook's own term builder: swap it for this run only.
+    saved = mutation.PACK_TERMS
+    mutation.PACK_TERMS = PACK_LADDER
+    try:
+        return _run(trace, spec)
+    finally:
+        mutation.PACK_TERMS = saved
+
+
+def _run(trace: Trace, spec: RunSpec) -> RunResult:
     if spec.arm not in ARMS:
         raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
     started = time.perf_counter()
