@@ -590,6 +590,21 @@ class TestAnnotationAndModes:
         assert (result.patch, result.policy, result.warnings) == ((), None, ())
 
 
+# --- idempotence ---------------------------------------------------------------------------------
+
+class TestIdempotence:
+    @pytest.mark.xfail(strict=True, reason="bug: a gpuOnly:false policy injects a GPU, which makes a higher-priority "
+                                           "gpuOnly policy match the result, so a reinvocation applies a second "
+                                           "policy on top (mutate is not idempotent)")
+    def test_a_second_pass_does_not_switch_to_a_policy_the_first_pass_made_match(self):
+        policies = load(policy("gpu-pods", "gpu: {products: [NVIDIA-H100-80GB-HBM3]}", priority=10),
+                        policy("everyone", "match: {gpuOnly: false}\ngpu: {default: 1}", priority=0))
+        first = mutation.mutate(pod(container()), namespace=NS, policies=policies)
+        assert first.policy.name == "everyone" and first.patch
+        second = mutation.mutate(first.desired, namespace=NS, policies=policies)
+        assert second.patch == (), second.patch
+
+
 # --- edge cases ----------------------------------------------------------------------------------
 
 FULL = """
