@@ -633,6 +633,11 @@ class TestEdgeCases:
         result = run(p, FULL)
         assert names.POLICY_ANNOTATION in result.desired["metadata"]["annotations"]
 
+    def test_a_pod_without_metadata_gets_the_annotation(self):
+        p = {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [container(gpus=1)]}}
+        result = run(p)
+        assert result.desired["metadata"] == {"annotations": {names.POLICY_ANNOTATION: str(result.policy)}}
+
     def test_a_pod_without_containers_gets_no_gpu_and_no_crash(self):
         p = labelled("1")
         p["spec"]["containers"] = []

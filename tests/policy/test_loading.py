@@ -96,6 +96,21 @@ class TestFolder:
             p.name for p in policies.policies}
 
 
+class TestImmutable:
+    def test_a_policy_set_cannot_be_changed(self):
+        import dataclasses
+        policies = load(TRAINING)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            policies.revision = "0" * 12
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            policies.policies[0].priority = 1
+        assert isinstance(policies.policies, tuple)
+
+    def test_get_finds_a_policy_by_name(self):
+        policies = load(TRAINING, FALLBACK)
+        assert policies.get("fallback").priority == 0 and policies.get("nope") is None
+
+
 class TestRevision:
     def test_revision_is_twelve_hex_characters(self):
         assert re.fullmatch(r"[0-9a-f]{12}", load(TRAINING).revision)
@@ -213,6 +228,17 @@ class TestErrorsPoint:
         text = "apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata:\n  name: x\n bad: 1\n"
         (problem,) = problems_of(text)
         assert problem.startswith("p.yaml, line 5, column 2: invalid YAML")
+
+    @pytest.mark.parametrize(("data", "says"), [
+        (b"apiVersion: \x80\n", "invalid YAML: unacceptable character #x0080"),
+        (b"!!python/object/apply:os.system [echo]\n", "line 1, column 1: invalid YAML: could not determine a constructor"),
+        (b"spec: *missing\n", "line 1, column 7: invalid YAML: found undefined alias 'missing'"),
+    ], ids=["a byte that is not UTF-8", "a Python tag is never constructed", "an undefined alias"])
+    def test_unreadable_yaml_is_refused_naming_the_file(self, data, says):
+        with pytest.raises(PolicyLoadError) as caught:
+            PolicySet.from_texts([("bad.yaml", data)])
+        (problem,) = caught.value.problems
+        assert problem.startswith("bad.yaml") and says in problem
 
     @pytest.mark.parametrize(("text", "says"), [
         ("- a\n- b\n", "expected a GPUPolicy mapping, got list"),
