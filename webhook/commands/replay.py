@@ -117,7 +117,8 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     report.write_summary(data, out)
     report.plot(results, out / "allocation.png", title=f"GPU allocation vs arrival: {loaded.workload}")
     click.echo(report.table(results, workload=loaded.workload, seeds=seed_list))
-    click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'} and {len(results)} CSV file(s) in {out / 'runs'}")
+    click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'} and {len(results)} CSV file(s) "
+               f"in {out / 'runs'}")
 
 
 def _cpus() -> int:

@@ -109,7 +109,8 @@ class FragmentationGradientDescent:
         # GPU of each distinct free value on a node (the artifact keeps the first best GPU).
         left = state.gpu_left[feasible]
         width = left.shape[1]
-        earlier_same = (left[:, :, None] == left[:, None, :]) & (np.arange(width)[None, None, :] < np.arange(width)[None, :, None])
+        index = np.arange(width)
+        earlier_same = (left[:, :, None] == left[:, None, :]) & (index[None, None, :] < index[None, :, None])
         candidate = (left >= demand.gpu_milli) & ~earlier_same.any(axis=2)
         rows, gpus = np.nonzero(candidate)
         old = left[rows, gpus][:, None]

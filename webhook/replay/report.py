@@ -55,7 +55,8 @@ def table(results: list[RunResult], *, workload: str, seeds: list[int]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [f"workload {workload}, seeds {_seed_text(seeds)}; medians over seeds, % of GPU capacity"]
     for number, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
+        cells = (cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+        lines.append("  ".join(cells))
         if number == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

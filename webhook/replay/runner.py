@@ -158,7 +158,8 @@ class Admission:
         if terms:
             affinity = pod.setdefault("spec", {}).setdefault("affinity", {}).setdefault("nodeAffinity", {})
             existing = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
-            affinity["preferredDuringSchedulingIgnoredDuringExecution"] = existing + [t for t in terms if t not in existing]
+            added = [t for t in terms if t not in existing]
+            affinity["preferredDuringSchedulingIgnoredDuringExecution"] = existing + added
 
 
 def kube_cluster(trace: Trace) -> KubeCluster:
@@ -252,8 +253,9 @@ def _run(trace: Trace, spec: RunSpec) -> RunResult:
         placement = place(index)
         if placement is not None:
             node, devices = placement
-            # The binding itself: the kube arms' demand is read from the admitted Pod.
-            bound = demands[index] if spec.arm in REFERENCE_SCHEDULERS else views[index].demand  # type: ignore[union-attr]
+            # The kube arms bind what the admitted Pod asks for; the references, the trace row.
+            bound = demands[index] if spec.arm in REFERENCE_SCHEDULERS else views[index].demand  # type: ignore
+
             state.bind(node, bound, devices)
             tracker.refresh(state, node)
             if relabeler is not None:  # the balancer sees the pod once it is bound

@@ -80,7 +80,8 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, st
             header = reader.fieldnames or []
             missing = [column for column in required if column not in header]
             if missing:
-                raise TraceError(f"{path}: header lacks column(s) {', '.join(missing)} (has {', '.join(header) or 'nothing'})")
+                raise TraceError(f"{path}: header lacks column(s) {', '.join(missing)} "
+                                 f"(has {', '.join(header) or 'nothing'})")
             return [(number, row) for number, row in enumerate(reader, start=2)]
     except UnicodeDecodeError as err:
         raise TraceError(f"{path}: not a UTF-8 CSV file ({err})") from err
