@@ -255,7 +255,6 @@ def _run(trace: Trace, spec: RunSpec) -> RunResult:
             node, devices = placement
             # The kube arms bind what the admitted Pod asks for; the references, the trace row.
             bound = demands[index] if spec.arm in REFERENCE_SCHEDULERS else views[index].demand  # type: ignore
-
             state.bind(node, bound, devices)
             tracker.refresh(state, node)
             if relabeler is not None:  # the balancer sees the pod once it is bound
