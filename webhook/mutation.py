@@ -71,11 +71,9 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet) -> Mutation:
     policy = matching.select(policies, pod, namespace=namespace)
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
-    ref = PolicyRef(policy.name, policies.revision)
-    desired = working_copy(pod)
-    context = StepContext(policy=policy, ref=ref, namespace=namespace)
-    for step in STEPS:
-        step(desired, context)
+    desired, context = _shape(pod, policy, namespace, policies)
+    ref = context.ref
+    policy = context.policy
     patch = make_patch(pod, desired)
     if policy.mode == "audit":
         warnings = tuple(f"audit: {w}" for w in context.warnings)
@@ -172,15 +170,18 @@ def _strip_shared(source: Any, desired: Any, added: dict[str, Any]) -> tuple[Any
         return kept_source, kept_desired
     if isinstance(source, list) and isinstance(desired, list):
         common = min(len(source), len(desired))
+        same = [_same(source[i], desired[i]) for i in range(common)]
+        # Only a lone differing member among unique markers, in a list that kept its length, is
+        # certain to be paired by position (jsonpatch then diffs inside it): only it is stripped.
+        # Two stripped members could look alike and be paired crosswise.
+        lone = len(source) == len(desired) and same.count(False) == 1
         left: list[Any] = []
         right: list[Any] = []
         for i in range(common):
-            if _same(source[i], desired[i]):
+            if same[i]:
                 left.append(f"\0same-{i}")
                 right.append(f"\0same-{i}")
-            elif len(source) == len(desired):
-                # Every other member is a unique marker and the lengths match, so jsonpatch pairs
-                # this member by position and diffs inside it: strip inside it too.
+            elif lone:
                 a, b = _strip_shared(source[i], desired[i], added)
                 left.append(a)
                 right.append(b)
@@ -194,6 +195,29 @@ def _strip_shared(source: Any, desired: Any, added: dict[str, Any]) -> tuple[Any
 def _same(a: Any, b: Any) -> bool:
     """Equal as JSON: Python's == plus a type check, since 1 == True but "1" != "true" in JSON."""
     return type(a) is type(b) and a == b
+
+
+def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet) -> tuple[Pod, StepContext]:
+    """Run the steps, then again under whichever policy matches the shaped pod, until it is stable.
+
+    A gpuOnly:false policy that injects a GPU can make a higher-priority gpuOnly policy match the
+    result. The validating endpoint (and a reinvocation) see that result, so mutation converges on
+    the policy that matches it. Each switch goes to a higher priority, so this ends.
+    """
+    desired = working_copy(pod)
+    warnings: list[str] = []
+    while True:
+        context = StepContext(policy=policy, ref=PolicyRef(policy.name, policies.revision), namespace=namespace)
+        for step in STEPS:
+            step(desired, context)
+        warnings.extend(context.warnings)
+        final = matching.select(policies, desired, namespace=namespace)
+        if final is None or final is policy or final.priority <= policy.priority:
+            context.warnings = warnings
+            return desired, context
+        warnings.append(f"gpugate: the shaped pod matches policy {final.name} (priority {final.priority}), "
+                        f"which now applies")
+        policy = final
 
 
 # --- helpers over the desired pod (it is our own copy: steps edit it in place) -------------
@@ -253,7 +277,8 @@ def inject_gpu_requests(pod: Pod, context: StepContext) -> None:
     if count is None:
         return
     resource = context.policy.gpu.resource
-    already = pods.requested_nvidia_resources(pod)
+    # Only regular containers count: an init container's GPU is released before they start.
+    already = set().union(*(pods.nvidia_resources(c) for c in pods.containers(pod)))
     if already:
         existing = [pods.nvidia_count(c, resource) for c in pods.containers(pod) if resource in pods.nvidia_resources(c)]
         if resource not in already:

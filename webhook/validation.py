@@ -30,34 +30,44 @@ class Verdict:
 
 
 def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet) -> Verdict:
-    if pods.is_skipped(pod):
-        return Verdict(allowed=True)
-    reasons = _deny_rules(pod, namespace, policies)
+    """Deny rules bind every GPU pod (the opt-out label skips mutation, not them); the selected
+    policy's own limits bind the pods it shapes. Audit turns a policy's denials into warnings
+    without hiding another policy's enforced deny."""
+    denials, warnings = _deny_rules(pod, namespace, policies)
     policy = matching.select(policies, pod, namespace=namespace)
     ref = PolicyRef(policy.name, policies.revision) if policy else None
-    if policy is not None and policy.mode != "off":
-        reasons += _policy_rules(pod, policy, ref)
-    if policy is not None and policy.mode == "audit":
-        # Audit never blocks: it reports what enforce would deny.
-        return Verdict(allowed=True, policy=ref, warnings=tuple(f"audit: would deny: {r}" for r in reasons))
-    return Verdict(allowed=not reasons, reasons=tuple(reasons), policy=ref)
+    if policy is not None:
+        own = _policy_rules(pod, policy, ref)
+        if policy.mode == "audit":
+            warnings += [f"audit: would deny: {r}" for r in own]
+        else:
+            denials += own
+    return Verdict(allowed=not denials, reasons=tuple(denials), policy=ref, warnings=tuple(warnings))
 
 
-def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet) -> list[str]:
-    """Deny rules of every enforcing policy whose match applies: a deny is never hidden by priority."""
+def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet) -> tuple[list[str], list[str]]:
+    """Deny rules of every policy whose namespaces apply: a deny is never hidden by priority.
+
+    Returns (denials from enforcing policies, warnings from audit ones).
+    """
     if not pods.asks_for_gpus(pod):
-        return []
-    out = []
+        return [], []
+    denials: list[str] = []
+    warnings: list[str] = []
     for policy in policies.policies:
-        if policy.mode != "enforce" or not matching.namespace_matches(
+        if policy.mode == "off" or not matching.namespace_matches(
                 namespace, policy.match.namespaces, policy.match.exclude_namespaces):
             continue
         for rule in policy.deny:
             if matching.deny_applies(rule, pod, namespace):
                 asked = ", ".join(sorted(pods.requested_nvidia_resources(pod))) or f"label {names.GPUS_LABEL}"
-                out.append(f"pod '{pods.display_name(pod)}' in namespace '{namespace}' asks for {asked}: "
-                           f"{rule.message} (policy {policy.name}@{policies.revision})")
-    return out
+                reason = (f"pod '{pods.display_name(pod)}' in namespace '{namespace}' asks for {asked}: "
+                          f"{rule.message} (policy {policy.name}@{policies.revision})")
+                if policy.mode == "audit":
+                    warnings.append(f"audit: would deny: {reason}")
+                else:
+                    denials.append(reason)
+    return denials, warnings
 
 
 def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:

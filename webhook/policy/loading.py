@@ -173,7 +173,8 @@ def _build(document: SourceDocument, problems: list[str]) -> GPUPolicy | None:
                         f"{names.POLICY_KIND}, got {body.get('apiVersion')!r} {body.get('kind')!r}")
         return None
     _normalize_yaml11(body)
-    errors = sorted(_VALIDATOR.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted((_innermost(e) for e in _VALIDATOR.iter_errors(body)),
+                    key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         for error in errors:
             problems.append(f"{document.where}, {_field_path(error.absolute_path)}: {_describe(error)}")
@@ -184,16 +185,51 @@ def _build(document: SourceDocument, problems: list[str]) -> GPUPolicy | None:
     return policy
 
 
+def _innermost(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For 'auto' | 'none' | [tolerations], a list that fails is reported at the failing toleration."""
+    if error.validator == "oneOf" and isinstance(error.instance, list) and error.context:
+        list_errors = [e for e in error.context if e.validator != "enum" and e.validator != "type"]
+        if list_errors:
+            return _innermost(jsonschema.exceptions.best_match(list_errors))
+    return error
+
+
+# What a pattern in the schema stands for, by the $defs entry (or property) that holds it.
+_MEANING = {
+    "resource": "an NVIDIA resource",
+    "labelKey": "a label key (optional DNS prefix and '/', then up to 63 of A-Z a-z 0-9 - _ . "
+                "starting and ending alphanumeric)",
+    "labelValue": "a label value (up to 63 of A-Z a-z 0-9 - _ . starting and ending alphanumeric; "
+                  "GPU products are written as the node label shows them, e.g. NVIDIA-H100-80GB-HBM3)",
+    "name": "a valid name (lowercase letters, digits and '-', starting and ending alphanumeric)",
+}
+
+
+def _pattern_meanings() -> dict[str, str]:
+    schema = _schema()
+    holders = dict(schema["$defs"])
+    holders["name"] = schema["properties"]["metadata"]["properties"]["name"]
+    return {holder["pattern"]: _MEANING[key] for key, holder in holders.items() if key in _MEANING}
+
+
+_PATTERN_MEANINGS = _pattern_meanings()
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         return f"unknown field(s): {error.message.split('(')[-1].rstrip(')')}"
-    if error.validator == "pattern" and str(error.instance).startswith("nvidia.com/"):
-        return (f"unknown NVIDIA resource {error.instance!r}; expected nvidia.com/gpu, nvidia.com/gpu.shared "
-                f"or nvidia.com/mig-<g>g.<mem>gb")
     if error.validator == "pattern":
-        return f"{error.instance!r} is not a valid name (lowercase letters, digits and '-')"
+        meaning = _PATTERN_MEANINGS.get(str(error.schema.get("pattern")), "a valid value")
+        if meaning == "an NVIDIA resource":
+            return (f"unknown NVIDIA resource {error.instance!r}; expected nvidia.com/gpu, nvidia.com/gpu.shared "
+                    f"or nvidia.com/mig-<g>g.<mem>gb")
+        return f"{error.instance!r} is not {meaning}"
     if error.validator == "oneOf" and list(error.path)[-1:] == ["tolerations"]:
         return "expected 'auto', 'none' or a list of tolerations"
+    if error.validator == "required" and "values" in error.message:
+        return "operator In and NotIn need a non-empty 'values' list"
+    if error.validator == "maxItems" and list(error.path)[-1:] == ["values"]:
+        return "operator Exists and DoesNotExist take no 'values'"
     return error.message
 
 
