@@ -186,3 +186,19 @@ def test_init_containers_raise_the_request_to_their_maximum() -> None:
     spec_pod["spec"]["initContainers"] = [{"name": "init", "resources": {"requests": {"cpu": "3", "memory": "512Mi"}}}]
     view = demand.view(spec_pod)
     assert (view.demand.cpu, view.demand.memory) == (3000, 1024)
+
+
+def test_the_binpack_profile_matches_the_shipped_scheduler_config(repo_root) -> None:
+    """The replay's second profile is the one manifests/scheduler deploys (weights, strategy, node share)."""
+    import yaml
+
+    path = repo_root / "manifests" / "scheduler" / "scheduler-config.yaml"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    config = yaml.safe_load(path.read_text())
+    profile = next(p for p in config["profiles"] if p["schedulerName"] == "gpugate-binpack")
+    fit = next(c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit")
+    assert fit["scoringStrategy"]["type"] == "MostAllocated"
+    shipped = {r["name"]: r["weight"] for r in fit["scoringStrategy"]["resources"]}
+    assert shipped == dict(model.BINPACK_WEIGHTS)
+    assert profile.get("percentageOfNodesToScore", 0) == model.binpack_profile().percentage_of_nodes_to_score
