@@ -201,4 +201,5 @@ def test_the_binpack_profile_matches_the_shipped_scheduler_config(repo_root) -> 
     assert fit["scoringStrategy"]["type"] == "MostAllocated"
     shipped = {r["name"]: r["weight"] for r in fit["scoringStrategy"]["resources"]}
     assert shipped == dict(model.BINPACK_WEIGHTS)
-    assert profile.get("percentageOfNodesToScore", 0) == model.binpack_profile().percentage_of_nodes_to_score
+    share = profile.get("percentageOfNodesToScore", config.get("percentageOfNodesToScore", 0))
+    assert share == model.binpack_profile().percentage_of_nodes_to_score
