@@ -153,8 +153,11 @@ def test_excluded_namespaces_include_the_webhooks_own_and_the_system_ones(varian
         assert len(by_name) == 1 and by_name[0]["operator"] == "NotIn"
         assert {own, *SYSTEM_NAMESPACES} <= set(by_name[0]["values"]), kind
         assert {"key": "gpugate.io/skip", "operator": "NotIn", "values": ["true"]} in expressions
-        assert hook["objectSelector"] == {
-            "matchExpressions": [{"key": "gpugate.io/skip", "operator": "NotIn", "values": ["true"]}]}
+        if kind == "MutatingWebhookConfiguration":
+            assert hook["objectSelector"] == {
+                "matchExpressions": [{"key": "gpugate.io/skip", "operator": "NotIn", "values": ["true"]}]}
+        else:  # the pod label opts out of mutation, never out of deny rules
+            assert "objectSelector" not in hook
 
 
 def test_webhook_registration_fields() -> None:
