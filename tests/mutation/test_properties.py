@@ -309,16 +309,9 @@ def check_patch_applies(p, result) -> None:
         assert patched == result.desired, "(1) patch applied to the input differs from desired"
 
 
-# Known bug (xfail in test_steps.py, TestIdempotence): when the injected GPU makes a higher-priority gpuOnly
-# policy match the result, the second pass applies that other policy. Flip to False once the xfail passes.
-SKIP_POLICY_SWITCH = True
-
-
 def check_idempotent(result, policies, namespace) -> None:
-    """(3) Mutating the result again yields an empty patch (reinvocationPolicy: IfNeeded is safe)."""
-    if SKIP_POLICY_SWITCH and result.policy is not None:
-        again = matching.select(policies, result.desired, namespace=namespace)
-        assume(again is not None and again.name == result.policy.name)
+    """(3) Mutating the result again yields an empty patch (reinvocationPolicy: IfNeeded is safe),
+    also when the shaped pod matches another policy than the input did (TestIdempotence)."""
     second = mutation.mutate(result.desired, namespace=namespace, policies=policies)
     assert second.patch == (), f"(3) second mutation still patches: {second.patch}"
 
@@ -432,9 +425,6 @@ def _recount(counts: tuple[str, str]) -> dict[str, Any]:
     return desired
 
 
-@pytest.mark.xfail(strict=True, reason="bug: make_patch prunes EVERY differing member of an equal-length list, so "
-                                       "jsonpatch can pair one member's pruned old value with another's pruned new "
-                                       "value: it emits remove + add of a stub (or of a leaked '\\0new-N' marker)")
 @pytest.mark.parametrize(("source", "desired"), [
     (TWO_CONTAINERS, _recount(("2", "3"))),
     ({"a": [0, []]}, {"a": [[], [[]]]}),

@@ -38,8 +38,6 @@ def test_namespace_globs(namespace, include, exclude, matches):
     assert matching.namespace_matches(namespace, include, exclude) is matches
 
 
-@pytest.mark.xfail(strict=True, reason="bug (regression of the compiled-glob speed-up): re.compile('') for an empty "
-                                       "tuple matches every namespace; fnmatch over no globs matched none")
 def test_an_empty_include_list_matches_no_namespace():
     assert matching.namespace_matches("ml-a", ()) is False
 

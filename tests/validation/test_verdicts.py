@@ -105,9 +105,6 @@ class TestDenyRules:
     def test_pods_outside_the_rule_are_allowed(self, p, namespace):
         assert verdict(p, self.WEB, namespace=namespace)[0].allowed
 
-    @pytest.mark.xfail(strict=True, reason="bug: validate() returns allowed for any pod labelled gpugate.io/skip=true, "
-                                           "so the opt-out label (DESIGN: 'opt out of mutation') also bypasses deny "
-                                           "rules: anyone can run GPUs in a denied namespace")
     def test_the_skip_label_opts_out_of_mutation_not_out_of_deny_rules(self):
         p = pod(container("app", gpus=1), labels={names.SKIP_LABEL: "true"})
         assert not verdict(p, self.WEB, namespace="web-shop")[0].allowed
@@ -268,16 +265,12 @@ class TestAudit:
         result, _ = verdict(p, self.AUDIT)
         assert result.allowed and result.warnings and all(w.startswith("audit: would deny: ") for w in result.warnings)
 
-    @pytest.mark.xfail(strict=True, reason="bug: validate() returns allowed=True whenever the SELECTED policy is "
-                                           "audit, so an audit policy hides another enforcing policy's deny rule")
     def test_an_audit_policy_does_not_hide_an_enforcing_deny(self):
         web = policy("web-no-gpus", 'match: {namespaces: ["web-*"]}\ndeny: [{message: no GPUs here}]', priority=0)
         watch = policy("watch", 'match: {namespaces: ["*"]}', priority=100, mode="audit")
         result, _ = verdict(pod(container(gpus=1)), web, watch, namespace="web-a")
         assert not result.allowed and "no GPUs here" in result.message
 
-    @pytest.mark.xfail(strict=True, reason="bug: _deny_rules skips policies whose mode is not enforce, so an audit "
-                                           "policy's deny rule gives no 'would deny' warning")
     def test_an_audit_deny_rule_warns_what_it_would_deny(self):
         web = policy("web-no-gpus", 'match: {namespaces: ["web-*"]}\ndeny: [{message: no GPUs here}]', mode="audit")
         result, _ = verdict(pod(container(gpus=1)), web, namespace="web-a")

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 def namespace_matches(namespace: str, include: tuple[str, ...], exclude: tuple[str, ...] = ()) -> bool:
     """Glob match (``ml-*``, ``team-?``) on the request namespace; excludes win."""
+    if not include:
+        return False
     if exclude and _globs(exclude).match(namespace):
         return False
     return _globs(include).match(namespace) is not None
