@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from webhook import yamlload
 from webhook.errors import InputError
 from webhook.pods import Pod
 
@@ -19,7 +20,7 @@ def read_pod(path: Path) -> Pod:
     except UnicodeDecodeError as err:
         raise InputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        documents = [d for d in yamlload.load_all(text) if d is not None]
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -95,7 +95,10 @@ def nvidia_count(container: Container, resource: str) -> int | None:
 
 def asks_for_gpus(pod: Pod) -> bool:
     """True for a pod gpuOnly policies apply to: it requests an NVIDIA resource or carries the gpus label."""
-    return bool(requested_nvidia_resources(pod)) or names.GPUS_LABEL in labels(pod)
+    if requested_nvidia_resources(pod):
+        return True
+    label = labels(pod).get(names.GPUS_LABEL)
+    return label is not None and whole_count(label) != 0  # "0" asks for none; a bad value is judged
 
 
 def is_skipped(pod: Pod) -> bool:

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import jsonschema
 import yaml
 
-from webhook import names
+from webhook import names, yamlload
 from webhook.errors import PolicyLoadError
 from webhook.policy import overlap
 from webhook.policy.model import (
@@ -116,7 +116,7 @@ def _digest(encoded: list[tuple[str, bytes]]) -> str:
 
 def _parse_yaml(name: str, data: bytes, problems: list[str]) -> list[SourceDocument]:
     try:
-        bodies = list(yaml.safe_load_all(data))
+        bodies = list(yamlload.load_all(data))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
