@@ -32,6 +32,9 @@ PatchOp = dict[str, Any]
 # pack: cumulative "fewer free GPUs than n + 2^k" terms, so the tightest fit scores highest:
 #   free == n -> 100, n+1 -> 60, n+2..n+3 -> 30, n+4..n+7 -> 10, more -> 0.
 PACK_TERMS: tuple[tuple[int, int], ...] = ((1, 40), (2, 30), (4, 20), (8, 10))
+# pack, for a CPU pod: no GPU node 100, else free == 0 -> 60, 1 -> 30, 2..3 -> 10, more -> 0.
+CPU_POD_NO_GPU_WEIGHT = 100
+CPU_POD_PACK_TERMS: tuple[tuple[int, int], ...] = ((1, 30), (2, 20), (4, 10))
 # spread: idle 100+50=150, busy 50, congested 0 (normalized: idle 100, busy 33).
 SPREAD_IDLE_WEIGHT = 100
 SPREAD_NOT_CONGESTED_WEIGHT = 50
@@ -420,7 +423,13 @@ def whole_gpus_asked(pod: Pod) -> int:
 def preferred_terms(pod: Pod, policy: GPUPolicy) -> list[dict[str, Any]]:
     placement = policy.placement
     terms: list[dict[str, Any]] = []
-    if placement.strategy == "pack":
+    if placement.strategy == "pack" and not pods.requested_nvidia_resources(pod):
+        # A CPU pod (shaped by a gpuOnly:false policy): a node without GPUs first, else the GPU
+        # node with the fewest free GPUs, so it stops taking the CPU an 8-GPU job needs on an empty node.
+        terms.append(_term(CPU_POD_NO_GPU_WEIGHT, names.GPU_FREE_LABEL, "DoesNotExist", []))
+        for step, weight in CPU_POD_PACK_TERMS:
+            terms.append(_term(weight, names.GPU_FREE_LABEL, "Lt", [str(step)]))
+    elif placement.strategy == "pack":
         n = whole_gpus_asked(pod)
         for step, weight in PACK_TERMS:
             terms.append(_term(weight, names.GPU_FREE_LABEL, "Lt", [str(n + step)]))
@@ -433,12 +442,18 @@ def preferred_terms(pod: Pod, policy: GPUPolicy) -> list[dict[str, Any]]:
 
 
 def _term(weight: int, key: str, operator: str, values: list[str]) -> dict[str, Any]:
-    return {"weight": weight, "preference": {"matchExpressions": [{"key": key, "operator": operator, "values": values}]}}
+    expression: dict[str, Any] = {"key": key, "operator": operator}
+    if values:
+        expression["values"] = values
+    return {"weight": weight, "preference": {"matchExpressions": [expression]}}
 
 
 def add_placement_preferences(pod: Pod, context: StepContext) -> None:
-    """Preferred node affinity on the balancer's labels: steer, never strand (a stale label only tilts)."""
-    if not pods.requested_nvidia_resources(pod):
+    """Preferred node affinity on the balancer's labels: steer, never strand (a stale label only tilts).
+
+    GPU pods always; CPU pods only under a gpuOnly:false policy, which asked to shape them.
+    """
+    if not pods.requested_nvidia_resources(pod) and context.policy.match.gpu_only:
         return
     wanted = preferred_terms(pod, context.policy)
     if not wanted:

@@ -84,7 +84,7 @@ def test_validate_reports_allowed_and_denied(tmp_path: Path) -> None:
 def test_policy_check_accepts_the_starter_set() -> None:
     result = run("policy", "check", POLICIES)
     assert result.exit_code == 0
-    assert "5 policies valid" in result.stdout
+    assert "6 policies valid" in result.stdout
 
 
 def test_policy_check_lists_every_error(tmp_path: Path) -> None:

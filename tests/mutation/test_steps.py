@@ -444,8 +444,17 @@ class TestPlacement:
         desired = run(p, "placement: {strategy: spread}").desired
         assert preferred_of(desired)[:1] == users and len(preferred_of(desired)) > 1
 
-    def test_a_cpu_pod_gets_no_gpu_placement(self):
-        assert "affinity" not in spec_of(run(pod(container()), "match: {gpuOnly: false}\nplacement: {strategy: pack}"))
+    def test_a_cpu_pod_under_a_gpu_only_policy_gets_no_placement(self):
+        assert "affinity" not in spec_of(run(pod(container(), labels={names.GPUS_LABEL: "0"}),
+                                             "placement: {strategy: pack}"))
+
+    def test_a_cpu_pod_under_a_gpu_only_false_pack_policy_prefers_nodes_without_gpus_then_full_ones(self):
+        """CPU pods stop taking the CPU of empty GPU nodes: no-GPU node > full > nearly full > empty."""
+        desired = run(pod(container()), "match: {gpuOnly: false}\nplacement: {strategy: pack}").desired
+        assert "resources" not in desired["spec"]["containers"][0]  # no GPU injected
+        scores = {free: node_score(desired, {names.GPU_FREE_LABEL: free}) for free in ("0", "1", "3", "8")}
+        no_gpu = node_score(desired, {})
+        assert no_gpu > scores["0"] > scores["1"] > scores["3"] > scores["8"] == 0
 
 
 # --- topology ----------------------------------------------------------------------------------
