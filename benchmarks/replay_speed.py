@@ -37,12 +37,11 @@ def main() -> int:
         print(f"skipped: {TRACE} is absent (../shared beside the clone holds the trace)")
         return 0
     openb = trace.load_trace(TRACE)
-    policies = str(ROOT / "docs" / "replay-policies" / "openb-proposed")
+    policies = str(ROOT / "policies")  # the starter set
     print(f"speed: one run = one arm, seed 42, {len(openb.pods)} pods inflated to 130%, {len(openb.nodes)} nodes, one core")
     print(f"{'arm':<16} {'s/run':>7} {'vs 10 s goal':>13} {'vs artifact (150 core-min)':>27} {'pods/s':>8}")
     for arm in args.arms.split(","):
-        spec = runner.RunSpec(arm=arm, seed=42, policies=policies if arm == "gpugate" else None,
-                              cpu_pod_placement=arm == "gpugate")
+        spec = runner.RunSpec(arm=arm, seed=42, policies=policies if arm == "gpugate" else None)
         started = time.perf_counter()
         result = runner.run(openb, spec)
         seconds = time.perf_counter() - started

@@ -37,19 +37,22 @@ def test_node_labels_are_what_gpu_feature_discovery_would_write() -> None:
     assert names.NVIDIA_MEMORY_LABEL not in workload.node_labels(NODES[2])  # undisclosed model
 
 
-def test_the_starter_training_policy_pins_products_no_trace_node_has(repo_root: Path) -> None:
+def test_the_starter_training_policy_admits_whole_gpu_pods_onto_trace_nodes(repo_root: Path) -> None:
     admission = runner.Admission(str(repo_root / "policies"))
     admitted = admission.admit(workload.pod_for(WHOLE))
     assert admitted is not None and admitted["metadata"]["name"] == "train"
     assert admitted["metadata"]["annotations"][names.POLICY_ANNOTATION].startswith("training@")
     view = demand.view(admitted)
     kc = runner.kube_cluster(Trace("t", NODES, (WHOLE,)))
-    assert not model.node_affinity_filter(kc, view).any()
+    assert model.node_affinity_filter(kc, view).tolist() == [True, True, True]  # no product pin left
     assert {t.key for t in view.tolerations} >= {names.GPU_TAINT_KEY}
+    labels.Relabeler(lag=1).start(kc)
+    # pack for 2 GPUs (gpu-free Lt 3/4/6/10, weights 40/30/20/10): free 2 -> 100, 4 -> 30, 8 -> 10
+    assert model.node_affinity_score(kc, view, np.arange(3)).tolist() == [100, 30, 10]
 
 
 def test_admission_is_computed_once_per_pod_shape(repo_root: Path) -> None:
-    admission = runner.Admission(str(repo_root / "docs" / "replay-policies" / "openb"))
+    admission = runner.Admission(str(repo_root / "policies"))
     first = admission.admit(workload.pod_for(PodRecord("a", 1000, 10, 1, 1000)))
     second = admission.admit(workload.pod_for(PodRecord("b", 1000, 10, 1, 1000)))
     assert first["metadata"]["name"] == "a" and second["metadata"]["name"] == "b"
@@ -58,14 +61,21 @@ def test_admission_is_computed_once_per_pod_shape(repo_root: Path) -> None:
     assert {t["preference"]["matchExpressions"][0]["key"] for t in terms} == {names.GPU_FREE_LABEL}
 
 
-def test_the_proposed_step_gives_cpu_pods_the_policy_placement(repo_root: Path) -> None:
-    folder = str(repo_root / "docs" / "replay-policies" / "openb-proposed")
-    today = runner.Admission(folder).admit(workload.pod_for(CPU))
-    assert "affinity" not in today["spec"]  # mutation skips pods without NVIDIA resources
-    proposed = runner.Admission(folder, cpu_pod_placement=True).admit(workload.pod_for(CPU))
-    terms = proposed["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert terms[0]["preference"]["matchExpressions"][0] == {"key": names.GPU_FREE_LABEL, "operator": "Lt", "values": ["1"]}
-    assert demand.view(proposed).demand.num_gpu == 0  # no GPU was injected into the CPU pod
+def test_the_starter_cpu_pods_policy_packs_cpu_pods_off_free_gpus(repo_root: Path) -> None:
+    admitted = runner.Admission(str(repo_root / "policies")).admit(workload.pod_for(CPU))
+    assert admitted["metadata"]["annotations"][names.POLICY_ANNOTATION].startswith("cpu-pods@")
+    terms = admitted["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0] == {"weight": 100, "preference": {"matchExpressions": [
+        {"key": names.GPU_FREE_LABEL, "operator": "DoesNotExist"}]}}
+    view = demand.view(admitted)
+    assert view.demand.num_gpu == 0 and not view.tolerations  # no GPU injected, no GPU taint tolerated
+    nodes = (NodeRecord("cpu-only", 96_000, 393_216, 0, ""),) + NODES
+    kc = runner.kube_cluster(Trace("t", nodes, ()))
+    kc.state.bind(1, model.Demand(cpu=1, memory=1, num_gpu=2, gpu_milli=1000), (0, 1))
+    kc.state.bind(2, model.Demand(cpu=1, memory=1, num_gpu=1, gpu_milli=1000), (0,))
+    labels.Relabeler(lag=1).start(kc)
+    # no GPUs, then 0 free, then 3 free, then an empty 8-GPU node last
+    assert model.node_affinity_score(kc, view, np.arange(4)).tolist() == [100, 60, 10, 0]
 
 
 def test_balancer_labels_follow_allocation_only_every_k_placements() -> None:
@@ -99,34 +109,8 @@ def test_every_arm_runs_and_never_allocates_more_than_arrived(arm: str, repo_roo
     from webhook.replay import trace
 
     small = trace.synthetic(3, nodes=30)
-    result = runner.run(small, runner.RunSpec(arm=arm, seed=3, policies=str(repo_root / "docs" / "replay-policies" / "openb")))
+    result = runner.run(small, runner.RunSpec(arm=arm, seed=3, policies=str(repo_root / "policies")))
     assert np.all(np.diff(result.arrived) >= 0) and result.arrived[-1] <= 130.0
     assert np.all(result.allocated <= result.arrived + 1e-9) and np.all(np.diff(result.allocated) >= -1e-9)
     assert result.failed == int((~result.placed).sum()) and 0 < result.alloc_at(100) <= 100
 
-
-def test_the_pack_ladder_proposal_swaps_the_terms_for_one_run_only(repo_root: Path) -> None:
-    from webhook import mutation
-    from webhook.replay import trace
-
-    before = mutation.PACK_TERMS
-    small = trace.synthetic(4, nodes=20)
-    spec = runner.RunSpec(arm="gpugate", seed=4, pack_ladder=True,
-                          policies=str(repo_root / "docs" / "replay-policies" / "openb"))
-    seen = []
-    real = runner.Admission.admit
-
-    def spy(self, pod):
-        admitted = real(self, pod)
-        seen.extend(admitted["spec"].get("affinity", {}).get("nodeAffinity", {})
-                    .get("preferredDuringSchedulingIgnoredDuringExecution", []))
-        return admitted
-
-    runner.Admission.admit = spy
-    try:
-        runner.run(small, spec)
-    finally:
-        runner.Admission.admit = real
-    assert mutation.PACK_TERMS is before
-    thresholds = {t["preference"]["matchExpressions"][0]["values"][0] for t in seen if t["weight"] == 10}
-    assert {"2", "3", "4", "5", "6", "7", "8", "9"} <= thresholds  # a 1-GPU pod: Lt 2 .. Lt 9, one per free GPU

@@ -22,7 +22,7 @@ def invoke(*args: str) -> tuple[int, str, str]:
 def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path, repo_root: Path) -> None:
     out = tmp_path / "out"
     code, stdout, stderr = invoke("--arms", "stock,gpugate,fgd", "--seeds", "5-6", "--synthetic-nodes", "24",
-                                  "--policies", str(repo_root / "docs" / "replay-policies" / "openb"),
+                                  "--policies", str(repo_root / "policies"),
                                   "--out", str(out), "--workers", "2")
     assert code == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -49,7 +49,6 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
     (("--seeds", "forty"), "is not a seed"),
     (("--arms", "stock,tetris"), "unknown arm(s) tetris"),
     (("--pods", "x.csv"), "--pods needs --trace"),
-    (("--propose", "cpu-pods,magic"), "unknown proposal(s) magic"),
 ])
 def test_usage_errors_exit_2(args: tuple[str, ...], message: str) -> None:
     code, _, stderr = invoke(*args)

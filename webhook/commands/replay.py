@@ -39,18 +39,6 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(arms))
 
 
-PROPOSALS = ("cpu-pods", "pack-ladder")
-
-
-def parse_proposals(text: str) -> set[str]:
-    chosen = {p.strip() for p in text.split(",") if p.strip()}
-    unknown = sorted(chosen - set(PROPOSALS))
-    if unknown:
-        raise click.BadParameter(f"unknown proposal(s) {', '.join(unknown)}; choose from {', '.join(PROPOSALS)}",
-                                 param_hint="--propose")
-    return chosen
-
-
 @click.command("replay")
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Folder of the openb trace (openb_node_list_gpu_node.csv and pod lists). "
@@ -69,10 +57,6 @@ def parse_proposals(text: str) -> set[str]:
 @click.option("--device-allocation", type=click.Choice(["distributed", "packed"]), default="distributed",
               show_default=True, help="How the NVIDIA device plugin picks the GPU for a time-sliced share "
                                       "(distributed is its default; packed is --allocation-policy packed).")
-@click.option("--propose", default="", metavar="NAME[,NAME]",
-              help="Model proposed changes to the webhook's mutation (docs/placement.md): cpu-pods (CPU-only pods "
-                   "matched by a gpuOnly: false policy get its placement preferences), pack-ladder (one gpu-free "
-                   "term per extra free GPU).")
 @click.option("--tune", type=click.FloatRange(min=0.1, max=3.0), default=1.3, show_default=True,
               help="Inflate (or cut) the pod list to this multiple of GPU capacity.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -80,7 +64,7 @@ def parse_proposals(text: str) -> set[str]:
 @click.option("--synthetic-nodes", type=click.IntRange(min=4), default=120, show_default=True,
               help="Nodes of the synthetic cluster (only without --trace).")
 def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, seeds: str, out: Path,
-           label_lag: int, taint_congested: bool, device_allocation: str, propose: str, tune: float,
+           label_lag: int, taint_congested: bool, device_allocation: str, tune: float,
            workers: int | None, synthetic_nodes: int) -> None:
     """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
 
@@ -90,7 +74,6 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     from webhook.replay import report, runner, trace
 
     arm_list = parse_arms(arms, runner.ARMS)
-    proposals = parse_proposals(propose)
     seed_list = parse_seeds(seeds)
     if pods_file is not None and trace_dir is None:
         raise click.UsageError("--pods needs --trace (the node list comes from the trace folder)")
@@ -105,8 +88,7 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
             raise InputError(f"{policies}: no such policy folder (give --policies DIR, or leave out the gpugate arm)")
         PolicySet.from_dir(policies)  # refuse a bad folder before starting any run
     specs = [runner.RunSpec(arm=arm, seed=seed, label_lag=label_lag, tune=tune, taint_congested=taint_congested,
-                            device_policy=device_allocation, cpu_pod_placement="cpu-pods" in proposals,
-                            pack_ladder="pack-ladder" in proposals,
+                            device_policy=device_allocation,
                             policies=str(policies) if arm == "gpugate" else None)
              for arm in arm_list for seed in seed_list]
     progress = report.Progress(len(specs), sys.stderr)

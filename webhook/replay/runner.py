@@ -50,13 +50,6 @@ class RunSpec:
     taint_congested: bool = False
     device_policy: str = "distributed"
     """How the device plugin picks a GPU for a time-sliced share: distributed (its default) or packed."""
-    cpu_pod_placement: bool = False
-    """Model the proposed mutation change: CPU-only pods matched by a ``gpuOnly: false`` policy get
-    that policy's placement preferences too (``add_placement_preferences`` skips them today)."""
-    pack_ladder: bool = False
-    """Model the proposed pack terms: one equal-weight ``gpu-free Lt n+k`` term for k = 1..8, so the
-    score falls with every extra free GPU (today's 1/2/4/8 steps tie a fresh 8-GPU node with one
-    that has 4 free, and LeastAllocated then picks the fresh one)."""
 
 
 @dataclass(frozen=True)
@@ -104,12 +97,11 @@ class Admission:
     and the answer reused, which is what makes the real mutation code affordable per trace pod.
     """
 
-    def __init__(self, policies_dir: str | None, *, cpu_pod_placement: bool = False) -> None:
+    def __init__(self, policies_dir: str | None) -> None:
         from webhook import mutation, validation
-        from webhook.policy import PolicySet, matching
+        from webhook.policy import PolicySet
 
-        self.mutation, self.validation, self.matching = mutation, validation, matching
-        self.cpu_pod_placement = cpu_pod_placement
+        self.mutation, self.validation = mutation, validation
         self.policies = PolicySet.from_dir(Path(policies_dir)) if policies_dir else PolicySet.empty()
         self.cache: dict[str, dict[str, Any] | None] = {}
         self.applied: dict[str, int] = {}
@@ -127,8 +119,6 @@ class Admission:
             else:
                 result = self.mutation.mutate(copy.deepcopy(pod), namespace=namespace, policies=self.policies)
                 admitted = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else copy.deepcopy(pod)
-                if self.cpu_pod_placement:
-                    self._place_cpu_pod(admitted, namespace)
                 admitted["metadata"].pop("name", None)
                 self.cache[key] = admitted
                 policy = str(result.policy) if result.policy else "(none)"
@@ -141,52 +131,14 @@ class Admission:
         return out
 
 
-    def _place_cpu_pod(self, pod: dict[str, Any], namespace: str) -> None:
-        """The proposed step: the matched policy's preferred terms on a pod with no NVIDIA resource.
-
-        The terms come from the webhook's own ``mutation.preferred_terms`` (a CPU pod asks for 0
-        whole GPUs), so the proposal differs from today's mutation only by the early return.
-        """
-        from webhook import pods
-
-        if pods.requested_nvidia_resources(pod):
-            return
-        policy = self.matching.select(self.policies, pod, namespace=namespace)
-        if policy is None or policy.match.gpu_only or policy.mode != "enforce":
-            return
-        terms = self.mutation.preferred_terms(pod, policy)
-        if terms:
-            affinity = pod.setdefault("spec", {}).setdefault("affinity", {}).setdefault("nodeAffinity", {})
-            existing = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
-            added = [t for t in terms if t not in existing]
-            affinity["preferredDuringSchedulingIgnoredDuringExecution"] = existing + added
-
-
 def kube_cluster(trace: Trace) -> KubeCluster:
     state = ClusterState(trace.nodes)
     labels = NodeLabels(state.names, [workload.node_labels(node) for node in trace.nodes])
     return KubeCluster(state=state, labels=labels)
 
 
-PACK_LADDER: tuple[tuple[int, int], ...] = tuple((step, 10) for step in range(1, 9))
-
-
 def run(trace: Trace, spec: RunSpec) -> RunResult:
     """Replay one arm with one seed; pure apart from loading the policy folder named in ``spec``."""
-    if not spec.pack_ladder:
-        return _run(trace, spec)
-    from webhook import mutation
-
-    # The proposal is a different constant in the webhook's own term builder: swap it for this run only.
-    saved = mutation.PACK_TERMS
-    mutation.PACK_TERMS = PACK_LADDER
-    try:
-        return _run(trace, spec)
-    finally:
-        mutation.PACK_TERMS = saved
-
-
-def _run(trace: Trace, spec: RunSpec) -> RunResult:
     if spec.arm not in ARMS:
         raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
     started = time.perf_counter()
@@ -212,8 +164,7 @@ def _run(trace: Trace, spec: RunSpec) -> RunResult:
         kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), rng)
         relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
         relabeler.start(cluster)
-        admission = (Admission(spec.policies, cpu_pod_placement=spec.cpu_pod_placement)
-                     if spec.arm == "gpugate" else None)
+        admission = Admission(spec.policies) if spec.arm == "gpugate" else None
         views: dict[int, PodView | None] = {}
 
         def view_of(index: int) -> PodView | None:
