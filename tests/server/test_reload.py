@@ -125,7 +125,10 @@ def _mutate_once(server: Server, session: requests.Session) -> dict[str, Any]:
     http = session.post(f"{server.url}/mutate", json=review_of(example_pod()), timeout=10)
     if http.status_code != 200:
         raise AssertionError(f"HTTP {http.status_code}: {http.text}")
-    return http.json()["response"]
+    response = http.json()["response"]
+    if "auditAnnotations" not in response:  # an internal error answer: say which
+        raise AssertionError(f"no audit annotations in {response}")
+    return response
 
 
 def _revision(server: Server) -> str:
