@@ -156,7 +156,7 @@ def test_api_errors_back_off_and_never_stop_the_balancer(fake_kube: FakeKube, st
     assert sample(b, "gpugate_balancer_api_errors_total", operation="pods.list") == 3
     assert sample(b, "gpugate_balancer_api_errors_total", operation="patch_node") == 2
     assert sample(b, "gpugate_balancer_label_writes_total", result="error") == 2
-    assert sample(b, "gpugate_balancer_label_writes_total", result="ok") == 1
+    wait_for(lambda: sample(b, "gpugate_balancer_label_writes_total", result="ok") == 1, what="one good write counted")
 
 
 def test_only_the_leader_writes_and_a_standby_takes_over_when_it_stops(fake_kube: FakeKube, start_balancer) -> None:
@@ -171,8 +171,8 @@ def test_only_the_leader_writes_and_a_standby_takes_over_when_it_stops(fake_kube
     assert sample(second.balancer, "gpugate_balancer_label_writes_total", result="ok") in (None, 0.0)
     assert sample(second.balancer, "gpugate_balancer_leader") == 0
     assert sample(first.balancer, "gpugate_balancer_leader") == 1
-    writes_by_first = sample(first.balancer, "gpugate_balancer_label_writes_total", result="ok")
-    assert writes_by_first == len(node_patches(fake_kube))
+    wait_for(lambda: sample(first.balancer, "gpugate_balancer_label_writes_total", result="ok")
+             == len(node_patches(fake_kube)), what="every node patch counted by the leader")
 
     first.stop()  # releases the lease
     lease = fake_kube.get("coordination.k8s.io/v1", "Lease", "gpugate-balancer", "gpugate-system")
@@ -180,7 +180,9 @@ def test_only_the_leader_writes_and_a_standby_takes_over_when_it_stops(fake_kube
     wait_for(lambda: second.balancer.writes(), timeout=3, what="standby taking over")
     fake_kube.put(gpu_pod("b", "gpu-1", gpus=4))
     wait_for(lambda: marks(fake_kube, "gpu-1") == ("1", "busy"), what="labels from the new leader")
-    assert sample(second.balancer, "gpugate_balancer_label_writes_total", result="ok") == 1
+    # The counter moves once the PATCH has returned, a moment after the fake stored it.
+    wait_for(lambda: sample(second.balancer, "gpugate_balancer_label_writes_total", result="ok") == 1,
+             what="the new leader counting its one write")
     lease = fake_kube.get("coordination.k8s.io/v1", "Lease", "gpugate-balancer", "gpugate-system")
     assert lease["spec"]["holderIdentity"] == "replica-b" and lease["spec"]["leaseTransitions"] == 1
 
