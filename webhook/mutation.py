@@ -15,6 +15,7 @@ from typing import Any, Callable
 import jsonpatch
 
 from webhook import names, pods
+from webhook.errors import InputError
 from webhook.policy import matching
 from webhook.policy.loading import PolicySet
 from webhook.policy.model import GPUPolicy, PolicyRef
@@ -226,10 +227,14 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet) -> 
 # --- helpers over the desired pod (it is our own copy: steps edit it in place) -------------
 
 def _child(parent: dict[str, Any], key: str, default_factory: Callable[[], Any] = dict) -> Any:
+    """``parent[key]``, created empty when missing; a value of the wrong type is a malformed pod."""
     value = parent.get(key)
     if value is None:
         value = default_factory()
         parent[key] = value
+    elif type(value) is not type(default_factory()):
+        raise InputError(f"pod field {key!r} is a {type(value).__name__}, expected a "
+                         f"{'mapping' if default_factory is dict else 'list'}; the API server would refuse this pod")
     return value
 
 

@@ -257,10 +257,12 @@ def _internal_error(st: ServerState, endpoint: str, review: admission.Review, er
                     revision: str = "") -> _Outcome:
     detail = f"{type(err).__name__}: {err}"
     if st.settings.fail_closed:
-        message = f"gpugate could not {endpoint} this pod (internal error, uid {review.uid}); denied because the webhook fails closed"
+        message = (f"gpugate could not {endpoint} this pod (internal error {type(err).__name__}, uid {review.uid}); "
+                   f"denied because the webhook fails closed")
         answer = admission.Answer(allowed=False, denial_code=403, denial_message=message, warnings=(message,))
     else:
-        message = f"gpugate could not {endpoint} this pod (internal error, uid {review.uid}); admitted unchanged"
+        message = (f"gpugate could not {endpoint} this pod (internal error {type(err).__name__}, uid {review.uid}); "
+                   f"admitted unchanged")
         answer = admission.Answer(allowed=True, warnings=(message,))
     return _Outcome(answer, result="error", revision=revision, error=detail)
 

@@ -127,7 +127,8 @@ def _mutate_once(server: Server, session: requests.Session) -> dict[str, Any]:
         raise AssertionError(f"HTTP {http.status_code}: {http.text}")
     response = http.json()["response"]
     if "auditAnnotations" not in response:  # an internal error answer: say which
-        raise AssertionError(f"no audit annotations in {response}")
+        errors = [line for line in server.log_lines() if line.get("level") == "error"]
+        raise AssertionError(f"no audit annotations in {response}; the server's last error lines: {errors[-3:]}")
     return response
 
 
