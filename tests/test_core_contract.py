@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -81,3 +82,22 @@ def test_make_patch_is_exact_on_shapes_the_steps_do_not_produce(source: dict, de
     patch = mutation.make_patch(source, desired)
     assert jsonpatch.apply_patch(source, list(patch)) == desired
     assert json.dumps(jsonpatch.apply_patch(source, list(patch)), sort_keys=True) == json.dumps(desired, sort_keys=True)
+
+
+@pytest.mark.parametrize(("path", "value", "named"), [
+    (("spec", "containers", 0, "resources"), [], "spec.containers[0].resources is a list"),
+    (("spec", "containers", 0, "resources", "limits"), "4", "spec.containers[0].resources.limits is a str"),
+    (("spec", "tolerations"), {"key": "x"}, "spec.tolerations is a dict"),
+    (("spec", "affinity"), [], "spec.affinity is a list"),
+    (("metadata", "labels"), ["a"], "metadata.labels is a list"),
+], ids=["resources-list", "limits-string", "tolerations-mapping", "affinity-list", "labels-list"])
+def test_a_malformed_pod_field_is_named_not_a_crash(path: tuple, value: object, named: str) -> None:
+    from webhook.errors import InputError
+
+    pod = yaml.safe_load((ROOT / "webhook/examples/pod-training.yaml").read_text())
+    parent = pod
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    with pytest.raises(InputError, match=re.escape(f"pod field {named}")):
+        mutation.mutate(pod, namespace="ml-team", policies=POLICIES)

@@ -96,6 +96,62 @@ def clone(obj: Any) -> Any:
     return obj
 
 
+# The fields the steps read or write, as a tree: each name maps to (its JSON type, its children);
+# "*" stands for every member of a list.
+_Shape = dict[str, tuple[type, "_Shape"]]
+_RESOURCES: _Shape = {"resources": (dict, {"requests": (dict, {}), "limits": (dict, {})})}
+_TERMS: _Shape = {"*": (dict, {"matchExpressions": (list, {})})}
+_SHAPE: _Shape = {
+    "metadata": (dict, {"labels": (dict, {}), "annotations": (dict, {})}),
+    "spec": (dict, {
+        "containers": (list, {"*": (dict, _RESOURCES)}),
+        "initContainers": (list, {"*": (dict, _RESOURCES)}),
+        "tolerations": (list, {}),
+        "nodeSelector": (dict, {}),
+        "affinity": (dict, {
+            "nodeAffinity": (dict, {
+                "requiredDuringSchedulingIgnoredDuringExecution": (dict, {"nodeSelectorTerms": (list, _TERMS)}),
+                "preferredDuringSchedulingIgnoredDuringExecution": (list, {}),
+            }),
+            "podAffinity": (dict, {
+                "requiredDuringSchedulingIgnoredDuringExecution": (list, {}),
+                "preferredDuringSchedulingIgnoredDuringExecution": (list, {}),
+            }),
+        }),
+    }),
+}
+
+
+def check_shape(pod: Pod) -> None:
+    """Refuse, naming the field, a pod whose fields the steps touch have the wrong JSON type.
+
+    The API server never sends such a pod (it decodes into typed structs first); a pod file or a
+    hand-made review can, and it must get a message, not an AttributeError deep in a step (or a
+    tolerations mapping silently turned into a list of its keys).
+    """
+    _check(pod, _SHAPE, "")
+
+
+def _check(node: Any, shape: _Shape, where: str) -> None:
+    if isinstance(node, list):
+        expected, children = shape["*"]
+        for i, member in enumerate(node):
+            _check_value(member, expected, children, f"{where}[{i}]")
+        return
+    for key, (expected, children) in shape.items():
+        value = node.get(key)
+        if value is not None:
+            _check_value(value, expected, children, f"{where}.{key}" if where else key)
+
+
+def _check_value(value: Any, expected: type, children: _Shape, where: str) -> None:
+    if not isinstance(value, expected):
+        raise InputError(f"pod field {where} is a {type(value).__name__}, expected a "
+                         f"{'mapping' if expected is dict else 'list'}; the API server would refuse this pod")
+    if children:
+        _check(value, children, where)
+
+
 def working_copy(pod: Pod) -> Pod:
     """A copy of the parts of ``pod`` the steps may edit in place; everything else is shared.
 
@@ -208,6 +264,7 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet) -> 
     result. The validating endpoint (and a reinvocation) see that result, so mutation converges on
     the policy that matches it. Each switch goes to a higher priority, so this ends.
     """
+    check_shape(pod)
     desired = working_copy(pod)
     warnings: list[str] = []
     while True:
@@ -227,14 +284,11 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet) -> 
 # --- helpers over the desired pod (it is our own copy: steps edit it in place) -------------
 
 def _child(parent: dict[str, Any], key: str, default_factory: Callable[[], Any] = dict) -> Any:
-    """``parent[key]``, created empty when missing; a value of the wrong type is a malformed pod."""
+    """``parent[key]``, created empty when missing (check_shape vouched for its type)."""
     value = parent.get(key)
     if value is None:
         value = default_factory()
         parent[key] = value
-    elif type(value) is not type(default_factory()):
-        raise InputError(f"pod field {key!r} is a {type(value).__name__}, expected a "
-                         f"{'mapping' if default_factory is dict else 'list'}; the API server would refuse this pod")
     return value
 
 
