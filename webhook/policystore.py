@@ -61,6 +61,9 @@ def _load_from_dir(directory: Path) -> "PolicySet":
     return PolicySet.from_dir(directory)
 
 
+CHANGED_WHILE_LOADING = "folder changed while loading; retrying"
+
+
 @dataclass(frozen=True)
 class ReloadOutcome:
     """What one check did: ``changed`` false means the folder's digest was unchanged."""
@@ -100,8 +103,21 @@ class PolicyStore:
     def ready(self) -> bool:
         return self._current is not None
 
-    def check(self) -> ReloadOutcome:
-        """Reload if the folder's content differs from the last content acted upon."""
+    def check(self, *, attempts: int = 5) -> ReloadOutcome:
+        """Reload if the folder's content differs from the last content acted upon.
+
+        A folder that changes while it is being loaded (a ConfigMap swap in the middle) is read
+        again at once, up to ``attempts`` times: a worker starting during a swap must not serve
+        without any policy set until the next tick.
+        """
+        outcome = self._check_once()
+        for _ in range(attempts - 1):
+            if outcome.loaded or outcome.error != CHANGED_WHILE_LOADING:
+                break
+            outcome = self._check_once()
+        return outcome
+
+    def _check_once(self) -> ReloadOutcome:
         with self._check_lock:
             before = folder_digest(self.directory)
             if before == self._seen_digest:
@@ -115,7 +131,7 @@ class PolicyStore:
                 return self._refuse(before, f"{type(err).__name__}: {err}")
             if folder_digest(self.directory) != before:
                 # Changed while loading (e.g. a ConfigMap swap in the middle): retry next tick.
-                return ReloadOutcome(changed=True, error="folder changed while loading; retrying")
+                return ReloadOutcome(changed=True, error=CHANGED_WHILE_LOADING)
             previous, self._current = self._current, loaded
             self._seen_digest = before
             logs.log_event(_log, "policy set loaded", directory=str(self.directory),

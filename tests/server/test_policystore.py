@@ -67,11 +67,28 @@ def test_a_change_during_loading_is_not_swapped_in(folder):
         return result
 
     store = PolicyStore(folder, load=load_then_change)
-    torn = store.check()
+    torn = store.check(attempts=1)
     assert torn.changed and not torn.loaded and store.current() is None
-    settled = store.check()
+    settled = store.check(attempts=1)
     assert settled.loaded and store.current().revision == PolicySet.from_dir(folder).revision
     assert calls[0] != calls[1]
+
+
+def test_a_worker_starting_during_a_swap_loads_at_once_instead_of_serving_without_policies(folder):
+    """Once a flake in the reload test: a worker whose first load met a swap served 'no policy set'."""
+    swaps = []
+
+    def load_during_swaps(path: Path) -> PolicySet:
+        result = PolicySet.from_dir(path)
+        if len(swaps) < 2:  # the folder changes under the first two loads
+            (path / "inference.yaml").write_text((path / "inference.yaml").read_text() + f"\n# swap {len(swaps)}\n")
+            swaps.append(result.revision)
+        return result
+
+    store = PolicyStore(folder, load=load_during_swaps)
+    outcome = store.check()
+    assert outcome.loaded and store.ready
+    assert store.current().revision == PolicySet.from_dir(folder).revision and len(swaps) == 2
 
 
 def test_digest_follows_symlinks(tmp_path):
