@@ -286,13 +286,14 @@ def contained(original: Any, result: Any, key: str | None = None) -> bool:
     return type(original) is type(result) and original == result
 
 
-def overridable(p: dict[str, Any], policies: PolicySet, namespace: str) -> dict[str, Any]:
+def overridable(p: dict[str, Any], policies: PolicySet, namespace: str, final: str | None = None) -> dict[str, Any]:
     """The input minus the values a policy may legitimately replace: 'default-scheduler' (the API server's
-    default, i.e. not chosen) and spec.priority when the policy sets the priority class."""
-    chosen = matching.select(policies, p, namespace=namespace)
+    default, i.e. not chosen) and spec.priority when the policy sets the priority class. Both the policy
+    selected for the input and the one the shaped pod converged on (``final``) count."""
+    applied = [matching.select(policies, p, namespace=namespace), policies.get(final) if final else None]
     out = copy.deepcopy(p)
     spec = out["spec"]
-    if chosen is not None:
+    for chosen in filter(None, applied):
         if chosen.scheduler_name and spec.get("schedulerName") == "default-scheduler":
             del spec["schedulerName"]
         if chosen.priority_class_name and not spec.get("priorityClassName"):
@@ -318,7 +319,8 @@ def check_idempotent(result, policies, namespace) -> None:
 
 def check_user_fields_kept(p, result, policies, namespace) -> None:
     """(4) Every field the user set is still there with its value."""
-    assert contained(overridable(p, policies, namespace), result.desired), "(4) a user field was lost or changed"
+    final = result.policy.name if result.policy else None
+    assert contained(overridable(p, policies, namespace, final), result.desired), "(4) a user field was lost or changed"
 
 
 def check_requests_equal_limits(p, result) -> None:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tests.server.conftest import REPO, example_pod, review_of
 from webhook import admission
 
-FUZZ = settings(max_examples=int(os.environ.get("GPUGATE_FUZZ_EXAMPLES", "120")), deadline=None, derandomize=False,
+FUZZ = settings(max_examples=int(os.environ.get("GPUGATE_FUZZ_EXAMPLES", "120")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
