@@ -34,8 +34,9 @@ ADMISSIONS = Counter(
 )
 DURATION = Histogram(
     "gpugate_admission_duration_seconds",
-    "Time from the request body read to the response built, per endpoint.",
-    ["endpoint"],
+    "Time from the request body read to the response built, by endpoint, result and policy NAME "
+    "(without the revision, so a reload does not multiply the bucket series).",
+    ["endpoint", "result", "policy"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 PATCH_OPERATIONS = Counter(

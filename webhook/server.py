@@ -177,7 +177,7 @@ def _admit(endpoint: str) -> Response:
 
     operation = review.operation if review.operation in _OPERATIONS else "other"  # bounded label values
     metrics.ADMISSIONS.labels(endpoint, operation, outcome.policy, outcome.result).inc()
-    metrics.DURATION.labels(endpoint).observe(duration)
+    metrics.DURATION.labels(endpoint, outcome.result, outcome.policy.split("@", 1)[0]).observe(duration)
     if outcome.patch_ops:
         metrics.PATCH_OPERATIONS.labels(outcome.policy).inc(outcome.patch_ops)
     obj = review.object if review.object is not None else {}
@@ -276,7 +276,7 @@ def _refuse(endpoint: str, code: int, message: str, started: float, fields: dict
         _discard(request.environ.get("wsgi.input"), DRAIN_LIMIT_BYTES)
     result = "too_large" if code == 413 else "bad_request"
     metrics.ADMISSIONS.labels(endpoint, "", "", result).inc()
-    metrics.DURATION.labels(endpoint).observe(time.perf_counter() - started)
+    metrics.DURATION.labels(endpoint, result, "").observe(time.perf_counter() - started)
     logs.log_admission(_admission_log, {**fields, "result": result, "error": message,
                                         "duration_ms": round((time.perf_counter() - started) * 1000, 3)})
     response = jsonify(error=message, code=code)

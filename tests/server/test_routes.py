@@ -177,7 +177,10 @@ def test_metrics_name_the_admissions(server):
     assert after[key] == before.get(key, 0) + 1
     assert after[f'gpugate_policy_revision_info{{revision="{revision}"}}'] == 1
     assert after["gpugate_policy_reloads_total"] >= 1
-    assert 'gpugate_admission_duration_seconds_count{endpoint="validate"}' in after
+    # Latency by result and policy name (the dashboard's split); the revision stays out of its labels.
+    assert after['gpugate_admission_duration_seconds_count{endpoint="validate",policy="web-no-gpus",result="denied"}'] \
+        == before.get('gpugate_admission_duration_seconds_count{endpoint="validate",policy="web-no-gpus",'
+                      'result="denied"}', 0) + 1
     # Counted once the mutate above has patched (this test may be the first on its server).
     assert any(k.startswith("gpugate_patch_operations_total{") for k in server.metrics())
 
