@@ -16,7 +16,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from webhook import mutation
+from webhook import mutation, patches
 from webhook.policy import PolicySet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_benchmark_pod_mutates_correctly_with_24_policies() -> None:
     ({"x": {"y": 1}}, {"x": [1]}),
 ], ids=["append-dict", "edit-inside-member", "edit-and-append", "int-to-bool", "slash-key", "shrink", "type-change"])
 def test_make_patch_is_exact_on_shapes_the_steps_do_not_produce(source: dict, desired: dict) -> None:
-    patch = mutation.make_patch(source, desired)
+    patch = patches.make_patch(source, desired)
     assert jsonpatch.apply_patch(source, list(patch)) == desired
     assert json.dumps(jsonpatch.apply_patch(source, list(patch)), sort_keys=True) == json.dumps(desired, sort_keys=True)
 

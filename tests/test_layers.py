@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "webhook"
-CORE = ["policy/model.py", "policy/matching.py", "policy/overlap.py", "mutation.py", "validation.py",
+CORE = ["policy/model.py", "policy/matching.py", "policy/overlap.py", "mutation.py", "patches.py", "validation.py",
         "pods.py", "quantity.py", "names.py"]
 OPTIONAL_CORE = ["balancer/tiers.py", "balancer/state.py", "balancer/marks.py", "balancer/settings.py",
                  "replay/model.py", "stack/compat.py", "stack/plan.py"]

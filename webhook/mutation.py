@@ -1,20 +1,18 @@
 """Compute the pod a GPUPolicy prescribes, then the JSON patch to get there. Pure: no I/O.
 
 The desired pod is built by small steps in a declared order (``STEPS``); the patch is always
-derived with ``jsonpatch.make_patch`` so parents are created and ``/`` in keys is escaped.
+derived with ``jsonpatch.make_patch`` (``webhook.patches``) so parents are created and ``/`` in
+keys is escaped.
 Every step keeps what the user set and says so in a warning, and a step that finds its work
 already done changes nothing, so mutating the output again yields an empty patch.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import jsonpatch
-
-from webhook import names, pods
+from webhook import names, patches, pods
 from webhook.errors import InputError
 from webhook.policy import matching
 from webhook.policy.loading import PolicySet
@@ -22,7 +20,7 @@ from webhook.policy.model import GPUPolicy, PolicyRef
 from webhook.quantity import whole_count
 
 Pod = pods.Pod
-PatchOp = dict[str, Any]
+PatchOp = patches.PatchOp
 
 # Preferred node-affinity weights. kube-scheduler sums the weights of matching terms, then
 # normalizes per pod over the feasible nodes (best node -> 100) and multiplies by the
@@ -78,22 +76,13 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet) -> Mutation:
     desired, context = _shape(pod, policy, namespace, policies)
     ref = context.ref
     policy = context.policy
-    patch = make_patch(pod, desired)
+    patch = patches.make_patch(pod, desired)
     if policy.mode == "audit":
         warnings = tuple(f"audit: {w}" for w in context.warnings)
         if patch:
             warnings += (f"audit: gpugate {ref} would apply {len(patch)} patch operation(s); mode is audit",)
         return Mutation(desired=pod, patch=(), policy=ref, warnings=warnings, mode="audit")
     return Mutation(desired=desired, patch=patch, policy=ref, warnings=tuple(context.warnings))
-
-
-def clone(obj: Any) -> Any:
-    """A deep copy of JSON data (dicts, lists, scalars): several times faster than copy.deepcopy."""
-    if isinstance(obj, dict):
-        return {key: clone(value) for key, value in obj.items()}
-    if isinstance(obj, list):
-        return [clone(value) for value in obj]
-    return obj
 
 
 # The fields the steps read or write, as a tree: each name maps to (its JSON type, its children);
@@ -161,13 +150,13 @@ def working_copy(pod: Pod) -> Pod:
     """
     desired = dict(pod)
     if isinstance(pod.get("metadata"), dict):
-        desired["metadata"] = clone(pod["metadata"])
+        desired["metadata"] = patches.clone(pod["metadata"])
     spec = pod.get("spec")
     if isinstance(spec, dict):
         spec = dict(spec)
         for key in ("tolerations", "affinity", "nodeSelector"):
             if key in spec:
-                spec[key] = clone(spec[key])
+                spec[key] = patches.clone(spec[key])
         for key in ("containers", "initContainers"):
             if isinstance(spec.get(key), list):
                 spec[key] = [_container_copy(c) for c in spec[key]]
@@ -180,81 +169,8 @@ def _container_copy(container: Any) -> Any:
         return container
     copied = dict(container)
     if "resources" in copied:
-        copied["resources"] = clone(copied["resources"])
+        copied["resources"] = patches.clone(copied["resources"])
     return copied
-
-
-def make_patch(source: Pod, desired: Pod) -> tuple[PatchOp, ...]:
-    """``jsonpatch.make_patch`` over the parts that differ: the same operations, a fraction of the work.
-
-    jsonpatch copies and serializes whatever it is given, which costs more than everything else a
-    mutation does. So it is given a skeleton: subtrees both pods share are stripped (equal dict
-    members dropped, equal list members replaced by a per-position marker, so every path of what
-    differs is kept), and each wholly new value is replaced by a unique marker that is swapped back
-    into the operation afterwards. A list member that differs in a list whose length changed is
-    kept whole on both sides, so any operation jsonpatch emits for it carries the full value.
-    """
-    added: dict[str, Any] = {}
-    pruned_source, pruned_desired = _strip_shared(source, desired, added)
-    operations = jsonpatch.make_patch(pruned_source, pruned_desired).patch
-    for operation in operations:
-        value = operation.get("value")
-        if isinstance(value, str) and value in added:
-            operation["value"] = added[value]
-    return tuple(operations)
-
-
-def _new(value: Any, added: dict[str, Any]) -> Any:
-    """A marker standing for a value only the desired pod has (scalars stand for themselves)."""
-    if not isinstance(value, (dict, list)):
-        return value
-    marker = f"\0new-{len(added)}"
-    added[marker] = value
-    return marker
-
-
-def _strip_shared(source: Any, desired: Any, added: dict[str, Any]) -> tuple[Any, Any]:
-    if isinstance(source, dict) and isinstance(desired, dict):
-        kept_source: dict[str, Any] = {}
-        kept_desired: dict[str, Any] = {}
-        for key, value in source.items():
-            if key not in desired:
-                kept_source[key] = value
-            elif _same(value, desired[key]):
-                continue
-            else:
-                kept_source[key], kept_desired[key] = _strip_shared(value, desired[key], added)
-        for key, value in desired.items():
-            if key not in source:
-                kept_desired[key] = _new(value, added)
-        return kept_source, kept_desired
-    if isinstance(source, list) and isinstance(desired, list):
-        common = min(len(source), len(desired))
-        same = [_same(source[i], desired[i]) for i in range(common)]
-        # Only a lone differing member among unique markers, in a list that kept its length, is
-        # certain to be paired by position (jsonpatch then diffs inside it): only it is stripped.
-        # Two stripped members could look alike and be paired crosswise.
-        lone = len(source) == len(desired) and same.count(False) == 1
-        left: list[Any] = []
-        right: list[Any] = []
-        for i in range(common):
-            if same[i]:
-                left.append(f"\0same-{i}")
-                right.append(f"\0same-{i}")
-            elif lone:
-                a, b = _strip_shared(source[i], desired[i], added)
-                left.append(a)
-                right.append(b)
-            else:
-                left.append(source[i])
-                right.append(desired[i])
-        return left + source[common:], right + [_new(v, added) for v in desired[common:]]
-    return source, desired
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal as JSON: Python's == plus a type check, since 1 == True but "1" != "true" in JSON."""
-    return type(a) is type(b) and a == b
 
 
 def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet) -> tuple[Pod, StepContext]:
@@ -467,7 +383,7 @@ def add_required_node_affinity(pod: Pod, context: StepContext) -> None:
         required["nodeSelectorTerms"] = [{"matchExpressions": list(to_add)}]
     else:
         for term in terms:
-            _child(term, "matchExpressions", list).extend(copy.deepcopy(to_add))
+            _child(term, "matchExpressions", list).extend(patches.clone(to_add))
     context.note("required node affinity " + ", ".join(f"{e['key']} {e['operator']} {e['values']}" for e in to_add))
 
 

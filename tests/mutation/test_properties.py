@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, assume, find, given, settings
 from hypothesis import strategies as st
 
-from webhook import mutation, names, pods, validation
+from webhook import mutation, names, patches, pods, validation
 from webhook.policy import PolicySet, matching
 
 K8S = "1.33"
@@ -412,7 +412,7 @@ def grown(draw) -> tuple[Any, Any]:
 @given(grown())
 def test_make_patch_turns_the_source_into_a_grown_desired(pair):
     source, desired = pair
-    assert jsonpatch.apply_patch(source, list(mutation.make_patch(source, desired))) == desired
+    assert jsonpatch.apply_patch(source, list(patches.make_patch(source, desired))) == desired
 
 
 TWO_CONTAINERS = {"spec": {"containers": [
@@ -433,6 +433,6 @@ def _recount(counts: tuple[str, str]) -> dict[str, Any]:
 ], ids=["two containers' counts change: container a is removed, a stub without name is added",
         "a nested new value: the marker string leaks into the patch"])
 def test_make_patch_changing_two_members_of_an_equal_length_list(source, desired):
-    patch = list(mutation.make_patch(source, desired))
+    patch = list(patches.make_patch(source, desired))
     assert "\0new-" not in repr(patch)
     assert jsonpatch.apply_patch(source, patch) == desired
