@@ -31,6 +31,10 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# Packages only one command needs, kept out of the base install (and the webhook image).
+OPTIONAL_EXTRAS: dict[str, str] = {"numpy": "replay", "matplotlib": "replay", "kubernetes_validate": "stack"}
+
+
 class LazyGroup(click.Group):
     """A click group that imports a subcommand's module only when that subcommand runs."""
 
@@ -56,6 +60,13 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except GpugateError as err:
             click.echo(f"error: {err}", err=True)
+            ctx.exit(1)
+        except ModuleNotFoundError as err:
+            extra = OPTIONAL_EXTRAS.get((err.name or "").split(".")[0])
+            if extra is None:
+                raise
+            click.echo(f"error: 'gpugate {ctx.invoked_subcommand}' needs {err.name}, which is not installed; "
+                       f"install the extra: pip install 'gpugate[{extra}]'", err=True)
             ctx.exit(1)
 
 

@@ -77,7 +77,7 @@ def validate_objects(
         from kubernetes_validate import utils as kv_utils
     except ImportError as err:
         raise GpugateError(
-            "validating manifests needs the kubernetes-validate package: pip install 'gpugate[test]'"
+            "validating manifests needs the kubernetes-validate package: pip install 'gpugate[stack]'"
         ) from err
 
     use_schemas = schema_root is not None and Path(schema_root).is_dir()
