@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from webhook import policytests
+from webhook import mutation, policytests, validation
+from webhook.podfiles import read_pod
 from webhook.policy import PolicySet
 
 POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"
@@ -14,14 +17,18 @@ CASES = policytests.find_cases(POLICY_DIR)
 
 
 def test_every_starter_policy_has_a_case() -> None:
-    """Each policy in policies/ is exercised by at least one case (its annotation or its denial)."""
+    """Each policy in policies/ shapes or denies the pod of at least one golden case."""
     policies = PolicySet.from_dir(POLICY_DIR)
-    covered = set()
+    exercised: set[str] = set()
     for case in CASES:
-        text = " ".join(p.read_text() for p in case.glob("*.yaml"))
-        covered |= {p.name for p in policies.policies if f"{p.name}@REVISION" in text}
-    covered |= {"web-no-gpus"} if any("web-namespace-denied" in str(c) for c in CASES) else set()
-    assert covered == {p.name for p in policies.policies}
+        spec = yaml.safe_load((case / "case.yaml").read_text())
+        pod = read_pod(case / spec.get("pod", "pod.yaml"))
+        result = mutation.mutate(pod, namespace=spec["namespace"], policies=policies)
+        if result.policy:
+            exercised.add(result.policy.name)
+        verdict = validation.validate(result.desired, namespace=spec["namespace"], policies=policies)
+        exercised.update(re.findall(r"policy ([a-z0-9-]+)@", verdict.message))
+    assert exercised == {p.name for p in policies.policies}
 
 
 @pytest.mark.parametrize("case_dir", CASES, ids=[c.name for c in CASES])
