@@ -27,7 +27,7 @@ SCHEMA_ROOT = SHARED / "schemas"
 
 KUBERNETES_VERSION = "1.33"
 NAMESPACE = "gpugate-system"
-OWN_ROOTS = ("webhook", "balancer", "scheduler", "observability")
+OWN_ROOTS = ("webhook", "webhook-builtin-tls", "balancer", "scheduler", "observability")
 
 # Every deployable combination: (resources, components), relative to manifests/.
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -38,6 +38,8 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                                        "webhook/components/fail-closed")),
     "webhook+cert-manager+fail-closed": (("webhook",), ("webhook/components/cert-manager",
                                                         "webhook/components/fail-closed")),
+    # What the Argo CD Application syncs (the base composed with builtin-tls in a sibling overlay).
+    "webhook-builtin-tls": (("webhook-builtin-tls",), ()),
     "balancer": (("balancer",), ()),
     "scheduler": (("scheduler",), ()),
     "webhook+balancer+observability": (("webhook", "balancer"), ("observability",)),
