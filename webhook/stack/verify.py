@@ -100,7 +100,9 @@ def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int
             target.parent.mkdir(parents=True)
             target.write_text(json.dumps(strict_crd_schema(crd, "v1alpha1")))
         elif any(o.get("kind") == "NVIDIADriver" for o in objects):
-            warning = f"NVIDIADriver objects not validated: no {NVIDIADRIVER_CRD_FILE} under {schema_root} (pass --schemas)"
+            where = f"under {schema_root}" if schema_root is not None else "given (../shared/schemas is absent)"
+            warning = (f"NVIDIADriver objects checked against the built-in rules only: no {NVIDIADRIVER_CRD_FILE} "
+                       f"{where}; pass --schemas DIR holding the GPU Operator release's CRDs to validate them strictly")
         try:
             problems = manifestcheck.validate_objects(objects, kubernetes_version=f"1.{kubernetes_minor}",
                                                       schema_root=derived_root)
