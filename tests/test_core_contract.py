@@ -101,3 +101,17 @@ def test_a_malformed_pod_field_is_named_not_a_crash(path: tuple, value: object, 
     parent[path[-1]] = value
     with pytest.raises(InputError, match=re.escape(f"pod field {named}")):
         mutation.mutate(pod, namespace="ml-team", policies=POLICIES)
+
+
+@pytest.mark.parametrize("label", ["1e999999k", "1e999999", "12345678901234567890123"])
+def test_an_absurd_gpus_label_is_denied_not_a_crash(label: str) -> None:
+    """A crafted label value once crashed validation (Overflow), and the webhook then failed open."""
+    from webhook import validation
+
+    pod = yaml.safe_load((ROOT / "webhook/examples/pod-training.yaml").read_text())
+    pod["metadata"]["labels"]["gpugate.io/gpus"] = label
+    result = mutation.mutate(pod, namespace="ml-team", policies=POLICIES)
+    verdict = validation.validate(result.desired, namespace="ml-team", policies=POLICIES)
+    assert not verdict.allowed and "is not a whole number" in verdict.message
+    web = validation.validate(pod, namespace="web-shop", policies=POLICIES)
+    assert not web.allowed and "GPUs are not available" in web.message

@@ -255,10 +255,11 @@ def inject_gpu_requests(pod: Pod, context: StepContext) -> None:
     if count is None:
         return
     resource = context.policy.gpu.resource
-    # Only regular containers count: an init container's GPU is released before they start.
-    already = set().union(*(pods.nvidia_resources(c) for c in pods.containers(pod)))
+    # Regular containers and sidecars count; an init container's GPU is released before they start.
+    already = set().union(*(pods.nvidia_resources(c) for c in pods.long_running_containers(pod)))
     if already:
-        existing = [pods.nvidia_count(c, resource) for c in pods.containers(pod) if resource in pods.nvidia_resources(c)]
+        existing = [pods.nvidia_count(c, resource) for c in pods.long_running_containers(pod)
+                    if resource in pods.nvidia_resources(c)]
         if resource not in already:
             context.note(f"kept the pod's own {', '.join(sorted(already))} request; the policy's {resource} "
                          f"was not added")
@@ -390,7 +391,7 @@ def add_required_node_affinity(pod: Pod, context: StepContext) -> None:
 def whole_gpus_asked(pod: Pod) -> int:
     """Whole GPUs the regular containers ask for (0 for shared or MIG pods): what a pack term must fit."""
     total = 0
-    for container in pods.containers(pod):
+    for container in pods.long_running_containers(pod):
         total += pods.nvidia_count(container, names.GPU_RESOURCE) or 0
     return total
 

@@ -52,6 +52,13 @@ def init_containers(pod: Pod) -> list[Container]:
     return [c for c in found if isinstance(c, dict)] if isinstance(found, list) else []
 
 
+def long_running_containers(pod: Pod) -> list[Container]:
+    """Containers that hold their resources for the pod's whole life: the regular ones, and init
+    containers with ``restartPolicy: Always`` (sidecars), whose GPUs add to the regular ones'."""
+    sidecars = [c for c in init_containers(pod) if c.get("restartPolicy") == "Always"]
+    return sidecars + containers(pod)
+
+
 def all_containers(pod: Pod) -> Iterator[tuple[str, Container]]:
     """Every container with its kind ('container' or 'initContainer')."""
     for container in init_containers(pod):

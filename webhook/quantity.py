@@ -8,7 +8,7 @@ compare ints, never strings.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException
 
 _SUFFIXES: dict[str, Decimal] = {
     "": Decimal(1),
@@ -18,6 +18,10 @@ _SUFFIXES: dict[str, Decimal] = {
     "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
     "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
 }
+# Kubernetes quantities fit in int64 (its canonical form allows at most ~19 digits): anything longer
+# or larger is refused before Decimal or int see it, since "1e999999" would take seconds of CPU.
+MAX_QUANTITY_CHARS = 64
+MAX_EXPONENT = 18
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
@@ -35,14 +39,20 @@ def parse_quantity(value: object) -> Decimal:
         return Decimal(str(value))
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity")
+    if len(value) > MAX_QUANTITY_CHARS:
+        raise QuantityError(f"{value[:20]!r}... is not a quantity (longer than {MAX_QUANTITY_CHARS} characters)")
     match = _QUANTITY.match(value.strip())
     if not match:
         raise QuantityError(f"{value!r} is not a quantity")
     number, suffix = match.group(1), match.group(2) or ""
     try:
-        return Decimal(number) * _SUFFIXES[suffix]
-    except InvalidOperation as err:
+        quantity = Decimal(number) * _SUFFIXES[suffix]
+        too_large = quantity.is_finite() and quantity != 0 and quantity.adjusted() > MAX_EXPONENT
+    except DecimalException as err:
         raise QuantityError(f"{value!r} is not a quantity") from err
+    if not quantity.is_finite() or too_large:
+        raise QuantityError(f"{value!r} is out of range for a Kubernetes quantity")
+    return quantity
 
 
 def whole_count(value: object) -> int | None:

@@ -30,11 +30,11 @@ class Verdict:
 
 
 def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet) -> Verdict:
-    """Deny rules bind every GPU pod (the opt-out label skips mutation, not them); the selected
-    policy's own limits bind the pods it shapes. Audit turns a policy's denials into warnings
-    without hiding another policy's enforced deny."""
+    """Deny rules and the selected policy's limits bind every pod: the opt-out label skips shaping,
+    never the rules (a label a pod author writes must not unlock GPUs). Audit turns a policy's
+    denials into warnings without hiding another policy's enforced deny."""
     denials, warnings = _deny_rules(pod, namespace, policies)
-    policy = matching.select(policies, pod, namespace=namespace)
+    policy = matching.select(policies, pod, namespace=namespace, honor_skip=False)
     ref = PolicyRef(policy.name, policies.revision) if policy else None
     if policy is not None:
         own = _policy_rules(pod, policy, ref)
@@ -46,7 +46,8 @@ def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet) -> Verdict:
 
 
 def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet) -> tuple[list[str], list[str]]:
-    """Deny rules of every policy whose namespaces apply: a deny is never hidden by priority.
+    """Deny rules of every policy whose namespaces and podSelector match: a deny is never hidden
+    by priority, and a rule written in a profile's policy binds that profile's pods only.
 
     Returns (denials from enforcing policies, warnings from audit ones).
     """
@@ -54,20 +55,28 @@ def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet) -> tuple[lis
         return [], []
     denials: list[str] = []
     warnings: list[str] = []
+    labels = pods.labels(pod)
     for policy in policies.policies:
         if policy.mode == "off" or not matching.namespace_matches(
-                namespace, policy.match.namespaces, policy.match.exclude_namespaces):
+                namespace, policy.match.namespaces, policy.match.exclude_namespaces) \
+                or not matching.selector_matches(policy.match.pod_selector, labels):
             continue
         for rule in policy.deny:
             if matching.deny_applies(rule, pod, namespace):
-                asked = ", ".join(sorted(pods.requested_nvidia_resources(pod))) or f"label {names.GPUS_LABEL}"
-                reason = (f"pod '{pods.display_name(pod)}' in namespace '{namespace}' asks for {asked}: "
+                reason = (f"pod '{pods.display_name(pod)}' in namespace '{namespace}': {_what_is_asked(pod)}; "
                           f"{rule.message} (policy {policy.name}@{policies.revision})")
                 if policy.mode == "audit":
                     warnings.append(f"audit: would deny: {reason}")
                 else:
                     denials.append(reason)
     return denials, warnings
+
+
+def _what_is_asked(pod: pods.Pod) -> str:
+    """Which containers ask for which NVIDIA resources, or the gpus label when none does yet."""
+    asked = [f"{kind} '{c.get('name')}' asks {', '.join(sorted(pods.nvidia_resources(c)))}"
+             for kind, c in pods.all_containers(pod) if pods.nvidia_resources(c)]
+    return "; ".join(asked) or f"it asks for GPUs with label {names.GPUS_LABEL}"
 
 
 def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
@@ -86,10 +95,11 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> li
         name = container.get("name")
         for resource in sorted(pods.nvidia_resources(container)):
             out.extend(_container_rules(kind, name, container, resource, policy, ref))
-            if kind == "container":
-                totals[resource] = totals.get(resource, 0) + (pods.nvidia_count(container, resource) or 0)
+    for container in pods.long_running_containers(pod):
+        for resource in pods.nvidia_resources(container):
+            totals[resource] = totals.get(resource, 0) + (pods.nvidia_count(container, resource) or 0)
     limit = policy.gpu.max
-    regular = [c for c in pods.containers(pod) if policy.gpu.resource in pods.nvidia_resources(c)]
+    regular = [c for c in pods.long_running_containers(pod) if policy.gpu.resource in pods.nvidia_resources(c)]
     total = totals.get(policy.gpu.resource, 0)
     if limit is not None and len(regular) > 1 and total > limit:
         out.append(f"pod '{pods.display_name(pod)}' asks {policy.gpu.resource}: {total} across its containers; "

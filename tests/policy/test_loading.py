@@ -412,3 +412,27 @@ class TestDefaults:
     def test_the_topology_mode_defaults_to_preferred(self):
         (p,) = load(policy("x", "placement: {topology: {key: nvidia.com/gpu.clique}}")).policies
         assert (p.placement.topology.key, p.placement.topology.mode) == ("nvidia.com/gpu.clique", "preferred")
+
+
+class TestValuesTheApiServerWouldRefuse:
+    """A policy that loads must never shape a pod the API server then refuses as Invalid."""
+
+    @pytest.mark.parametrize(("spec", "path", "says"), [
+        ("tolerations: [{key: k, operator: Exists, value: v}]", "spec.tolerations[0]", "Exists takes no value"),
+        ("tolerations: [{operator: Equal, value: v}]", "spec.tolerations[0]", "without a key needs operator Exists"),
+        ("tolerations: [{key: x, operator: Exists, effect: NoSchedule, tolerationSeconds: 5}]",
+         "spec.tolerations[0]", "tolerationSeconds needs effect NoExecute"),
+        ("schedulerName: Bad Name", "spec.schedulerName", "is not a Kubernetes object name"),
+        ("priorityClassName: High_Priority", "spec.priorityClassName", "is not a Kubernetes object name"),
+        ("runtimeClassName: -nvidia", "spec.runtimeClassName", "is not a Kubernetes object name"),
+    ], ids=["exists-with-value", "empty-key-equal", "seconds-without-noexecute", "scheduler-name",
+            "priority-class", "runtime-class"])
+    def test_refused_at_load_with_the_field(self, spec, path, says):
+        (problem,) = problems_of(policy("x", spec))
+        assert problem.startswith(f"p.yaml, document 1, {path}: ") and says in problem
+
+    def test_valid_tolerations_and_names_load(self):
+        loaded = load(policy("x", "tolerations: [{operator: Exists}, {key: a, operator: Equal, value: b, "
+                                  "effect: NoExecute, tolerationSeconds: 30}]\nschedulerName: gpugate-binpack\n"
+                                  "priorityClassName: ml.high"))
+        assert loaded.policies[0].scheduler_name == "gpugate-binpack"

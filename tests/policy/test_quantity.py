@@ -59,3 +59,13 @@ def test_cpu_is_counted_in_millicores_rounded_up(value, expected):
 ], ids=repr)
 def test_memory_is_counted_in_bytes_rounded_up(value, expected):
     assert bytes_(value) == expected
+
+
+@pytest.mark.parametrize("value", ["1e999999k", "1e999999", "1e19", "9" * 70, "NaN", "inf"],
+                         ids=["overflow-with-suffix", "huge-exponent", "beyond-int64", "too-long", "nan", "inf"])
+def test_absurd_quantities_are_refused_quickly(value: str) -> None:
+    """A label value is user input: refused before Decimal or int spend seconds on it (before this
+    rule, "1e999999" parsed into a million-digit int in 25 s and "1e999999k" raised Overflow)."""
+    with pytest.raises(QuantityError):
+        parse_quantity(value)
+    assert whole_count(value) is None

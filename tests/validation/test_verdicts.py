@@ -85,18 +85,29 @@ class TestDenyRules:
         result, rev = verdict(p, self.WEB, namespace="web-shop")
         assert not result.allowed
         (reason,) = [r for r in result.reasons if r.startswith("pod ")]
-        assert reason.startswith("pod 'pod-1' in namespace 'web-shop' asks for ")
+        assert reason.startswith("pod 'pod-1' in namespace 'web-shop': ")
         assert "GPUs are not available in web namespaces; run GPU work in an ml-* namespace" in reason
         assert f"(policy web-no-gpus@{rev})" in reason
 
-    def test_the_denial_names_the_resource_asked(self):
+    def test_the_denial_names_the_container_and_the_resource_asked(self):
         reason, _ = only_reason(pod(container("app", gpus=1)), self.WEB, namespace="frontend-a")
-        assert "asks for nvidia.com/gpu:" in reason
+        assert "container 'app' asks nvidia.com/gpu;" in reason
 
     def test_the_denial_names_the_label_when_no_resource_is_asked(self):
         reason, _ = only_reason(pod(container("app"), labels={names.GPUS_LABEL: "1"}), self.WEB,
                                 namespace="web-a")
-        assert "asks for label gpugate.io/gpus:" in reason
+        assert "it asks for GPUs with label gpugate.io/gpus;" in reason
+
+    def test_a_deny_rule_binds_only_the_pods_its_policy_selects(self):
+        """A rule written in a profile's policy does not deny the other profiles' pods."""
+        training = policy("training", """
+            match: {namespaces: ["ml-*"], podSelector: {matchLabels: {gpugate.io/profile: training}}}
+            deny: [{message: training needs a reservation}]
+        """, priority=10)
+        inference = pod(container("app", gpus=1), labels={"gpugate.io/profile": "inference"})
+        trainer = pod(container("app", gpus=1), labels={"gpugate.io/profile": "training"})
+        assert verdict(inference, training, namespace="ml-a")[0].allowed
+        assert "training needs a reservation" in verdict(trainer, training, namespace="ml-a")[0].message
 
     @pytest.mark.parametrize(("p", "namespace"), [
         (pod(container("app")), "web-shop"),
@@ -109,10 +120,18 @@ class TestDenyRules:
         p = pod(container("app", gpus=1), labels={names.SKIP_LABEL: "true"})
         assert not verdict(p, self.WEB, namespace="web-shop")[0].allowed
 
-    def test_the_skip_label_skips_the_policy_rules(self):
-        """Opted-out pods are not shaped, so the selected policy's own limits do not judge them."""
+    def test_the_skip_label_does_not_skip_the_policy_limits(self):
+        """Opted-out pods are not shaped, but a label their author writes must not lift max."""
         p = pod(container("app", gpus=9), labels={names.SKIP_LABEL: "true"})
-        assert verdict(p, MAX4)[0].allowed
+        result = verdict(p, MAX4)[0]
+        assert not result.allowed and "allows 4" in result.message
+
+    def test_sidecar_gpus_count_toward_the_pod_total(self):
+        """Init containers with restartPolicy Always run all along: their GPUs add up."""
+        sidecar = dict(container("s1", gpus=4), restartPolicy="Always")
+        one_shot = container("setup", gpus=4)
+        assert not verdict(pod(container("c", gpus=4), init=[sidecar]), MAX4)[0].allowed
+        assert verdict(pod(container("c", gpus=4), init=[one_shot]), MAX4)[0].allowed
 
     def test_a_deny_rule_narrowed_by_namespace_and_selector(self):
         doc = policy("ml", """

@@ -202,6 +202,8 @@ _MEANING = {
     "labelValue": "a label value (up to 63 of A-Z a-z 0-9 - _ . starting and ending alphanumeric; "
                   "GPU products are written as the node label shows them, e.g. NVIDIA-H100-80GB-HBM3)",
     "name": "a valid name (lowercase letters, digits and '-', starting and ending alphanumeric)",
+    "dnsSubdomain": "a Kubernetes object name (lowercase letters, digits, '-' and '.', starting and ending "
+                    "alphanumeric)",
 }
 
 
@@ -234,12 +236,20 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 
 def _semantic_problems(policy: GPUPolicy) -> list[str]:
+    """Rules the schema cannot say, chiefly those the API server would enforce on every shaped pod."""
     problems = []
     gpu = policy.gpu
     if gpu.default is not None and gpu.max is not None and gpu.default > gpu.max:
         problems.append(f"spec.gpu.default: {gpu.default} is above spec.gpu.max {gpu.max}")
-    if not policy.match.gpu_only and gpu.default is None:
-        pass  # a CPU-and-GPU policy without a default only adds scheduling fields: allowed
+    if not isinstance(policy.tolerations, str):
+        for i, toleration in enumerate(policy.tolerations):
+            where = f"spec.tolerations[{i}]"
+            if toleration.operator == "Exists" and toleration.value:
+                problems.append(f"{where}: operator Exists takes no value (the API server refuses the pod)")
+            if not toleration.key and toleration.operator != "Exists":
+                problems.append(f"{where}: a toleration without a key needs operator Exists")
+            if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
+                problems.append(f"{where}: tolerationSeconds needs effect NoExecute")
     return problems
 
 

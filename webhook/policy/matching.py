@@ -57,14 +57,15 @@ def match_applies(match: Match, pod: pods.Pod, namespace: str) -> bool:
     return pods.asks_for_gpus(pod) or not match.gpu_only
 
 
-def select(policies: "PolicySet", pod: pods.Pod, *, namespace: str) -> GPUPolicy | None:
+def select(policies: "PolicySet", pod: pods.Pod, *, namespace: str, honor_skip: bool = True) -> GPUPolicy | None:
     """The highest-priority policy whose match applies, or None (also for opted-out pods).
 
     Policies are kept sorted by descending priority, and equal priorities that could both
     match are refused at load, so the first hit is the only answer. A policy in mode ``off``
     is as if absent: switching one off never changes which other policy a pod gets.
+    ``honor_skip=False`` is for validation: the opt-out label skips shaping, never the limits.
     """
-    if pods.is_skipped(pod):
+    if honor_skip and pods.is_skipped(pod):
         return None
     return next((p for p in policies.policies if p.mode != "off" and match_applies(p.match, pod, namespace)), None)
 
