@@ -352,7 +352,7 @@ def profile_app(n: int = 2000) -> None:
         "patch applies check": lambda: patchcheck.check(review.object, patch_json),
         "encode response": lambda: admission.encode(review, answer),
         "metrics (3 samples)": lambda: (metrics.ADMISSIONS.labels("mutate", "CREATE", "p", "patched").inc(),
-                                        metrics.DURATION.labels("mutate").observe(0.001),
+                                        metrics.DURATION.labels("mutate", "patched", "training").observe(0.001),
                                         metrics.PATCH_OPERATIONS.labels("p").inc(5)),
     }
     print(f"in-process stages of one /mutate review ({n} calls each):")

@@ -78,8 +78,15 @@ def resource_section(container: Container, section: str) -> dict[str, Any]:
 def nvidia_resources(container: Container) -> set[str]:
     """NVIDIA resource names a container asks for in requests or limits."""
     found: set[str] = set()
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return found
     for section in ("requests", "limits"):
-        found.update(name for name in resource_section(container, section) if names.is_nvidia_resource(name))
+        values = resources.get(section)
+        if isinstance(values, dict):
+            for name in values:
+                if name.startswith(names.NVIDIA_RESOURCE_PREFIX) and names.is_nvidia_resource(name):
+                    found.add(name)
     return found
 
 

@@ -49,12 +49,16 @@ def selector_matches(selector: LabelSelector, labels: dict[str, str]) -> bool:
     return all(requirement_matches(r, labels) for r in selector.requirements())
 
 
-def match_applies(match: Match, pod: pods.Pod, namespace: str) -> bool:
+def match_applies(match: Match, pod: pods.Pod, namespace: str, *, asks_for_gpus: bool | None = None) -> bool:
+    """``asks_for_gpus`` may be passed in when known, so selecting among many policies reads the
+    pod's containers once."""
     if not namespace_matches(namespace, match.namespaces, match.exclude_namespaces):
         return False
     if not selector_matches(match.pod_selector, pods.labels(pod)):
         return False
-    return pods.asks_for_gpus(pod) or not match.gpu_only
+    if not match.gpu_only:
+        return True
+    return pods.asks_for_gpus(pod) if asks_for_gpus is None else asks_for_gpus
 
 
 def select(policies: "PolicySet", pod: pods.Pod, *, namespace: str, honor_skip: bool = True) -> GPUPolicy | None:
@@ -67,7 +71,9 @@ def select(policies: "PolicySet", pod: pods.Pod, *, namespace: str, honor_skip: 
     """
     if honor_skip and pods.is_skipped(pod):
         return None
-    return next((p for p in policies.policies if p.mode != "off" and match_applies(p.match, pod, namespace)), None)
+    gpu_pod = pods.asks_for_gpus(pod)
+    return next((p for p in policies.policies
+                 if p.mode != "off" and match_applies(p.match, pod, namespace, asks_for_gpus=gpu_pod)), None)
 
 
 def deny_applies(rule: DenyRule, pod: pods.Pod, namespace: str) -> bool:
