@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from webhook import manifestcheck
+from webhook.stack import verify
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
@@ -98,32 +99,9 @@ def _render(path: Path, components: tuple[str, ...]) -> list[KubeObject]:
 
 
 def strict_crd_schema(crd_file: Path) -> dict[str, Any]:
-    """The CRD's openAPIV3Schema as JSON Schema, strict like kubeconform's openapi2jsonschema:
-    objects with declared properties refuse unknown fields (the API server would prune them
-    silently, which is exactly the typo we want to catch), int-or-string accepts both."""
+    """The CRD's first version as strict JSON Schema: the same conversion `gpugate stack` validates with."""
     crd = yaml.safe_load(crd_file.read_text())
-    schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-
-    def fix(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("x-kubernetes-int-or-string"):
-                node.pop("type", None)
-                node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-            if node.get("nullable") and "type" in node:
-                node["type"] = [node["type"], "null"]
-            if ("properties" in node and "additionalProperties" not in node
-                    and not node.get("x-kubernetes-preserve-unknown-fields")):
-                node["additionalProperties"] = False
-            for value in node.values():
-                fix(value)
-        elif isinstance(node, list):
-            for value in node:
-                fix(value)
-
-    fix(schema)
-    # metadata is validated by the API server, not by the CRD schema
-    schema.setdefault("properties", {})["metadata"] = {"type": "object"}
-    return schema
+    return verify.strict_crd_schema(crd, crd["spec"]["versions"][0]["name"])
 
 
 def dig(tree: dict[str, Any], dotted: str) -> Any:

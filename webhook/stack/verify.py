@@ -53,15 +53,25 @@ def values_keys(values: Mapping[str, Any], release: OperatorVersion) -> Check:
 
 
 def strict_crd_schema(crd: Mapping[str, Any], version: str) -> dict[str, Any]:
-    """The openAPIV3Schema of ``version`` with unknown fields refused at every level (as strict apply does)."""
+    """The openAPIV3Schema of ``version`` as JSON Schema, strict like kubeconform's openapi2jsonschema:
+    unknown fields are refused at every level (the API server would prune them silently, which is
+    exactly the typo to catch), int-or-string accepts both, nullable admits null, and metadata is
+    left to the API server."""
     for served in crd["spec"]["versions"]:
         if served["name"] == version:
-            return _strict(json.loads(json.dumps(served["schema"]["openAPIV3Schema"])))
+            schema = _strict(json.loads(json.dumps(served["schema"]["openAPIV3Schema"])))
+            schema.setdefault("properties", {})["metadata"] = {"type": "object"}
+            return schema
     raise GpugateError(f"CRD {crd['metadata']['name']} has no version {version}")
 
 
 def _strict(node: Any) -> Any:
     if isinstance(node, dict):
+        if node.get("x-kubernetes-int-or-string"):
+            node.pop("type", None)
+            node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+        if node.get("nullable") and "type" in node:
+            node["type"] = [node["type"], "null"]
         if "properties" in node and "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
             node["additionalProperties"] = False
         for value in node.values():
