@@ -115,6 +115,9 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
     # Before anything imports prometheus_client: each run gets fresh multiprocess sample files.
     metrics_dir = tempfile.mkdtemp(prefix="gpugate-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    # gunicorn forks its workers from inside run(), so a worker that exits unwinds through this
+    # frame too: only the master may remove the folder its live and future workers write into.
+    master_pid = os.getpid()
     try:
         from webhook import serving, server
 
@@ -130,7 +133,8 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
                    f"threads: {threads})", err=True)
         serving.GunicornServer(lambda: server.create_app(settings), options).run()
     finally:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if os.getpid() == master_pid:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 # --- admit -------------------------------------------------------------------------------------
