@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
 
-from webhook import admission  # noqa: E402
+from webhook.admission import reviews  # noqa: E402
+from webhook.policy import loading  # noqa: E402
 
 SERVICE_HOST = "gpugate-webhook.gpugate-system.svc"
 
@@ -165,7 +166,7 @@ def encoded_requests(n: int) -> list[bytes]:
     pod = yaml.safe_load((REPO / "webhook" / "examples" / "pod-training.yaml").read_text())
     out = []
     for _ in range(n):
-        body = json.dumps(admission.wrap_pod(pod, uid=str(uuid.uuid4()), namespace="ml-vision")).encode()
+        body = json.dumps(reviews.wrap_pod(pod, uid=str(uuid.uuid4()), namespace="ml-vision")).encode()
         out.append(b"POST /mutate HTTP/1.1\r\nHost: " + SERVICE_HOST.encode()
                    + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
                    + b"\r\n\r\n" + body)
@@ -330,27 +331,26 @@ def profile_app(n: int = 2000) -> None:
     import pstats
     import timeit
 
-    from webhook import metrics, mutation, patchcheck, server
-    from webhook.policy import PolicySet
+    from webhook.admission import metrics, mutation, patchcheck, routes
 
     body = encoded_requests(1)[0].partition(b"\r\n\r\n")[2]
-    policies = PolicySet.from_dir(REPO / "policies")
-    review = admission.decode(body)
+    policies = loading.load_dir(REPO / "policies")
+    review = reviews.decode(body)
     result = mutation.mutate(review.object, namespace="ml-vision", policies=policies)
     patch_json = json.dumps(list(result.patch), separators=(",", ":"))
-    answer = admission.Answer(allowed=True, patch=result.patch, patch_json=patch_json)
+    answer = reviews.Answer(allowed=True, patch=result.patch, patch_json=patch_json)
 
     def per_call(fn) -> float:
         fn()
         return timeit.timeit(fn, number=n) / n * 1e6
 
     stages = {
-        "decode review (json.loads + checks)": lambda: admission.decode(body),
+        "decode review (json.loads + checks)": lambda: reviews.decode(body),
         # A fresh pod per call, as in the server (a reused dict is faster: warm caches).
-        "decode + core mutation.mutate": lambda: mutation.mutate(admission.decode(body).object,
+        "decode + core mutation.mutate": lambda: mutation.mutate(reviews.decode(body).object,
                                                                   namespace="ml-vision", policies=policies),
         "patch applies check": lambda: patchcheck.check(review.object, patch_json),
-        "encode response": lambda: admission.encode(review, answer),
+        "encode response": lambda: reviews.encode(review, answer),
         "metrics (3 samples)": lambda: (metrics.ADMISSIONS.labels("mutate", "CREATE", "p", "patched").inc(),
                                         metrics.DURATION.labels("mutate", "patched", "training").observe(0.001),
                                         metrics.PATCH_OPERATIONS.labels("p").inc(5)),
@@ -359,15 +359,15 @@ def profile_app(n: int = 2000) -> None:
     for name, fn in stages.items():
         print(f"  {name:<40}{per_call(fn):>8.0f} us")
     for null in (True, False):
-        app = server.create_app(server.ServerSettings(policy_dir=REPO / "policies", reload_interval=0,
+        app = routes.create_app(routes.ServerSettings(policy_dir=REPO / "policies", reload_interval=0,
                                                       null_webhook=null))
         client = app.test_client()
-        took = per_call(lambda: client.post("/mutate", data=body, content_type="application/json"))
+        took = per_call(lambda client=client: client.post("/mutate", data=body, content_type="application/json"))
         print(f"  {'whole app via Flask test client, ' + ('null' if null else 'gpugate'):<40}{took:>8.0f} us")
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(n):
-        mutation.mutate(admission.decode(body).object, namespace="ml-vision", policies=policies)
+        mutation.mutate(reviews.decode(body).object, namespace="ml-vision", policies=policies)
     profiler.disable()
     print("\nprofile of mutation.mutate (tottime, top 15):")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(15)

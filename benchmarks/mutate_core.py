@@ -14,10 +14,10 @@ import json
 import statistics
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
-from webhook import mutation, validation
-from webhook.policy import PolicySet
+from webhook.admission import mutation, validation
+from webhook.policy import PolicySet, parsing
 
 
 def policy_texts(count: int) -> list[tuple[str, str]]:
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--policies", type=int, default=24)
     args = parser.parse_args()
-    policies = PolicySet.from_texts(policy_texts(args.policies))
+    policies = parsing.parse(policy_texts(args.policies))
     pod = realistic_pod()
     body = json.dumps(review_for(pod))
     result = mutation.mutate(pod, namespace="team-19-vision", policies=policies)
@@ -145,7 +145,7 @@ def print_breakdown(pod: dict, policies: PolicySet, floor_rate: float) -> None:
 
     import jsonpatch
 
-    from webhook import patches
+    from webhook.admission import patches
     from webhook.policy import matching
 
     namespace = "team-19-vision"

@@ -34,7 +34,7 @@ def shared_dir() -> Path:
 
 
 KUBECTL = shutil.which("kubectl")
-NO_KUBECTL = "kubectl is not on PATH"  # the start of webhook.manifestcheck's message
+NO_KUBECTL = "kubectl is not on PATH"  # the start of webhook.stack.manifestcheck's message
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from webhook.policy import PolicySet
+from webhook.policy import loading
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def advertised_resources(values: dict) -> set[str]:
 
 def test_every_resource_a_starter_policy_injects_is_advertised() -> None:
     advertised = advertised_resources(stack_values())
-    for policy in PolicySet.from_dir(ROOT / "policies").policies:
+    for policy in loading.load_dir(ROOT / "policies").policies:
         resource = policy.gpu.resource
         wanted = "nvidia.com/mig-*" if resource.startswith("nvidia.com/mig-") else resource
         assert wanted in advertised, f"policy {policy.name} asks for {resource}; the stack advertises {sorted(advertised)}"

@@ -1,17 +1,19 @@
-"""JSON-line logs: one object per line, so a log pipeline needs no parser of ours.
+"""JSON-line logs: one object per line, so a log pipeline needs no parser of ours. Process-wide.
 
-Every gpugate record (and gunicorn's own, when ``serve`` installs ``LOGCONFIG``) is written by
-``JSONFormatter``: ``ts``, ``level``, ``logger``, ``event``, ``pid`` (which worker) plus the
-record's ``fields`` dict.
-The admission server logs exactly one ``admission`` line per review it answers.
+Every gpugate process (the admission server and gunicorn's own records when ``serve`` installs
+``LOGCONFIG``, the balancer through ``configure``) writes records with ``JSONFormatter``: ``ts``,
+``level``, ``logger``, ``event``, ``pid`` (which worker) plus the record's ``fields`` dict.
+The admission server logs exactly one ``admission`` line per review it answers, with its uid.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, TextIO
 
 ADMISSION_LOGGER = "gpugate.admission"
 SERVER_LOGGER = "gpugate.server"
@@ -61,3 +63,13 @@ def log_admission(logger: logging.Logger, fields: Mapping[str, Any]) -> None:
 
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
     logger.log(level, event, extra={"fields": fields})
+
+
+def configure(level: str = "INFO", stream: TextIO | None = None) -> None:
+    """Send ``gpugate.*`` logs as JSON lines to ``stream`` (stderr by default); called once per process."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JSONFormatter())
+    logger = logging.getLogger("gpugate")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    logger.propagate = False

@@ -51,11 +51,6 @@ DRIVER_OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
 # The taint GPU node pools conventionally carry.
 GPU_TAINT_KEY = "nvidia.com/gpu"
 
-
-def is_nvidia_resource(name: str) -> bool:
-    """True for the extended resources the NVIDIA device plugin advertises."""
-    return name == GPU_RESOURCE or name == SHARED_GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)

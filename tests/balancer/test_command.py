@@ -63,9 +63,9 @@ def test_sigterm_releases_the_lease_and_logs_are_json_lines(fake_kube: FakeKube,
     assert proc.returncode == 0, stderr
     assert not holder(fake_kube)
     lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]
-    messages = [line["msg"] for line in lines]
+    messages = [line["event"] for line in lines]
     assert "node marks updated" in messages and "lease released" in messages and "balancer stopped" in messages
-    assert all({"time", "level", "logger", "msg"} <= set(line) for line in lines)
+    assert all({"ts", "level", "logger", "event", "pid"} <= set(line) for line in lines)  # the server's format too
 
 
 def test_a_standby_takes_over_when_the_leader_dies_without_releasing(

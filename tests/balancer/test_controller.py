@@ -11,9 +11,9 @@ import pytest
 from tests.balancer.conftest import fast_settings, wait_for
 from tests.balancer.test_prometheus import FakePrometheus, vector
 from tests.kubefake import STRATEGIC_PATCH, FakeKube
-from webhook.balancer.jsonlog import JsonFormatter
 from webhook.balancer.prometheus import PROFILING_METRIC
 from webhook.balancer.settings import PrometheusSettings
+from webhook.logs import JSONFormatter
 from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL
 
 OURS = (GPU_FREE_LABEL, GPU_LOAD_LABEL)
@@ -223,8 +223,8 @@ def test_dry_run_logs_changes_and_writes_nothing(fake_kube: FakeKube, start_bala
     record = next(r for r in caplog.records if r.getMessage() == "dry run: would patch node")
     assert record.fields["node"] == "gpu-1"
     assert record.fields["changes"] == {GPU_FREE_LABEL: [None, "0"], GPU_LOAD_LABEL: [None, "congested"]}
-    line = json.loads(JsonFormatter().format(record))
-    assert line["msg"] == "dry run: would patch node" and line["level"] == "info" and line["node"] == "gpu-1"
+    line = json.loads(JSONFormatter().format(record))
+    assert line["event"] == "dry run: would patch node" and line["level"] == "info" and line["node"] == "gpu-1"
 
 
 def test_healthz_and_metrics_report_tiers_writes_errors_sync_and_leadership(

@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch import Watch
 
-from tests.kubefake import FakeKube, STRATEGIC_PATCH, MERGE_PATCH, JSON_PATCH
+from tests.kubefake import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, FakeKube
 from webhook.kubeclient import api_client
 
 

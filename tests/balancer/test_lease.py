@@ -67,7 +67,7 @@ def test_release_empties_the_holder_so_a_standby_need_not_wait(fake_kube: FakeKu
 def test_backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() -> None:
     backoff = Backoff(0.5, 4.0, random.Random(7))
     delays = [backoff.next() for _ in range(6)]
-    for delay, ceiling in zip(delays, (0.5, 1.0, 2.0, 4.0, 4.0, 4.0)):
+    for delay, ceiling in zip(delays, (0.5, 1.0, 2.0, 4.0, 4.0, 4.0), strict=True):
         assert ceiling / 2 <= delay <= ceiling
     assert len(set(delays)) == 6               # jittered, not lockstep
     backoff.reset()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from webhook.balancer import marks
-from webhook.balancer.state import ClusterState, node_info, parse_count, pod_key, pod_usage
+from webhook.balancer.state import ClusterState, node_info, pod_key, pod_usage
 from webhook.balancer.tiers import TierThresholds
 from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL
 
@@ -26,10 +26,15 @@ def pod(node_name="gpu-1", gpus="2", phase="Running", init=None, resource="nvidi
             "status": {"phase": phase}}
 
 
-@pytest.mark.parametrize(("text", "count"), [("8", 8), (8, 8), ("1k", 1000), ("2Ki", 2048), ("x", 0), ("-1", 0),
-                                             ("1500m", 1)])
+@pytest.mark.parametrize(("text", "count"), [("8", 8), (8, 8), ("1k", 1000), ("2Ki", 2048)])
 def test_quantities_read_as_whole_counts(text, count) -> None:
-    assert parse_count(text) == count
+    assert pod_usage(pod(gpus=text)).requests == (("nvidia.com/gpu", count),)
+
+
+@pytest.mark.parametrize("text", ["x", "-1", "1500m", "9" * 80])
+def test_a_quantity_the_api_server_would_refuse_counts_as_nothing(text) -> None:
+    """The quantity rule is webhook.kube.quantity's: no second, laxer parser turns "1500m" into 1."""
+    assert pod_usage(pod(gpus=text)) is None
 
 
 def test_pod_usage_counts_bound_running_pods_only() -> None:

@@ -18,7 +18,7 @@ POLICIES = ROOT / "policies"
 EXAMPLE = ROOT / "webhook" / "examples" / "pod-training.yaml"
 
 
-def run(*args: str) -> "CliRunner.invoke":
+def run(*args: str) -> CliRunner.invoke:
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 

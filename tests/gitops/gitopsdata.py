@@ -7,14 +7,14 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
-from webhook import manifestcheck
-from webhook.stack import verify
+from webhook.stack import manifestcheck, verify
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"

@@ -6,8 +6,9 @@ import pytest
 import yaml
 
 from tests.gitops.gitopsdata import REPO, shared_or_skip
+from tools import chartkeys_gen
 from webhook.errors import GpugateError
-from webhook.stack import chartkeys_gen, chartvalues
+from webhook.stack import chartvalues
 
 VALUES_FILE = REPO / "manifests" / "gpu-operator" / "values.yaml"
 STACK_FILE = REPO / "manifests" / "gpu-operator" / "stack.yaml"

@@ -35,7 +35,7 @@ def _cases() -> list[tuple[str, Path, dict]]:
     cases = []
     for test_file in sorted(HEALTH_DIR.glob("*/*/health_test.yaml")):
         kind_dir = test_file.parent
-        for index, case in enumerate(yaml.safe_load(test_file.read_text())["tests"]):
+        for case in yaml.safe_load(test_file.read_text())["tests"]:
             case_id = f"{kind_dir.parent.name}/{kind_dir.name}/{case['inputPath']}"
             cases.append((case_id, kind_dir, case))
     return cases

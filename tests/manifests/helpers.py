@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from functools import lru_cache
+from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
-from webhook import manifestcheck
+from webhook.stack import manifestcheck
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
@@ -79,7 +80,7 @@ def kustomization_kind(directory: Path) -> str:
     return yaml.safe_load((directory / "kustomization.yaml").read_text()).get("kind", "Kustomization")
 
 
-@lru_cache(maxsize=None)
+@cache
 def render_variant(name: str) -> tuple[Obj, ...]:
     """Render a variant through a throwaway overlay; cached for the session (treat as read-only)."""
     resources, components = VARIANTS[name]

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from webhook.names import GPU_FREE_LABEL
-
 from tests.kubefake import FakeKube, fake_kube  # noqa: F401 - the fixture is used by name
 from tests.manifests.helpers import arg_value, one, render_variant, rule_allows
+from webhook.names import GPU_FREE_LABEL
 
 pytestmark = pytest.mark.slow
 

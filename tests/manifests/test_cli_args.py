@@ -8,13 +8,12 @@ import re
 import click
 import pytest
 
-from webhook.cli import main
-
 from tests.manifests.helpers import REPO, containers, pod_specs, render_variant
+from webhook.cli import main
 
 
 def _entrypoint() -> list[str]:
-    [line] = [l for l in (REPO / "Dockerfile").read_text().splitlines() if l.startswith("ENTRYPOINT")]
+    [line] = [entry for entry in (REPO / "Dockerfile").read_text().splitlines() if entry.startswith("ENTRYPOINT")]
     return json.loads(line.partition(" ")[2])
 
 

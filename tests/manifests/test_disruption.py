@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from tests.manifests.helpers import MANIFESTS, Obj, find, one, pod_specs, render_variant
-from webhook import manifestcheck
 from webhook.policy import matching
 from webhook.policy.model import LabelSelector, SelectorRequirement
+from webhook.stack import manifestcheck
 
 
 def selector(raw: Obj) -> LabelSelector:
@@ -31,7 +31,7 @@ def pods_matching_the_budget(objects: list[Obj] | tuple[Obj, ...]) -> list[str]:
     chosen = selector(budget["spec"]["selector"])
     out = []
     for obj in objects:
-        for _, spec in pod_specs(obj):
+        for _ in pod_specs(obj):
             template_labels = _template_labels(obj)
             if obj["metadata"].get("namespace", "gpugate-system") == budget["metadata"]["namespace"] \
                     and matching.selector_matches(chosen, template_labels):

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from webhook import manifestcheck
-from webhook.errors import GpugateError
-
 from tests.manifests.helpers import SCHEMA_ROOT, require_schemas
+from webhook.errors import GpugateError
+from webhook.stack import manifestcheck
 
 
 def _write(directory: Path, files: dict[str, str]) -> Path:

@@ -12,12 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook import manifestcheck
-
 from tests.manifests.helpers import (
-    COMPONENT_VARIANTS, KUBERNETES_VERSION, MANIFESTS, SCHEMA_ROOT, VARIANTS, kustomization_dirs,
-    kustomization_kind, render_variant, require_schemas,
+    COMPONENT_VARIANTS,
+    KUBERNETES_VERSION,
+    MANIFESTS,
+    SCHEMA_ROOT,
+    VARIANTS,
+    kustomization_dirs,
+    kustomization_kind,
+    render_variant,
+    require_schemas,
 )
+from webhook.stack import manifestcheck
 
 BUILTIN_GROUPS_SUFFIX = ".k8s.io"
 

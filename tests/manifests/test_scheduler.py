@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.names import GPU_RESOURCE
-
 from tests.manifests.helpers import KUBERNETES_VERSION, MANIFESTS, NAMESPACE, arg_value, find, one, render_variant
+from webhook.names import GPU_RESOURCE
 
 # KubeSchedulerConfiguration v1 top-level fields (kubescheduler.config.k8s.io/v1 reference).
 CONFIG_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",

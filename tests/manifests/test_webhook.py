@@ -8,11 +8,18 @@ from pathlib import Path
 import pytest
 from flask import Flask
 
-from webhook import manifestcheck, server
-
 from tests.manifests.helpers import (
-    MANIFESTS, NAMESPACE, POLICIES, VARIANTS, arg_value, find, one, render_variant,
+    MANIFESTS,
+    NAMESPACE,
+    POLICIES,
+    VARIANTS,
+    arg_value,
+    find,
+    one,
+    render_variant,
 )
+from webhook.admission import routes
+from webhook.stack import manifestcheck
 
 WEBHOOK_VARIANTS = sorted(v for v, (resources, _) in VARIANTS.items() if "webhook" in resources)
 CONFIG_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -47,7 +54,7 @@ def _hooks(objs):
 
 def _server_routes() -> set[tuple[str, str]]:
     app = Flask("routes-only")
-    app.register_blueprint(server.routes)
+    app.register_blueprint(routes.blueprint)
     return {(rule.rule, method) for rule in app.url_map.iter_rules() for method in rule.methods}
 
 

@@ -14,14 +14,13 @@ import ssl
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from webhook import certs
-
 from tests.manifests.helpers import NAMESPACE, find, one, render_variant
+from webhook.certs import pki
 
 pytestmark = pytest.mark.slow
 
@@ -65,8 +64,8 @@ def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_
             for key, text in config_map["data"].items():
                 (local / key).write_text(text)
         elif "secret" in volume:
-            bundle = certs.create_bundle(service="gpugate-webhook", namespace=NAMESPACE,
-                                         now=datetime.now(timezone.utc))
+            bundle = pki.create_bundle(service="gpugate-webhook", namespace=NAMESPACE,
+                                         now=datetime.now(UTC))
             (local / "tls.crt").write_bytes(bundle.cert)
             (local / "tls.key").write_bytes(bundle.key)
             (local / "ca.crt").write_bytes(bundle.ca_cert)

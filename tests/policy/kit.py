@@ -9,14 +9,14 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from webhook.policy import PolicySet
+from webhook.policy import PolicySet, parsing
 
 HEADER = "apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\n"
 
 
 def load(*documents: str, name: str = "p.yaml") -> PolicySet:
     """Load YAML documents (each dedented, joined with ---) as one file."""
-    return PolicySet.from_texts([(name, "\n---\n".join(textwrap.dedent(d) for d in documents))])
+    return parsing.parse([(name, "\n---\n".join(textwrap.dedent(d) for d in documents))])
 
 
 def policy(name: str, spec: str = "", *, priority: int | None = None, mode: str | None = None) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.policy.kit import load, policy
 from webhook.errors import PolicyLoadError
-from webhook.policy import PolicySet
+from webhook.policy import PolicySet, loading, parsing
 
 TRAINING = policy("training", """
     priority: 100
@@ -42,16 +42,16 @@ def write(folder: Path, files: dict[str, str]) -> Path:
 class TestFolder:
     def test_every_top_level_yaml_file_and_every_document_in_it_is_loaded(self, tmp_path):
         write(tmp_path, {"a.yaml": TRAINING + "---\n" + INFERENCE, "b.yml": FALLBACK})
-        policies = PolicySet.from_dir(tmp_path)
+        policies = loading.load_dir(tmp_path)
         assert {p.name for p in policies.policies} == {"training", "inference", "fallback"}
 
     def test_policies_are_kept_highest_priority_first(self, tmp_path):
         write(tmp_path, {"a.yaml": FALLBACK, "b.yaml": TRAINING})
-        assert [p.priority for p in PolicySet.from_dir(tmp_path).policies] == [100, 0]
+        assert [p.priority for p in loading.load_dir(tmp_path).policies] == [100, 0]
 
     def test_each_policy_remembers_its_file_and_document(self, tmp_path):
         write(tmp_path, {"a.yaml": TRAINING + "---\n" + INFERENCE})
-        sources = {p.name: p.source for p in PolicySet.from_dir(tmp_path).policies}
+        sources = {p.name: p.source for p in loading.load_dir(tmp_path).policies}
         assert sources["training"].endswith("a.yaml, document 1")
         assert sources["inference"].endswith("a.yaml, document 2")
 
@@ -68,7 +68,7 @@ class TestFolder:
             "tests/case-1/case.yaml": "namespace: ml-a\n",
             "README.md": "# notes\n",
         })
-        policies = PolicySet.from_dir(tmp_path)
+        policies = loading.load_dir(tmp_path)
         assert [p.name for p in policies.policies] == ["training"]
 
     def test_a_configmap_volume_with_its_data_symlink_swap_loads_once(self, tmp_path):
@@ -78,20 +78,20 @@ class TestFolder:
         (tmp_path / "..data").symlink_to(real.name)
         for key in ("training.yaml", "kustomization.yaml"):
             (tmp_path / key).symlink_to(os.path.join("..data", key))
-        policies = PolicySet.from_dir(tmp_path)
+        policies = loading.load_dir(tmp_path)
         assert [p.name for p in policies.policies] == ["training"]
         assert policies.revision == load(TRAINING, name="training.yaml").revision
 
     def test_an_empty_folder_is_an_empty_set(self, tmp_path):
-        assert PolicySet.from_dir(tmp_path).policies == ()
-        assert PolicySet.from_dir(tmp_path).revision == PolicySet.empty().revision
+        assert loading.load_dir(tmp_path).policies == ()
+        assert loading.load_dir(tmp_path).revision == PolicySet.empty().revision
 
     def test_a_missing_folder_is_a_load_error_naming_it(self, tmp_path):
         with pytest.raises(PolicyLoadError, match=re.escape(str(tmp_path / "nope"))):
-            PolicySet.from_dir(tmp_path / "nope")
+            loading.load_dir(tmp_path / "nope")
 
     def test_the_shipped_starter_policies_load(self):
-        policies = PolicySet.from_dir(Path(__file__).resolve().parents[2] / "policies")
+        policies = loading.load_dir(Path(__file__).resolve().parents[2] / "policies")
         assert {"training", "inference", "notebooks", "web-no-gpus", "default-gpu"} <= {
             p.name for p in policies.policies}
 
@@ -118,7 +118,7 @@ class TestRevision:
     def test_same_content_gives_the_same_revision(self, tmp_path):
         write(tmp_path / "one", {"a.yaml": TRAINING, "b.yaml": FALLBACK})
         write(tmp_path / "two", {"b.yaml": FALLBACK, "a.yaml": TRAINING})
-        assert PolicySet.from_dir(tmp_path / "one").revision == PolicySet.from_dir(tmp_path / "two").revision
+        assert loading.load_dir(tmp_path / "one").revision == loading.load_dir(tmp_path / "two").revision
 
     @pytest.mark.parametrize("edit", [
         lambda text: text.replace("max: 8", "max: 7"),
@@ -126,29 +126,29 @@ class TestRevision:
     ], ids=["a value changed", "a comment added"])
     def test_any_edit_changes_the_revision(self, tmp_path, edit):
         write(tmp_path, {"a.yaml": TRAINING})
-        before = PolicySet.from_dir(tmp_path).revision
+        before = loading.load_dir(tmp_path).revision
         (tmp_path / "a.yaml").write_text(edit(TRAINING))
-        assert PolicySet.from_dir(tmp_path).revision != before
+        assert loading.load_dir(tmp_path).revision != before
 
     def test_renaming_a_file_changes_the_revision(self, tmp_path):
         write(tmp_path, {"a.yaml": TRAINING})
-        before = PolicySet.from_dir(tmp_path).revision
+        before = loading.load_dir(tmp_path).revision
         (tmp_path / "a.yaml").rename(tmp_path / "b.yaml")
-        assert PolicySet.from_dir(tmp_path).revision != before
+        assert loading.load_dir(tmp_path).revision != before
 
     def test_ignored_files_do_not_change_the_revision(self, tmp_path):
         write(tmp_path, {"a.yaml": TRAINING})
-        before = PolicySet.from_dir(tmp_path).revision
+        before = loading.load_dir(tmp_path).revision
         write(tmp_path, {"kustomization.yaml": "kind: Kustomization\n", "tests/x/case.yaml": "a: 1\n",
                          ".swap.yaml": "x"})
-        assert PolicySet.from_dir(tmp_path).revision == before
+        assert loading.load_dir(tmp_path).revision == before
 
 
 class TestErrorsPoint:
     def test_errors_name_the_file_the_document_and_the_field_path(self, tmp_path):
         write(tmp_path, {"training.yaml": FALLBACK + "---\n" + TRAINING.replace("max: 8", "max: eight")})
         with pytest.raises(PolicyLoadError) as caught:
-            PolicySet.from_dir(tmp_path)
+            loading.load_dir(tmp_path)
         (problem,) = caught.value.problems
         assert re.search(r"training\.yaml, document 2, spec\.gpu\.max: 'eight' is not of type 'integer'$", problem)
 
@@ -248,7 +248,7 @@ class TestErrorsPoint:
     ], ids=["a byte that is not UTF-8", "a Python tag is never constructed", "an undefined alias"])
     def test_unreadable_yaml_is_refused_naming_the_file(self, data, says):
         with pytest.raises(PolicyLoadError) as caught:
-            PolicySet.from_texts([("bad.yaml", data)])
+            parsing.parse([("bad.yaml", data)])
         (problem,) = caught.value.problems
         assert problem.startswith("bad.yaml") and says in problem
 
@@ -296,7 +296,7 @@ class TestAllOrNothing:
         write(tmp_path, {"a.yaml": policy("a", "gpu: {max: x}"), "b.yaml": "key: [unclosed\n",
                          "c.yaml": TRAINING})
         with pytest.raises(PolicyLoadError) as caught:
-            PolicySet.from_dir(tmp_path)
+            loading.load_dir(tmp_path)
         problems = caught.value.problems
         assert len(problems) == 2
         assert any("a.yaml, document 1, spec.gpu.max" in p for p in problems)
@@ -317,7 +317,7 @@ class TestDuplicatesAndOverlap:
         write(tmp_path, {"a.yaml": TRAINING, "b.yaml": FALLBACK + "---\n" + TRAINING.replace("priority: 100",
                                                                                            "priority: 5")})
         with pytest.raises(PolicyLoadError) as caught:
-            PolicySet.from_dir(tmp_path)
+            loading.load_dir(tmp_path)
         (problem,) = caught.value.problems
         assert re.search(r"b\.yaml, document 2, metadata\.name: duplicate policy name 'training' "
                          r"\(first defined in .*a\.yaml, document 1\)", problem)

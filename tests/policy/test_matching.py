@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.policy.kit import container, load, pod, policy
-from webhook import mutation
+from webhook.admission import mutation
 from webhook.errors import PolicyLoadError
 from webhook.policy import matching
 from webhook.policy.model import LabelSelector, SelectorRequirement

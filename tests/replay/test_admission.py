@@ -9,7 +9,7 @@ import pytest
 
 from webhook import names
 from webhook.replay import demand, labels, model, runner, workload
-from webhook.replay.trace import NodeRecord, PodRecord, Trace
+from webhook.replay.records import NodeRecord, PodRecord, Trace
 
 WHOLE = PodRecord("train", 8000, 32768, 2, 1000, (), "BE")
 SHARE = PodRecord("share", 4000, 8192, 1, 470, ("T4", "V100M32"), "LS")

@@ -10,7 +10,7 @@ import pytest
 from webhook.replay import demand, model
 from webhook.replay.cluster import ClusterState
 from webhook.replay.model import KubeCluster, NodeLabels, Requirement, SelectorTerm, Taint
-from webhook.replay.trace import NodeRecord
+from webhook.replay.records import NodeRecord
 
 LABELS = [
     {"nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.memory": "15109", "gpugate.io/gpu-free": "2"},

@@ -7,7 +7,7 @@ import pytest
 
 from webhook.replay import arrival, metrics, reference
 from webhook.replay.cluster import ClusterState, Demand
-from webhook.replay.trace import NodeRecord, PodRecord
+from webhook.replay.records import NodeRecord, PodRecord
 
 NODES = (NodeRecord("a", 96_000, 400_000, 8, "G2"), NodeRecord("b", 104_000, 500_000, 2, "T4"),
          NodeRecord("c", 16_000, 100_000, 2, "P100"), NodeRecord("d", 64_000, 250_000, 4, "V100M16"))

@@ -9,9 +9,8 @@ import jsonschema
 import pytest
 import yaml
 
-from webhook import manifestcheck
 from webhook.errors import GpugateError
-from webhook.stack import chartvalues, manifests, verify
+from webhook.stack import chartvalues, manifestcheck, manifests, verify
 from webhook.stack.compat import OperatorVersion
 from webhook.stack.model import Stack
 
@@ -122,7 +121,7 @@ def test_set_scalar_changes_one_value_and_keeps_every_other_byte():
     edited = manifests.set_scalar(text, ("driver", "version"), "610.57.04", filename="values.yaml")
     before, after = text.splitlines(), edited.splitlines()
     assert len(before) == len(after)
-    diff = [(a, b) for a, b in zip(before, after) if a != b]
+    diff = [(a, b) for a, b in zip(before, after, strict=False) if a != b]
     assert diff == [('  version: "595.91.07"', '  version: "610.57.04"')]
     with pytest.raises(GpugateError, match="no line for driver.maxParallelUpgrades"):
         manifests.set_scalar(text, ("driver", "maxParallelUpgrades"), 2, filename="values.yaml")
@@ -131,7 +130,7 @@ def test_set_scalar_changes_one_value_and_keeps_every_other_byte():
 def test_set_chart_revision_edits_only_the_chart_sources_target_revision():
     text = (ROOT / manifests.ARGO_APP_FILE).read_text()
     edited = manifests.set_chart_revision(text, chart="gpu-operator", version="v26.7.1")
-    diff = [(a, b) for a, b in zip(text.splitlines(), edited.splitlines()) if a != b]
+    diff = [(a, b) for a, b in zip(text.splitlines(), edited.splitlines(), strict=False) if a != b]
     assert len(diff) == 1 and "v26.7.1" in diff[0][1] and "targetRevision" in diff[0][1]
     assert len(text.splitlines()) == len(edited.splitlines())
     other = [s for s in yaml.safe_load(edited)["spec"]["sources"] if "chart" not in s]

@@ -51,7 +51,7 @@ def populate(fk) -> None:
         fk.put(item)
 
 
-def test_status_kube_reports_states_conditions_and_nodes_per_pool_by_upgrade_state(stack_repo, fake_kube):  # noqa: F811
+def test_status_kube_reports_states_conditions_and_nodes_per_pool_by_upgrade_state(stack_repo, fake_kube):
     populate(fake_kube)
     result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--kube",
                                        "--server", fake_kube.url, "-o", "json"], catch_exceptions=False)
@@ -72,7 +72,7 @@ def test_status_kube_reports_states_conditions_and_nodes_per_pool_by_upgrade_sta
     assert gets["/api/v1/nodes"].get("labelSelector") == "nvidia.com/gpu.present=true"
 
 
-def test_status_kube_text_names_each_object_and_pool(stack_repo, fake_kube):  # noqa: F811
+def test_status_kube_text_names_each_object_and_pool(stack_repo, fake_kube):
     populate(fake_kube)
     result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--server", fake_kube.url],
                                 catch_exceptions=False)

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from tests.stack.conftest import git, snapshot
-from webhook import manifestcheck
 from webhook.cli import main
-from webhook.stack import chartvalues, manifests, plan as planning, upgrade, verify
+from webhook.stack import chartvalues, manifestcheck, manifests, upgrade, verify
+from webhook.stack import plan as planning
 from webhook.stack.gitrepo import Repo
 
 
@@ -88,7 +88,7 @@ def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_mes
     trailers = git(stack_repo, "log", "-n1", "--format=%(trailers:key=Gpugate-Stack,valueonly)").strip()
     assert trailers == "upgrade"
     diff = git(stack_repo, "diff", "HEAD~1", "--", manifests.VALUES_FILE)
-    assert [l for l in diff.splitlines() if l.startswith(("+ ", "- ", "+\t", "-\t")) or l[:2] in ("+ ", "- ")] == [
+    assert [line for line in diff.splitlines() if line.startswith(("+ ", "- ", "+\t", "-\t")) or line[:2] in ("+ ", "- ")] == [
         '-  version: "580.126.20"', '+  version: "595.91.07"']
     assert git(stack_repo, "status", "--porcelain") == ""
     assert_renders_and_validates(stack_repo, shared_or_none)
@@ -169,7 +169,7 @@ def _cluster_policy(state: str, ready: str) -> dict:
 
 
 def test_moving_to_nvidiadriver_from_before_v26_7_0_plans_two_commits_and_makes_only_the_first(
-        stack_repo, set_stack, shared_or_none, fake_kube):  # noqa: F811
+        stack_repo, set_stack, shared_or_none, fake_kube):
     set_stack(operator_version="v26.3.3", management="clusterpolicy", pools={"default": {"driver": "580.126.20"}})
     args = ["--operator", "v26.7.0", "--driver-management", "nvidiadriver"]
     data = json.loads(run(stack_repo, "plan", *args, "-o", "json").output)

@@ -6,8 +6,14 @@ hiccup, so they do not come back in lockstep and knock it over again.
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Uniform(Protocol):
+    """The one thing backoff asks of a random source (``random.Random`` has it)."""
+
+    def uniform(self, a: float, b: float) -> float: ...
 
 
 @dataclass
@@ -16,7 +22,7 @@ class Backoff:
 
     initial: float
     maximum: float
-    rng: random.Random = field(default_factory=random.Random)
+    rng: Uniform
     attempts: int = 0
 
     def next(self) -> float:

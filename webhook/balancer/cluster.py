@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook import kubeclient
 from webhook.balancer.backoff import Backoff
 
 log = logging.getLogger("gpugate.balancer.cluster")
@@ -86,7 +87,7 @@ class Informer(Generic[V]):
                 log.info("watch expired, relisting", extra={"fields": {"resource": self.name, "reason": str(err)}})
                 self._on_relist(self.name)
                 rv = None
-            except Exception as err:  # noqa: BLE001 - the supervisor of this edge: report, back off, retry
+            except Exception as err:
                 if stop.is_set():
                     break
                 delay = self._backoff.next()
@@ -179,4 +180,4 @@ class NodeWriter:
     def patch(self, name: str, body: Obj) -> Obj:
         """Apply ``body``; return the node as stored afterwards (raw JSON). Raises ApiException."""
         response = self._core.patch_node(name, body, _preload_content=False, _request_timeout=(10, 30))
-        return json.loads(response.data)
+        return kubeclient.raw_json(response)

@@ -194,7 +194,7 @@ class Balancer:
                 full = self._force_full or last_full is None or now - last_full >= self.settings.resync_interval
                 try:
                     ok = self.reconcile(pool, full=full)
-                except Exception:  # noqa: BLE001 - a bug in one pass must not end the controller
+                except Exception:
                     log.exception("reconcile pass failed")
                     ok = False
                 if full and ok:
@@ -274,7 +274,7 @@ class Balancer:
             with self._lock:
                 self.state.dirty.add(node.name)
             return result == "conflict"  # a conflict is retried when the watch brings the fresh node
-        except Exception as err:  # noqa: BLE001 - network errors: count, retry after backoff
+        except Exception as err:
             self.metrics.label_writes.labels("error").inc()
             self._api_error("patch_node", err)
             log.warning("node patch failed", extra={"fields": {"node": node.name, "error": str(err)[:300]}})
@@ -318,7 +318,7 @@ class Balancer:
                 result = None
             else:
                 self.metrics.prometheus_up.set(1)
-                if reported_down:
+                if reported_down and result is not None:
                     log.info("Prometheus reachable again", extra={"fields": {"hosts": len(result.by_host)}})
                 reported_down = False
             now = self._clock()

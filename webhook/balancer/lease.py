@@ -9,18 +9,18 @@ Release (on SIGTERM) empties ``holderIdentity`` so a standby takes over at its n
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook import kubeclient
 from webhook.balancer.settings import LeaseSettings
 
 log = logging.getLogger("gpugate.balancer.lease")
@@ -30,7 +30,7 @@ Obj = dict[str, Any]
 
 def micro_time(moment: datetime) -> str:
     """A Kubernetes MicroTime: RFC 3339 with microseconds, UTC."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ class LeaderElector:
 
     def __init__(self, api: client.ApiClient, settings: LeaseSettings, *,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
                  on_change: Callable[[bool], None] = lambda leading: None,
                  on_error: Callable[[str, BaseException], None] = lambda op, err: None) -> None:
         self._api = client.CoordinationV1Api(api)
@@ -86,7 +86,7 @@ class LeaderElector:
         while not stop.is_set():
             try:
                 self.try_acquire_or_renew()
-            except Exception as err:  # noqa: BLE001 - an edge loop: report and retry next period
+            except Exception as err:
                 self._on_error("lease", err)
                 log.warning("lease update failed", extra={"fields": {"error": str(err)[:300]}})
             self._publish()
@@ -106,8 +106,8 @@ class LeaderElector:
         s = self._settings
         now_wall = micro_time(self._wall())
         try:
-            lease = json.loads(self._api.read_namespaced_lease(s.name, s.namespace, _preload_content=False,
-                                                               _request_timeout=(5, 10)).data)
+            lease = kubeclient.raw_json(self._api.read_namespaced_lease(s.name, s.namespace, _preload_content=False,
+                                                                        _request_timeout=(5, 10)))
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -115,7 +115,7 @@ class LeaderElector:
                     "metadata": {"name": s.name, "namespace": s.namespace},
                     "spec": self._spec(now_wall, acquire=now_wall, transitions=0)}
             try:
-                self._api.create_namespaced_lease(s.namespace, body, _preload_content=False,
+                self._api.create_namespaced_lease(s.namespace, kubeclient.body(body), _preload_content=False,
                                                   _request_timeout=(5, 10))
             except ApiException as create_err:
                 if create_err.status == 409:  # another replica created it first
@@ -152,8 +152,8 @@ class LeaderElector:
             return
         s = self._settings
         try:
-            lease = json.loads(self._api.read_namespaced_lease(s.name, s.namespace, _preload_content=False,
-                                                               _request_timeout=(5, 10)).data)
+            lease = kubeclient.raw_json(self._api.read_namespaced_lease(s.name, s.namespace, _preload_content=False,
+                                                                        _request_timeout=(5, 10)))
             spec = lease.get("spec") or {}
             if spec.get("holderIdentity") != s.identity:
                 return
@@ -163,7 +163,7 @@ class LeaderElector:
             self._api.replace_namespaced_lease(s.name, s.namespace, lease, _preload_content=False,
                                                _request_timeout=(5, 10))
             log.info("lease released", extra={"fields": {"identity": s.identity}})
-        except Exception as err:  # noqa: BLE001 - best effort on the way out; expiry covers a failure
+        except Exception as err:
             self._on_error("lease", err)
             log.warning("lease release failed", extra={"fields": {"error": str(err)[:300]}})
         finally:

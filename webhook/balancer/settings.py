@@ -187,5 +187,5 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
             raise SettingsError(f"{source}: {where} must be a {kind}, got a boolean")
         if not isinstance(value, allowed):
             raise SettingsError(f"{source}: {where} must be a {kind}, got {value!r}")
-        values[key] = float(value) if kind == "float" else value
+        values[key] = float(value) if kind == "float" else value  # type: ignore[arg-type]  # checked above
     return cls(**values)

@@ -7,17 +7,17 @@ requests. 150,000 pods therefore cost a few small tuples each, not their whole J
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from webhook.kube import pods
+from webhook.kube.quantity import QuantityError, whole_count
+from webhook.kube.resources import is_gpu_resource
 from webhook.names import (
     CONGESTED_TAINT_KEY,
     GPU_FREE_LABEL,
     GPU_LOAD_LABEL,
     NVIDIA_REPLICAS_LABEL,
-    NVIDIA_RESOURCE_PREFIX,
 )
 
 Obj = dict[str, Any]
@@ -27,30 +27,6 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 OWNED_LABELS = (GPU_FREE_LABEL, GPU_LOAD_LABEL)
 
-_SUFFIX = {"m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
-
-
-def parse_count(value: Any) -> int:
-    """An extended-resource quantity as an integer count (``"8"``, ``8``, ``"1k"``); 0 if unreadable.
-
-    Device-plugin resources are whole numbers; a quantity we cannot read counts as none rather
-    than stopping the whole node's accounting.
-    """
-    if isinstance(value, int):
-        return max(value, 0)
-    match = _QUANTITY.match(str(value).strip())
-    if not match:
-        return 0
-    number, suffix = match.groups()
-    try:
-        amount = Decimal(number) * _SUFFIX.get(suffix, 1 if not suffix else 0)
-    except InvalidOperation:
-        return 0
-    return max(int(amount), 0)
-
-
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     """What the balancer reads from (and may rewrite on) one node."""
@@ -58,7 +34,7 @@ class NodeInfo:
     name: str
     resource_version: str
     allocatable: Counts
-    """NVIDIA resources only; empty for a node that is not (or no longer) a GPU node."""
+    """GPU resources only (whole, shared, MIG); empty for a node that is not (or no longer) a GPU node."""
     owned_labels: tuple[tuple[str, str], ...]
     """The balancer's own labels as they are on the node now."""
     taints: tuple[Obj, ...]
@@ -85,8 +61,8 @@ def node_info(node: Obj) -> NodeInfo:
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
-    nvidia = tuple(sorted((k, parse_count(v)) for k, v in allocatable.items()
-                          if k.startswith(NVIDIA_RESOURCE_PREFIX)))
+    # The API server validates allocatable quantities, so an unreadable one cannot come from it.
+    nvidia = tuple(sorted((k, whole_count(v) or 0) for k, v in allocatable.items() if is_gpu_resource(k)))
     name = meta.get("name", "")
     hostnames = tuple(dict.fromkeys(h for h in (name, labels.get(HOSTNAME_LABEL)) if h))
     return NodeInfo(
@@ -95,7 +71,7 @@ def node_info(node: Obj) -> NodeInfo:
         allocatable=nvidia,
         owned_labels=tuple(sorted((k, str(labels[k])) for k in OWNED_LABELS if k in labels)),
         taints=tuple((node.get("spec") or {}).get("taints") or ()),
-        replicas=max(parse_count(labels.get(NVIDIA_REPLICAS_LABEL, 1)), 1),
+        replicas=max(whole_count(labels.get(NVIDIA_REPLICAS_LABEL, 1)) or 1, 1),
         hostnames=hostnames,
     )
 
@@ -108,43 +84,15 @@ class PodUsage:
     requests: Counts
 
 
-def _container_requests(container: Obj) -> dict[str, int]:
-    resources = container.get("resources") or {}
-    # Extended resources may be given as limits only; the request then defaults to the limit.
-    merged = dict(resources.get("limits") or {})
-    merged.update(resources.get("requests") or {})
-    return {k: parse_count(v) for k, v in merged.items() if k.startswith(NVIDIA_RESOURCE_PREFIX)}
-
-
-def _add(into: dict[str, int], more: dict[str, int]) -> None:
-    for key, value in more.items():
-        into[key] = into.get(key, 0) + value
-
-
 def pod_requests(pod: Obj) -> dict[str, int]:
-    """The pod's effective NVIDIA requests, as the scheduler computes them.
+    """The pod's effective GPU requests by Kubernetes' rule (``kube.pods.effective_requests``).
 
-    Regular containers and sidecars (init containers with ``restartPolicy: Always``) run
-    together and add up; each plain init container runs alone (after the sidecars before it),
-    so the pod needs the larger of the two.
+    A quantity the API server would have refused (it cannot be stored) counts as nothing.
     """
-    spec = pod.get("spec") or {}
-    total: dict[str, int] = {}
-    for container in spec.get("containers") or ():
-        _add(total, _container_requests(container))
-    sidecars: dict[str, int] = {}
-    peak: dict[str, int] = {}
-    for container in spec.get("initContainers") or ():
-        own = _container_requests(container)
-        if container.get("restartPolicy") == "Always":
-            _add(sidecars, own)
-            continue
-        for key in set(own) | set(sidecars):
-            peak[key] = max(peak.get(key, 0), own.get(key, 0) + sidecars.get(key, 0))
-    _add(total, sidecars)
-    for key, value in peak.items():
-        total[key] = max(total.get(key, 0), value)
-    return {k: v for k, v in total.items() if v > 0}
+    try:
+        return pods.gpu_requests(pod)
+    except QuantityError:
+        return {}
 
 
 def pod_usage(pod: Obj) -> PodUsage | None:

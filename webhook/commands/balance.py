@@ -45,14 +45,14 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
     """
     from kubernetes.config import ConfigException
 
-    from webhook.balancer import jsonlog
+    from webhook import logs
     from webhook.balancer.controller import Balancer
     from webhook.kubeclient import api_client
 
     settings = settings_from(config_file, prometheus=prometheus, dry_run=dry_run, server=server,
                              lease_name=lease_name, lease_namespace=lease_namespace, identity=identity,
                              health_bind=health_bind, taint_congested=taint_congested)
-    jsonlog.configure(log_level)
+    logs.configure(log_level)
     try:
         balancer = Balancer(settings, client_factory=lambda: api_client(settings.server), serve_health=True)
     except ConfigException as err:

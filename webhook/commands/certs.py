@@ -3,18 +3,18 @@
 Locally (``--out DIR``) it writes ca.crt, ca.key, tls.crt, tls.key, keeping a valid bundle.
 In the cluster (``--secret NS/NAME [--patch-webhooks NAME[,NAME]]``) it creates or renews the
 kubernetes.io/tls Secret and makes the webhook configurations trust its CA; see
-``webhook.certinstall``. Both are idempotent: nothing due, nothing written.
+``webhook.certs.pki.publish``. Both are idempotent: nothing due, nothing written.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
-from webhook import certinstall
-from webhook import certs as certfiles
+from webhook.certs import pki as certfiles
+from webhook.certs import publish
 from webhook.errors import GpugateError
 from webhook.kubeclient import api_client
 
@@ -32,7 +32,7 @@ def _secret_ref(ctx: click.Context, param: click.Parameter, value: str | None) -
     if value is None:
         return None
     try:
-        return certinstall.parse_secret_ref(value)
+        return publish.parse_secret_ref(value)
     except GpugateError as err:
         raise click.BadParameter(str(err), ctx=ctx, param=param) from err
 
@@ -62,14 +62,14 @@ def certs(service: str, namespace: str, out: Path | None, days: int, renew_withi
         raise click.UsageError("--patch-webhooks needs --secret: the caBundle is the CA of that Secret")
     if secret_ref is None and out is None:
         raise click.UsageError("say where the certificate goes: --out DIR, --secret NS/NAME, or both")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     if secret_ref is None:
         assert out is not None
         _local(out, service=service, namespace=namespace, now=now, days=days, renew_within=renew_within)
         return
     secret_namespace, secret_name = secret_ref
     with api_client(server) as api:
-        result = certinstall.install(
+        result = publish.install(
             api, secret_namespace=secret_namespace, secret_name=secret_name, service=service,
             namespace=namespace, webhooks=webhooks, now=now, days=days, renew_within_days=renew_within,
         )
@@ -91,7 +91,7 @@ def certs(service: str, namespace: str, out: Path | None, days: int, renew_withi
 def _local(out: Path, *, service: str, namespace: str, now: datetime, days: int, renew_within: float) -> None:
     existing = certfiles.read_bundle(out)
     data = None if existing is None else {"tls.crt": existing.cert, "tls.key": existing.key, "ca.crt": existing.ca_cert}
-    reason = certinstall.renewal_reason(data, service=service, namespace=namespace, now=now, within_days=renew_within)
+    reason = publish.renewal_reason(data, service=service, namespace=namespace, now=now, within_days=renew_within)
     if reason is None:
         assert existing is not None
         expiry = certfiles.not_after(existing.cert).strftime("%Y-%m-%d %H:%M UTC")

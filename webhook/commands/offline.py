@@ -4,28 +4,29 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import jsonpatch
 import yaml
 
-from webhook import mutation, validation
+from webhook.admission import mutation, validation
 from webhook.errors import PolicyLoadError
-from webhook.podfiles import read_pod
-from webhook.policy import PolicySet
-from webhook import policytests
+from webhook.kube.documents import read_pod
+from webhook.policy import cases, loading
 
 DEFAULT_POLICIES = Path("policies")
 
 
-def policies_option(function):  # type: ignore[no-untyped-def]
+def policies_option(function: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--policies", "policy_dir", type=click.Path(file_okay=False, path_type=Path),
                         default=DEFAULT_POLICIES, show_default=True,
                         help="Folder of GPUPolicy YAML files.")(function)
 
 
-def namespace_option(function):  # type: ignore[no-untyped-def]
+def namespace_option(function: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--namespace", "-n", default=None,
                         help="Namespace of the admission request (default: the pod's, else 'default').")(function)
 
@@ -47,7 +48,7 @@ def _yaml(obj: object) -> str:
 def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, output: str) -> None:
     """Print POD_FILE as the webhook would admit it (exit 1 when it would be denied)."""
     pod = read_pod(pod_file)
-    policies = PolicySet.from_dir(policy_dir)
+    policies = loading.load_dir(policy_dir)
     ns = _namespace(pod, namespace)
     result = mutation.mutate(pod, namespace=ns, policies=policies)
     for warning in result.warnings:
@@ -80,7 +81,7 @@ def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, output: str)
 def validate(pod_file: Path, policy_dir: Path, namespace: str | None) -> None:
     """Say whether POD_FILE, as written, would be allowed (exit 1 when denied)."""
     pod = read_pod(pod_file)
-    verdict = validation.validate(pod, namespace=_namespace(pod, namespace), policies=PolicySet.from_dir(policy_dir))
+    verdict = validation.validate(pod, namespace=_namespace(pod, namespace), policies=loading.load_dir(policy_dir))
     for warning in verdict.warnings:
         click.echo(f"warning: {warning}", err=True)
     if not verdict.allowed:
@@ -100,7 +101,7 @@ def policy() -> None:
 def check(policy_dir: Path) -> None:
     """Exit 0 when every policy in POLICY_DIR is valid; else list every problem and exit 1."""
     try:
-        policies = PolicySet.from_dir(policy_dir)
+        policies = loading.load_dir(policy_dir)
     except PolicyLoadError as err:
         for problem in err.problems:
             click.echo(problem, err=True)
@@ -114,7 +115,7 @@ def check(policy_dir: Path) -> None:
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
 def test_command(policy_dir: Path, junit: Path | None) -> None:
     """Run the golden cases under POLICY_DIR/tests/ and exit 1 on any failure."""
-    results = policytests.run_all(policy_dir)
+    results = cases.run_all(policy_dir)
     if not results:
         click.echo(f"no test cases under {policy_dir / 'tests'} (each case is a folder with case.yaml)", err=True)
         raise click.exceptions.Exit(1)
@@ -124,7 +125,7 @@ def test_command(policy_dir: Path, junit: Path | None) -> None:
             click.echo("      " + result.detail.replace("\n", "\n      "))
     failed = sum(not r.passed for r in results)
     if junit:
-        junit.write_bytes(policytests.junit_xml(results))
+        junit.write_bytes(cases.junit_xml(results))
     click.echo(f"{len(results) - failed} passed, {failed} failed")
     if failed:
         raise click.exceptions.Exit(1)

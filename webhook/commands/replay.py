@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from webhook.errors import InputError
+from webhook.policy import loading
 
 ALL_ARMS = "stock,gpugate,binpack-profile,random,bestfit,fgd"
 
@@ -82,11 +83,10 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     else:
         loaded = trace.synthetic(seed_list[0], nodes=synthetic_nodes)
     if "gpugate" in arm_list:
-        from webhook.policy import PolicySet
 
         if not policies.is_dir():
             raise InputError(f"{policies}: no such policy folder (give --policies DIR, or leave out the gpugate arm)")
-        PolicySet.from_dir(policies)  # refuse a bad folder before starting any run
+        loading.load_dir(policies)  # refuse a bad folder before starting any run
     specs = [runner.RunSpec(arm=arm, seed=seed, label_lag=label_lag, tune=tune, taint_congested=taint_congested,
                             device_policy=device_allocation,
                             policies=str(policies) if arm == "gpugate" else None)

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
-import socket
 import ssl
 import sys
 import tempfile
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, Mapping
 
 import click
 import jsonpatch
 import yaml
 
-from webhook import admission, certs
+from webhook.admission import client, reviews
+from webhook.certs import pki
 from webhook.errors import GpugateError, InputError
 
 DEFAULT_BIND = "127.0.0.1:8443"
@@ -41,22 +39,22 @@ def serving_bundle(state_dir: Path, *, service: str, namespace: str, now: dateti
     A serving certificate close to expiry is renewed under the same CA while the CA itself is
     valid, so clients that trust it keep working. Returns (certfile, keyfile, ca file).
     """
-    paths = state_dir / certs.CERT_FILE, state_dir / certs.KEY_FILE, state_dir / certs.CA_CERT_FILE
+    paths = state_dir / pki.CERT_FILE, state_dir / pki.KEY_FILE, state_dir / pki.CA_CERT_FILE
     try:
-        bundle = certs.read_bundle(state_dir)
-    except certs.CertError as err:
+        bundle = pki.read_bundle(state_dir)
+    except pki.CertError as err:
         click.echo(f"gpugate: the certificates in {state_dir} are unusable ({err}); making new ones", err=True)
         bundle = None
     if bundle is not None:
-        fresh = not certs.needs_renewal(bundle.cert, within_days=RENEW_WITHIN_DAYS, now=now)
-        if fresh and set(certs.service_dns_names(service, namespace)) <= _dns_names(bundle.cert):
+        fresh = not pki.needs_renewal(bundle.cert, within_days=RENEW_WITHIN_DAYS, now=now)
+        if fresh and set(pki.service_dns_names(service, namespace)) <= _dns_names(bundle.cert):
             return paths
-        if not certs.needs_renewal(bundle.ca_cert, within_days=RENEW_WITHIN_DAYS, now=now):
-            renewed = certs.create_bundle(service=service, namespace=namespace, now=now,
+        if not pki.needs_renewal(bundle.ca_cert, within_days=RENEW_WITHIN_DAYS, now=now):
+            renewed = pki.create_bundle(service=service, namespace=namespace, now=now,
                                           ca_cert=bundle.ca_cert, ca_key=bundle.ca_key)
-            certs.write_bundle(renewed, state_dir)
+            pki.write_bundle(renewed, state_dir)
             return paths
-    certs.write_bundle(certs.create_bundle(service=service, namespace=namespace, now=now), state_dir)
+    pki.write_bundle(pki.create_bundle(service=service, namespace=namespace, now=now), state_dir)
     return paths
 
 
@@ -104,13 +102,13 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
         raise GpugateError(f"policy folder {policy_dir} does not exist; pass --policies DIR")
     if certfile is None or keyfile is None:
         certfile, keyfile, ca_file = serving_bundle(state_dir, service=service, namespace=namespace,
-                                                    now=datetime.now(timezone.utc))
+                                                    now=datetime.now(UTC))
         click.echo(f"gpugate: self-signed CA at {ca_file.resolve()} "
                    f"(verify with: gpugate admit POD.yaml --ca {ca_file})", err=True)
     for path in (certfile, keyfile):
         if not path.is_file():
             raise GpugateError(f"{path} does not exist")
-    certs.check_pair(certfile.read_bytes(), keyfile.read_bytes(), cert_name=str(certfile), key_name=str(keyfile))
+    pki.check_pair(certfile.read_bytes(), keyfile.read_bytes(), cert_name=str(certfile), key_name=str(keyfile))
 
     # Before anything imports prometheus_client: each run gets fresh multiprocess sample files.
     metrics_dir = tempfile.mkdtemp(prefix="gpugate-metrics-")
@@ -119,9 +117,9 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
     # frame too: only the master may remove the folder its live and future workers write into.
     master_pid = os.getpid()
     try:
-        from webhook import serving, server
+        from webhook.admission import routes, serving
 
-        settings = server.ServerSettings(policy_dir=policy_dir, fail_closed=fail_closed,
+        settings = routes.ServerSettings(policy_dir=policy_dir, fail_closed=fail_closed,
                                          reload_interval=reload_interval, null_webhook=null_webhook)
         try:
             reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval)
@@ -131,7 +129,7 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
                                            keyfile=keyfile, reloader=reloader, metrics_bind=metrics_address)
         click.echo(f"gpugate: serving https://{bind} (policies: {policy_dir}, workers: {workers}, "
                    f"threads: {threads})", err=True)
-        serving.GunicornServer(lambda: server.create_app(settings), options).run()
+        serving.GunicornServer(lambda: routes.create_app(settings), options).run()
     finally:
         if os.getpid() == master_pid:
             shutil.rmtree(metrics_dir, ignore_errors=True)
@@ -139,75 +137,14 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
 
 # --- admit -------------------------------------------------------------------------------------
 
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to the URL's address while verifying the certificate for ``server_name``."""
-
-    def __init__(self, host: str, port: int, *, context: ssl.SSLContext, server_name: str, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout, context=context)
-        self._server_name = server_name
-        self._context = context
-
-    def connect(self) -> None:
-        raw = socket.create_connection((self.host, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(raw, server_hostname=self._server_name)
-
-
-def post_review(server: str, endpoint: str, review: dict[str, Any], *, ca: Path | None,
-                server_name: str | None = None, timeout: float = 10.0) -> tuple[int, Any]:
-    """POST a review to ``server/endpoint``; (HTTP status, parsed JSON body)."""
-    url = urlsplit(server)
-    if url.scheme != "https" or not url.hostname:
-        raise InputError(f"--server must be an https:// URL, got {server!r}")
-    context = ssl.create_default_context(cafile=str(ca) if ca else None)
-    connection = _PinnedHTTPSConnection(url.hostname, url.port or 443, context=context,
-                                        server_name=server_name or url.hostname, timeout=timeout)
-    path = url.path.rstrip("/") + "/" + endpoint
-    try:
-        connection.request("POST", path, body=json.dumps(review).encode(),
-                           headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        raw = response.read()
-    except ssl.SSLError as err:
-        raise GpugateError(f"TLS with {server} failed: {err}; pass the server's CA with --ca") from err
-    except OSError as err:
-        raise GpugateError(f"cannot reach {server}: {err}") from err
-    finally:
-        connection.close()
-    try:
-        return response.status, json.loads(raw)
-    except ValueError:
-        return response.status, raw.decode(errors="replace")
-
-
 def _read_document(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise InputError(f"cannot read {path}: {err}") from err
-    if not isinstance(document, dict) or document.get("kind") not in ("Pod", admission.KIND):
+    if not isinstance(document, dict) or document.get("kind") not in ("Pod", reviews.KIND):
         raise InputError(f"{path} holds neither a Pod nor an AdmissionReview")
     return document
-
-
-def render_response(endpoint: str, document: dict[str, Any]) -> tuple[str, bool]:
-    """A human summary of a review response, and whether it was allowed."""
-    response = document.get("response") or {}
-    allowed = bool(response.get("allowed"))
-    lines = [f"{endpoint}: {'allowed' if allowed else 'DENIED'} (uid {response.get('uid')})"]
-    if not allowed:
-        status = response.get("status") or {}
-        lines.append(f"  reason ({status.get('code')}): {status.get('message')}")
-    for warning in response.get("warnings") or []:
-        lines.append(f"  warning: {warning}")
-    for key, value in (response.get("auditAnnotations") or {}).items():
-        lines.append(f"  audit {key}: {value}")
-    if response.get("patch"):
-        ops = admission.decode_patch(response["patch"])
-        lines.append(f"  patch ({len(ops)} operations, {response.get('patchType')}):")
-        lines.extend("    " + line for line in json.dumps(ops, indent=2).splitlines())
-    elif endpoint == "mutate":
-        lines.append("  patch: none")
-    return "\n".join(lines), allowed
 
 
 @click.command()
@@ -227,16 +164,17 @@ def admit(file: Path, server: str, ca: Path | None, server_name: str | None, end
     Exit 0 when every endpoint allowed it, 1 when one denied it or the server refused the review.
     """
     document = _read_document(file)
-    if ca is None and (DEFAULT_STATE_DIR / certs.CA_CERT_FILE).is_file():
-        ca = DEFAULT_STATE_DIR / certs.CA_CERT_FILE
+    if ca is None and (DEFAULT_STATE_DIR / pki.CA_CERT_FILE).is_file():
+        ca = DEFAULT_STATE_DIR / pki.CA_CERT_FILE
+    review: Mapping[str, Any]
     if document["kind"] == "Pod":
-        review = admission.wrap_pod(document, uid=str(uuid.uuid4()), namespace=namespace, dry_run=dry_run)
+        review = reviews.wrap_pod(document, uid=str(uuid.uuid4()), namespace=namespace, dry_run=dry_run)
     else:
         review = document
     endpoints = ["mutate", "validate"] if endpoint == "both" else [endpoint]
     all_allowed = True
     for name in endpoints:
-        status, body = post_review(server, name, review, ca=ca, server_name=server_name)
+        status, body = client.post_review(server, name, review, ca=ca, server_name=server_name)
         if status != 200:
             message = body.get("error") if isinstance(body, dict) else body
             raise GpugateError(f"{server}/{name} answered HTTP {status}: {message}")
@@ -244,7 +182,7 @@ def admit(file: Path, server: str, ca: Path | None, server_name: str | None, end
             click.echo(json.dumps(body, indent=2))
             allowed = bool((body.get("response") or {}).get("allowed"))
         else:
-            text, allowed = render_response(name, body)
+            text, allowed = client.render_response(name, body)
             click.echo(text)
         all_allowed = all_allowed and allowed
         patch = (body.get("response") or {}).get("patch") if isinstance(body, dict) else None
@@ -252,6 +190,6 @@ def admit(file: Path, server: str, ca: Path | None, server_name: str | None, end
             # The API server validates the mutated object: so does admit.
             review = json.loads(json.dumps(review))
             review["request"]["object"] = jsonpatch.apply_patch(review["request"]["object"],
-                                                                admission.decode_patch(patch))
+                                                                reviews.decode_patch(patch))
     if not all_allowed:
         sys.exit(1)

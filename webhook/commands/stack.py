@@ -13,11 +13,10 @@ from typing import Any
 import click
 
 from webhook.errors import GpugateError
-from webhook.stack import compat, manifests
+from webhook.stack import compat, manifests, verify
 from webhook.stack import plan as planning
 from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
-from webhook.stack import verify
 from webhook.stack.gitrepo import Repo
 
 _MODES = click.Choice(["nvidiadriver", "clusterpolicy"])

@@ -1,6 +1,5 @@
-"""The GPUPolicy model, its loading into an immutable PolicySet, and selection for a pod."""
+"""The GPUPolicy model, its parsing into an immutable PolicySet, and selection for a pod."""
 
-from webhook.policy.loading import PolicySet
-from webhook.policy.model import GPUPolicy, PolicyRef
+from webhook.policy.model import GPUPolicy, PolicyRef, PolicySet
 
 __all__ = ["GPUPolicy", "PolicyRef", "PolicySet"]

@@ -11,11 +11,11 @@ from fnmatch import translate
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from webhook import pods
+from webhook.kube import pods
 from webhook.policy.model import DenyRule, GPUPolicy, LabelSelector, Match, SelectorRequirement
 
 if TYPE_CHECKING:
-    from webhook.policy.loading import PolicySet
+    from webhook.policy import PolicySet
 
 
 def namespace_matches(namespace: str, include: tuple[str, ...], exclude: tuple[str, ...] = ()) -> bool:
@@ -61,7 +61,7 @@ def match_applies(match: Match, pod: pods.Pod, namespace: str, *, asks_for_gpus:
     return pods.asks_for_gpus(pod) if asks_for_gpus is None else asks_for_gpus
 
 
-def select(policies: "PolicySet", pod: pods.Pod, *, namespace: str, honor_skip: bool = True) -> GPUPolicy | None:
+def select(policies: PolicySet, pod: pods.Pod, *, namespace: str, honor_skip: bool = True) -> GPUPolicy | None:
     """The highest-priority policy whose match applies, or None (also for opted-out pods).
 
     Policies are kept sorted by descending priority, and equal priorities that could both

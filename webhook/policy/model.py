@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -128,3 +129,26 @@ class PolicyRef:
 
     def __str__(self) -> str:
         return f"{self.name}@{self.revision}"
+
+
+def revision_of(encoded: list[tuple[str, bytes]]) -> str:
+    """A short hash of file names (without folders) and bytes: any edit gives a new revision."""
+    digest = hashlib.sha256()
+    for name, data in sorted(encoded):
+        digest.update(name.rsplit("/", 1)[-1].encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """An immutable, ordered set of policies; ``revision`` is a hash of the files' content."""
+
+    policies: tuple[GPUPolicy, ...]
+    revision: str
+
+    @classmethod
+    def empty(cls) -> PolicySet:
+        return cls(policies=(), revision=revision_of([]))
+
+    def get(self, name: str) -> GPUPolicy | None:
+        return next((p for p in self.policies if p.name == name), None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from webhook.replay.trace import PodRecord
+from webhook.replay.records import PodRecord
 
 
 def arrival_order(pods: tuple[PodRecord, ...], capacity_milli: int, seed: int, *, tune: float = 1.3) -> list[int]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from webhook.replay.trace import MILLI, NodeRecord
+from webhook.replay.records import MILLI, NodeRecord
 
 
 @dataclass(frozen=True, slots=True)

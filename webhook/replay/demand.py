@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from webhook import names, pods
-from webhook.quantity import QuantityError, bytes_, millicores, whole_count
+from webhook import names
+from webhook.kube import pods
+from webhook.kube.quantity import QuantityError, bytes_, millicores, whole_count
+from webhook.kube.resources import is_gpu_resource, is_mig_resource
 from webhook.replay.cluster import Demand
 from webhook.replay.model import PodView, PreferredTerm, Requirement, SelectorTerm, Toleration
-from webhook.replay.trace import MILLI
+from webhook.replay.records import MILLI
 from webhook.replay.workload import GPU_MILLI_ANNOTATION
 
 MIB = 2**20
@@ -24,39 +26,27 @@ DEFAULT_MEMORY_BYTES = 200 * 10**6
 DEFAULT_SLOT_MILLI = MILLI // 4
 
 
-def _container_amounts(container: dict[str, Any]) -> dict[str, int]:
-    requests = pods.resource_section(container, "requests")
-    limits = pods.resource_section(container, "limits")
-    merged = {**{k: v for k, v in limits.items() if names.is_nvidia_resource(k)}, **requests}
-    out: dict[str, int] = {}
-    for resource, value in merged.items():
-        try:
-            if resource == "cpu":
-                out[resource] = millicores(value)
-            elif resource == "memory":
-                out[resource] = bytes_(value)
-            else:
-                count = whole_count(value)
-                out[resource] = -1 if count is None else count
-        except QuantityError:
-            out[resource] = -1
-    return out
+def _amount(resource: str, value: Any) -> int:
+    if resource == "cpu":
+        return millicores(value)
+    if resource == "memory":
+        return bytes_(value)
+    return pods.gpu_amount(resource, value)
+
+
+def _scheduled(resource: str) -> bool:
+    return resource in ("cpu", "memory") or is_gpu_resource(resource)
 
 
 def _pod_amounts(pod: dict[str, Any]) -> tuple[dict[str, int], int, int]:
-    """Pod requests (max of the regular sum and each init container) and the non-zero cpu/memory."""
-    total: dict[str, int] = {}
-    cpu_nz = mem_nz = 0
-    for container in pods.containers(pod):
-        amounts = _container_amounts(container)
-        for resource, value in amounts.items():
-            total[resource] = total.get(resource, 0) + value
-        cpu_nz += amounts.get("cpu") or DEFAULT_CPU_MILLI
-        mem_nz += amounts.get("memory") or DEFAULT_MEMORY_BYTES
-    for container in pods.init_containers(pod):
-        for resource, value in _container_amounts(container).items():
-            total[resource] = max(total.get(resource, 0), value)
-    return total, cpu_nz, mem_nz
+    """The pod's requests (Kubernetes' effective-request rule) and the cpu/memory scoring uses.
+
+    Raises QuantityError for a quantity that is not valid.
+    """
+    amounts = pods.effective_requests(pod, include=_scheduled, amount=_amount)
+    scored = pods.effective_requests(pod, include=lambda r: r in ("cpu", "memory"), amount=_amount,
+                                     defaults={"cpu": DEFAULT_CPU_MILLI, "memory": DEFAULT_MEMORY_BYTES})
+    return amounts, scored.get("cpu", 0), scored.get("memory", 0)
 
 
 def _requirements(raw: Any) -> tuple[Requirement, ...]:
@@ -76,21 +66,25 @@ def _term(raw: Any) -> SelectorTerm:
 def view(pod: dict[str, Any]) -> PodView:
     """The scheduling-relevant reading of a Pod."""
     spec = pods.spec(pod)
-    amounts, cpu_nz, mem_nz = _pod_amounts(pod)
     unsupported = None
+    try:
+        amounts, cpu_nz, mem_nz = _pod_amounts(pod)
+    except QuantityError:
+        amounts, cpu_nz, mem_nz = {}, DEFAULT_CPU_MILLI, DEFAULT_MEMORY_BYTES
+        unsupported = "a resource quantity is not valid"
     whole = amounts.get(names.GPU_RESOURCE, 0)
     slots = amounts.get(names.SHARED_GPU_RESOURCE, 0)
     num_gpu, milli = 0, 0
-    if any(v < 0 for v in amounts.values()):
-        unsupported = "a resource quantity is not valid"
-    elif any(r.startswith(names.MIG_RESOURCE_PREFIX) for r in amounts):
+    if unsupported:
+        pass
+    elif any(is_mig_resource(r) for r in amounts):
         unsupported = "MIG resources are not modelled"
     elif whole and slots:
         unsupported = "asks for whole and shared GPUs at once"
     elif whole:
         num_gpu, milli = whole, MILLI
     elif slots:
-        per_slot = whole_count(pods.annotations(pod).get(GPU_MILLI_ANNOTATION, "")) or DEFAULT_SLOT_MILLI
+        per_slot = whole_count(pods.annotations_of(pod).get(GPU_MILLI_ANNOTATION, "")) or DEFAULT_SLOT_MILLI
         num_gpu, milli = 1, min(MILLI, per_slot * slots)
     demand = Demand(cpu=amounts.get("cpu", 0), memory=-(-amounts.get("memory", 0) // MIB), num_gpu=num_gpu,
                     gpu_milli=milli, cpu_score=cpu_nz, memory_score=-(-mem_nz // MIB))

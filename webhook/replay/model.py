@@ -17,16 +17,18 @@ ImageLocality without images, volumes) are left out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
+from webhook import names
 from webhook.replay.cluster import ClusterState, Demand, best_fit_gpu, worst_fit_gpu
-from webhook.replay.trace import MILLI
+from webhook.replay.records import MILLI
 
 MAX_NODE_SCORE = 100
-GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
+# The GPU resources the model accounts for (MIG slices are not modelled: demand.view refuses them).
+MODELLED_GPU_RESOURCES = (names.GPU_RESOURCE, names.SHARED_GPU_RESOURCE)
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
@@ -60,7 +62,7 @@ class Toleration:
     value: str = ""
     effect: str = ""
 
-    def tolerates(self, taint: "Taint") -> bool:
+    def tolerates(self, taint: Taint) -> bool:
         if self.effect and self.effect != taint.effect:
             return False
         if not self.key:
@@ -285,7 +287,7 @@ def _requested_and_allocatable(cluster: KubeCluster, pod: PodView, nodes: np.nda
     if resource == "memory":
         used = state.mem_score_used if non_zero else state.mem_used
         return used[nodes] + (demand.memory_score if non_zero else demand.memory), state.mem_cap[nodes]
-    if resource in GPU_RESOURCES:
+    if resource in MODELLED_GPU_RESOURCES:
         # "if it's an extended resource, and the pod doesn't request it": skipped (resource_allocation.go).
         if resource not in pod.resources:
             return None
@@ -326,7 +328,9 @@ def balanced_allocation_score(cluster: KubeCluster, pod: PodView, nodes: np.ndar
         return np.zeros(len(nodes), dtype=np.int64)
     fractions = []
     for resource in ("cpu", "memory"):
-        requested, allocatable = _requested_and_allocatable(cluster, pod, nodes, resource, non_zero=False)
+        pair = _requested_and_allocatable(cluster, pod, nodes, resource, non_zero=False)
+        assert pair is not None  # cpu and memory always have a pair
+        requested, allocatable = pair
         fractions.append(np.minimum(requested / np.maximum(allocatable, 1), 1.0))
     std = np.abs(fractions[0] - fractions[1]) / 2
     return ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)

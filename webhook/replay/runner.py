@@ -15,15 +15,17 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import jsonpatch
 import numpy as np
 
 from webhook.errors import InputError
+from webhook.policy import loading
 from webhook.replay import demand as demand_reading
 from webhook.replay import workload
 from webhook.replay.arrival import arrival_order
@@ -31,8 +33,8 @@ from webhook.replay.cluster import ClusterState, Demand
 from webhook.replay.labels import Relabeler
 from webhook.replay.metrics import FragmentTracker, typical_pods
 from webhook.replay.model import DEFAULT_PROFILE, KubeCluster, KubeScheduler, NodeLabels, PodView, binpack_profile
+from webhook.replay.records import PodRecord, Trace
 from webhook.replay.reference import REFERENCE_SCHEDULERS
-from webhook.replay.trace import PodRecord, Trace
 
 KUBE_ARMS = ("stock", "gpugate", "binpack-profile")
 ARMS = KUBE_ARMS + tuple(REFERENCE_SCHEDULERS)
@@ -98,11 +100,11 @@ class Admission:
     """
 
     def __init__(self, policies_dir: str | None) -> None:
-        from webhook import mutation, validation
+        from webhook.admission import mutation, validation
         from webhook.policy import PolicySet
 
         self.mutation, self.validation = mutation, validation
-        self.policies = PolicySet.from_dir(Path(policies_dir)) if policies_dir else PolicySet.empty()
+        self.policies = loading.load_dir(Path(policies_dir)) if policies_dir else PolicySet.empty()
         self.cache: dict[str, dict[str, Any] | None] = {}
         self.applied: dict[str, int] = {}
 
@@ -169,8 +171,8 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
 
         def view_of(index: int) -> PodView | None:
             if index not in views:
-                pod = workload.pod_for(records[index])
-                if admission is not None:
+                pod: dict[str, Any] | None = workload.pod_for(records[index])
+                if admission is not None and pod is not None:
                     pod = admission.admit(pod)
                 if pod is None:
                     views[index] = None

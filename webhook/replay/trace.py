@@ -9,66 +9,19 @@ from __future__ import annotations
 
 import csv
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 from webhook.errors import InputError
+from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
 
 NODE_FILE = "openb_node_list_gpu_node.csv"
 DEFAULT_POD_FILE = "openb_pod_list_default.csv"
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
-MILLI = 1000
 
 
 class TraceError(InputError):
     """A trace file is missing or one of its rows is not what the openb format says."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRecord:
-    """One machine: capacity and the model of its (identical) GPUs; ``model`` is "" for CPU nodes."""
-
-    name: str
-    cpu_milli: int
-    memory_mib: int
-    gpus: int
-    model: str
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    """One task: its requests; ``gpu_milli`` is per GPU (below 1000 only when sharing one GPU)."""
-
-    name: str
-    cpu_milli: int
-    memory_mib: int
-    num_gpu: int
-    gpu_milli: int
-    gpu_spec: tuple[str, ...] = ()
-    qos: str = ""
-
-    @property
-    def gpu_request_milli(self) -> int:
-        """The GPU request in thousandths of a GPU, as the published method counts arrivals."""
-        return self.num_gpu * self.gpu_milli
-
-    @property
-    def shares_gpu(self) -> bool:
-        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
-
-
-@dataclass(frozen=True, slots=True)
-class Trace:
-    """A cluster and one pod list; ``workload`` names the pod list (the CSV stem or "synthetic-SEED")."""
-
-    workload: str
-    nodes: tuple[NodeRecord, ...]
-    pods: tuple[PodRecord, ...]
-
-    @property
-    def gpu_capacity_milli(self) -> int:
-        return sum(node.gpus for node in self.nodes) * MILLI
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
@@ -170,7 +123,7 @@ def load_trace(directory: Path, pods_file: str | Path | None = None) -> Trace:
 _SYNTHETIC_NODES = (("G2", 8, 96, 384, 0.45), ("T4", 2, 104, 512, 0.33), ("P100", 2, 64, 256, 0.11),
                     ("V100M16", 4, 32, 128, 0.05), ("V100M32", 8, 96, 768, 0.03), ("G3", 8, 128, 768, 0.03))
 # Request shapes of the synthetic pods: (num_gpu, gpu_milli choices, cpu cores choices, share of pods).
-_SYNTHETIC_PODS = ((0, (0,), (2, 4, 8, 16), 0.13), (1, (1000,), (4, 8, 12, 16), 0.50),
+_SYNTHETIC_PODS: tuple[tuple[int, tuple[int, ...], tuple[int, ...], float], ...] = ((0, (0,), (2, 4, 8, 16), 0.13), (1, (1000,), (4, 8, 12, 16), 0.50),
                    (1, (810, 470, 320, 250, 100, 50), (2, 4, 6, 8), 0.35), (2, (1000,), (16, 24), 0.008),
                    (4, (1000,), (32, 48), 0.006), (8, (1000,), (64, 88), 0.006))
 
@@ -189,11 +142,11 @@ def synthetic(seed: int, *, nodes: int = 120, load: float = 0.98) -> Trace:
     requested = 0
     pod_weights = [shape[3] for shape in _SYNTHETIC_PODS]
     while True:
-        num_gpu, millis, cores, _ = rng.choices(_SYNTHETIC_PODS, weights=pod_weights)[0]
+        num_gpu, millis, core_choices, _share = rng.choices(_SYNTHETIC_PODS, weights=pod_weights)[0]
         milli = rng.choice(millis)
         if requested + num_gpu * milli > load * capacity:
             break
-        cpu = rng.choice(cores) * MILLI
+        cpu = rng.choice(core_choices) * MILLI
         pods.append(PodRecord(name=f"synth-pod-{len(pods):05d}", cpu_milli=cpu, memory_mib=cpu * 2,
                               num_gpu=num_gpu, gpu_milli=milli, qos=rng.choice(("LS", "BE"))))
         requested += num_gpu * milli

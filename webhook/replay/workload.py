@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from webhook import names
-from webhook.replay.trace import MILLI, NodeRecord, PodRecord
+from webhook.replay.records import MILLI, NodeRecord, PodRecord
 
 NAMESPACE = "ml-replay"
 GPU_MILLI_ANNOTATION = "replay.gpugate.io/gpu-milli"

@@ -3,7 +3,7 @@
 The chart has no values schema, so Helm ignores unknown keys without a word: a values file
 that sets ``driver.maxParallelUpgrades`` looks fine, renders fine and changes nothing. The
 valid key paths of each release are data (``data/chart-keys/<release>.txt``, derived from the
-chart's own values.yaml by ``webhook.stack.chartkeys_gen``, provenance in each file's header).
+chart's own values.yaml by ``tools.chartkeys_gen``, provenance in each file's header).
 Pure apart from reading those packaged files.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -56,7 +56,7 @@ def _normalise(release: str) -> str:
     return release if release.startswith("v") else f"v{release}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def chart_keys(release: str) -> ChartKeys:
     """Load the key data of ``release`` (``v26.7.0`` or ``26.7.0``).
 
@@ -67,7 +67,7 @@ def chart_keys(release: str) -> ChartKeys:
         raise GpugateError(
             f"no values key data for gpu-operator chart {release!r}; known releases: "
             f"{', '.join(known_releases())}. Add ../shared/upstream/gpu-operator/values-{wanted}.yaml "
-            "and run `python -m webhook.stack.chartkeys_gen`"
+            "and run `python -m tools.chartkeys_gen`"
         )
     text = (_data_dir() / f"{wanted}.txt").read_text(encoding="utf-8")
     keys: set[str] = set()

@@ -32,7 +32,7 @@ class OperatorVersion:
     patch: int
 
     @classmethod
-    def parse(cls, text: str) -> "OperatorVersion":
+    def parse(cls, text: str) -> OperatorVersion:
         match = _VERSION_RE.match(str(text).strip())
         if match is None:
             raise GpugateError(f"operator version {text!r} is not of the form vYY.MM.PP (e.g. v26.7.0)")
@@ -102,7 +102,7 @@ class Matrix:
     migration_source: str
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Matrix":
+    def from_dict(cls, data: Mapping[str, Any]) -> Matrix:
         """Build the matrix from its YAML form; refuse an entry without a source."""
         try:
             sources = dict(data["sources"])

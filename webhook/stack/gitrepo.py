@@ -12,6 +12,7 @@ from pathlib import Path
 
 from webhook.errors import GpugateError
 from webhook.stack.plan import TRAILER
+
 GIT_TIMEOUT_SECONDS = 60
 
 

@@ -78,7 +78,7 @@ class Pool:
         return self.cr_name or self.name
 
     @classmethod
-    def from_dict(cls, data: Any, where: str) -> "Pool":
+    def from_dict(cls, data: Any, where: str) -> Pool:
         if not isinstance(data, dict):
             raise _where(where, "expected a mapping")
         known = {"name", "crName", "default", "nodeSelector", "driver", "driverType", "usePrecompiled",
@@ -150,7 +150,7 @@ class Stack:
     pools: tuple[Pool, ...] = ()
 
     @classmethod
-    def from_yaml(cls, text: str) -> "Stack":
+    def from_yaml(cls, text: str) -> Stack:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
@@ -158,7 +158,7 @@ class Stack:
         return cls.from_dict(data)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Stack":
+    def from_dict(cls, data: Any) -> Stack:
         if not isinstance(data, dict):
             raise GpugateError("stack.yaml: expected a mapping at the top")
         if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
@@ -242,12 +242,12 @@ class Stack:
                 return pool
         return self.pools[0]
 
-    def with_pool(self, name: str, **changes: Any) -> "Stack":
+    def with_pool(self, name: str, **changes: Any) -> Stack:
         self.pool(name)
         pools = tuple(dataclasses.replace(p, **changes) if p.name == name else p for p in self.pools)
         return dataclasses.replace(self, pools=pools)
 
-    def replace(self, **changes: Any) -> "Stack":
+    def replace(self, **changes: Any) -> Stack:
         return dataclasses.replace(self, **changes)
 
     def versions(self) -> dict[str, str]:

@@ -6,7 +6,7 @@ passing plan into edited files and one commit, and ``gpugate stack plan`` only p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,7 @@ class Plan:
     def warnings(self) -> tuple[str, ...]:
         return tuple(c.warning for c in self.checks if c.warning)
 
-    def with_checks(self, extra: tuple[Check, ...]) -> "Plan":
+    def with_checks(self, extra: tuple[Check, ...]) -> Plan:
         return Plan(action=self.action, current=self.current, steps=self.steps, checks=self.checks + extra)
 
 
@@ -164,6 +164,7 @@ def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: Exi
 
     count = compat.migration_steps(matrix, current=current.operator_version, current_mode=current.management,
                                    target=target_version, target_mode=target_mode)
+    steps: tuple[Step, ...]
     if count == 2:
         first = final.replace(management=current.management)
         if len(first.pools) == 1:
@@ -204,7 +205,7 @@ def is_migration_second_step(plan: Plan) -> bool:
             and plan.steps[0].stack.management == "nvidiadriver")
 
 
-def check_previous_step_healthy(cluster_policies: list[Mapping[str, Any]] | None) -> Check:
+def check_previous_step_healthy(cluster_policies: Sequence[Mapping[str, Any]] | None) -> Check:
     """Step 2 of the migration starts only once step 1 is synced and the ClusterPolicy is ready."""
     name = "previous-step-healthy"
     if cluster_policies is None:

@@ -24,8 +24,9 @@ NO_STATE = "(none)"
 
 def git_status(path: Path) -> dict[str, Any]:
     """The declared stack plus drift between stack.yaml and the files derived from it."""
+    repo: Repo | None
     try:
-        repo: Repo | None = Repo(path)
+        repo = Repo(path)
         root = repo.root
     except GpugateError:
         repo, root = None, path
@@ -134,7 +135,7 @@ def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:
         pool = _pool_of(node, stack)
         labels = (node.get("metadata") or {}).get("labels") or {}
         pools[pool][labels.get(DRIVER_UPGRADE_STATE_LABEL) or NO_STATE] += 1
-        nodes[pool].append((node.get("metadata") or {}).get("name"))
+        nodes[pool].append(str((node.get("metadata") or {}).get("name") or ""))
     drivers = objects(raw.get("nvidiaDrivers"))
     by_cr = {d["name"]: d for d in drivers or []}
     return {

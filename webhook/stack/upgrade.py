@@ -15,8 +15,9 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.stack import manifests, verify
 from webhook.stack import matrix as matrix_data
-from webhook.stack import manifests, plan as planning, verify
+from webhook.stack import plan as planning
 from webhook.stack.compat import Check
 from webhook.stack.gitrepo import Repo
 from webhook.stack.model import Stack
@@ -27,7 +28,7 @@ STACK_PATHS = [manifests.STACK_DIR, "argocd/apps"]
 class CheckFailed(GpugateError):
     """A plan did not pass; carries the prepared plan so the CLI can still print every check."""
 
-    def __init__(self, prepared: "Prepared") -> None:
+    def __init__(self, prepared: Prepared) -> None:
         self.prepared = prepared
         failed = [c for c in prepared.checks if not c.ok]
         super().__init__("; ".join(f"{c.label}: {c.reason}" for c in failed) or "the plan has no commit to make")

@@ -2,7 +2,7 @@
 
 Two checks, the same ones the tests run: every Helm values key exists in the target chart release
 (``webhook.stack.chartvalues``), and ``drivers/`` renders with the real ``kubectl kustomize`` into
-objects that validate (``webhook.manifestcheck``). NVIDIADriver objects are checked against the
+objects that validate (``webhook.stack.manifestcheck``). NVIDIADriver objects are checked against the
 v26.7.0 CRD (``nvidia.com_nvidiadrivers.yaml``) made strict, because the datree JSON schema is
 from 26.3.3 and lacks ``spec.default`` and ``spec.upgradePolicy``.
 """
@@ -84,7 +84,7 @@ def _strict(node: Any) -> Any:
 
 def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int, schema_root: Path | None) -> list[Check]:
     """Render the staged ``drivers/`` with kubectl kustomize and validate every object."""
-    from webhook import manifestcheck
+    from webhook.stack import manifestcheck
 
     checks: list[Check] = []
     with tempfile.TemporaryDirectory(prefix="gpugate-stack-") as tmp:

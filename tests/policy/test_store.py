@@ -1,0 +1,110 @@
+"""PolicyStore: reload on content change only, all-or-nothing, one refusal per bad content, no torn reads."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.admission.conftest import REPO
+from webhook.policy import PolicySet, loading
+from webhook.policy.store import PolicyStore, folder_digest
+
+
+@pytest.fixture()
+def folder(tmp_path: Path) -> Path:
+    target = tmp_path / "policies"
+    target.mkdir()
+    for path in (REPO / "policies").glob("*.yaml"):
+        shutil.copy(path, target / path.name)
+    return target
+
+
+def test_loads_once_and_reloads_only_when_content_changes(folder):
+    loaded, refused = [], []
+    store = PolicyStore(folder, on_loaded=lambda new, old: loaded.append((new.revision, old)),
+                        on_refused=refused.append)
+    assert store.current() is None and not store.ready
+    first = store.check()
+    assert first.loaded and store.ready and store.current().revision == loading.load_dir(folder).revision
+    assert not store.check().changed                       # nothing changed: nothing read twice
+    (folder / "README.md").write_text("not a policy")      # files the loader ignores do not count
+    (folder / "kustomization.yaml").write_text("resources: []\n")
+    (folder / ".hidden.yaml").write_text("junk: [")
+    assert not store.check().changed
+    training = folder / "training.yaml"
+    training.write_text(training.read_text().replace("max: 8", "max: 4"))
+    second = store.check()
+    assert second.loaded and second.revision != first.revision
+    assert [new for new, _ in loaded] == [first.revision, second.revision]
+    assert loaded[0][1] is None and loaded[1][1].revision == first.revision
+    assert refused == []
+
+
+def test_a_bad_change_is_refused_once_and_the_last_good_set_serves(folder):
+    refused = []
+    store = PolicyStore(folder, on_refused=refused.append)
+    good = store.check().revision
+    (folder / "training.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: t}\nspec: {gpu: {max: eight}}\n")
+    outcome = store.check()
+    assert not outcome.loaded and "spec.gpu.max" in outcome.error
+    assert store.current().revision == good
+    assert not store.check().changed and len(refused) == 1   # the same bad content is not re-reported
+    (folder / "training.yaml").unlink()                      # fixing it (here: removing it) loads again
+    assert store.check().loaded and store.current().revision != good
+
+
+def test_a_change_during_loading_is_not_swapped_in(folder):
+    """A ConfigMap swap in the middle of a load could mix two versions: the load is retried."""
+    calls = []
+
+    def load_then_change(path: Path) -> PolicySet:
+        result = loading.load_dir(path)
+        if not calls:
+            (path / "inference.yaml").write_text((path / "inference.yaml").read_text() + "\n# edited\n")
+        calls.append(result.revision)
+        return result
+
+    store = PolicyStore(folder, load=load_then_change)
+    torn = store.check(attempts=1)
+    assert torn.changed and not torn.loaded and store.current() is None
+    settled = store.check(attempts=1)
+    assert settled.loaded and store.current().revision == loading.load_dir(folder).revision
+    assert calls[0] != calls[1]
+
+
+def test_a_worker_starting_during_a_swap_loads_at_once_instead_of_serving_without_policies(folder):
+    """Once a flake in the reload test: a worker whose first load met a swap served 'no policy set'."""
+    swaps = []
+
+    def load_during_swaps(path: Path) -> PolicySet:
+        result = loading.load_dir(path)
+        if len(swaps) < 2:  # the folder changes under the first two loads
+            (path / "inference.yaml").write_text((path / "inference.yaml").read_text() + f"\n# swap {len(swaps)}\n")
+            swaps.append(result.revision)
+        return result
+
+    store = PolicyStore(folder, load=load_during_swaps)
+    outcome = store.check()
+    assert outcome.loaded and store.ready
+    assert store.current().revision == loading.load_dir(folder).revision and len(swaps) == 2
+
+
+def test_digest_follows_symlinks(tmp_path):
+    data_a, data_b = tmp_path / "..a", tmp_path / "..b"
+    data_a.mkdir(), data_b.mkdir()
+    (data_a / "p.yaml").write_text("a")
+    (data_b / "p.yaml").write_text("b")
+    (tmp_path / "..data").symlink_to("..a")
+    (tmp_path / "p.yaml").symlink_to("..data/p.yaml")
+    before = folder_digest(tmp_path)
+    (tmp_path / "..data_tmp").symlink_to("..b")
+    (tmp_path / "..data_tmp").replace(tmp_path / "..data")
+    assert folder_digest(tmp_path) != before
+
+
+def test_a_missing_folder_is_refused_not_fatal(tmp_path):
+    store = PolicyStore(tmp_path / "absent")
+    outcome = store.check()
+    assert not outcome.loaded and "no such folder" in outcome.error and store.current() is None

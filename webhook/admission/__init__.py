@@ -1,0 +1,1 @@
+"""The admission webhook: AdmissionReview codec, the mutation and validation core, the server."""

@@ -1,0 +1,349 @@
+"""The admission server: a Flask app factory, its routes and its per-app state.
+
+``POST /mutate`` and ``POST /validate`` take an AdmissionReview v1 and always answer 200 with a
+review, 400 with a message for a malformed one, or 413 for a body over the limit: never 5xx, and
+no exception leaves a route (a crashing worker would cost the API server a timeout on every
+request it was serving). State lives on the app (``app.extensions["gpugate"]``); a route takes
+one snapshot of the policy set, so a hot reload never mixes two revisions in one answer.
+
+Settings come from the caller (``gpugate serve``) or, for ``gunicorn 'webhook.admission.routes:create_app()'``,
+from ``GPUGATE_*`` variables read once in ``ServerSettings.from_env``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from webhook import logs
+from webhook.admission import metrics, patchcheck, reviews
+from webhook.errors import BadReview
+from webhook.kube import pods
+from webhook.policy.store import PolicyStore
+
+MAX_BODY_BYTES = 3 * 1024 * 1024
+# How much of an over-limit body is read and dropped so the client can see its 413.
+DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
+EXTENSION = "gpugate"
+
+_admission_log = logging.getLogger(logs.ADMISSION_LOGGER)
+_server_log = logging.getLogger(logs.SERVER_LOGGER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    policy_dir: Path = Path("policies")
+    """The folder of GPUPolicy files; watched for changes."""
+    fail_closed: bool = False
+    """On an internal error, deny instead of admitting unchanged. Off by default: a bug in gpugate
+    must not stop every pod in the cluster (the API server rejects on a failed call anyway when
+    the webhook configuration says failurePolicy: Fail)."""
+    reload_interval: float = 1.0
+    """Seconds between two looks at the policy folder; 0 disables hot reload."""
+    max_body_bytes: int = MAX_BODY_BYTES
+    """The API server sends at most ~3 MiB objects (etcd's request limit); more is not a review."""
+    null_webhook: bool = False
+    """Benchmark only: decode and answer 'allowed' without calling the policy core, to measure
+    what the stack itself costs. Not a CLI option."""
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ServerSettings:
+        env = os.environ if environ is None else environ
+        truthy = {"1", "true", "yes", "on"}
+        return cls(
+            policy_dir=Path(env.get("GPUGATE_POLICIES", "policies")),
+            fail_closed=env.get("GPUGATE_FAIL_CLOSED", "").lower() in truthy,
+            reload_interval=float(env.get("GPUGATE_RELOAD_INTERVAL", "1.0")),
+            null_webhook=env.get("GPUGATE_NULL_WEBHOOK", "").lower() in truthy,
+        )
+
+
+@dataclass(frozen=True)
+class ServerState:
+    settings: ServerSettings
+    store: PolicyStore
+    mutate: Callable[..., Any] | None
+    validate: Callable[..., Any] | None
+
+
+def create_app(settings: ServerSettings | None = None) -> Flask:
+    """Build the app; loads the policy folder once and starts watching it."""
+    settings = settings or ServerSettings.from_env()
+    app = Flask("gpugate")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    mutate_fn = validate_fn = None
+    if not settings.null_webhook:
+        from webhook.admission import mutation, validation
+
+        mutate_fn, validate_fn = mutation.mutate, validation.validate
+    store = PolicyStore(
+        settings.policy_dir,
+        on_loaded=lambda new, old: (metrics.POLICY_RELOADS.inc(),
+                                    metrics.set_revision(new.revision, old.revision if old else None)),
+        on_refused=lambda message: metrics.POLICY_RELOAD_ERRORS.inc(),
+    )
+    if not settings.null_webhook:
+        store.check()
+        store.start(settings.reload_interval)
+    app.extensions[EXTENSION] = ServerState(settings, store, mutate_fn, validate_fn)
+    app.register_blueprint(blueprint)
+    app.register_error_handler(HTTPException, _http_error)
+    return app
+
+
+def state() -> ServerState:
+    return current_app.extensions[EXTENSION]
+
+
+blueprint = Blueprint("gpugate", __name__)
+
+
+@blueprint.get("/healthz")
+def healthz() -> Response:
+    return jsonify(ok=True)
+
+
+@blueprint.get("/readyz")
+def readyz() -> tuple[Response, int]:
+    st = state()
+    if st.settings.null_webhook:
+        return jsonify(ready=True, revision=None), 200
+    current = st.store.current()
+    if current is None:
+        return jsonify(ready=False, reason=f"no valid policy set loaded from {st.store.directory}"), 503
+    return jsonify(ready=True, revision=current.revision), 200
+
+
+@blueprint.get("/metrics")
+def metrics_route() -> Response:
+    body, content_type = metrics.exposition()
+    return Response(body, 200, content_type=content_type)
+
+
+@blueprint.post("/mutate")
+def mutate_route() -> Response:
+    return _admit("mutate")
+
+
+@blueprint.post("/validate")
+def validate_route() -> Response:
+    return _admit("validate")
+
+
+# --- the admission path ------------------------------------------------------------------------
+
+_OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+
+@dataclass
+class _Outcome:
+    answer: reviews.Answer
+    result: str
+    policy: str = ""
+    revision: str = ""
+    patch_ops: int = 0
+    error: str = ""
+
+
+def _admit(endpoint: str) -> Response:
+    started = time.perf_counter()
+    st = state()
+    limit = st.settings.max_body_bytes
+    fields: dict[str, Any] = {"endpoint": endpoint}
+    # Refuse on the declared length before buffering or parsing any of the body.
+    if request.content_length is not None and request.content_length > limit:
+        return _refuse(endpoint, 413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit",
+                       started, fields, drain=True)
+    body = _read_body(limit)
+    if body is None:  # a chunked body that grew past the limit
+        return _refuse(endpoint, 413, f"body exceeds the {limit}-byte limit", started, fields, drain=True)
+    try:
+        review = reviews.decode(body)
+    except BadReview as err:
+        return _refuse(endpoint, 400, str(err), started, fields)
+
+    try:
+        outcome = _decide(st, endpoint, review)
+    except Exception as err:  # our own bug outside the core: still answer the review
+        _server_log.exception("admission failed", extra={"fields": {"uid": review.uid}})
+        outcome = _internal_error(st, endpoint, review, err)
+    body_out = reviews.encode(review, outcome.answer)
+    duration = time.perf_counter() - started
+
+    operation = review.operation if review.operation in _OPERATIONS else "other"  # bounded label values
+    metrics.ADMISSIONS.labels(endpoint, operation, outcome.policy, outcome.result).inc()
+    metrics.DURATION.labels(endpoint, outcome.result, outcome.policy.split("@", 1)[0]).observe(duration)
+    if outcome.patch_ops:
+        metrics.PATCH_OPERATIONS.labels(outcome.policy).inc(outcome.patch_ops)
+    obj = review.object if review.object is not None else {}
+    logs.log_admission(_admission_log, {
+        "uid": review.uid,
+        "endpoint": endpoint,
+        "operation": review.operation,
+        "namespace": _namespace(review),
+        "pod": pods.display_name(obj),
+        "dry_run": review.dry_run,
+        "policy": outcome.policy,
+        "revision": outcome.revision,
+        "patch_ops": outcome.patch_ops,
+        "result": outcome.result,
+        "duration_ms": round(duration * 1000, 3),
+        **({"error": outcome.error} if outcome.error else {}),
+    })
+    return Response(body_out, 200, content_type="application/json")
+
+
+def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
+    if not (review.is_pod() and review.operation == "CREATE" and isinstance(review.object, dict)):
+        # Registered for pod CREATE only; anything else that arrives is let through untouched.
+        return _Outcome(reviews.Answer(allowed=True), result="skipped")
+    if st.settings.null_webhook:
+        return _Outcome(reviews.Answer(allowed=True), result="allowed")
+    policies = st.store.current()
+    if policies is None:
+        return _internal_error(st, endpoint, review,
+                               RuntimeError(f"no valid policy set loaded from {st.store.directory}"))
+    pod = review.object
+    namespace = _namespace(review)
+    try:
+        if endpoint == "mutate":
+            return _mutated(st, pod, namespace, policies)
+        return _validated(st, pod, namespace, policies)
+    except Exception as err:
+        _server_log.exception("policy core failed", extra={"fields": {"uid": review.uid, "endpoint": endpoint}})
+        return _internal_error(st, endpoint, review, err, revision=policies.revision)
+
+
+def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Any) -> _Outcome:
+    result = st.mutate(pod, namespace=namespace, policies=policies)
+    policy = str(result.policy) if result.policy else ""
+    patch = list(result.patch)
+    patch_json = ""
+    if patch:
+        # A patch the API server cannot apply rejects the pod even with failurePolicy: Ignore,
+        # so check it here and treat a bad one as an internal error (admitted unchanged).
+        patch_json = json.dumps(patch, separators=(",", ":"))
+        patchcheck.check(pod, patch_json)
+    answer = reviews.Answer(allowed=True, patch=patch, warnings=tuple(result.warnings),
+                              audit_annotations=_audit(policy, policies.revision), patch_json=patch_json)
+    if patch:
+        outcome = "patched"
+    elif getattr(result, "mode", "") == "audit":
+        outcome = "audit"
+    else:
+        outcome = "unchanged"
+    return _Outcome(answer, result=outcome, policy=policy, revision=policies.revision, patch_ops=len(patch))
+
+
+def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Any) -> _Outcome:
+    verdict = st.validate(pod, namespace=namespace, policies=policies)
+    policy = str(verdict.policy) if verdict.policy else ""
+    audit = _audit(policy, policies.revision)
+    if verdict.allowed:
+        answer = reviews.Answer(allowed=True, warnings=tuple(verdict.warnings), audit_annotations=audit)
+        return _Outcome(answer, result="allowed", policy=policy, revision=policies.revision)
+    message = "; ".join(verdict.reasons) or f"denied by policy {policy or 'gpugate'}"
+    answer = reviews.Answer(allowed=False, warnings=tuple(verdict.warnings), audit_annotations=audit,
+                              denial_code=403, denial_message=message)
+    return _Outcome(answer, result="denied", policy=policy, revision=policies.revision)
+
+
+def _internal_error(st: ServerState, endpoint: str, review: reviews.Review, err: Exception,
+                    revision: str = "") -> _Outcome:
+    detail = f"{type(err).__name__}: {err}"
+    if st.settings.fail_closed:
+        message = (f"gpugate could not {endpoint} this pod (internal error {type(err).__name__}, uid {review.uid}); "
+                   f"denied because the webhook fails closed")
+        answer = reviews.Answer(allowed=False, denial_code=403, denial_message=message, warnings=(message,))
+    else:
+        message = (f"gpugate could not {endpoint} this pod (internal error {type(err).__name__}, uid {review.uid}); "
+                   f"admitted unchanged")
+        answer = reviews.Answer(allowed=True, warnings=(message,))
+    return _Outcome(answer, result="error", revision=revision, error=detail)
+
+
+def _refuse(endpoint: str, code: int, message: str, started: float, fields: dict[str, Any],
+            drain: bool = False) -> Response:
+    if drain:
+        # Read (and drop) what the client is still sending: closing a socket with unread data
+        # makes the kernel reset it and the client would never see the 413. Bounded, so a
+        # client streaming without end is cut off instead.
+        _discard(request.environ.get("wsgi.input"), DRAIN_LIMIT_BYTES)
+    result = "too_large" if code == 413 else "bad_request"
+    metrics.ADMISSIONS.labels(endpoint, "", "", result).inc()
+    metrics.DURATION.labels(endpoint, result, "").observe(time.perf_counter() - started)
+    logs.log_admission(_admission_log, {**fields, "result": result, "error": message,
+                                        "duration_ms": round((time.perf_counter() - started) * 1000, 3)})
+    response = jsonify(error=message, code=code)
+    response.status_code = code
+    if drain:
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _read_body(limit: int) -> bytes | None:
+    """The request body, or None when it is longer than ``limit``.
+
+    With a Content-Length, Flask reads it. A chunked body (no length) is read here from the
+    server's stream, which decodes the chunks: Werkzeug hands out an empty stream for it unless
+    the server sets ``wsgi.input_terminated``, which gunicorn does not.
+    """
+    if request.content_length is not None:
+        try:
+            return request.get_data(cache=False)
+        except RequestEntityTooLarge:
+            return None
+    stream = request.environ.get("wsgi.input")
+    if stream is None:
+        return b""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        chunk = stream.read(65536)
+        if not chunk:
+            return b"".join(parts)
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+
+
+def _discard(stream: Any, limit: int) -> None:
+    if stream is None:
+        return
+    remaining = limit
+    try:
+        while remaining > 0:
+            chunk = stream.read(min(65536, remaining))
+            if not chunk:
+                return
+            remaining -= len(chunk)
+    except Exception:  # the client went away or sent a broken chunk: nothing left to answer
+        return
+
+
+def _audit(policy: str, revision: str) -> dict[str, str]:
+    return {"policy": policy or "none", "revision": revision}
+
+
+def _namespace(review: reviews.Review) -> str:
+    """The request's namespace: ``object.metadata.namespace`` is empty before 1.24 and on many CREATEs."""
+    if review.namespace:
+        return review.namespace
+    obj = review.object if isinstance(review.object, dict) else {}
+    return str(pods.metadata(obj).get("namespace") or "default")
+
+
+def _http_error(err: HTTPException) -> Response:
+    """404/405/413 raised by Flask itself answer JSON, like our own refusals."""
+    response = jsonify(error=err.description, code=err.code)
+    response.status_code = err.code or 400
+    return response

@@ -1,0 +1,144 @@
+"""Verdicts on a pod as it will be stored: what no policy allows is denied, with a fix. Pure.
+
+Runs on the validating endpoint after every mutating webhook, so it sees the final pod. Each
+reason names the container, the resource, the policy and what to do instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from webhook import names
+from webhook.kube import pods
+from webhook.kube.quantity import QuantityError, whole_count
+from webhook.policy import PolicySet, matching
+from webhook.policy.model import GPUPolicy, PolicyRef
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Allowed or not, and why: a value, never an exception."""
+
+    allowed: bool
+    reasons: tuple[str, ...] = ()
+    policy: PolicyRef | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet) -> Verdict:
+    """Deny rules and the selected policy's limits bind every pod: the opt-out label skips shaping,
+    never the rules (a label a pod author writes must not unlock GPUs). Audit turns a policy's
+    denials into warnings without hiding another policy's enforced deny."""
+    denials, warnings = _deny_rules(pod, namespace, policies)
+    policy = matching.select(policies, pod, namespace=namespace, honor_skip=False)
+    ref = PolicyRef(policy.name, policies.revision) if policy else None
+    if policy is not None:
+        own = _policy_rules(pod, policy, ref)
+        if policy.mode == "audit":
+            warnings += [f"audit: would deny: {r}" for r in own]
+        else:
+            denials += own
+    return Verdict(allowed=not denials, reasons=tuple(denials), policy=ref, warnings=tuple(warnings))
+
+
+def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet) -> tuple[list[str], list[str]]:
+    """Deny rules of every policy whose namespaces and podSelector match: a deny is never hidden
+    by priority, and a rule written in a profile's policy binds that profile's pods only.
+
+    Returns (denials from enforcing policies, warnings from audit ones).
+    """
+    if not pods.asks_for_gpus(pod):
+        return [], []
+    denials: list[str] = []
+    warnings: list[str] = []
+    labels = pods.labels(pod)
+    for policy in policies.policies:
+        if policy.mode == "off" or not matching.namespace_matches(
+                namespace, policy.match.namespaces, policy.match.exclude_namespaces) \
+                or not matching.selector_matches(policy.match.pod_selector, labels):
+            continue
+        for rule in policy.deny:
+            if matching.deny_applies(rule, pod, namespace):
+                reason = (f"pod '{pods.display_name(pod)}' in namespace '{namespace}': {_what_is_asked(pod)}; "
+                          f"{rule.message} (policy {policy.name}@{policies.revision})")
+                if policy.mode == "audit":
+                    warnings.append(f"audit: would deny: {reason}")
+                else:
+                    denials.append(reason)
+    return denials, warnings
+
+
+def _what_is_asked(pod: pods.Pod) -> str:
+    """Which containers ask for which NVIDIA resources, or the gpus label when none does yet."""
+    asked = [f"{kind} '{c.get('name')}' asks {', '.join(sorted(pods.gpu_resources(c)))}"
+             for kind, c in pods.all_containers(pod) if pods.gpu_resources(c)]
+    return "; ".join(asked) or f"it asks for GPUs with label {names.GPUS_LABEL}"
+
+
+def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
+    out: list[str] = []
+    label = pods.labels(pod).get(names.GPUS_LABEL)
+    if label not in (None, "") and whole_count(label) is None:
+        out.append(f"label {names.GPUS_LABEL}={label!r} is not a whole number of GPUs (policy {ref}); "
+                   f"write e.g. {names.GPUS_LABEL}: \"1\"")
+    wanted = pods.annotations_of(pod).get(names.CONTAINER_ANNOTATION)
+    if wanted and all(c.get("name") != wanted for c in pods.containers(pod)):
+        out.append(f"annotation {names.CONTAINER_ANNOTATION}={wanted!r} names no regular container of pod "
+                   f"'{pods.display_name(pod)}' (policy {ref}); name one of "
+                   f"{', '.join(repr(c.get('name')) for c in pods.containers(pod))}")
+    for kind, container in pods.all_containers(pod):
+        name = container.get("name")
+        for resource in sorted(pods.gpu_resources(container)):
+            out.extend(_container_rules(kind, name, container, resource, policy, ref))
+    limit = policy.gpu.max
+    resource = policy.gpu.resource
+    total = pod_total(pod, resource)
+    one_over = any((pods.gpu_count(c, resource) or 0) > limit for _, c in pods.all_containers(pod)) \
+        if limit is not None else False
+    if limit is not None and total > limit and not one_over:  # a container over the limit is named already
+        out.append(f"pod '{pods.display_name(pod)}' asks {resource}: {total} across its containers (sidecars "
+                   f"add to the others; an init container runs beside the sidecars before it); policy {ref} "
+                   f"allows {limit} per pod. Ask for {limit} or fewer in total, or split the job into several pods")
+    return out
+
+
+def pod_total(pod: pods.Pod, resource: str) -> int:
+    """What the pod holds of ``resource`` on its node: Kubernetes' effective request, as the balancer
+    and the replay count it (0 when a quantity is not a whole number: the container rules say so)."""
+    try:
+        return pods.gpu_requests(pod).get(resource, 0)
+    except QuantityError:
+        return 0
+
+
+def _container_rules(kind: str, name: object, container: pods.Container, resource: str,
+                     policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
+    out = []
+    where = f"{kind} '{name}'"
+    requests = pods.resource_section(container, "requests").get(resource)
+    limits = pods.resource_section(container, "limits").get(resource)
+    count = pods.gpu_count(container, resource)
+    if resource not in policy.gpu.allowed:
+        allowed = ", ".join(sorted(policy.gpu.allowed))
+        out.append(f"{where} asks {resource}, which policy {ref} does not allow; ask for {allowed} instead, "
+                   f"or use a profile whose policy offers {resource}")
+        return out
+    if count is None:
+        out.append(f"{where} asks {resource}: {limits if limits is not None else requests}, which is not a whole "
+                   f"number (policy {ref}); GPUs are counted in whole devices")
+        return out
+    if requests is not None and limits is not None and whole_count(requests) != whole_count(limits):
+        out.append(f"{where} asks {resource} requests {requests} but limits {limits} (policy {ref}); "
+                   f"set requests equal to limits")
+    if policy.gpu.max is not None and count > policy.gpu.max:
+        out.append(f"{where} asks {resource}: {count}; policy {ref} allows {policy.gpu.max}. "
+                   f"Ask for {policy.gpu.max} or fewer, or use a profile whose policy allows more")
+    if resource.endswith(".shared") and count > 1 and policy.gpu.fail_requests_greater_than_one:
+        out.append(f"{where} asks {resource}: {count}; policy {ref} allows one shared GPU per container "
+                   f"(time-sliced replicas share one GPU, so more adds no compute). Ask for 1, or for "
+                   f"{names.GPU_RESOURCE} if you need whole GPUs")
+    return out

@@ -1,0 +1,40 @@
+"""YAML as Kubernetes reads it for our purposes: safe, and a duplicated key is an error.
+
+PyYAML keeps the last of two equal keys without a word; in a policy that silently drops half of
+what a platform engineer wrote (``gpu:`` twice, say), so it is refused with its line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with a repeated key."""
+
+
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: let the base constructor report it
+            break
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                f"found duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})", key_node.start_mark)
+        seen[key] = key_node
+    return loader.construct_mapping_base(node, deep=deep)
+
+
+StrictLoader.construct_mapping_base = yaml.SafeLoader.construct_mapping
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_all(data: str | bytes) -> Iterator[Any]:
+    return yaml.load_all(data, Loader=StrictLoader)

@@ -1,0 +1,131 @@
+"""Golden test cases for a policy folder, the way ``kyverno test`` runs them.
+
+A case is a folder under ``<policies>/tests/``::
+
+    case.yaml      namespace: ml-train
+                   pod: pod.yaml                    # default
+                   expect: {mutated: expected.yaml} | {denied: "part of the message"} | {unchanged: true}
+
+The pod is mutated, the patch applied, the result validated, and the result mutated again (it
+must not change: the webhook is reinvoked). ``gpugate policy test`` and the pytest suite call
+this same runner, so the CLI cannot drift from CI. Revisions in the policy annotation are
+written ``NAME@REVISION`` in expected files, so a policy edit does not rewrite every golden file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import yaml
+
+from webhook import names
+from webhook.admission import mutation, validation
+from webhook.errors import InputError
+from webhook.kube.documents import read_pod
+from webhook.policy import PolicySet, loading
+
+CASE_FILE = "case.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    name: str
+    passed: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def find_cases(policy_dir: Path) -> list[Path]:
+    root = policy_dir / "tests"
+    if not root.is_dir():
+        return []
+    return sorted(p.parent for p in root.rglob(CASE_FILE))
+
+
+def mask_revision(pod: dict[str, Any]) -> dict[str, Any]:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(names.POLICY_ANNOTATION)
+    if isinstance(value, str):
+        annotations[names.POLICY_ANNOTATION] = re.sub(r"@[0-9a-f]+$", "@REVISION", value)
+    return pod
+
+
+def _dump(obj: object) -> list[str]:
+    return yaml.safe_dump(obj, sort_keys=True, default_flow_style=False).splitlines(keepends=True)
+
+
+def run_case(case_dir: Path, policies: PolicySet, *, root: Path | None = None) -> CaseResult:
+    name = str(case_dir.relative_to(root)) if root else case_dir.name
+    started = time.perf_counter()
+    try:
+        detail = _check(case_dir, policies)
+    except InputError as err:
+        detail = str(err)
+    return CaseResult(name=name, passed=detail == "", detail=detail, seconds=time.perf_counter() - started)
+
+
+def _check(case_dir: Path, policies: PolicySet) -> str:
+    spec = _read_case(case_dir)
+    pod = read_pod(case_dir / spec.get("pod", "pod.yaml"))
+    namespace = spec["namespace"]
+    result = mutation.mutate(pod, namespace=namespace, policies=policies)
+    mutated = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else pod
+    again = mutation.mutate(mutated, namespace=namespace, policies=policies)
+    if again.patch:
+        return f"not idempotent: mutating the result again patches {list(again.patch)}"
+    verdict = validation.validate(mutated, namespace=namespace, policies=policies)
+    expect = spec["expect"]
+    if "denied" in expect:
+        if verdict.allowed:
+            return f"expected a denial containing {expect['denied']!r}, but the pod was allowed"
+        if str(expect["denied"]) not in verdict.message:
+            return f"denial message {verdict.message!r} does not contain {expect['denied']!r}"
+        return ""
+    if not verdict.allowed:
+        return f"unexpected denial: {verdict.message}"
+    expected = pod if expect.get("unchanged") else read_pod(case_dir / expect["mutated"])
+    actual = mask_revision(mutated)
+    if actual != mask_revision(expected):
+        diff = difflib.unified_diff(_dump(mask_revision(expected)), _dump(actual), "expected", "actual")
+        return "mutated pod differs:\n" + "".join(diff)
+    return ""
+
+
+def _read_case(case_dir: Path) -> dict[str, Any]:
+    path = case_dir / CASE_FILE
+    try:
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise InputError(f"{path}: cannot read the case: {err}") from err
+    if not isinstance(spec, dict) or "namespace" not in spec or not isinstance(spec.get("expect"), dict):
+        raise InputError(f"{path}: a case needs 'namespace' and 'expect' "
+                         f"({{mutated: FILE}}, {{denied: TEXT}} or {{unchanged: true}})")
+    keys = set(spec["expect"])
+    if len(keys & {"mutated", "denied", "unchanged"}) != 1 or keys - {"mutated", "denied", "unchanged"}:
+        raise InputError(f"{path}: expect must hold exactly one of mutated, denied, unchanged; got {sorted(keys)}")
+    return spec
+
+
+def run_all(policy_dir: Path) -> list[CaseResult]:
+    policies = loading.load_dir(policy_dir)
+    root = policy_dir / "tests"
+    return [run_case(case, policies, root=root) for case in find_cases(policy_dir)]
+
+
+def junit_xml(results: list[CaseResult], *, suite: str = "gpugate-policy-tests") -> bytes:
+    failures = sum(not r.passed for r in results)
+    element = ET.Element("testsuite", name=suite, tests=str(len(results)), failures=str(failures),
+                         errors="0", time=f"{sum(r.seconds for r in results):.3f}")
+    for result in results:
+        case = ET.SubElement(element, "testcase", classname=suite, name=result.name, time=f"{result.seconds:.3f}")
+        if not result.passed:
+            failure = ET.SubElement(case, "failure", message=result.detail.splitlines()[0] if result.detail else "")
+            failure.text = result.detail
+    return ET.tostring(element, encoding="utf-8", xml_declaration=True)

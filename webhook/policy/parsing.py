@@ -1,0 +1,274 @@
+"""Parse GPUPolicy documents into an immutable PolicySet: all or nothing. Pure: texts in, a set out.
+
+One bad document refuses the whole set, so a server keeps serving its last good set and the
+CLI lists every problem at once. Messages name the file, the document index and the field
+path: ``policies/training.yaml, document 2, spec.gpu.max: 'eight' is not of type 'integer'``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal, cast
+
+import jsonschema
+import yaml
+
+from webhook import names
+from webhook.errors import PolicyLoadError
+from webhook.kube import yamlload
+from webhook.policy import overlap
+from webhook.policy.model import (
+    DenyRule,
+    GPUPolicy,
+    GPUSpec,
+    LabelSelector,
+    Match,
+    Placement,
+    PolicySet,
+    SelectorRequirement,
+    Toleration,
+    Topology,
+    revision_of,
+)
+
+
+def parse(texts: Iterable[tuple[str, bytes | str]]) -> PolicySet:
+    """Parse named YAML texts; the revision covers names and bytes, so any edit changes it."""
+    encoded = [(name, text.encode() if isinstance(text, str) else text) for name, text in texts]
+    problems: list[str] = []
+    documents: list[SourceDocument] = []
+    for name, data in encoded:
+        documents.extend(_parse_yaml(name, data, problems))
+    policies = _build_all(documents, problems)
+    if problems:
+        raise PolicyLoadError(problems)
+    return PolicySet(policies=policies, revision=revision_of(encoded))
+
+
+def _schema() -> dict[str, Any]:
+    # The package's own data, read once at import: not a user's file.
+    text = resources.files("webhook.policy").joinpath("schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+_VALIDATOR = jsonschema.Draft202012Validator(_schema())
+
+
+@dataclass(frozen=True, slots=True)
+class SourceDocument:
+    """One YAML document and where it came from."""
+
+    source: str
+    index: int
+    body: object
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}, document {self.index}"
+
+
+def _parse_yaml(name: str, data: bytes, problems: list[str]) -> list[SourceDocument]:
+    try:
+        bodies = list(yamlload.load_all(data))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        problems.append(f"{name}{where}: invalid YAML: {problem}")
+        return []
+    return [SourceDocument(name, i, body) for i, body in enumerate(bodies, start=1) if body is not None]
+
+
+def _build_all(documents: list[SourceDocument], problems: list[str]) -> tuple[GPUPolicy, ...]:
+    policies: list[GPUPolicy] = []
+    seen: dict[str, str] = {}
+    for document in documents:
+        policy = _build(document, problems)
+        if policy is None:
+            continue
+        if policy.name in seen:
+            problems.append(f"{document.where}, metadata.name: duplicate policy name '{policy.name}' "
+                            f"(first defined in {seen[policy.name]})")
+            continue
+        seen[policy.name] = document.where
+        policies.append(policy)
+    problems.extend(overlap.conflicts(policies))
+    # Highest priority first; the name breaks ties only for a stable order (equal priorities never overlap).
+    return tuple(sorted(policies, key=lambda p: (-p.priority, p.name)))
+
+
+def _normalize_yaml11(body: dict[str, Any]) -> None:
+    """YAML 1.1 reads bare ``off`` and ``no`` as false; the policy API means the words."""
+    spec = body.get("spec")
+    if not isinstance(spec, dict):
+        return
+    if spec.get("mode") is False:
+        spec["mode"] = "off"
+    placement = spec.get("placement")
+    if isinstance(placement, dict) and placement.get("avoidCongested") is False:
+        placement["avoidCongested"] = "no"
+
+
+def _field_path(path: Iterable[object]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
+def _build(document: SourceDocument, problems: list[str]) -> GPUPolicy | None:
+    body = document.body
+    if not isinstance(body, dict):
+        problems.append(f"{document.where}: expected a GPUPolicy mapping, got {type(body).__name__}")
+        return None
+    if body.get("kind") != names.POLICY_KIND or body.get("apiVersion") != names.POLICY_API_VERSION:
+        problems.append(f"{document.where}: expected apiVersion {names.POLICY_API_VERSION} and kind "
+                        f"{names.POLICY_KIND}, got {body.get('apiVersion')!r} {body.get('kind')!r}")
+        return None
+    _normalize_yaml11(body)
+    errors = sorted((_innermost(e) for e in _VALIDATOR.iter_errors(body)),
+                    key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        for error in errors:
+            problems.append(f"{document.where}, {_field_path(error.absolute_path)}: {_describe(error)}")
+        return None
+    spec = body.get("spec", {})
+    policy = _from_spec(body["metadata"]["name"], document.where, spec)
+    problems.extend(f"{document.where}, {problem}" for problem in _semantic_problems(policy))
+    return policy
+
+
+def _innermost(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For 'auto' | 'none' | [tolerations], a list that fails is reported at the failing toleration."""
+    if error.validator == "oneOf" and isinstance(error.instance, list) and error.context:
+        list_errors = [e for e in error.context if e.validator != "enum" and e.validator != "type"]
+        if list_errors:
+            return _innermost(jsonschema.exceptions.best_match(list_errors))
+    return error
+
+
+# What a pattern in the schema stands for, by the $defs entry (or property) that holds it.
+_MEANING = {
+    "resource": "an NVIDIA resource",
+    "labelKey": "a label key (optional DNS prefix and '/', then up to 63 of A-Z a-z 0-9 - _ . "
+                "starting and ending alphanumeric)",
+    "labelValue": "a label value (up to 63 of A-Z a-z 0-9 - _ . starting and ending alphanumeric; "
+                  "GPU products are written as the node label shows them, e.g. NVIDIA-H100-80GB-HBM3)",
+    "name": "a valid name (lowercase letters, digits and '-', starting and ending alphanumeric)",
+    "dnsSubdomain": "a Kubernetes object name (lowercase letters, digits, '-' and '.', starting and ending "
+                    "alphanumeric)",
+}
+
+
+def _pattern_meanings() -> dict[str, str]:
+    schema = _schema()
+    holders = dict(schema["$defs"])
+    holders["name"] = schema["properties"]["metadata"]["properties"]["name"]
+    return {holder["pattern"]: _MEANING[key] for key, holder in holders.items() if key in _MEANING}
+
+
+_PATTERN_MEANINGS = _pattern_meanings()
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties":
+        return f"unknown field(s): {error.message.split('(')[-1].rstrip(')')}"
+    if error.validator == "pattern":
+        meaning = _PATTERN_MEANINGS.get(str(error.schema.get("pattern")), "a valid value")
+        if meaning == "an NVIDIA resource":
+            return (f"unknown NVIDIA resource {error.instance!r}; expected nvidia.com/gpu, nvidia.com/gpu.shared "
+                    f"or nvidia.com/mig-<g>g.<mem>gb")
+        return f"{error.instance!r} is not {meaning}"
+    if error.validator == "oneOf" and list(error.path)[-1:] == ["tolerations"]:
+        return "expected 'auto', 'none' or a list of tolerations"
+    if error.validator == "required" and "values" in error.message:
+        return "operator In and NotIn need a non-empty 'values' list"
+    if error.validator == "maxItems" and list(error.path)[-1:] == ["values"]:
+        return "operator Exists and DoesNotExist take no 'values'"
+    return error.message
+
+
+def _semantic_problems(policy: GPUPolicy) -> list[str]:
+    """Rules the schema cannot say, chiefly those the API server would enforce on every shaped pod."""
+    problems = []
+    gpu = policy.gpu
+    if gpu.default is not None and gpu.max is not None and gpu.default > gpu.max:
+        problems.append(f"spec.gpu.default: {gpu.default} is above spec.gpu.max {gpu.max}")
+    if not isinstance(policy.tolerations, str):
+        for i, toleration in enumerate(policy.tolerations):
+            where = f"spec.tolerations[{i}]"
+            if toleration.operator == "Exists" and toleration.value:
+                problems.append(f"{where}: operator Exists takes no value (the API server refuses the pod)")
+            if not toleration.key and toleration.operator != "Exists":
+                problems.append(f"{where}: a toleration without a key needs operator Exists")
+            if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
+                problems.append(f"{where}: tolerationSeconds needs effect NoExecute")
+    return problems
+
+
+def _selector(raw: dict[str, Any] | None) -> LabelSelector:
+    raw = raw or {}
+    return LabelSelector(
+        match_labels=tuple(sorted((raw.get("matchLabels") or {}).items())),
+        match_expressions=tuple(
+            SelectorRequirement(e["key"], e["operator"], tuple(e.get("values") or ()))
+            for e in raw.get("matchExpressions") or ()
+        ),
+    )
+
+
+def _int(value: Any) -> int | None:
+    """JSON Schema's integer admits 8.0; the policy means 8."""
+    return None if value is None else int(value)
+
+
+def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
+    match = spec.get("match") or {}
+    gpu = spec.get("gpu") or {}
+    placement = spec.get("placement") or {}
+    topology = placement.get("topology")
+    tolerations = spec.get("tolerations", "auto")
+    return GPUPolicy(
+        name=name,
+        source=where,
+        priority=_int(spec.get("priority", 0)) or 0,
+        mode=spec.get("mode", "enforce"),
+        match=Match(
+            namespaces=tuple(match.get("namespaces") or ("*",)),
+            exclude_namespaces=tuple(match.get("excludeNamespaces") or ()),
+            pod_selector=_selector(match.get("podSelector")),
+            gpu_only=match.get("gpuOnly", True),
+        ),
+        gpu=GPUSpec(
+            resource=gpu.get("resource", names.GPU_RESOURCE),
+            default=_int(gpu.get("default")),
+            max=_int(gpu.get("max")),
+            allowed_resources=tuple(gpu.get("allowedResources") or ()),
+            fail_requests_greater_than_one=gpu.get("failRequestsGreaterThanOne", True),
+            products=tuple(gpu.get("products") or ()),
+            families=tuple(gpu.get("families") or ()),
+            min_memory_mib=_int(gpu.get("minMemoryMiB")),
+        ),
+        tolerations=cast(Literal["auto", "none"], tolerations) if isinstance(tolerations, str) else tuple(
+            Toleration(key=t.get("key"), operator=t.get("operator", "Equal" if "value" in t else "Exists"),
+                       value=t.get("value"), effect=t.get("effect"),
+                       toleration_seconds=_int(t.get("tolerationSeconds")))
+            for t in tolerations
+        ),
+        runtime_class_name=spec.get("runtimeClassName"),
+        priority_class_name=spec.get("priorityClassName"),
+        scheduler_name=spec.get("schedulerName"),
+        placement=Placement(
+            strategy=placement.get("strategy", "none"),
+            avoid_congested=placement.get("avoidCongested", "no"),
+            topology=Topology(key=topology["key"], mode=topology.get("mode", "preferred")) if topology else None,
+        ),
+        deny=tuple(
+            DenyRule(message=d["message"], namespaces=tuple(d.get("namespaces") or ("*",)),
+                     pod_selector=_selector(d.get("podSelector")))
+            for d in spec.get("deny") or ()
+        ),
+    )
