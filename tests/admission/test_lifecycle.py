@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.conftest import Server, copy_policies, example_pod, review_of
+from tests.admission.harness import Server, copy_policies, example_pod, review_of
 
 pytestmark = pytest.mark.slow
 

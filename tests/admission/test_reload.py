@@ -22,7 +22,7 @@ import jsonpatch
 import pytest
 import requests
 
-from tests.admission.conftest import REPO, SERVICE_HOST, Server, example_pod, https_session, review_of
+from tests.admission.harness import REPO, SERVICE_HOST, Server, example_pod, https_session, review_of
 from webhook.admission import reviews
 from webhook.certs import pki
 

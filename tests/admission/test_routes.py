@@ -10,7 +10,7 @@ import jsonpatch
 import pytest
 import requests
 
-from tests.admission.conftest import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
+from tests.admission.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
 from webhook.admission import reviews
 
 
@@ -281,7 +281,7 @@ def _admit(server: Server, *args: str):
 
 
 def test_admit_wraps_a_pod_and_prints_the_decoded_patch(server):
-    from tests.admission.conftest import EXAMPLE_POD
+    from tests.admission.harness import EXAMPLE_POD
 
     result = _admit(server, str(EXAMPLE_POD), "--namespace", "ml-vision")
     assert result.exit_code == 0, result.output
@@ -292,7 +292,7 @@ def test_admit_wraps_a_pod_and_prints_the_decoded_patch(server):
 
 
 def test_admit_exits_1_on_a_denial(server, tmp_path):
-    from tests.admission.conftest import EXAMPLE_POD
+    from tests.admission.harness import EXAMPLE_POD
 
     result = _admit(server, str(EXAMPLE_POD), "--namespace", "web-shop", "--endpoint", "validate")
     assert result.exit_code == 1
@@ -320,7 +320,7 @@ def test_admit_reports_the_servers_400(server, tmp_path):
 def test_admit_refuses_a_server_it_cannot_verify(server, tmp_path):
     from click.testing import CliRunner
 
-    from tests.admission.conftest import EXAMPLE_POD
+    from tests.admission.harness import EXAMPLE_POD
     from webhook.cli import main
 
     result = CliRunner().invoke(main, ["admit", str(EXAMPLE_POD), "--server", server.url, "--ca", str(server.ca),

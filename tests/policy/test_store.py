@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.conftest import REPO
-from webhook.policy import PolicySet, loading
+from tests.admission.harness import REPO
+from webhook.policy import loading, parsing
 from webhook.policy.store import PolicyStore, folder_digest
 
 
@@ -59,14 +59,14 @@ def test_a_change_during_loading_is_not_swapped_in(folder):
     """A ConfigMap swap in the middle of a load could mix two versions: the load is retried."""
     calls = []
 
-    def load_then_change(path: Path) -> PolicySet:
-        result = loading.load_dir(path)
+    def read_then_change(path: Path) -> loading.Texts:
+        result = loading.read_dir(path)
         if not calls:
             (path / "inference.yaml").write_text((path / "inference.yaml").read_text() + "\n# edited\n")
-        calls.append(result.revision)
+        calls.append(parsing.parse(result).revision)
         return result
 
-    store = PolicyStore(folder, load=load_then_change)
+    store = PolicyStore(folder, read=read_then_change)
     torn = store.check(attempts=1)
     assert torn.changed and not torn.loaded and store.current() is None
     settled = store.check(attempts=1)
@@ -78,14 +78,14 @@ def test_a_worker_starting_during_a_swap_loads_at_once_instead_of_serving_withou
     """Once a flake in the reload test: a worker whose first load met a swap served 'no policy set'."""
     swaps = []
 
-    def load_during_swaps(path: Path) -> PolicySet:
-        result = loading.load_dir(path)
+    def read_during_swaps(path: Path) -> loading.Texts:
+        result = loading.read_dir(path)
         if len(swaps) < 2:  # the folder changes under the first two loads
             (path / "inference.yaml").write_text((path / "inference.yaml").read_text() + f"\n# swap {len(swaps)}\n")
-            swaps.append(result.revision)
+            swaps.append(parsing.parse(result).revision)
         return result
 
-    store = PolicyStore(folder, load=load_during_swaps)
+    store = PolicyStore(folder, read=read_during_swaps)
     outcome = store.check()
     assert outcome.loaded and store.ready
     assert store.current().revision == loading.load_dir(folder).revision and len(swaps) == 2
@@ -108,3 +108,42 @@ def test_a_missing_folder_is_refused_not_fatal(tmp_path):
     store = PolicyStore(tmp_path / "absent")
     outcome = store.check()
     assert not outcome.loaded and "no such folder" in outcome.error and store.current() is None
+
+
+def test_an_emptied_folder_is_refused_and_the_last_good_set_keeps_serving(folder):
+    """Deleting every policy file must not lift the deny rules (issue 12)."""
+    refused = []
+    store = PolicyStore(folder, on_refused=refused.append)
+    good = store.check()
+    assert good.loaded
+    for path in folder.glob("*.yaml"):
+        path.unlink()
+    outcome = store.check()
+    assert not outcome.loaded and "holds no GPUPolicy" in outcome.error and "--allow-empty-policies" in outcome.error
+    assert store.current().revision == good.revision and len(refused) == 1
+
+
+def test_a_process_that_starts_with_an_empty_folder_is_not_ready(tmp_path):
+    store = PolicyStore(tmp_path)
+    assert not store.check().loaded and not store.ready
+
+
+def test_an_empty_set_loads_when_the_operator_allows_it(tmp_path):
+    store = PolicyStore(tmp_path, allow_empty=True)
+    assert store.check().loaded and store.ready and store.current().policies == ()
+
+
+def test_a_process_whose_first_load_fails_serves_the_last_set_a_sibling_accepted(folder, tmp_path):
+    """A worker restarted while the folder holds a bad edit must not start without policies."""
+    snapshots = tmp_path / "snapshots"
+    first = PolicyStore(folder, snapshot_dir=snapshots)
+    good = first.check()
+    (folder / "training.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: t}\n"
+                                          "spec: {gpu: {max: eight}}\n")
+    assert not first.check().loaded and first.current().revision == good.revision
+    second = PolicyStore(folder, snapshot_dir=snapshots)
+    outcome = second.check()
+    assert not outcome.loaded and "max" in outcome.error
+    assert second.ready and second.current().revision == good.revision
+    # Without the snapshot a new process would have nothing to serve.
+    assert not PolicyStore(folder).check().loaded

@@ -7,7 +7,12 @@ request it was serving). State lives on the app (``app.extensions["gpugate"]``);
 one snapshot of the policy set, so a hot reload never mixes two revisions in one answer.
 
 Settings come from the caller (``gpugate serve``) or, for ``gunicorn 'webhook.admission.routes:create_app()'``,
-from ``GPUGATE_*`` variables read once in ``ServerSettings.from_env``.
+from ``GPUGATE_*`` variables read once in ``ServerSettings.from_env``. The policy core is passed in
+(``Core``): the real one by default, a stub in the benchmark that measures what the server alone costs.
+
+Errors are told apart in the log: input we cannot read (a field of the wrong type, nesting deeper
+than any pod) is a one-line warning counted as ``result=invalid``; a traceback and ``result=error``
+are for our own bugs only.
 """
 
 from __future__ import annotations
@@ -16,18 +21,18 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from webhook import logs
-from webhook.admission import metrics, patchcheck, reviews
-from webhook.errors import BadReview
+from webhook.admission import metrics, patchcheck, reviews, worker
+from webhook.errors import BadReview, InputError
 from webhook.kube import pods
+from webhook.policy import PolicySet
 from webhook.policy.store import PolicyStore
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
@@ -51,50 +56,75 @@ class ServerSettings:
     """Seconds between two looks at the policy folder; 0 disables hot reload."""
     max_body_bytes: int = MAX_BODY_BYTES
     """The API server sends at most ~3 MiB objects (etcd's request limit); more is not a review."""
-    null_webhook: bool = False
-    """Benchmark only: decode and answer 'allowed' without calling the policy core, to measure
-    what the stack itself costs. Not a CLI option."""
+    allow_empty: bool = False
+    """Serve a folder without any policy. Off: an emptied folder would silently lift every deny rule."""
+    snapshot_dir: Path | None = None
+    """Where the last accepted policy files are kept for sibling workers (gpugate serve sets it)."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ServerSettings:
         env = os.environ if environ is None else environ
         truthy = {"1", "true", "yes", "on"}
+        snapshot = env.get("GPUGATE_POLICY_SNAPSHOT_DIR")
         return cls(
             policy_dir=Path(env.get("GPUGATE_POLICIES", "policies")),
             fail_closed=env.get("GPUGATE_FAIL_CLOSED", "").lower() in truthy,
             reload_interval=float(env.get("GPUGATE_RELOAD_INTERVAL", "1.0")),
-            null_webhook=env.get("GPUGATE_NULL_WEBHOOK", "").lower() in truthy,
+            allow_empty=env.get("GPUGATE_ALLOW_EMPTY_POLICIES", "").lower() in truthy,
+            snapshot_dir=Path(snapshot) if snapshot else None,
         )
+
+
+class Core(Protocol):
+    """The policy core the routes call: ``mutation.mutate`` and ``validation.validate``."""
+
+    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any: ...
+
+    def validate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any: ...
+
+
+class PolicyCore:
+    """The real core, imported when the app is built (so a broken core still lets /healthz answer)."""
+
+    def __init__(self) -> None:
+        from webhook.admission import mutation, validation
+
+        self._mutate, self._validate = mutation.mutate, validation.validate
+
+    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any:
+        return self._mutate(pod, namespace=namespace, policies=policies)
+
+    def validate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any:
+        return self._validate(pod, namespace=namespace, policies=policies)
 
 
 @dataclass(frozen=True)
 class ServerState:
     settings: ServerSettings
     store: PolicyStore
-    mutate: Callable[..., Any] | None
-    validate: Callable[..., Any] | None
+    core: Core
 
 
-def create_app(settings: ServerSettings | None = None) -> Flask:
+def _count_load(new: PolicySet, old: PolicySet | None) -> None:
+    metrics.POLICY_RELOADS.inc()
+    metrics.set_revision(new.revision, old.revision if old else None)
+
+
+def create_app(settings: ServerSettings | None = None, *, core: Core | None = None) -> Flask:
     """Build the app; loads the policy folder once and starts watching it."""
     settings = settings or ServerSettings.from_env()
     app = Flask("gpugate")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    mutate_fn = validate_fn = None
-    if not settings.null_webhook:
-        from webhook.admission import mutation, validation
-
-        mutate_fn, validate_fn = mutation.mutate, validation.validate
     store = PolicyStore(
         settings.policy_dir,
-        on_loaded=lambda new, old: (metrics.POLICY_RELOADS.inc(),
-                                    metrics.set_revision(new.revision, old.revision if old else None)),
+        on_loaded=_count_load,
         on_refused=lambda message: metrics.POLICY_RELOAD_ERRORS.inc(),
+        allow_empty=settings.allow_empty,
+        snapshot_dir=settings.snapshot_dir,
     )
-    if not settings.null_webhook:
-        store.check()
-        store.start(settings.reload_interval)
-    app.extensions[EXTENSION] = ServerState(settings, store, mutate_fn, validate_fn)
+    store.check()
+    store.start(settings.reload_interval)
+    app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore())
     app.register_blueprint(blueprint)
     app.register_error_handler(HTTPException, _http_error)
     return app
@@ -115,8 +145,9 @@ def healthz() -> Response:
 @blueprint.get("/readyz")
 def readyz() -> tuple[Response, int]:
     st = state()
-    if st.settings.null_webhook:
-        return jsonify(ready=True, revision=None), 200
+    if request.environ.get(worker.DRAINING_KEY):
+        # The pod is stopping: leave the Service's endpoints now, while in-flight work finishes.
+        return jsonify(ready=False, reason="draining: this worker is shutting down"), 503
     current = st.store.current()
     if current is None:
         return jsonify(ready=False, reason=f"no valid policy set loaded from {st.store.directory}"), 503
@@ -162,7 +193,10 @@ def _admit(endpoint: str) -> Response:
     if request.content_length is not None and request.content_length > limit:
         return _refuse(endpoint, 413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit",
                        started, fields, drain=True)
-    body = _read_body(limit)
+    try:
+        body = _read_body(limit)
+    except Exception as err:  # the server's body reader refused a malformed (e.g. chunked) body
+        return _refuse(endpoint, 400, f"malformed request body: {err or type(err).__name__}", started, fields)
     if body is None:  # a chunked body that grew past the limit
         return _refuse(endpoint, 413, f"body exceeds the {limit}-byte limit", started, fields, drain=True)
     try:
@@ -175,7 +209,11 @@ def _admit(endpoint: str) -> Response:
     except Exception as err:  # our own bug outside the core: still answer the review
         _server_log.exception("admission failed", extra={"fields": {"uid": review.uid}})
         outcome = _internal_error(st, endpoint, review, err)
-    body_out = reviews.encode(review, outcome.answer)
+    try:
+        body_out = reviews.encode(review, outcome.answer)
+    except (RecursionError, ValueError) as err:  # warnings or a patch we cannot serialize
+        outcome = _internal_error(st, endpoint, review, err)
+        body_out = reviews.encode(review, outcome.answer)
     duration = time.perf_counter() - started
 
     operation = review.operation if review.operation in _OPERATIONS else "other"  # bounded label values
@@ -205,8 +243,6 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
     if not (review.is_pod() and review.operation == "CREATE" and isinstance(review.object, dict)):
         # Registered for pod CREATE only; anything else that arrives is let through untouched.
         return _Outcome(reviews.Answer(allowed=True), result="skipped")
-    if st.settings.null_webhook:
-        return _Outcome(reviews.Answer(allowed=True), result="allowed")
     policies = st.store.current()
     if policies is None:
         return _internal_error(st, endpoint, review,
@@ -217,13 +253,20 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
         if endpoint == "mutate":
             return _mutated(st, pod, namespace, policies)
         return _validated(st, pod, namespace, policies)
+    except (InputError, RecursionError) as err:
+        # Input we cannot read: the API server never sends such a pod (it decodes into typed
+        # structs first), so this is a hand-made or hostile request. One line, no traceback.
+        reason = str(err) if isinstance(err, InputError) else "the pod is nested deeper than any Kubernetes object"
+        logs.log_event(_server_log, "admission input refused", logging.WARNING, uid=review.uid,
+                       endpoint=endpoint, error=reason)
+        return _invalid(st, endpoint, review, reason, revision=policies.revision)
     except Exception as err:
         _server_log.exception("policy core failed", extra={"fields": {"uid": review.uid, "endpoint": endpoint}})
         return _internal_error(st, endpoint, review, err, revision=policies.revision)
 
 
-def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Any) -> _Outcome:
-    result = st.mutate(pod, namespace=namespace, policies=policies)
+def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet) -> _Outcome:
+    result = st.core.mutate(pod, namespace=namespace, policies=policies)
     policy = str(result.policy) if result.policy else ""
     patch = list(result.patch)
     patch_json = ""
@@ -243,8 +286,8 @@ def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Any
     return _Outcome(answer, result=outcome, policy=policy, revision=policies.revision, patch_ops=len(patch))
 
 
-def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Any) -> _Outcome:
-    verdict = st.validate(pod, namespace=namespace, policies=policies)
+def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet) -> _Outcome:
+    verdict = st.core.validate(pod, namespace=namespace, policies=policies)
     policy = str(verdict.policy) if verdict.policy else ""
     audit = _audit(policy, policies.revision)
     if verdict.allowed:
@@ -254,6 +297,17 @@ def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: A
     answer = reviews.Answer(allowed=False, warnings=tuple(verdict.warnings), audit_annotations=audit,
                               denial_code=403, denial_message=message)
     return _Outcome(answer, result="denied", policy=policy, revision=policies.revision)
+
+
+def _invalid(st: ServerState, endpoint: str, review: reviews.Review, reason: str, revision: str) -> _Outcome:
+    """A pod we cannot read: admitted unchanged with the reason (denied when failing closed)."""
+    message = f"gpugate could not read this pod ({reason}); "
+    if st.settings.fail_closed:
+        message += "denied because the webhook fails closed"
+        answer = reviews.Answer(allowed=False, denial_code=400, denial_message=message, warnings=(message,))
+    else:
+        answer = reviews.Answer(allowed=True, warnings=(message + "admitted unchanged",))
+    return _Outcome(answer, result="invalid", revision=revision, error=reason)
 
 
 def _internal_error(st: ServerState, endpoint: str, review: reviews.Review, err: Exception,

@@ -28,7 +28,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from webhook import logs
-from webhook.admission import metrics
+from webhook.admission import metrics, worker
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
 
@@ -137,12 +137,17 @@ def gunicorn_options(
     reloader: CertReloader,
     metrics_bind: tuple[str, int] | None = None,
     keepalive: int = 75,
+    max_requests: int = 0,
+    graceful_timeout: int = 20,
 ) -> dict[str, Any]:
     """The gunicorn settings ``gpugate serve`` runs with, in one place.
 
     keepalive 75 s: the API server's Go client keeps idle connections for 90 s; closing them a
     little earlier than the client does avoids a request racing a server-side close, and keeps
-    TLS handshakes rare under steady load.
+    TLS handshakes rare under steady load. graceful_timeout 20 s: a stopping worker's drain and
+    in-flight requests end well inside the pod's terminationGracePeriodSeconds (manifests/webhook).
+    max_requests: recycle a worker after that many requests (0: never), with 10% jitter so the
+    workers do not all restart at once.
     """
 
     def when_ready(server: Any) -> None:
@@ -151,18 +156,23 @@ def gunicorn_options(
             logs.log_event(_log, "metrics listening (plaintext, /metrics only)",
                            url=f"http://{metrics_bind[0]}:{metrics_bind[1]}/metrics")
 
-    def child_exit(server: Any, worker: Any) -> None:
-        metrics.mark_process_dead(worker.pid)
+    def child_exit(server: Any, gunicorn_worker: Any) -> None:
+        # Whatever way the worker ended (exit, crash, kill by the worker timeout): its live gauges
+        # go, its counters stay in the sums, and its balancing slot is freed.
+        metrics.mark_process_dead(gunicorn_worker.pid)
+        worker.child_exit(server, gunicorn_worker)
 
     return {
         "bind": [bind],
         "workers": workers,
         "threads": threads,
-        "worker_class": "gthread",
+        "worker_class": "webhook.admission.worker.AdmissionWorker",
         "worker_connections": 1000,
         "keepalive": keepalive,
         "timeout": 30,
-        "graceful_timeout": 20,
+        "graceful_timeout": graceful_timeout,
+        "max_requests": max_requests,
+        "max_requests_jitter": max_requests // 10,
         "certfile": str(certfile),
         "keyfile": str(keyfile),
         "ssl_context": reloader.gunicorn_hook,
@@ -171,6 +181,7 @@ def gunicorn_options(
         "proc_name": "gpugate",
         "worker_tmp_dir": "/dev/shm" if os.path.isdir("/dev/shm") else None,
         "when_ready": when_ready,
+        "pre_fork": worker.pre_fork,
         "child_exit": child_exit,
         "preload_app": False,
         # gunicorn >= 25 opens a control socket at one fixed path per user: several servers

@@ -9,9 +9,10 @@ import ssl
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import click
 import jsonpatch
@@ -85,20 +86,28 @@ def _dns_names(cert_pem: bytes) -> set[str]:
 @click.option("--threads", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Threads per worker (requests are short and CPU-bound: a few are enough).")
 @click.option("--metrics-bind", help="HOST:PORT for a plaintext /metrics-only listener (off unless given).")
-@click.option("--fail-closed", is_flag=True, help="Deny, instead of admitting unchanged, when gpugate fails internally.")
+@click.option("--fail-closed", is_flag=True,
+              help="Deny, instead of admitting unchanged, when gpugate fails internally.")
 @click.option("--reload-interval", type=click.FloatRange(0.1, 300), default=1.0, show_default=True,
               help="Seconds between checks of the policy folder and certificate files.")
-@click.option("--null-webhook", is_flag=True, hidden=True,
-              help="Benchmark baseline: answer allowed without calling the policy core.")
+@click.option("--request-timeout", type=click.FloatRange(0.1, 120), default=5.0, show_default=True,
+              help="Seconds a client has to send a whole request (and to take the answer); slower ones get 408.")
+@click.option("--drain-seconds", type=click.FloatRange(0, 60), default=3.0, show_default=True,
+              help="After SIGTERM, seconds a worker keeps answering (with Connection: close) before it stops.")
+@click.option("--max-requests", type=click.IntRange(0), default=0, show_default=True,
+              help="Recycle a worker after this many requests (0: never).")
+@click.option("--allow-empty-policies", is_flag=True,
+              help="Serve a policy folder with no GPUPolicy (refused by default: it would lift every deny rule).")
 def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
           service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
-          fail_closed: bool, reload_interval: float, null_webhook: bool) -> None:
-    """Serve POST /mutate and /validate (AdmissionReview v1) over HTTPS, plus /healthz, /readyz, /metrics."""
+          fail_closed: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
+          max_requests: int, allow_empty_policies: bool) -> None:
+    """Serve the admission webhook over HTTPS (POST /mutate, /validate; GET /healthz, /readyz, /metrics)."""
     _host_port(bind, "--bind")
     metrics_address = _host_port(metrics_bind, "--metrics-bind") if metrics_bind else None
     if (certfile is None) != (keyfile is None):
         raise click.UsageError("give both --cert and --key, or neither for a self-signed pair in --state-dir")
-    if not null_webhook and not policy_dir.is_dir():
+    if not policy_dir.is_dir():
         raise GpugateError(f"policy folder {policy_dir} does not exist; pass --policies DIR")
     if certfile is None or keyfile is None:
         certfile, keyfile, ca_file = serving_bundle(state_dir, service=service, namespace=namespace,
@@ -110,29 +119,52 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
             raise GpugateError(f"{path} does not exist")
     pki.check_pair(certfile.read_bytes(), keyfile.read_bytes(), cert_name=str(certfile), key_name=str(keyfile))
 
+    def make_app(runtime_dir: Path) -> Any:
+        from webhook.admission import routes
+
+        return routes.create_app(routes.ServerSettings(
+            policy_dir=policy_dir, fail_closed=fail_closed, reload_interval=reload_interval,
+            allow_empty=allow_empty_policies, snapshot_dir=runtime_dir / "policies"))
+
+    click.echo(f"gpugate: serving https://{bind} (policies: {policy_dir}, workers: {workers}, "
+               f"threads: {threads})", err=True)
+    run_gunicorn(make_app, bind=bind, workers=workers, threads=threads, certfile=certfile, keyfile=keyfile,
+                 reload_interval=reload_interval, metrics_bind=metrics_address, max_requests=max_requests,
+                 request_timeout=request_timeout, drain_seconds=drain_seconds)
+
+
+def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, threads: int, certfile: Path,
+                 keyfile: Path, reload_interval: float = 1.0, metrics_bind: tuple[str, int] | None = None,
+                 max_requests: int = 0, request_timeout: float = 5.0, drain_seconds: float = 3.0) -> None:
+    """Run ``make_app(runtime_dir)`` in gunicorn workers until the master is stopped.
+
+    ``runtime_dir`` is a fresh temporary folder shared by the master and its workers: Prometheus'
+    multiprocess sample files, and the last accepted policy set. The benchmark runs its null
+    webhook through here too, so both sides of its comparison share every part but the core.
+    """
+    runtime_dir = Path(tempfile.mkdtemp(prefix="gpugate-"))
+    (runtime_dir / "metrics").mkdir()
     # Before anything imports prometheus_client: each run gets fresh multiprocess sample files.
-    metrics_dir = tempfile.mkdtemp(prefix="gpugate-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(runtime_dir / "metrics")
     # gunicorn forks its workers from inside run(), so a worker that exits unwinds through this
     # frame too: only the master may remove the folder its live and future workers write into.
     master_pid = os.getpid()
     try:
-        from webhook.admission import routes, serving
+        from webhook.admission import serving, worker
 
-        settings = routes.ServerSettings(policy_dir=policy_dir, fail_closed=fail_closed,
-                                         reload_interval=reload_interval, null_webhook=null_webhook)
+        worker.configure(worker.WorkerSettings(request_timeout=request_timeout, drain_seconds=drain_seconds),
+                         max_workers=workers)
         try:
             reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval)
         except ssl.SSLError as err:
             raise GpugateError(f"cannot use {certfile} / {keyfile}: {err}") from err
         options = serving.gunicorn_options(bind=bind, workers=workers, threads=threads, certfile=certfile,
-                                           keyfile=keyfile, reloader=reloader, metrics_bind=metrics_address)
-        click.echo(f"gpugate: serving https://{bind} (policies: {policy_dir}, workers: {workers}, "
-                   f"threads: {threads})", err=True)
-        serving.GunicornServer(lambda: routes.create_app(settings), options).run()
+                                           keyfile=keyfile, reloader=reloader, metrics_bind=metrics_bind,
+                                           max_requests=max_requests)
+        serving.GunicornServer(lambda: make_app(runtime_dir), options).run()
     finally:
         if os.getpid() == master_pid:
-            shutil.rmtree(metrics_dir, ignore_errors=True)
+            shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 # --- admit -------------------------------------------------------------------------------------

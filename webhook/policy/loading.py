@@ -26,8 +26,17 @@ def policy_files(folder: Path) -> list[Path]:
     return sorted(entry for entry in Path(folder).iterdir() if is_policy_file(entry) and entry.is_file())
 
 
+Texts = list[tuple[str, bytes]]
+"""(name shown in messages, file content) of each policy file, in order."""
+
+
 def load_dir(path: Path | str) -> PolicySet:
     """Every policy file at the top of ``path`` (tests/, hidden and kustomization files skipped)."""
+    return parsing.parse(read_dir(path))
+
+
+def read_dir(path: Path | str) -> Texts:
+    """The policy files of ``path`` as (name, bytes); PolicyLoadError when the folder is unusable."""
     folder = Path(path)
     if not folder.exists():
         raise PolicyLoadError([f"{folder}: no such folder; pass the folder of GPUPolicy files"])
@@ -39,7 +48,7 @@ def load_dir(path: Path | str) -> PolicySet:
             texts.append((_display(file), file.read_bytes()))
         except OSError as err:
             raise PolicyLoadError([f"{_display(file)}: cannot read: {err.strerror}"]) from err
-    return parsing.parse(texts)
+    return texts
 
 
 def _display(file: Path) -> str:

@@ -6,17 +6,27 @@ costs a few small reads. Paths are read through symlinks, which makes the Kubern
 volume layout (``name.yaml -> ..data/name.yaml``, ``..data -> ..2026_..``, swapped by one rename)
 look like any other content change.
 
-A change is loaded all-or-nothing (``PolicySet.from_dir``) and swapped in with one reference
-assignment: a request that took ``current()`` keeps that set to its end, so no answer mixes two
-revisions. If the folder changed again while it was being loaded (a swap in the middle), the
-result is discarded and the next tick retries. An invalid set is refused with one log line and
-one metric per distinct content, and the last good set keeps serving.
+A change is loaded all-or-nothing (``loading.read_dir`` then ``parsing.parse``) and swapped in
+with one reference assignment: a request that took ``current()`` keeps that set to its end, so no
+answer mixes two revisions. If the folder changed again while it was being loaded (a swap in the
+middle), the result is discarded and the next tick retries. An invalid set is refused with one
+log line and one metric per distinct content, and the last good set keeps serving. A set with no
+policy at all is refused too (a deleted ConfigMap key or an emptied folder must not silently lift
+every deny rule) unless the operator allowed it.
+
+The last good set outlives the process that loaded it: each accepted set's files are copied to
+``snapshot_dir`` (shared by the workers of one server), and a process whose first load fails (a
+worker started by a crash, a recycle or a HUP while the folder holds a bad edit) serves that copy
+instead of nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from webhook import logs
 from webhook.errors import GpugateError
-from webhook.policy import loading
+from webhook.policy import loading, parsing
 
 if TYPE_CHECKING:  # the core is imported lazily so the edge can start (and report) without it
     from webhook.policy import PolicySet
@@ -54,11 +64,9 @@ def folder_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def _load_from_dir(directory: Path) -> PolicySet:
-    return loading.load_dir(directory)
-
-
 CHANGED_WHILE_LOADING = "folder changed while loading; retrying"
+EMPTY_SET = ("{directory} holds no GPUPolicy; an empty set would lift every deny rule, so it is refused "
+             "(start gpugate serve with --allow-empty-policies if that is what you want)")
 
 
 @dataclass(frozen=True)
@@ -78,12 +86,16 @@ class PolicyStore:
         self,
         directory: Path,
         *,
-        load: Callable[[Path], PolicySet] = _load_from_dir,
+        read: Callable[[Path], loading.Texts] = loading.read_dir,
         on_loaded: Callable[[PolicySet, PolicySet | None], None] | None = None,
         on_refused: Callable[[str], None] | None = None,
+        allow_empty: bool = False,
+        snapshot_dir: Path | None = None,
     ) -> None:
         self.directory = Path(directory)
-        self._load = load
+        self._read = read
+        self.allow_empty = allow_empty
+        self.snapshot_dir = snapshot_dir
         self._on_loaded = on_loaded
         self._on_refused = on_refused
         self._current: PolicySet | None = None
@@ -120,7 +132,10 @@ class PolicyStore:
             if before == self._seen_digest:
                 return ReloadOutcome(changed=False)
             try:
-                loaded = self._load(self.directory)
+                texts = self._read(self.directory)
+                loaded = parsing.parse(texts)
+                if not loaded.policies and not self.allow_empty:
+                    raise GpugateError(EMPTY_SET.format(directory=self.directory))
             except GpugateError as err:
                 return self._refuse(before, str(err))
             except Exception as err:  # a loader bug must not kill the watcher; the old set serves on
@@ -131,6 +146,7 @@ class PolicyStore:
                 return ReloadOutcome(changed=True, error=CHANGED_WHILE_LOADING)
             previous, self._current = self._current, loaded
             self._seen_digest = before
+            self._save_snapshot(texts)
             logs.log_event(_log, "policy set loaded", directory=str(self.directory),
                            revision=loaded.revision, previous=previous.revision if previous else None,
                            policies=[p.name for p in loaded.policies])
@@ -140,12 +156,50 @@ class PolicyStore:
 
     def _refuse(self, digest: str, message: str) -> ReloadOutcome:
         self._seen_digest = digest  # one log line and one count per distinct bad content
+        if self._current is None:
+            self._serve_snapshot()
         serving = self._current.revision if self._current else None
         logs.log_event(_log, "policy reload refused", logging.ERROR, directory=str(self.directory),
                        error=message, serving=serving)
         if self._on_refused:
             self._on_refused(message)
         return ReloadOutcome(changed=True, error=message)
+
+    def _save_snapshot(self, texts: loading.Texts) -> None:
+        """Copy the accepted files to the snapshot folder: a new folder, then one rename over the old."""
+        if self.snapshot_dir is None:
+            return
+        try:
+            self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.snapshot_dir))
+            for index, (name, data) in enumerate(texts):
+                (staging / f"{index:04d}-{Path(name).name}").write_bytes(data)
+            target = self.snapshot_dir / "last-good"
+            old = self.snapshot_dir / f".old-{os.getpid()}-{threading.get_ident()}"
+            if target.exists():
+                target.rename(old)
+            staging.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError as err:  # the snapshot is a safety net; failing to write it must not fail the load
+            logs.log_event(_log, "could not save the last good policy set", logging.WARNING,
+                           snapshot_dir=str(self.snapshot_dir), error=str(err))
+
+    def _serve_snapshot(self) -> None:
+        """On a failed first load, take the last set a sibling process accepted, if there is one."""
+        folder = self.snapshot_dir / "last-good" if self.snapshot_dir else None
+        if folder is None or not folder.is_dir():
+            return
+        try:
+            texts = [(p.name.split("-", 1)[1], p.read_bytes()) for p in sorted(folder.iterdir()) if p.is_file()]
+            loaded = parsing.parse(texts)
+        except (GpugateError, OSError, IndexError) as err:
+            logs.log_event(_log, "the last good policy set could not be read", logging.WARNING, error=str(err))
+            return
+        self._current = loaded
+        logs.log_event(_log, "serving the last good policy set", logging.WARNING, directory=str(self.directory),
+                       revision=loaded.revision, policies=[p.name for p in loaded.policies])
+        if self._on_loaded:
+            self._on_loaded(loaded, None)
 
     def start(self, interval: float) -> None:
         """Poll the folder every ``interval`` seconds on a daemon thread of this process."""

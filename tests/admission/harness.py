@@ -1,0 +1,166 @@
+"""A real ``gpugate serve`` in a subprocess, and an HTTPS client that verifies it like the API server.
+
+No pytest here: the chaos benchmark drives the same harness.
+
+The client connects to 127.0.0.1 but verifies the certificate for the Service's DNS name
+(``gpugate-webhook.gpugate-system.svc``) with the generated CA, as the kube-apiserver does with
+the webhook configuration's caBundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+from requests.adapters import HTTPAdapter
+
+from webhook.admission import reviews
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICE_HOST = "gpugate-webhook.gpugate-system.svc"
+EXAMPLE_POD = REPO / "webhook" / "examples" / "pod-training.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServiceNameAdapter(HTTPAdapter):
+    """Verify the server certificate for ``server_hostname`` whatever address the URL names."""
+
+    def __init__(self, server_hostname: str, **kwargs: Any) -> None:
+        self._server_hostname = server_hostname
+        super().__init__(**kwargs)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["server_hostname"] = self._server_hostname
+        super().init_poolmanager(*args, **kwargs)
+
+
+def https_session(ca: Path, server_hostname: str = SERVICE_HOST, pool: int = 10) -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False          # REQUESTS_CA_BUNDLE would otherwise replace our CA
+    session.verify = str(ca)
+    session.mount("https://", ServiceNameAdapter(server_hostname, pool_connections=pool, pool_maxsize=pool))
+    return session
+
+
+class Server:
+    """``gpugate serve`` as a subprocess; its stderr (JSON lines) goes to ``log_path``."""
+
+    def __init__(self, workdir: Path, *, policies: Path | None, extra: list[str] | None = None,
+                 workers: int = 2, threads: int = 4) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.state_dir = workdir / "state"
+        self.log_path = workdir / "server.log"
+        self.args = [sys.executable, "-m", "webhook.cli", "serve", "--bind", f"127.0.0.1:{self.port}",
+                     "--state-dir", str(self.state_dir), "--workers", str(workers), "--threads", str(threads),
+                     "--reload-interval", "0.2"]
+        if policies is not None:
+            self.args += ["--policies", str(policies)]
+        self.args += extra or []
+        self.process: subprocess.Popen[bytes] | None = None
+        self.ca: Path = self.state_dir / "ca.crt"
+
+    def start(self, *, ca: Path | None = None, wait_ready: bool = True) -> Server:
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(self.args, cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=env, start_new_session=True)
+        if ca is not None:
+            self.ca = ca
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gpugate serve exited {self.process.returncode}:\n{self.log_text()}")
+            if self.ca.exists():
+                try:
+                    with https_session(self.ca) as session:
+                        if session.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                            if not wait_ready or session.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                                break
+                except requests.RequestException:
+                    pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"gpugate serve did not become ready:\n{self.log_text()}")
+            time.sleep(0.1)
+        self.session = https_session(self.ca)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        if hasattr(self, "session"):
+            self.session.close()
+        if hasattr(self, "_log"):
+            self._log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        """The JSON objects of the server's log (non-JSON lines, e.g. the start banner, skipped)."""
+        out = []
+        for line in self.log_text().splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
+
+    def post(self, endpoint: str, body: Any, **kwargs: Any) -> requests.Response:
+        data = json.dumps(body) if isinstance(body, (dict, list)) else body
+        headers = {"Content-Type": "application/json", **kwargs.pop("headers", {})}
+        return self.session.post(f"{self.url}/{endpoint}", data=data, headers=headers, timeout=10, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples as {'name{labels}': value}."""
+        text = self.session.get(f"{self.url}/metrics", timeout=10).text
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                samples[key] = float(value)
+        return samples
+
+
+def example_pod() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE_POD.read_text())
+
+
+def review_of(pod: dict[str, Any], *, namespace: str = "ml-vision", operation: str = "CREATE",
+              dry_run: bool = False) -> dict[str, Any]:
+    return reviews.wrap_pod(pod, uid=str(uuid.uuid4()), namespace=namespace, operation=operation,
+                              dry_run=dry_run)
+
+
+def copy_policies(target: Path) -> Path:
+    """The repository's policies/ (the files the loader reads) copied to ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in (REPO / "policies").glob("*.yaml"):
+        shutil.copy(path, target / path.name)
+    return target
+
+
