@@ -164,3 +164,34 @@ def copy_policies(target: Path) -> Path:
     return target
 
 
+class ConfigMapVolume:
+    """A folder laid out and updated the way the kubelet does for a ConfigMap volume."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True)
+        self._generation = 0
+
+    def publish(self, files: dict[str, str]) -> None:
+        self._generation += 1
+        payload = self.root / f"..2026_11_30_00_00_{self._generation:02d}.{uuid.uuid4().hex[:6]}"
+        payload.mkdir()
+        for name, text in files.items():
+            (payload / name).write_text(text)
+        tmp_link = self.root / "..data_tmp"
+        tmp_link.symlink_to(payload.name)
+        os.replace(tmp_link, self.root / "..data")       # the atomic swap
+        for name in files:
+            link = self.root / name
+            if not link.is_symlink():
+                link.symlink_to(f"..data/{name}")
+        for name in os.listdir(self.root):                 # keys gone from the ConfigMap lose their link
+            if not name.startswith(".") and name not in files:
+                (self.root / name).unlink()
+        for old in self.root.glob("..2026_*"):
+            if old.name != payload.name:
+                shutil.rmtree(old)
+
+
+def repo_policies() -> dict[str, str]:
+    return {p.name: p.read_text() for p in (REPO / "policies").glob("*.yaml") if p.name != "kustomization.yaml"}

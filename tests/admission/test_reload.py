@@ -6,13 +6,10 @@ The policy folder has the layout of a ConfigMap volume: ``training.yaml -> ..dat
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import ssl
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,42 +19,17 @@ import jsonpatch
 import pytest
 import requests
 
-from tests.admission.harness import REPO, SERVICE_HOST, Server, example_pod, https_session, review_of
+from tests.admission.harness import (
+    SERVICE_HOST,
+    ConfigMapVolume,
+    Server,
+    example_pod,
+    https_session,
+    repo_policies,
+    review_of,
+)
 from webhook.admission import reviews
 from webhook.certs import pki
-
-
-class ConfigMapVolume:
-    """A folder laid out and updated the way the kubelet does for a ConfigMap volume."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True)
-        self._generation = 0
-
-    def publish(self, files: dict[str, str]) -> None:
-        self._generation += 1
-        payload = self.root / f"..2026_11_30_00_00_{self._generation:02d}.{uuid.uuid4().hex[:6]}"
-        payload.mkdir()
-        for name, text in files.items():
-            (payload / name).write_text(text)
-        tmp_link = self.root / "..data_tmp"
-        tmp_link.symlink_to(payload.name)
-        os.replace(tmp_link, self.root / "..data")       # the atomic swap
-        for name in files:
-            link = self.root / name
-            if not link.is_symlink():
-                link.symlink_to(f"..data/{name}")
-        for name in os.listdir(self.root):                 # keys gone from the ConfigMap lose their link
-            if not name.startswith(".") and name not in files:
-                (self.root / name).unlink()
-        for old in self.root.glob("..2026_*"):
-            if old.name != payload.name:
-                shutil.rmtree(old)
-
-
-def repo_policies() -> dict[str, str]:
-    return {p.name: p.read_text() for p in (REPO / "policies").glob("*.yaml") if p.name != "kustomization.yaml"}
 
 
 class Traffic:

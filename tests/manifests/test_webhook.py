@@ -18,7 +18,7 @@ from tests.manifests.helpers import (
     one,
     render_variant,
 )
-from webhook.admission import routes
+from webhook.admission import routes, serving
 from webhook.stack import manifestcheck
 
 WEBHOOK_VARIANTS = sorted(v for v, (resources, _) in VARIANTS.items() if "webhook" in resources)
@@ -348,5 +348,9 @@ def test_pods_keep_serving_while_their_endpoint_is_withdrawn() -> None:
     pod = _deployment(objs)["spec"]["template"]["spec"]
     sleep = _container(objs)["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert sleep >= 3
-    assert pod["terminationGracePeriodSeconds"] > sleep + 5  # room for in-flight requests after the sleep
+    args = dict(a.removeprefix("--").split("=", 1) for a in _container(objs)["args"] if "=" in a)
+    graceful = serving.GRACEFUL_TIMEOUT
+    # preStop, then the drain, then gunicorn's graceful stop: all of it before the kubelet's SIGKILL.
+    assert pod["terminationGracePeriodSeconds"] > sleep + float(args["drain-seconds"]) + graceful
+    assert float(args["request-timeout"]) <= 10
     assert _deployment(objs)["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0

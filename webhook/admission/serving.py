@@ -105,6 +105,9 @@ class CertReloader:
         return self.context()
 
 
+GRACEFUL_TIMEOUT = 20
+"""Seconds gunicorn's master gives a stopping worker (drain and in-flight requests) before SIGKILL."""
+
 # Settings newer gunicorn releases have; skipped when the installed one does not know them.
 _OPTIONAL_SETTINGS = frozenset({"control_socket_disable"})
 
@@ -138,7 +141,7 @@ def gunicorn_options(
     metrics_bind: tuple[str, int] | None = None,
     keepalive: int = 75,
     max_requests: int = 0,
-    graceful_timeout: int = 20,
+    graceful_timeout: int = GRACEFUL_TIMEOUT,
 ) -> dict[str, Any]:
     """The gunicorn settings ``gpugate serve`` runs with, in one place.
 

@@ -68,6 +68,7 @@ DRAINING_KEY = "gpugate.draining"
 READ_CHUNK = 65536
 _EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*(?=\r\n)", re.IGNORECASE)
 MAX_READ_PER_EVENT = 1024 * 1024
+IDLE_LINGER_SECONDS = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,12 +104,12 @@ def configure(settings: WorkerSettings, *, max_workers: int = 64) -> None:
 class ConnectionTable:
     """Open connections per worker, in anonymous shared memory, so workers can balance without talking.
 
-    Slots are (pid, connections) pairs of int64. The master assigns a slot before each fork and frees it
-    when the worker exits; a worker writes only its own slot. Reads race with writes, which is fine for
-    a balancing heuristic (aligned 8-byte stores are atomic on the platforms gunicorn runs on).
+    Slots are (pid, connections, draining) int64 triples. The master assigns a slot before each fork and
+    frees it when the worker exits; a worker writes only its own slot. Reads race with writes, which is
+    fine for a balancing heuristic (aligned 8-byte stores are atomic on the platforms gunicorn runs on).
     """
 
-    _SLOT = struct.Struct("qq")
+    _SLOT = struct.Struct("qqq")
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -116,38 +117,38 @@ class ConnectionTable:
 
     def assign(self, pid_placeholder: int = -1) -> int:
         for index in range(self.slots):
-            pid, _ = self._read(index)
+            pid, _, _ = self._read(index)
             if pid == 0:
-                self._write(index, pid_placeholder, 0)
+                self._write(index, pid_placeholder, 0, 0)
                 return index
         raise RuntimeError("no free worker slot in the connection table")
 
     def claim(self, index: int, pid: int) -> None:
-        self._write(index, pid, 0)
+        self._write(index, pid, 0, 0)
 
     def release_pid(self, pid: int) -> None:
         for index in range(self.slots):
             if self._read(index)[0] == pid:
-                self._write(index, 0, 0)
+                self._write(index, 0, 0, 0)
 
-    def set_count(self, index: int, pid: int, count: int) -> None:
-        self._write(index, pid, count)
+    def publish(self, index: int, pid: int, count: int, *, draining: bool) -> None:
+        self._write(index, pid, count, int(draining))
 
     def others(self, index: int) -> list[int]:
-        """Connection counts of the other live workers."""
+        """Connection counts of the other live workers that are not draining."""
         out = []
         for other in range(self.slots):
-            pid, count = self._read(other)
-            if other != index and pid > 0:
+            pid, count, draining = self._read(other)
+            if other != index and pid > 0 and not draining:
                 out.append(count)
         return out
 
-    def _read(self, index: int) -> tuple[int, int]:
-        pid, count = self._SLOT.unpack_from(self._memory, index * self._SLOT.size)
-        return pid, count
+    def _read(self, index: int) -> tuple[int, int, int]:
+        pid, count, draining = self._SLOT.unpack_from(self._memory, index * self._SLOT.size)
+        return pid, count, draining
 
-    def _write(self, index: int, pid: int, count: int) -> None:
-        self._SLOT.pack_into(self._memory, index * self._SLOT.size, pid, count)
+    def _write(self, index: int, pid: int, count: int, draining: int) -> None:
+        self._SLOT.pack_into(self._memory, index * self._SLOT.size, pid, count, draining)
 
 
 def pre_fork(server: Any, worker: Any) -> None:
@@ -181,6 +182,7 @@ class Conn(TConn):
         self.deadline = 0.0
         self.continue_sent = False
         self.discard_left = 0
+        self.last_activity = time.monotonic()
         self.events = 0
         self.generation = 0   # bumped whenever the deadline changes, so stale heap entries are skipped
 
@@ -261,14 +263,22 @@ class AdmissionWorker(ThreadWorker):
     # --- accepting, balanced -----------------------------------------------------------------
     def _publish(self) -> None:
         if _table is not None and self.slot is not None:
-            _table.set_count(self.slot, os.getpid(), self.nr_conns)
+            _table.publish(self.slot, os.getpid(), self.nr_conns, draining=not self.alive)
+
+    def _siblings(self) -> list[int] | None:
+        """Open connections of each live sibling that is not draining (None without a table)."""
+        if _table is None or self.slot is None:
+            return None
+        return _table.others(self.slot)
 
     def _may_accept(self) -> bool:
         if self.nr_conns >= self.worker_connections:
             return False
-        if _table is None or self.slot is None or not self.alive:
-            return True
-        others = _table.others(self.slot)
+        others = self._siblings()
+        if not self.alive:
+            # Draining: a sibling that is not stopping takes new clients (a HUP's new workers, the
+            # other worker of a single TERM); only a whole-server stop keeps answering them here.
+            return not others
         return not others or self.nr_conns <= min(others)
 
     def _balance(self) -> None:
@@ -340,6 +350,7 @@ class AdmissionWorker(ThreadWorker):
             self._close(conn)
             return
         conn.initialized = True
+        conn.last_activity = time.monotonic()
         # Connected: the request deadline starts with the request's first byte, like on a kept-alive
         # connection. An idle connection costs a socket, never a thread.
         conn.phase = Phase.IDLE
@@ -452,6 +463,7 @@ class AdmissionWorker(ThreadWorker):
             self._close(conn)
             return
         conn.phase = Phase.IDLE
+        conn.last_activity = time.monotonic()
         self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
         self._watch(conn, selectors.EVENT_READ)
         if conn.buffer:  # the client sent its next request behind the last one
@@ -554,31 +566,51 @@ class AdmissionWorker(ThreadWorker):
 
     # --- stopping ------------------------------------------------------------------------------
     def _drain(self) -> None:
+        """Stop the way a client can live with: answer, then close between requests, never in one."""
         started = time.monotonic()
+        self._publish()  # siblings now see this worker draining and take the new clients
         drain_end = started + self.settings.drain_seconds
-        self.set_accept_enabled(True)
         while time.monotonic() < drain_end and self.is_parent_alive():
             self.notify()
-            self._dispatch(min(self._timeout(), max(drain_end - time.monotonic(), 0.0)))
+            self.set_accept_enabled(self._may_accept())
+            self._dispatch(min(self._timeout(), 0.05, max(drain_end - time.monotonic(), 0.0)))
             self._expire()
         self.set_accept_enabled(False)
+        if not self._siblings():
+            self._accept_backlog()  # the last to stop: take what the kernel queued, then close
         for listener in self.sockets:
             try:
                 listener.close()
             except OSError:
                 pass
-        for conn in [c for c in self.conns if c.phase in (Phase.IDLE, Phase.HANDSHAKE)]:
-            self._close_gracefully(conn)
         give_up = started + self.cfg.graceful_timeout - 1.0
         while self.conns and time.monotonic() < give_up:
             self.notify()
-            self._dispatch(min(self._timeout(), 0.2))
+            now = time.monotonic()
+            # An idle connection is closed once it has been quiet for a moment: a client that was
+            # about to send on it has done so (and is answered with Connection: close).
+            for conn in [c for c in self.conns if c.phase in (Phase.IDLE, Phase.HANDSHAKE)
+                         and now - c.last_activity >= IDLE_LINGER_SECONDS]:
+                self._close_gracefully(conn)
+            self._dispatch(min(self._timeout(), 0.05))
             self._expire()
         for conn in list(self.conns):
             self._close(conn)
         self.tpool.shutdown(wait=False)
         self.poller.close()
         self.method_queue.close()
+
+    def _accept_backlog(self) -> None:
+        for listener in self.sockets:
+            for _ in range(self.worker_connections):
+                before = self.nr_conns
+                try:
+                    listener.setblocking(False)
+                    self.accept(listener)
+                except OSError:
+                    break
+                if self.nr_conns == before:
+                    break
 
 
 class _ConnCallback:
