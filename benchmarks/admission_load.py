@@ -237,7 +237,8 @@ def drive(port: int, ca: str, connections: int, seconds: float, rate: float | No
     queue.put((latencies, errors))
 
 
-def load(server: ServerUnderTest, *, drivers: int, connections: int, seconds: float, rate: float | None) -> dict[str, Any]:
+def load(server: ServerUnderTest, *, drivers: int, connections: int, seconds: float,
+         rate: float | None) -> dict[str, Any]:
     ctx = mp.get_context("spawn")   # fresh interpreters: nothing of this process is shared
     queue = ctx.Queue()
     # perf_counter is CLOCK_MONOTONIC on Linux: the same clock in every process of the machine.

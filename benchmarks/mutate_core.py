@@ -75,7 +75,8 @@ def realistic_pod() -> dict:
             "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
                              "tolerationSeconds": 300}],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a", "b"]}]}]}}},
+                {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In",
+                                       "values": ["a", "b"]}]}]}}},
             "restartPolicy": "Never", "schedulerName": "default-scheduler", "dnsPolicy": "ClusterFirst",
             "serviceAccountName": "trainer", "priority": 0,
         },

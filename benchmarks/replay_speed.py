@@ -38,7 +38,8 @@ def main() -> int:
         return 0
     openb = trace.load_trace(TRACE)
     policies = str(ROOT / "policies")  # the starter set
-    print(f"speed: one run = one arm, seed 42, {len(openb.pods)} pods inflated to 130%, {len(openb.nodes)} nodes, one core")
+    print(f"speed: one run = one arm, seed 42, {len(openb.pods)} pods inflated to 130%, "
+          f"{len(openb.nodes)} nodes, one core")
     print(f"{'arm':<16} {'s/run':>7} {'vs 10 s goal':>13} {'vs artifact (150 core-min)':>27} {'pods/s':>8}")
     for arm in args.arms.split(","):
         spec = runner.RunSpec(arm=arm, seed=42, policies=policies if arm == "gpugate" else None)
@@ -52,8 +53,10 @@ def main() -> int:
     seeds = parse_seeds(args.fidelity_seeds)
     specs = [runner.RunSpec(arm=arm, seed=seed) for arm in PUBLISHED for seed in seeds]
     results = runner.run_many(openb, specs, workers=args.workers)
-    print(f"\nfidelity: median over seeds {args.fidelity_seeds} at 100% / 130% arrived (published; bound 0.5 points at 100%)")
-    print(f"{'arm':<9} {'ours@100':>9} {'pub@100':>8} {'diff':>6} {'ours@130':>9} {'pub@130':>8} {'seed range@100':>16}  within")
+    print(f"\nfidelity: median over seeds {args.fidelity_seeds} at 100% / 130% arrived "
+          f"(published; bound 0.5 points at 100%)")
+    print(f"{'arm':<9} {'ours@100':>9} {'pub@100':>8} {'diff':>6} {'ours@130':>9} {'pub@130':>8} "
+          f"{'seed range@100':>16}  within")
     for arm, (pub100, pub130) in PUBLISHED.items():
         mine = [r for r in results if r.arm == arm]
         at100 = [r.alloc_at(100) for r in mine]

@@ -29,7 +29,8 @@ def advertised_resources(values: dict) -> set[str]:
             found.add("nvidia.com/mig-*")
         sharing = (config.get("sharing") or {}).get("timeSlicing") or {}
         for resource in sharing.get("resources") or ():
-            renamed = resource.get("rename") or (f"{resource['name']}.shared" if sharing.get("renameByDefault") else None)
+            renamed = resource.get("rename") or (f"{resource['name']}.shared" if sharing.get("renameByDefault")
+                                                 else None)
             if renamed:
                 found.add(renamed)
     return found
@@ -40,7 +41,8 @@ def test_every_resource_a_starter_policy_injects_is_advertised() -> None:
     for policy in loading.load_dir(ROOT / "policies").policies:
         resource = policy.gpu.resource
         wanted = "nvidia.com/mig-*" if resource.startswith("nvidia.com/mig-") else resource
-        assert wanted in advertised, f"policy {policy.name} asks for {resource}; the stack advertises {sorted(advertised)}"
+        assert wanted in advertised, (f"policy {policy.name} asks for {resource}; "
+                                      f"the stack advertises {sorted(advertised)}")
 
 
 def test_a_time_slicing_config_that_keeps_the_gpu_name_advertises_no_shared_resource() -> None:

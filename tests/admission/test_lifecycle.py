@@ -139,7 +139,8 @@ def test_a_worker_whose_boot_fails_is_replaced_and_the_master_keeps_serving(tmp_
         while time.monotonic() < deadline and ready < 5:
             assert process.poll() is None, (tmp_path / "server.log").read_text()
             try:
-                ready = ready + 1 if session.get(f"https://127.0.0.1:{port}/readyz", timeout=2).status_code == 200 else 0
+                answer = session.get(f"https://127.0.0.1:{port}/readyz", timeout=2)
+                ready = ready + 1 if answer.status_code == 200 else 0
             except Exception:
                 ready = 0
             time.sleep(0.2)

@@ -49,7 +49,8 @@ def _send_mix(server, rounds: int) -> Counter:
         for _ in range(rounds):
             with https_session(server.ca) as fresh:
                 for session in (fresh, kept):
-                    assert session.post(f"{server.url}/mutate", json=review_of(example_pod()), timeout=10).status_code == 200
+                    answer = session.post(f"{server.url}/mutate", json=review_of(example_pod()), timeout=10)
+                    assert answer.status_code == 200
                     sent[("mutate", "patched")] += 1
                     denied = session.post(f"{server.url}/validate", json=review_of(example_pod(), namespace="web-a"),
                                           timeout=10)

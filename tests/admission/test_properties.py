@@ -107,8 +107,8 @@ def policy_documents(draw, name: str, priority: int) -> dict[str, Any]:
     if draw(st.booleans()):
         placement["avoidCongested"] = draw(st.sampled_from(["required", "preferred", "no"]))
     if draw(st.booleans()):
-        placement["topology"] = {"key": draw(st.sampled_from([names.NVIDIA_CLIQUE_LABEL, "topology.kubernetes.io/zone"])),
-                                 "mode": draw(st.sampled_from(["required", "preferred"]))}
+        key = draw(st.sampled_from([names.NVIDIA_CLIQUE_LABEL, "topology.kubernetes.io/zone"]))
+        placement["topology"] = {"key": key, "mode": draw(st.sampled_from(["required", "preferred"]))}
     spec["placement"] = placement
     if draw(st.integers(0, 3)) == 0:
         spec["deny"] = [{"namespaces": ["web-*"], "message": "no GPUs in web namespaces"}]

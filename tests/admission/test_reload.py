@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 import pytest
 import requests
 
@@ -28,7 +27,6 @@ from tests.admission.harness import (
     repo_policies,
     review_of,
 )
-from webhook.admission import reviews
 from webhook.certs import pki
 
 
@@ -142,11 +140,9 @@ def test_policy_changes_apply_while_requests_flow_and_bad_ones_are_refused(serve
         wait_for(lambda: {line["pid"] for line in server.log_lines()
                           if line.get("event") == "policy set loaded" and line.get("revision") == second} >= workers,
                  what="every worker to log loading the new set")
-        review = review_of(example_pod())
-        patched = jsonpatch.apply_patch(review["request"]["object"],
-                                        reviews.decode_patch(_mutate_once(server, server.session)["patch"]))
-        verdict = server.post("validate", review_of(patched)).json()["response"]
-        assert verdict["allowed"] is False and "allows 2" in verdict["status"]["message"]
+        # The example pod's gpus label asks 4: the new set refuses it already at mutation.
+        answer = _mutate_once(server, server.session)
+        assert answer["allowed"] is False and "allows 2" in answer["status"]["message"]
 
         # 2. An invalid change is refused: the last good set keeps answering.
         errors_before = server.metrics().get("gpugate_policy_reload_errors_total", 0)
@@ -171,7 +167,13 @@ def test_policy_changes_apply_while_requests_flow_and_bad_ones_are_refused(serve
     third = _revision(server)
     assert len(traffic.results) > 20
     assert answered <= {first, second, third} and {second, third} <= answered
-    assert all(r["allowed"] is True and r["patchType"] == "JSONPatch" for r in traffic.results)
+    # Every answer is what its revision says: the first patches the example's 4 GPUs; the later
+    # ones (training capped at 2) refuse them already at mutation.
+    for r in traffic.results:
+        if r["auditAnnotations"]["revision"] == first:
+            assert r["allowed"] is True and r["patchType"] == "JSONPatch"
+        else:
+            assert r["allowed"] is False and "allows 2" in r["status"]["message"]
     metrics = server.metrics()
     assert metrics[f'gpugate_policy_revision_info{{revision="{third}"}}'] == 1
     assert metrics[f'gpugate_policy_revision_info{{revision="{first}"}}'] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import time
 
 import jsonpatch
 import pytest
@@ -76,8 +77,11 @@ def test_validate_allows_the_mutated_example_pod(server):
 
 
 def test_validate_denies_more_gpus_than_the_policy_allows(server):
+    """A container that asks 12 itself (the mutating endpoint already refuses a gpus label of 12)."""
     pod = example_pod()
-    pod["metadata"]["labels"]["gpugate.io/gpus"] = "12"
+    del pod["metadata"]["labels"]["gpugate.io/gpus"]
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "12"},
+                                                 "requests": {"nvidia.com/gpu": "12"}}
     review = review_of(pod)
     mutated = _response(server.post("mutate", review))   # the validating call sees the mutated pod
     pod = jsonpatch.apply_patch(pod, reviews.decode_patch(mutated["patch"]))
@@ -248,7 +252,8 @@ def test_without_a_valid_policy_set_it_is_not_ready_and_fails_open_or_closed(mod
     """No valid set loaded is an internal error: allowed with a warning, or denied with --fail-closed."""
     bad = module_tmp / "bad-policies"
     bad.mkdir()
-    (bad / "broken.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: x}\nspec: {gpu: {max: eight}}\n")
+    (bad / "broken.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: x}\n"
+                                     "spec: {gpu: {max: eight}}\n")
     for extra, allowed in (([], True), (["--fail-closed"], False)):
         workdir = module_tmp / f"bad-{allowed}"
         workdir.mkdir()
@@ -311,7 +316,8 @@ def test_admit_sends_a_review_file_as_is(server, tmp_path):
 
 def test_admit_reports_the_servers_400(server, tmp_path):
     path = tmp_path / "review.yaml"
-    path.write_text("apiVersion: admission.k8s.io/v1beta1\nkind: AdmissionReview\nrequest: {uid: u, operation: CREATE}\n")
+    path.write_text("apiVersion: admission.k8s.io/v1beta1\nkind: AdmissionReview\n"
+                    "request: {uid: u, operation: CREATE}\n")
     result = _admit(server, str(path), "--endpoint", "mutate")
     assert result.exit_code == 1
     assert "answered HTTP 400" in result.output and "admission.k8s.io/v1beta1" in result.output
@@ -326,3 +332,43 @@ def test_admit_refuses_a_server_it_cannot_verify(server, tmp_path):
     result = CliRunner().invoke(main, ["admit", str(EXAMPLE_POD), "--server", server.url, "--ca", str(server.ca),
                                        "--server-name", "not-the-service.example"])
     assert result.exit_code == 1 and "TLS with" in result.output
+
+
+def test_an_absurd_gpu_label_is_denied_by_the_mutating_endpoint(server):
+    pod = example_pod()
+    pod["metadata"]["labels"]["gpugate.io/gpus"] = "1k"
+    answer = server.post("mutate", review_of(pod, namespace="ml-team")).json()["response"]
+    assert answer["allowed"] is False and "patch" not in answer
+    assert "gpugate.io/gpus='1k' asks for 1000 GPUs" in answer["status"]["message"]
+
+
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(("where", "value"), [
+    ("containers", "not-a-list"),            # a field of the wrong type
+    ("affinity", _nested(900)),              # nesting no Kubernetes object has
+])
+def test_input_the_core_cannot_read_is_one_warning_line_counted_as_invalid(server, where, value):
+    """Bad input is a one-line warning with the uid and result=invalid; tracebacks are for our bugs (issue 12)."""
+    pod = example_pod()
+    pod["spec"][where] = value
+    review = review_of(pod, namespace="ml-team")
+    before = server.metrics().get('gpugate_admissions_total{endpoint="mutate",operation="CREATE",policy="",'
+                                  'result="invalid"}', 0)
+    response = server.post("mutate", review)
+    assert response.status_code == 200
+    answer = response.json()["response"]
+    assert answer["allowed"] is True and "could not read this pod" in answer["warnings"][0]
+    time.sleep(0.2)
+    lines = [line for line in server.log_lines() if line.get("uid") == review["request"]["uid"]]
+    assert lines and all("exception" not in line for line in lines), lines
+    assert any(line.get("level") == "warning" and line.get("event") == "admission input refused" for line in lines)
+    assert any(line.get("event") == "admission" and line.get("result") == "invalid" for line in lines)
+    after = server.metrics()['gpugate_admissions_total{endpoint="mutate",operation="CREATE",policy="",'
+                             'result="invalid"}']
+    assert after == before + 1

@@ -10,16 +10,17 @@ import pytest
 from tests.policy.kit import container, load, node_feasible, node_score, pod, policy, tolerates
 from webhook import names
 from webhook.admission import mutation
+from webhook.kube.inventory import EMPTY, Inventory
 
 NS = "ml-a"
 
 
 def run(p, spec: str = "", *, namespace: str = NS, name: str = "gp", priority: int | None = None,
-        mode: str | None = None) -> mutation.Mutation:
+        mode: str | None = None, inventory: Inventory = EMPTY) -> mutation.Mutation:
     """Mutate ``p`` under one policy and check the patch really turns the input into ``desired``."""
     policies = load(policy(name, spec, priority=priority, mode=mode))
     original = copy.deepcopy(p)
-    result = mutation.mutate(p, namespace=namespace, policies=policies)
+    result = mutation.mutate(p, namespace=namespace, policies=policies, inventory=inventory)
     assert p == original, "mutate must not edit its input"
     assert jsonpatch.apply_patch(p, list(result.patch)) == result.desired
     return result
@@ -43,6 +44,28 @@ def labelled(gpus: str, *containers_, **kwargs):
 
 
 # --- GPU requests ------------------------------------------------------------------------------
+
+class TestAbsurdCounts:
+    @pytest.mark.parametrize(("label", "spec", "says"), [
+        ("1k", "gpu: {max: 8}", "asks for 1000 GPUs; policy gp allows 8. Ask for 8 or fewer"),
+        ("12", "gpu: {max: 8}", "asks for 12 GPUs; policy gp allows 8"),
+        ("65", "", "asks for 65 GPUs; no node has more than 64. Ask for 64 or fewer"),
+        ("9999999999999999999", "", "asks for 9999999999999999999 GPUs; no node has more than 64"),
+        ("99999999999999999999", "", "asks for more GPUs than any node has"),
+    ])
+    def test_a_count_no_node_can_hold_is_denied_at_mutation_and_not_injected(self, label, spec, says):
+        result = run(labelled(label), spec)
+        assert result.patch == () and result.denials
+        assert f"label gpugate.io/gpus={label!r}" in result.denials[0] and says in result.denials[0]
+
+    def test_audit_mode_only_warns(self):
+        result = run(labelled("1k"), "gpu: {max: 8}", mode="audit")
+        assert not result.denials and any("would deny" in w and "1000 GPUs" in w for w in result.warnings)
+
+    def test_the_largest_allowed_count_is_injected(self):
+        result = run(labelled("8"), "gpu: {max: 8}")
+        assert not result.denials and gpu_limits(spec_of(result)["containers"][0]) == {"nvidia.com/gpu": "8"}
+
 
 class TestGpuRequests:
     def test_the_gpus_label_sets_requests_equal_to_limits_on_the_first_container(self):
@@ -136,8 +159,10 @@ class TestGpuRequests:
                    for w in result.warnings)
 
     @pytest.mark.parametrize(("given", "expected"), [
-        ({"limits": {"nvidia.com/gpu": "2"}}, {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}),
-        ({"requests": {"nvidia.com/gpu": "2"}}, {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}),
+        ({"limits": {"nvidia.com/gpu": "2"}},
+         {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}),
+        ({"requests": {"nvidia.com/gpu": "2"}},
+         {"requests": {"nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}),
         ({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}},
          {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2"}}),
     ], ids=["a limit alone gets the equal request", "a request alone gets the equal limit",
@@ -324,12 +349,17 @@ class TestRequiredNodeAffinity:
         assert out["matchFields"] == term["matchFields"]
         assert out["matchExpressions"] == [{"key": names.NVIDIA_PRODUCT_LABEL, "operator": "In", "values": ["X"]}]
 
-    def test_a_user_node_selector_on_the_same_label_is_kept_and_named(self):
+    def test_a_user_node_selector_that_contradicts_the_policy_is_kept_and_named(self):
         p = pod(container(gpus=1), nodeSelector={names.NVIDIA_PRODUCT_LABEL: "Tesla-T4"})
         result = run(p, "gpu: {products: [NVIDIA-H100-80GB-HBM3]}")
         assert result.desired["spec"]["nodeSelector"] == {names.NVIDIA_PRODUCT_LABEL: "Tesla-T4"}
         assert "affinity" not in result.desired["spec"]
-        assert any("kept the pod's nodeSelector nvidia.com/gpu.product='Tesla-T4'" in w for w in result.warnings)
+        assert any("nodeSelector nvidia.com/gpu.product='Tesla-T4' contradicts" in w for w in result.warnings)
+
+    def test_a_user_node_selector_that_meets_the_policy_needs_no_affinity(self):
+        p = pod(container(gpus=1), nodeSelector={names.NVIDIA_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3"})
+        result = run(p, "gpu: {products: [NVIDIA-H100-80GB-HBM3, NVIDIA-A100-SXM4-80GB]}")
+        assert "affinity" not in result.desired["spec"]
 
     def test_an_unrelated_node_selector_is_kept_beside_the_affinity(self):
         p = pod(container(gpus=1), nodeSelector={"pool": "gpu-a"})
@@ -338,16 +368,49 @@ class TestRequiredNodeAffinity:
         assert node_feasible(desired, gpu_node(pool="gpu-a"))
         assert not node_feasible(desired, gpu_node("Tesla-T4", pool="gpu-a"))
 
-    def test_a_user_affinity_on_the_same_label_is_kept_and_named(self):
-        own = {"key": names.NVIDIA_PRODUCT_LABEL, "operator": "In", "values": ["Tesla-T4"]}
+    def test_a_user_affinity_on_the_same_label_is_kept_and_the_policy_anded_to_it(self):
+        own = {"key": names.NVIDIA_PRODUCT_LABEL, "operator": "In", "values": ["Tesla-T4", "NVIDIA-H100-80GB-HBM3"]}
         p = pod(container(gpus=1), affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [dict(own)]}]}}})
         result = run(p, "gpu: {products: [NVIDIA-H100-80GB-HBM3], minMemoryMiB: 10000}")
         (term,) = result.desired["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"]
         assert term["matchExpressions"][0] == own
-        assert [e["key"] for e in term["matchExpressions"]] == [names.NVIDIA_PRODUCT_LABEL, names.NVIDIA_MEMORY_LABEL]
-        assert any("kept the pod's own node affinity on nvidia.com/gpu.product" in w for w in result.warnings)
+        assert [e["key"] for e in term["matchExpressions"]] == [
+            names.NVIDIA_PRODUCT_LABEL, names.NVIDIA_PRODUCT_LABEL, names.NVIDIA_MEMORY_LABEL]
+        assert not node_feasible(result.desired, gpu_node("Tesla-T4")), "the policy's product holds"
+        assert node_feasible(result.desired, gpu_node())
+        assert any("ANDed the policy's nvidia.com/gpu.product In" in w for w in result.warnings)
+
+    def test_a_user_expression_that_already_implies_the_policy_is_enough(self):
+        own = {"key": names.NVIDIA_MEMORY_LABEL, "operator": "Gt", "values": ["80000"]}
+        p = pod(container(gpus=1), affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [dict(own)]}]}}})
+        result = run(p, "gpu: {minMemoryMiB: 40000}")
+        (term,) = result.desired["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        assert term["matchExpressions"] == [own]
+
+    def test_a_second_term_cannot_escape_the_requirement(self):
+        """Terms are ORed: each must carry the requirement, or the pod escapes through the one that lacks it."""
+        terms = [{"matchExpressions": [{"key": names.NVIDIA_MEMORY_LABEL, "operator": "Gt", "values": ["79999"]}]},
+                 {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]
+        p = pod(container(gpus=1), affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": copy.deepcopy(terms)}}})
+        desired = run(p, "gpu: {minMemoryMiB: 40000}").desired
+        small = gpu_node(memory=16384)
+        small["kubernetes.io/os"] = "linux"
+        assert not node_feasible(desired, small), "the second term no longer admits a 16 GiB GPU"
+
+    def test_an_empty_term_matches_no_node_and_stays_empty(self):
+        terms = [{}, {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}]
+        p = pod(container(gpus=1), affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": copy.deepcopy(terms)}}})
+        desired = run(p, "gpu: {products: [X]}").desired
+        out = desired["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        assert out[0] == {}
+        assert not node_feasible(desired, gpu_node("Y", pool="b")), "the empty term still admits nothing"
 
     def test_avoid_congested_required_is_a_required_not_in_congested(self):
         terms = [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
@@ -542,6 +605,25 @@ class TestSchedulingFields:
         spec = spec_of(run(pod(container(gpus=1), priority=0), FIELDS))
         assert spec["priorityClassName"] == "gpu-batch" and "priority" not in spec
 
+    def test_setting_the_priority_class_drops_the_computed_preemption_policy_too(self):
+        """Reinvocation re-runs the Priority plugin, which refuses a preemptionPolicy its class does
+        not give (plugin/pkg/admission/priority/admission.go admitPod): both fields go."""
+        p = pod(container(gpus=1), priority=0, preemptionPolicy="PreemptLowerPriority")
+        spec = spec_of(run(p, FIELDS))
+        assert "priority" not in spec and "preemptionPolicy" not in spec
+
+    def test_the_policy_class_replaces_the_clusters_global_default(self):
+        """The Priority plugin writes the globalDefault class into a pod that names none, before webhooks."""
+        p = pod(container(gpus=1), priorityClassName="cluster-default", priority=100,
+                preemptionPolicy="PreemptLowerPriority")
+        spec = spec_of(run(p, FIELDS, inventory=Inventory(default_priority_class="cluster-default")))
+        assert spec["priorityClassName"] == "gpu-batch"
+        assert "priority" not in spec and "preemptionPolicy" not in spec
+        # Without the inventory the webhook cannot tell the default from a choice: it keeps it.
+        kept = run(copy.deepcopy(p), FIELDS)
+        assert spec_of(kept)["priorityClassName"] == "cluster-default"
+        assert any("kept the pod's priorityClassName: cluster-default" in w for w in kept.warnings)
+
     def test_a_user_priority_class_keeps_its_priority(self):
         spec = spec_of(run(pod(container(gpus=1), priorityClassName="urgent", priority=1000), FIELDS))
         assert spec["priority"] == 1000
@@ -608,9 +690,22 @@ class TestIdempotence:
         # mutation converges on it, as validation (which sees the shaped pod) will.
         assert first.policy.name == "gpu-pods" and first.patch
         assert first.desired["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-        assert any("now applies" in w for w in first.warnings)
+        assert any("applies instead" in w for w in first.warnings)
         second = mutation.mutate(first.desired, namespace=NS, policies=policies)
         assert second.patch == (), second.patch
+
+
+    def test_a_policy_switch_keeps_nothing_of_the_lower_policy(self):
+        """The pod is annotated with the higher policy: its placement, not a mix of both (issue 12)."""
+        policies = load(policy("gpu-pods", "placement: {strategy: pack}", priority=10),
+                        policy("everyone", "match: {gpuOnly: false}\ngpu: {default: 1}\n"
+                                           "placement: {strategy: spread, avoidCongested: preferred}", priority=0))
+        result = mutation.mutate(pod(container()), namespace=NS, policies=policies)
+        assert result.policy.name == "gpu-pods"
+        preferred = spec_of(result)["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        keys = {t["preference"]["matchExpressions"][0]["key"] for t in preferred}
+        assert keys == {names.GPU_FREE_LABEL}, "only pack terms; no spread or avoid-congested term of 'everyone'"
+        assert mutation.mutate(result.desired, namespace=NS, policies=policies).patch == ()
 
 
 # --- edge cases ----------------------------------------------------------------------------------

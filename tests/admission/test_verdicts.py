@@ -296,3 +296,61 @@ class TestAudit:
         result, _ = verdict(pod(container(gpus=1)), web, namespace="web-a")
         assert result.allowed
         assert any(w.startswith("audit: would deny: ") and "no GPUs here" in w for w in result.warnings)
+
+
+MEM40 = policy("big", "gpu: {minMemoryMiB: 40000, products: [NVIDIA-H100-80GB-HBM3, NVIDIA-A100-SXM4-80GB]}")
+
+
+def required(*terms):
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+def expr(key, operator, *values):
+    return {"key": key, "operator": operator, "values": list(values)}
+
+
+GOOD_TERM = {"matchExpressions": [expr(names.NVIDIA_MEMORY_LABEL, "Gt", "39999"),
+                                  expr(names.NVIDIA_PRODUCT_LABEL, "In", "NVIDIA-H100-80GB-HBM3")]}
+
+
+class TestNodeRequirementsHoldInEveryTerm:
+    """Terms are ORed: a second, trivially true term used to lift the policy's GPU requirements (issue 12)."""
+
+    def test_a_pod_whose_every_term_carries_the_requirements_is_allowed(self):
+        result, _ = verdict(pod(container(gpus=1), affinity=required(GOOD_TERM, GOOD_TERM)), MEM40)
+        assert result.allowed, result.reasons
+
+    def test_a_second_term_without_the_requirement_is_denied_and_named(self):
+        escape = {"matchExpressions": [expr("kubernetes.io/os", "In", "linux")]}
+        result, rev = verdict(pod(container(gpus=1), affinity=required(GOOD_TERM, escape)), MEM40)
+        assert not result.allowed
+        assert any("nvidia.com/gpu.memory Gt ['39999'] (term 2)" in r and f"policy big@{rev}" in r
+                   for r in result.reasons), result.reasons
+
+    def test_a_pod_without_required_affinity_is_denied(self):
+        result, _ = verdict(pod(container(gpus=1)), MEM40)
+        assert not result.allowed and "no required node affinity" in result.message
+
+    def test_a_contradicting_node_selector_is_denied(self):
+        p = pod(container(gpus=1), affinity=required(GOOD_TERM),
+                nodeSelector={names.NVIDIA_PRODUCT_LABEL: "Tesla-T4"})
+        result, _ = verdict(p, MEM40)
+        assert not result.allowed and "(nodeSelector)" in result.message
+
+    def test_an_empty_term_needs_nothing_it_matches_no_node(self):
+        result, _ = verdict(pod(container(gpus=1), affinity=required({}, GOOD_TERM)), MEM40)
+        assert result.allowed, result.reasons
+
+    def test_a_tighter_expression_than_the_policy_meets_it(self):
+        tight = {"matchExpressions": [expr(names.NVIDIA_MEMORY_LABEL, "Gt", "81000"),
+                                      expr(names.NVIDIA_PRODUCT_LABEL, "In", "NVIDIA-A100-SXM4-80GB")]}
+        result, _ = verdict(pod(container(gpus=1), affinity=required(tight)), MEM40)
+        assert result.allowed, result.reasons
+
+    def test_mutation_output_always_passes(self):
+        from webhook.admission import chain
+
+        p = pod(container(gpus=1), affinity=required({"matchExpressions": [expr("zone", "In", "a")]},
+                                                     {"matchExpressions": [expr("zone", "In", "b")]}, {}))
+        outcome = chain.admit(p, namespace=NS, policies=load(MEM40))
+        assert outcome.allowed, outcome.reasons

@@ -70,7 +70,8 @@ def test_creates_the_secret_when_missing_and_patches_both_ca_bundles(fake_kube: 
     data = _secret(fake_kube)
     assert set(data) == {"tls.crt", "tls.key", "ca.crt"}
     labels = fake_kube.get("v1", "Secret", SECRET, NAMESPACE)["metadata"]["labels"]
-    assert labels["app.kubernetes.io/part-of"] == "gpugate" and labels["app.kubernetes.io/managed-by"] == "gpugate-certs"
+    assert (labels["app.kubernetes.io/part-of"] == "gpugate"
+            and labels["app.kubernetes.io/managed-by"] == "gpugate-certs")
     pki.check_pair(data["tls.crt"], data["tls.key"])
     served = x509.load_pem_x509_certificate(data["tls.crt"])
     sans = served.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(

@@ -52,7 +52,7 @@ def test_mutate_exits_1_with_the_reason_when_denied(tmp_path: Path) -> None:
     (tmp_path / "pod.yaml").write_text(yaml.safe_dump(pod))
     result = run("mutate", tmp_path / "pod.yaml", "--policies", POLICIES, "-n", "ml-team")
     assert result.exit_code == 1
-    assert "denied: container 'trainer' asks nvidia.com/gpu: 16" in result.stderr
+    assert "denied: label gpugate.io/gpus='16' asks for 16 GPUs; policy training allows 8" in result.stderr
     assert result.stdout == ""
 
 

@@ -362,7 +362,8 @@ def test_project_allows_exactly_the_cluster_scoped_kinds_we_render():
         (shared / "upstream" / "gpu-operator" / f"values-{chart_data['release']}.yaml").read_text())
     values = deep_merge(chart_defaults, yaml.safe_load(VALUES_FILE.read_text()))
     rendered |= _chart_cluster_kinds(values)
-    assert allowed == rendered, f"allowed but not rendered: {allowed - rendered}; rendered but not allowed: {rendered - allowed}"
+    assert allowed == rendered, (f"allowed but not rendered: {allowed - rendered}; "
+                                 f"rendered but not allowed: {rendered - allowed}")
 
 
 def test_chart_kind_conditions_follow_the_values():
@@ -370,7 +371,8 @@ def test_chart_kind_conditions_follow_the_values():
     base = {"clusterPolicy": {"deployCR": True}, "gpuCluster": {"deployCR": False}, "platform": {"openshift": False}}
     assert ("nvidia.com", "GPUCluster") not in _chart_cluster_kinds(base)
     dra = deep_merge(base, {"gpuCluster": {"deployCR": True}, "platform": {"openshift": True}})
-    assert {("nvidia.com", "GPUCluster"), ("security.openshift.io", "SecurityContextConstraints")} <= _chart_cluster_kinds(dra)
+    assert ({("nvidia.com", "GPUCluster"), ("security.openshift.io", "SecurityContextConstraints")}
+            <= _chart_cluster_kinds(dra))
 
 
 # --- docs -----------------------------------------------------------------------------------

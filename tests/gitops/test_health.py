@@ -108,7 +108,8 @@ def test_string_library_is_closed_without_use_open_libs(script):
     assert run_health(script, {}, open_libs=True) == {"status": "Healthy"}
 
 
-@pytest.mark.parametrize("name", ["io", "debug", "package", "require", "load", "loadstring", "dofile", "loadfile", "math"])
+@pytest.mark.parametrize("name", ["io", "debug", "package", "require", "load", "loadstring", "dofile", "loadfile",
+                                  "math"])
 def test_unsafe_globals_are_absent(name):
     got = run_health(f'if {name} == nil then return {{status = "Healthy"}} end\nreturn {{status = "Degraded"}}',
                      {}, open_libs=False)

@@ -71,7 +71,8 @@ def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, 
             assert process.poll() is None, (tmp_path / "balance.log").read_text()
             time.sleep(0.1)
         else:
-            pytest.fail(f"the balancer neither took its Lease nor labelled the node: {(tmp_path / 'balance.log').read_text()}")
+            pytest.fail(f"the balancer neither took its Lease nor labelled the node: "
+                        f"{(tmp_path / 'balance.log').read_text()}")
         probe = container["livenessProbe"]["httpGet"]["path"]
         with urllib.request.urlopen(f"http://127.0.0.1:{health_port}{probe}", timeout=5) as response:
             assert response.status == 200

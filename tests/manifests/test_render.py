@@ -89,7 +89,8 @@ def test_cert_manager_variant_carries_the_issuers_and_certificates() -> None:
                      ("Issuer", "gpugate-ca"), ("Issuer", "gpugate-selfsigned")]
 
 
-@pytest.mark.parametrize("components", [["components/builtin-tls"], ["components/cert-manager", "components/fail-closed"]])
+@pytest.mark.parametrize("components", [["components/builtin-tls"],
+                                        ["components/cert-manager", "components/fail-closed"]])
 def test_components_render_when_listed_in_the_base_itself(tmp_path: Path, components: list[str]) -> None:
     """Argo CD's spec.source.kustomize.components adds them to manifests/webhook's own kustomization."""
     copy = tmp_path / "manifests/webhook"

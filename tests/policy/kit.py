@@ -97,6 +97,10 @@ def requirement_holds(expression: dict[str, Any], labels: dict[str, str]) -> boo
 
 
 def term_holds(term: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A term with no expressions and no fields matches no node (nodeaffinity: "an empty term matches
+    no objects"); the kit reads node labels only, so a fields-only term is taken as matching."""
+    if not term.get("matchExpressions") and not term.get("matchFields"):
+        return False
     return all(requirement_holds(e, labels) for e in term.get("matchExpressions") or [])
 
 

@@ -243,7 +243,8 @@ class TestErrorsPoint:
 
     @pytest.mark.parametrize(("data", "says"), [
         (b"apiVersion: \x80\n", "invalid YAML: unacceptable character #x0080"),
-        (b"!!python/object/apply:os.system [echo]\n", "line 1, column 1: invalid YAML: could not determine a constructor"),
+        (b"!!python/object/apply:os.system [echo]\n",
+         "line 1, column 1: invalid YAML: could not determine a constructor"),
         (b"spec: *missing\n", "line 1, column 7: invalid YAML: found undefined alias 'missing'"),
     ], ids=["a byte that is not UTF-8", "a Python tag is never constructed", "an undefined alias"])
     def test_unreadable_yaml_is_refused_naming_the_file(self, data, says):

@@ -46,7 +46,8 @@ def test_a_bad_change_is_refused_once_and_the_last_good_set_serves(folder):
     refused = []
     store = PolicyStore(folder, on_refused=refused.append)
     good = store.check().revision
-    (folder / "training.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: t}\nspec: {gpu: {max: eight}}\n")
+    (folder / "training.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: t}\n"
+                                          "spec: {gpu: {max: eight}}\n")
     outcome = store.check()
     assert not outcome.loaded and "spec.gpu.max" in outcome.error
     assert store.current().revision == good

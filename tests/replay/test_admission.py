@@ -20,11 +20,13 @@ NODES = (NodeRecord("t4", 104_000, 524_288, 2, "T4"), NodeRecord("v100", 48_000,
 
 def test_trace_rows_become_pods_the_scheduler_reads_back() -> None:
     whole = demand.view(workload.pod_for(WHOLE))
-    assert (whole.demand.num_gpu, whole.demand.gpu_milli, whole.demand.cpu, whole.demand.memory) == (2, 1000, 8000, 32768)
+    assert ((whole.demand.num_gpu, whole.demand.gpu_milli, whole.demand.cpu, whole.demand.memory)
+            == (2, 1000, 8000, 32768))
     share_pod = workload.pod_for(SHARE)
     assert share_pod["metadata"]["labels"][names.PROFILE_LABEL] == workload.SHARED_GPU_PROFILE
     share = demand.view(share_pod)
-    assert (share.demand.num_gpu, share.demand.gpu_milli, share.resources >= {names.SHARED_GPU_RESOURCE}) == (1, 470, True)
+    assert ((share.demand.num_gpu, share.demand.gpu_milli, share.resources >= {names.SHARED_GPU_RESOURCE})
+            == (1, 470, True))
     kc = runner.kube_cluster(Trace("t", NODES, (SHARE,)))
     assert model.node_affinity_filter(kc, share).tolist() == [True, True, False]  # gpu_spec -> product In [...]
     assert demand.view(workload.pod_for(CPU)).demand.num_gpu == 0

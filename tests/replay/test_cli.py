@@ -60,7 +60,8 @@ def test_a_bad_trace_or_policy_folder_exits_1_with_the_reason(tmp_path: Path) ->
     assert code == 1 and "openb_node_list_gpu_node.csv: no such trace file" in stderr
     bad = tmp_path / "policies"
     bad.mkdir()
-    (bad / "broken.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: x}\nspec: {priority: high}\n")
+    (bad / "broken.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: x}\n"
+                                     "spec: {priority: high}\n")
     code, _, stderr = invoke("--arms", "gpugate", "--policies", str(bad), "--out", str(tmp_path / "o"))
     assert code == 1 and "broken.yaml" in stderr
     assert not (tmp_path / "o" / "summary.json").exists()

@@ -94,9 +94,12 @@ def test_untolerated_no_schedule_taints_filter_and_prefer_no_schedule_only_score
 
 def test_preferred_weights_are_normalized_to_the_best_feasible_node() -> None:
     kc = cluster(labels=LABELS)
-    terms = [{"weight": 40, "preference": {"matchExpressions": [{"key": "gpugate.io/gpu-free", "operator": "Lt", "values": ["1"]}]}},
-             {"weight": 10, "preference": {"matchExpressions": [{"key": "gpugate.io/gpu-free", "operator": "Lt", "values": ["3"]}]}}]
-    view = demand.view(pod(spec={"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}}))
+    terms = [{"weight": 40, "preference": {"matchExpressions": [{"key": "gpugate.io/gpu-free", "operator": "Lt",
+                                                                 "values": ["1"]}]}},
+             {"weight": 10, "preference": {"matchExpressions": [{"key": "gpugate.io/gpu-free", "operator": "Lt",
+                                                                 "values": ["3"]}]}}]
+    view = demand.view(pod(spec={"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": terms}}}))
     assert model.node_affinity_score(kc, view, np.array([0, 1, 2])).tolist() == [20, 100, 0]
     assert model.node_affinity_score(kc, view, np.array([0, 2])).tolist() == [100, 0]
     assert model.node_affinity_score(kc, view, np.array([2])).tolist() == [0]
@@ -151,7 +154,8 @@ def test_equal_nodes_are_chosen_at_random_from_the_seeded_generator() -> None:
     picks = {model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(seed)).schedule(kc, view)
              for seed in range(30)}
     assert len(picks) > 5
-    again = [model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(3)).schedule(kc, view) for _ in range(3)]
+    again = [model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(3)).schedule(kc, view)
+             for _ in range(3)]
     assert len(set(again)) == 1
 
 

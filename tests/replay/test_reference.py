@@ -27,7 +27,8 @@ def brute_force_fragment(state: ClusterState, typical: metrics.TypicalPods) -> n
         left = state.gpu_left[n]
         for m in range(len(typical.prob)):
             fits_gpu = (left >= typical.milli[m]).sum() >= typical.num[m]
-            satisfied = typical.milli[m] > 0 and fits_gpu and state.cpu_left[n] >= typical.cpu[m] and typical.access[n, m]
+            satisfied = (typical.milli[m] > 0 and fits_gpu and state.cpu_left[n] >= typical.cpu[m]
+                         and typical.access[n, m])
             frag = left[left < typical.milli[m]].sum() if satisfied else left.sum()
             out[n] += typical.prob[m] * frag
     return out
@@ -69,7 +70,8 @@ def test_fgd_picks_the_steepest_fragment_descent(seed: int) -> None:
         node, gpus = fgd.place(state, pod, feasible, rng, tracker)
         best = {}
         for n in feasible:
-            options = [g for g in range(state.max_gpus) if state.gpu_left[n, g] >= pod.gpu_milli] if pod.shares_gpu else [None]
+            options = ([g for g in range(state.max_gpus) if state.gpu_left[n, g] >= pod.gpu_milli]
+                       if pod.shares_gpu else [None])
             for g in options:
                 after = ClusterState(NODES * 3)
                 after.gpu_left[:], after.cpu_used[:] = state.gpu_left, state.cpu_used

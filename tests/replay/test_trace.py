@@ -10,7 +10,8 @@ from webhook.replay import trace
 from webhook.replay.trace import TraceError
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn1,96000,393216,8,G2\nn2,104000,524288,2,T4\n"
-PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
+PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+        "creation_time,deletion_time,scheduled_time\n"
         "p1,12000,16384,1,1000,,LS,Running,0,1,0\n"
         "p2,6000,12288,1,460,T4,LS,Running,0,1,0\n"
         "p3,88000,300000,8,1000,,BE,Running,0,1,0\n"
@@ -46,9 +47,11 @@ def test_a_five_column_pod_list_loads(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("pods", "message"), [
     (PODS.replace("p2,6000", "p2,six"), "row 3, column cpu_milli: expected an integer, got 'six'"),
-    (PODS.replace("p3,88000,300000,8,1000", "p3,88000,300000,8,500"), "row 4, column gpu_milli: a 8-GPU pod must take whole GPUs"),
+    (PODS.replace("p3,88000,300000,8,1000", "p3,88000,300000,8,500"),
+     "row 4, column gpu_milli: a 8-GPU pod must take whole GPUs"),
     (PODS.replace("p4,4000,8192,0,0", "p4,4000,8192,0,300"), "row 5, column gpu_milli: 300 for a pod with num_gpu 0"),
-    (PODS.replace("p1,12000,16384,1,1000", "p1,12000,16384,1,1001"), "row 2, column gpu_milli: expected an integer between 0 and 1000"),
+    (PODS.replace("p1,12000,16384,1,1000", "p1,12000,16384,1,1001"),
+     "row 2, column gpu_milli: expected an integer between 0 and 1000"),
     (PODS.replace(",T4,", ",A100,"), "pod p2 asks for GPU model(s) A100, which no node has"),
     ("name,cpu_milli,memory_mib\np1,1,1\n", "header lacks column(s) num_gpu, gpu_milli"),
 ])

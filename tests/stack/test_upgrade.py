@@ -67,7 +67,8 @@ def assert_renders_and_validates(repo: Path, shared: Path | None) -> None:
 # ---------------------------------------------------------------------------- happy paths
 
 
-def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_message(stack_repo, set_stack, shared_or_none):
+def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_message(stack_repo, set_stack,
+                                                                                     shared_or_none):
     set_stack(operator_version="v26.3.3", management="clusterpolicy",
               pools={"default": {"driver": "580.126.20"}}, message="stack at v26.3.3")
     before = head(stack_repo)
@@ -88,7 +89,8 @@ def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_mes
     trailers = git(stack_repo, "log", "-n1", "--format=%(trailers:key=Gpugate-Stack,valueonly)").strip()
     assert trailers == "upgrade"
     diff = git(stack_repo, "diff", "HEAD~1", "--", manifests.VALUES_FILE)
-    assert [line for line in diff.splitlines() if line.startswith(("+ ", "- ", "+\t", "-\t")) or line[:2] in ("+ ", "- ")] == [
+    assert [line for line in diff.splitlines()
+            if line.startswith(("+ ", "- ", "+\t", "-\t")) or line[:2] in ("+ ", "- ")] == [
         '-  version: "580.126.20"', '+  version: "595.91.07"']
     assert git(stack_repo, "status", "--porcelain") == ""
     assert_renders_and_validates(stack_repo, shared_or_none)
@@ -184,7 +186,8 @@ def test_moving_to_nvidiadriver_from_before_v26_7_0_plans_two_commits_and_makes_
     after_first = stack_yaml(stack_repo)
     assert after_first["operator"]["version"] == "v26.7.0"
     assert after_first["driver"]["management"] == "clusterpolicy"
-    assert yaml.safe_load((stack_repo / manifests.VALUES_FILE).read_text())["driver"]["nvidiaDriverCRD"]["enabled"] is False
+    values = yaml.safe_load((stack_repo / manifests.VALUES_FILE).read_text())
+    assert values["driver"]["nvidiaDriverCRD"]["enabled"] is False
     assert not (stack_repo / manifests.DRIVERS_DIR / "default.yaml").exists()
     assert "(step 1 of 2)" in message(stack_repo).splitlines()[0]
     # step 2 waits for step 1 to be synced healthy: refused while the ClusterPolicy is not ready
@@ -309,7 +312,8 @@ def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, shared_or_
 
     result = run(stack_repo, "rollback")
     assert result.exit_code == 0, result.output
-    assert f"reverted {promote_sha[:12]} [promote] gpugate stack: promote driver 610.57.04 from pool canary to all pools" in result.output
+    assert (f"reverted {promote_sha[:12]} [promote] gpugate stack: "
+            f"promote driver 610.57.04 from pool canary to all pools") in result.output
     assert "pool default: 610.57.04 -> 595.91.07" in result.output
     assert pools(stack_repo) == {"default": "595.91.07", "canary": "610.57.04"}
     assert f"Gpugate-Reverts: {promote_sha}" in message(stack_repo)
@@ -335,7 +339,8 @@ def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, shared_or_
 
 
 def test_rollback_skips_ordinary_commits_and_reverts_the_newest_stack_commit(stack_repo):
-    assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary").exit_code == 0
+    assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04",
+               "--pool", "canary").exit_code == 0
     upgrade_sha = head(stack_repo)
     (stack_repo / "README.md").write_text("unrelated\n")
     git(stack_repo, "add", "README.md")

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook import names
-from webhook.admission import patches
+from webhook.admission import affinity, patches
 from webhook.errors import InputError
-from webhook.kube import pods
-from webhook.kube.quantity import whole_count
+from webhook.kube import pods, resources
+from webhook.kube.inventory import EMPTY, Inventory
+from webhook.kube.quantity import QuantityError, parse_quantity, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
 
@@ -45,15 +46,25 @@ AVOID_CONGESTED_WEIGHT = 100
 TOPOLOGY_WEIGHT = 100
 
 
+MAX_GPUS_PER_POD = 64
+"""No node offers more GPUs than this (8 on HGX and DGX systems; an NVL72 rack's 72 are never one
+node), so a gpus label asking more is a typo such as "1k": it is refused, not injected."""
+
+
 @dataclass(frozen=True, slots=True)
 class Mutation:
-    """Everything one mutation decided: the desired pod, the patch to it and why."""
+    """Everything one mutation decided: the desired pod, the patch to it and why.
+
+    ``denials`` are reasons to refuse the pod at mutation (the webhook answers allowed: false):
+    asks no node can satisfy, which must not be written into the pod first.
+    """
 
     desired: Pod
     patch: tuple[PatchOp, ...]
     policy: PolicyRef | None
     warnings: tuple[str, ...] = ()
     mode: str = "enforce"
+    denials: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -61,29 +72,39 @@ class StepContext:
     policy: GPUPolicy
     ref: PolicyRef
     namespace: str
+    inventory: Inventory = EMPTY
     warnings: list[str] = field(default_factory=list)
+    denials: list[str] = field(default_factory=list)
 
     def note(self, message: str) -> None:
         self.warnings.append(f"gpugate {self.ref}: {message}")
+
+    def deny(self, message: str) -> None:
+        self.denials.append(f"{message} (policy {self.ref})")
 
 
 Step = Callable[[Pod, StepContext], None]
 
 
-def mutate(pod: Pod, *, namespace: str, policies: PolicySet) -> Mutation:
+def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY) -> Mutation:
     """The desired pod and patch under the policy that applies to ``pod`` in ``namespace``."""
     policy = matching.select(policies, pod, namespace=namespace)
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
-    desired, context = _shape(pod, policy, namespace, policies)
+    desired, context = _shape(pod, policy, namespace, policies, inventory)
     ref = context.ref
     policy = context.policy
-    patch = patches.make_patch(pod, desired)
     if policy.mode == "audit":
+        patch = patches.make_patch(pod, desired)
         warnings = tuple(f"audit: {w}" for w in context.warnings)
+        warnings += tuple(f"audit: would deny: {d}" for d in context.denials)
         if patch:
             warnings += (f"audit: gpugate {ref} would apply {len(patch)} patch operation(s); mode is audit",)
         return Mutation(desired=pod, patch=(), policy=ref, warnings=warnings, mode="audit")
+    if context.denials:
+        return Mutation(desired=pod, patch=(), policy=ref, warnings=tuple(context.warnings),
+                        denials=tuple(context.denials))
+    patch = patches.make_patch(pod, desired)
     return Mutation(desired=desired, patch=patch, policy=ref, warnings=tuple(context.warnings))
 
 
@@ -175,28 +196,49 @@ def _container_copy(container: Any) -> Any:
     return copied
 
 
-def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet) -> tuple[Pod, StepContext]:
+class PolicyLoopError(RuntimeError):
+    """Mutation switched policies more often than there are policies: a bug, never a user's error."""
+
+
+def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
+           inventory: Inventory) -> tuple[Pod, StepContext]:
     """Run the steps, then again under whichever policy matches the shaped pod, until it is stable.
 
     A gpuOnly:false policy that injects a GPU can make a higher-priority gpuOnly policy match the
     result. The validating endpoint (and a reinvocation) see that result, so mutation converges on
-    the policy that matches it. Each switch goes to a higher priority, so this ends.
+    the policy that matches it. The switch starts again from the pod as it came, keeping only the
+    GPUs the first policy gave it, so the result is what the policy it is annotated with
+    prescribes and nothing of the other. Each switch goes to a higher priority, so there are at
+    most as many as policies; more is a bug, reported as PolicyLoopError (Gatekeeper's way).
     """
     check_shape(pod)
-    desired = working_copy(pod)
-    warnings: list[str] = []
-    while True:
-        context = StepContext(policy=policy, ref=PolicyRef(policy.name, policies.revision), namespace=namespace)
+    carried: list[str] = []
+    given: Pod | None = None
+    for _ in range(len(policies.policies) + 1):
+        desired = working_copy(pod)
+        if given is not None:
+            _carry_gpu_requests(given, desired)
+        context = StepContext(policy=policy, ref=PolicyRef(policy.name, policies.revision), namespace=namespace,
+                              inventory=inventory)
         for step in STEPS:
             step(desired, context)
-        warnings.extend(context.warnings)
         final = matching.select(policies, desired, namespace=namespace)
         if final is None or final is policy or final.priority <= policy.priority:
-            context.warnings = warnings
+            context.warnings = carried + context.warnings
             return desired, context
-        warnings.append(f"gpugate: the shaped pod matches policy {final.name} (priority {final.priority}), "
-                        f"which now applies")
-        policy = final
+        carried.append(f"gpugate: the pod as policy {policy.name} shapes it matches policy {final.name} "
+                       f"(priority {final.priority}), which applies instead")
+        given, policy = desired, final
+    raise PolicyLoopError(f"mutation did not settle on a policy within {len(policies.policies) + 1} passes")
+
+
+def _carry_gpu_requests(source: Pod, target: Pod) -> None:
+    """Copy the GPU requests a previous policy injected (container by container) into ``target``."""
+    for theirs, ours in zip(pods.containers(source), pods.containers(target), strict=False):
+        for section in ("requests", "limits"):
+            for resource, value in pods.resource_section(theirs, section).items():
+                if resources.is_gpu_resource(resource) and resource not in pods.resource_section(ours, section):
+                    _resources(ours, section)[resource] = value
 
 
 # --- helpers over the desired pod (it is our own copy: steps edit it in place) -------------
@@ -230,9 +272,32 @@ def requested_gpu_count(pod: Pod, policy: GPUPolicy, context: StepContext | None
     count = whole_count(label)
     if count is None:
         if context:
-            context.note(f"label {names.GPUS_LABEL}={label!r} is not a whole number; no GPU was added")
+            if _too_large(label):
+                context.deny(f"label {names.GPUS_LABEL}={label!r} asks for more GPUs than any node has "
+                             f"(at most {MAX_GPUS_PER_POD} per pod)")
+            else:
+                context.note(f"label {names.GPUS_LABEL}={label!r} is not a whole number; no GPU was added")
+        return None
+    limit = min(policy.gpu.max if policy.gpu.max is not None else MAX_GPUS_PER_POD, MAX_GPUS_PER_POD)
+    if count > limit:
+        if context:
+            why = (f"policy {policy.name} allows {limit}" if policy.gpu.max is not None and count > policy.gpu.max
+                   else f"no node has more than {MAX_GPUS_PER_POD}")
+            context.deny(f"label {names.GPUS_LABEL}={label!r} asks for {count} GPUs; {why}. Ask for {limit} or fewer")
         return None
     return count or None
+
+
+def _too_large(label: str) -> bool:
+    """A quantity that fails only for its size (e.g. twenty 9s): worth saying so, not 'not a number'."""
+    text = label.strip()
+    if text.isdigit():
+        return True
+    try:
+        parse_quantity(text)
+    except QuantityError as err:
+        return "out of range" in str(err)
+    return False
 
 
 def target_container(pod: Pod, context: StepContext | None = None) -> dict[str, Any] | None:
@@ -335,59 +400,51 @@ def add_tolerations(pod: Pod, context: StepContext) -> None:
         context.note("added tolerations for " + ", ".join(f"{t.get('key')}:{t.get('effect')}" for t in added))
 
 
-def required_expressions(policy: GPUPolicy) -> list[dict[str, Any]]:
-    gpu = policy.gpu
-    out: list[dict[str, Any]] = []
-    if gpu.products:
-        out.append({"key": names.NVIDIA_PRODUCT_LABEL, "operator": "In", "values": list(gpu.products)})
-    if gpu.families:
-        out.append({"key": names.NVIDIA_FAMILY_LABEL, "operator": "In", "values": list(gpu.families)})
-    if gpu.min_memory_mib:
-        # Gt is strict; the label is the GPU's memory in MiB.
-        out.append({"key": names.NVIDIA_MEMORY_LABEL, "operator": "Gt", "values": [str(gpu.min_memory_mib - 1)]})
-    if policy.placement.avoid_congested == "required":
-        out.append({"key": names.GPU_LOAD_LABEL, "operator": "NotIn", "values": ["congested"]})
-    return out
-
-
 def add_required_node_affinity(pod: Pod, context: StepContext) -> None:
-    """AND the policy's node requirements into every nodeSelectorTerm (OR across terms is kept)."""
+    """AND each policy requirement into every non-empty nodeSelectorTerm that does not already imply it.
+
+    Terms are ORed: a requirement missing from one term would let the pod escape through it.
+    An empty term matches no node and stays empty (adding to it would make it match).
+    """
     if not pods.requested_gpu_resources(pod):
         return
-    wanted = required_expressions(context.policy)
+    wanted = affinity.required_expressions(context.policy)
     if not wanted:
         return
     spec = pods.spec(pod)
-    node_selector = spec.get("nodeSelector") or {}
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = [t for t in (required.get("nodeSelectorTerms") or []) if isinstance(t, dict)]
-    to_add = []
+    selector = spec.get("nodeSelector")
+    node_selector = selector if isinstance(selector, dict) else {}
+    added: list[str] = []
     for expression in wanted:
-        key = expression["key"]
-        if key in node_selector:
-            context.note(f"kept the pod's nodeSelector {key}={node_selector[key]!r} instead of the policy's "
-                         f"{expression['operator']} {expression['values']}")
+        if affinity.selector_meets(node_selector, expression):
+            continue  # the nodeSelector applies to every term already
+        if affinity.selector_contradicts(node_selector, expression):
+            context.note(f"the pod's nodeSelector {expression['key']}={node_selector[expression['key']]!r} "
+                         f"contradicts the policy's {affinity.describe(expression)}; not changed for it "
+                         f"(validation refuses such a pod)")
             continue
-        in_terms = [e for t in terms for e in (t.get("matchExpressions") or []) if isinstance(e, dict) and e.get("key") == key]
-        if in_terms and all(e == expression for e in in_terms) and all(expression in (t.get("matchExpressions") or []) for t in terms):
-            continue  # already ours, in every term
-        if in_terms:
-            context.note(f"kept the pod's own node affinity on {key} instead of the policy's "
-                         f"{expression['operator']} {expression['values']}")
+        terms = affinity.terms_of(pods.spec(pod))
+        if terms is None:
+            required = _child(_child(_child(_spec(pod), "affinity"), "nodeAffinity"),
+                              "requiredDuringSchedulingIgnoredDuringExecution")
+            required["nodeSelectorTerms"] = [{"matchExpressions": [_copy(expression)]}]
+            added.append(affinity.describe(expression))
             continue
-        to_add.append(expression)
-    if not to_add:
-        return
-    affinity = _child(_child(_spec(pod), "affinity"), "nodeAffinity")
-    required = _child(affinity, "requiredDuringSchedulingIgnoredDuringExecution")
-    terms = required.get("nodeSelectorTerms")
-    if not terms:
-        required["nodeSelectorTerms"] = [{"matchExpressions": list(to_add)}]
-    else:
-        for term in terms:
-            _child(term, "matchExpressions", list).extend(patches.clone(to_add))
-    context.note("required node affinity " + ", ".join(f"{e['key']} {e['operator']} {e['values']}" for e in to_add))
+        for index, term in enumerate(terms):
+            if affinity.is_empty(term) or affinity.term_meets(term, expression):
+                continue
+            expressions = _child(term, "matchExpressions", list)
+            if any(isinstance(e, dict) and e.get("key") == expression["key"] for e in expressions):
+                context.note(f"ANDed the policy's {affinity.describe(expression)} with the pod's own expression "
+                             f"on {expression['key']} in node selector term {index + 1}")
+            expressions.append(_copy(expression))
+            added.append(f"{affinity.describe(expression)} in term {index + 1}")
+    if added:
+        context.note("required node affinity " + ", ".join(added))
+
+
+def _copy(expression: dict[str, Any]) -> dict[str, Any]:
+    return {**expression, "values": list(expression.get("values") or ())}
 
 
 def whole_gpus_asked(pod: Pod) -> int:
@@ -475,6 +532,15 @@ def add_topology_affinity(pod: Pod, context: StepContext) -> None:
 _UNSET = {"schedulerName": {"default-scheduler"}}
 
 
+def _unchosen(field_name: str, current: Any, inventory: Inventory) -> bool:
+    """The pod did not choose this value: empty, or what the API server filled in for it."""
+    if current in (None, "") or current in _UNSET.get(field_name, ()):
+        return True
+    # The Priority admission plugin runs before any webhook and writes the globalDefault class
+    # into every pod that names none (plugin/pkg/admission/priority/admission.go).
+    return field_name == "priorityClassName" and current == inventory.default_priority_class
+
+
 def set_scheduling_fields(pod: Pod, context: StepContext) -> None:
     """runtimeClassName, priorityClassName and schedulerName: only when the policy sets them and the user did not."""
     policy = context.policy
@@ -484,14 +550,20 @@ def set_scheduling_fields(pod: Pod, context: StepContext) -> None:
         if value is None:
             continue
         current = pods.spec(pod).get(field_name)
-        if current in (None, "") or current in _UNSET.get(field_name, ()):
+        if current == value:
+            continue
+        if _unchosen(field_name, current, context.inventory):
             _spec(pod)[field_name] = value
             if field_name == "priorityClassName":
-                # The Priority admission plugin filled spec.priority from the old class; it recomputes
-                # the value when it is re-run after us, and refuses a stale one.
+                # The Priority plugin filled spec.priority and spec.preemptionPolicy from the old
+                # class. It runs again after a webhook changes the pod (reinvocation) and refuses
+                # a value that differs from what the new class gives, so both go and it computes
+                # them: removing only priority left a PreemptLowerPriority that a class with
+                # preemptionPolicy Never then refused.
                 _spec(pod).pop("priority", None)
+                _spec(pod).pop("preemptionPolicy", None)
             context.note(f"set {field_name}: {value}")
-        elif current != value:
+        else:
             context.note(f"kept the pod's {field_name}: {current} instead of the policy's {value}")
 
 

@@ -268,6 +268,12 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
 def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet) -> _Outcome:
     result = st.core.mutate(pod, namespace=namespace, policies=policies)
     policy = str(result.policy) if result.policy else ""
+    if getattr(result, "denials", ()):
+        # An ask no node can hold (e.g. gpus: "1k"): refused here rather than written into the pod.
+        answer = reviews.Answer(allowed=False, warnings=tuple(result.warnings), denial_code=403,
+                                denial_message="; ".join(result.denials),
+                                audit_annotations=_audit(policy, policies.revision))
+        return _Outcome(answer, result="denied", policy=policy, revision=policies.revision)
     patch = list(result.patch)
     patch_json = ""
     if patch:

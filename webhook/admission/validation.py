@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from webhook import names
+from webhook.admission import affinity
 from webhook.kube import pods
 from webhook.kube.quantity import QuantityError, whole_count
 from webhook.policy import PolicySet, matching
@@ -94,6 +95,7 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> li
         name = container.get("name")
         for resource in sorted(pods.gpu_resources(container)):
             out.extend(_container_rules(kind, name, container, resource, policy, ref))
+    out.extend(_node_requirement_rules(pod, policy, ref))
     limit = policy.gpu.max
     resource = policy.gpu.resource
     total = pod_total(pod, resource)
@@ -103,6 +105,21 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> li
         out.append(f"pod '{pods.display_name(pod)}' asks {resource}: {total} across its containers (sidecars "
                    f"add to the others; an init container runs beside the sidecars before it); policy {ref} "
                    f"allows {limit} per pod. Ask for {limit} or fewer in total, or split the job into several pods")
+    return out
+
+
+def _node_requirement_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
+    """The policy's GPU-model and memory requirements must hold whichever node selector term applies."""
+    if not pods.requested_gpu_resources(pod):
+        return []
+    out = []
+    for expression in affinity.required_expressions(policy, limits_only=True):
+        escapes = affinity.unmet(pods.spec(pod), expression)
+        if escapes:
+            out.append(f"pod '{pods.display_name(pod)}' may run on nodes outside {affinity.describe(expression)} "
+                       f"({', '.join(escapes)}); policy {ref} requires it on every node the pod can use. "
+                       f"Remove the conflicting node selection, or add the requirement to each "
+                       f"nodeSelectorTerm (terms are ORed)")
     return out
 
 

@@ -190,6 +190,8 @@ class Conn(TConn):
 class AdmissionWorker(ThreadWorker):
     """gthread with whole-request reads in the loop, balanced accepts and a drain on SIGTERM."""
 
+    wsgi: Any  # the app; set by gunicorn's load_wsgi
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.settings = _settings
@@ -210,7 +212,7 @@ class AdmissionWorker(ThreadWorker):
                            extra={"fields": {"pid": os.getpid()}})
             time.sleep(1.0)
             sys.exit(1)
-        inner: Any = getattr(self, "wsgi")  # set by gunicorn's load_wsgi just above
+        inner = self.wsgi
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
             environ[DRAINING_KEY] = not self.alive

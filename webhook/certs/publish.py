@@ -160,7 +160,8 @@ def install(api: client.ApiClient, *, secret_namespace: str, secret_name: str, s
                                      extra_dns=(f"{service}.{namespace}.svc.cluster.local",), ips=())
         body = _secret_body(secret_namespace, secret_name, bundle, existing)
         if existing is None:
-            _call(lambda: core.create_namespaced_secret(secret_namespace, kubeclient.body(body)), f"create Secret {ref}")
+            _call(lambda: core.create_namespaced_secret(secret_namespace, kubeclient.body(body)),
+                  f"create Secret {ref}")
             action = "created"
         else:
             _call(lambda: core.replace_namespaced_secret(secret_name, secret_namespace, kubeclient.body(body)),

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-import jsonpatch
 import yaml
 
-from webhook.admission import mutation, validation
+from webhook.admission import chain, validation
 from webhook.errors import PolicyLoadError
 from webhook.kube.documents import read_pod
 from webhook.policy import cases, loading
@@ -50,17 +49,15 @@ def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, output: str)
     pod = read_pod(pod_file)
     policies = loading.load_dir(policy_dir)
     ns = _namespace(pod, namespace)
-    result = mutation.mutate(pod, namespace=ns, policies=policies)
-    for warning in result.warnings:
+    outcome = chain.admit(pod, namespace=ns, policies=policies)
+    result = outcome.mutation
+    for warning in outcome.warnings:
         click.echo(f"warning: {warning}", err=True)
-    mutated = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else pod
-    verdict = validation.validate(mutated, namespace=ns, policies=policies)
-    for warning in verdict.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    if not verdict.allowed:
-        for reason in verdict.reasons:
+    if not outcome.allowed:
+        for reason in outcome.reasons:
             click.echo(f"denied: {reason}", err=True)
         raise click.exceptions.Exit(1)
+    mutated = outcome.stored
     if output == "json":
         click.echo(json.dumps(mutated, indent=2))
     elif output == "patch":

@@ -72,7 +72,8 @@ def _change_options(func: Any) -> Any:
 
 
 def _cluster_option(func: Any) -> Any:
-    func = click.option("--server", default=None, help="API server URL for --kube (default: in-cluster or kubeconfig).")(func)
+    func = click.option("--server", default=None,
+                        help="API server URL for --kube (default: in-cluster or kubeconfig).")(func)
     return click.option("--kube", is_flag=True,
                         help="Ask the cluster whether the previous step is healthy (driver migration step 2).")(func)
 
@@ -128,12 +129,14 @@ def status_command(repo: Path, kube: bool, server: str | None, output: str) -> N
 def render_status(result: dict[str, Any]) -> str:
     git = result["git"]
     lines = [f"Git ({git['stackFile']}{' @ ' + git['head'][:12] if git.get('head') else ''}):",
-             f"  operator           {git['operator']['chart']} {git['operator']['version']} ({git['operator']['repository']})",
+             f"  operator           {git['operator']['chart']} {git['operator']['version']} "
+             f"({git['operator']['repository']})",
              f"  kubernetes         {git['kubernetesVersion']}",
              f"  driver management  {git['driverManagement']}",
              "  pools:"]
     for pool in git["pools"]:
-        where = "default pool" if pool["default"] else "nodeSelector " + ",".join(f"{k}={v}" for k, v in pool["nodeSelector"].items())
+        where = ("default pool" if pool["default"]
+                 else "nodeSelector " + ",".join(f"{k}={v}" for k, v in pool["nodeSelector"].items()))
         cr = f"NVIDIADriver {pool['nvidiaDriver']}, " if pool["nvidiaDriver"] else ""
         mig = ", MIG + full GPUs" if pool["migAndFullGPUs"] else ""
         lines.append(f"    {pool['name']:<12} driver {pool['driver']:<12} ({cr}{where}, {pool['driverType']}"
@@ -155,7 +158,8 @@ def render_status(result: dict[str, Any]) -> str:
             if not items:
                 lines.append(f"  {kind}: none")
             for item in items:
-                conds = ", ".join(f"{c.get('type')}={c.get('status')}" + (f" ({c['reason']})" if c.get("reason") else "")
+                conds = ", ".join(f"{c.get('type')}={c.get('status')}"
+                                  + (f" ({c['reason']})" if c.get("reason") else "")
                                   for c in item["conditions"]) or "no conditions"
                 lines.append(f"  {kind} {item['name']}: {item['state']} [{conds}]")
         lines.append(f"  GPU nodes per pool by {stack_status.DRIVER_UPGRADE_STATE_LABEL}:")

@@ -26,7 +26,7 @@ import jsonpatch
 import yaml
 
 from webhook import names
-from webhook.admission import mutation, validation
+from webhook.admission import chain, mutation
 from webhook.errors import InputError
 from webhook.kube.documents import read_pod
 from webhook.policy import PolicySet, loading
@@ -75,21 +75,22 @@ def _check(case_dir: Path, policies: PolicySet) -> str:
     spec = _read_case(case_dir)
     pod = read_pod(case_dir / spec.get("pod", "pod.yaml"))
     namespace = spec["namespace"]
-    result = mutation.mutate(pod, namespace=namespace, policies=policies)
+    outcome = chain.admit(pod, namespace=namespace, policies=policies)
+    result = outcome.mutation
     mutated = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else pod
     again = mutation.mutate(mutated, namespace=namespace, policies=policies)
     if again.patch:
         return f"not idempotent: mutating the result again patches {list(again.patch)}"
-    verdict = validation.validate(mutated, namespace=namespace, policies=policies)
     expect = spec["expect"]
+    message = "; ".join(outcome.reasons)
     if "denied" in expect:
-        if verdict.allowed:
+        if outcome.allowed:
             return f"expected a denial containing {expect['denied']!r}, but the pod was allowed"
-        if str(expect["denied"]) not in verdict.message:
-            return f"denial message {verdict.message!r} does not contain {expect['denied']!r}"
+        if str(expect["denied"]) not in message:
+            return f"denial message {message!r} does not contain {expect['denied']!r}"
         return ""
-    if not verdict.allowed:
-        return f"unexpected denial: {verdict.message}"
+    if not outcome.allowed:
+        return f"unexpected denial: {message}"
     expected = pod if expect.get("unchanged") else read_pod(case_dir / expect["mutated"])
     actual = mask_revision(mutated)
     if actual != mask_revision(expected):

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 import numpy as np
 
 from webhook.errors import InputError
@@ -100,10 +99,10 @@ class Admission:
     """
 
     def __init__(self, policies_dir: str | None) -> None:
-        from webhook.admission import mutation, validation
+        from webhook.admission import chain
         from webhook.policy import PolicySet
 
-        self.mutation, self.validation = mutation, validation
+        self.chain = chain
         self.policies = loading.load_dir(Path(policies_dir)) if policies_dir else PolicySet.empty()
         self.cache: dict[str, dict[str, Any] | None] = {}
         self.applied: dict[str, int] = {}
@@ -115,15 +114,15 @@ class Admission:
         key = json.dumps(template, sort_keys=True)
         if key not in self.cache:
             namespace = pod["metadata"]["namespace"]
-            verdict = self.validation.validate(pod, namespace=namespace, policies=self.policies)
-            if not verdict.allowed:
+            # The API server's order: mutate, then validate the mutated pod.
+            outcome = self.chain.admit(copy.deepcopy(pod), namespace=namespace, policies=self.policies)
+            if outcome.stored is None:
                 self.cache[key] = None
             else:
-                result = self.mutation.mutate(copy.deepcopy(pod), namespace=namespace, policies=self.policies)
-                admitted = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else copy.deepcopy(pod)
-                admitted["metadata"].pop("name", None)
-                self.cache[key] = admitted
-                policy = str(result.policy) if result.policy else "(none)"
+                stored = copy.deepcopy(outcome.stored)
+                stored["metadata"].pop("name", None)
+                self.cache[key] = stored
+                policy = str(outcome.mutation.policy) if outcome.mutation.policy else "(none)"
                 self.applied[policy] = self.applied.get(policy, 0) + 1
         admitted = self.cache[key]
         if admitted is None:

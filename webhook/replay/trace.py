@@ -123,9 +123,10 @@ def load_trace(directory: Path, pods_file: str | Path | None = None) -> Trace:
 _SYNTHETIC_NODES = (("G2", 8, 96, 384, 0.45), ("T4", 2, 104, 512, 0.33), ("P100", 2, 64, 256, 0.11),
                     ("V100M16", 4, 32, 128, 0.05), ("V100M32", 8, 96, 768, 0.03), ("G3", 8, 128, 768, 0.03))
 # Request shapes of the synthetic pods: (num_gpu, gpu_milli choices, cpu cores choices, share of pods).
-_SYNTHETIC_PODS: tuple[tuple[int, tuple[int, ...], tuple[int, ...], float], ...] = ((0, (0,), (2, 4, 8, 16), 0.13), (1, (1000,), (4, 8, 12, 16), 0.50),
-                   (1, (810, 470, 320, 250, 100, 50), (2, 4, 6, 8), 0.35), (2, (1000,), (16, 24), 0.008),
-                   (4, (1000,), (32, 48), 0.006), (8, (1000,), (64, 88), 0.006))
+_SYNTHETIC_PODS: tuple[tuple[int, tuple[int, ...], tuple[int, ...], float], ...] = (
+    (0, (0,), (2, 4, 8, 16), 0.13), (1, (1000,), (4, 8, 12, 16), 0.50),
+    (1, (810, 470, 320, 250, 100, 50), (2, 4, 6, 8), 0.35), (2, (1000,), (16, 24), 0.008),
+    (4, (1000,), (32, 48), 0.006), (8, (1000,), (64, 88), 0.006))
 
 
 def synthetic(seed: int, *, nodes: int = 120, load: float = 0.98) -> Trace:

@@ -62,7 +62,8 @@ def driver_branch(version: str) -> str:
     """The branch of a driver version: ``"595.91.07"`` -> ``"595"``; a bare branch stays itself."""
     match = _DRIVER_RE.match(str(version).strip())
     if match is None:
-        raise GpugateError(f"driver version {version!r} is not of the form NNN.NN.NN (or a branch NNN when precompiled)")
+        raise GpugateError(f"driver version {version!r} is not of the form NNN.NN.NN "
+                           f"(or a branch NNN when precompiled)")
     return match[1]
 
 
@@ -221,7 +222,8 @@ def check_release_path(matrix: Matrix, current: OperatorVersion, target: Operato
     skipped = ", ".join(f"v{a}.{b}" for a, b in lines[lines.index(current.line) + 1: lines.index(target.line)])
     return Check(name=name, ok=False, source=source,
                  reason=f"{current} -> {target} skips release line(s) {skipped}; upgrades are supported only "
-                        f"within a release line or to the next one: upgrade to the newest {skipped.split(', ')[0]}.x first")
+                        f"within a release line or to the next one: "
+                        f"upgrade to the newest {skipped.split(', ')[0]}.x first")
 
 
 def check_kubernetes(release: Release, minor: int) -> Check:
@@ -260,7 +262,8 @@ def check_mig_mixed(matrix: Matrix, *, pool: str, driver: str, mixes_mig_and_ful
                      reason=f"driver {driver} is not one of the drivers known bad with mixed MIG")
     if not mixes_mig_and_full:
         return Check(name="driver-mig-mixed", subject=pool, ok=True, source=source,
-                     reason=f"driver {driver} is known bad with mixed MIG, but pool {pool} does not mix MIG and full GPUs")
+                     reason=f"driver {driver} is known bad with mixed MIG, "
+                            f"but pool {pool} does not mix MIG and full GPUs")
     return Check(name="driver-mig-mixed", subject=pool, ok=False, source=source,
                  reason=f"driver {driver} on pool {pool}, which mixes MIG and full GPUs: {matrix.known_bad_reason}")
 
@@ -294,9 +297,10 @@ def check_driver_management(matrix: Matrix, *, current: OperatorVersion, current
                          reason=f"moving the driver from ClusterPolicy to NVIDIADriver needs {floor}; "
                                 f"the stack is at {current}: pass --operator {floor}")
         return Check(name=name, ok=True, source=source,
-                     reason=f"moving the driver from ClusterPolicy to NVIDIADriver from {current} (older than {floor}) "
-                            f"takes two commits: 1) operator {current} -> {target} with ClusterPolicy still managing the "
-                            f"driver, 2) NVIDIADriver per pool; each synced and healthy before the next. "
+                     reason=f"moving the driver from ClusterPolicy to NVIDIADriver from {current} "
+                            f"(older than {floor}) takes two commits: 1) operator {current} -> {target} "
+                            f"with ClusterPolicy still managing the driver, 2) NVIDIADriver per pool; "
+                            f"each synced and healthy before the next. "
                             f"This run makes only the first",
                      warning="step 1 of 2: after Argo CD shows gpu-operator Synced and Healthy (ClusterPolicy ready), "
                              "run the same command again for step 2")
@@ -317,7 +321,8 @@ def check_immutable(*, cr_name: str, old: Mapping[str, Any], new: Mapping[str, A
     return Check(name="immutable-fields", subject=cr_name, ok=False,
                  source="CRD nvidia.com_nvidiadrivers.yaml: x-kubernetes-validations self == oldSelf",
                  reason=f"NVIDIADriver {cr_name}: {'; '.join(changed)} is immutable (the API server refuses it); "
-                        f"give the pool a new CR name (crName in stack.yaml) so Argo CD creates a new CR and prunes the old")
+                        f"give the pool a new CR name (crName in stack.yaml) "
+                        f"so Argo CD creates a new CR and prunes the old")
 
 
 def check_component_overrides(release: Release, overrides: Mapping[str, str]) -> list[Check]:
@@ -332,6 +337,8 @@ def check_component_overrides(release: Release, overrides: Mapping[str, str]) ->
         else:
             checks.append(Check(name="component-override", subject=component, ok=True,
                                 source=release.sources["defaults"],
-                                reason=f"{component} stays pinned at {version}; {release.version} defaults to {default}",
-                                warning=f"{component} is pinned at {version}, not {release.version}'s default {default}"))
+                                reason=f"{component} stays pinned at {version}; "
+                                       f"{release.version} defaults to {default}",
+                                warning=f"{component} is pinned at {version}, "
+                                        f"not {release.version}'s default {default}"))
     return checks

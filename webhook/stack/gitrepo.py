@@ -76,7 +76,8 @@ class Repo:
     def stack_commits(self, limit: int = 200) -> list[StackCommit]:
         """Stack commits, newest first (found by trailer)."""
         sep, end = "\x1f", "\x1e"
-        out = self._git("log", f"-n{limit}", f"--format=%H{sep}%(trailers:key={TRAILER},valueonly,separator=%x2c){sep}%s{end}")
+        out = self._git("log", f"-n{limit}",
+                        f"--format=%H{sep}%(trailers:key={TRAILER},valueonly,separator=%x2c){sep}%s{end}")
         commits = []
         for record in out.split(end):
             record = record.strip("\n")

@@ -163,7 +163,8 @@ def set_scalar(text: str, path: tuple[str, ...], value: Any, *, filename: str) -
         result = "".join(lines)
         _same_but(text, result, path, value, filename)
         return result
-    raise GpugateError(f"{filename}: no line for {'.'.join(path)}; add it (block style) so gpugate can keep it in step with stack.yaml")
+    raise GpugateError(f"{filename}: no line for {'.'.join(path)}; "
+                       f"add it (block style) so gpugate can keep it in step with stack.yaml")
 
 
 def _same_but(before: str, after: str, path: tuple[str, ...], value: Any, filename: str) -> None:
@@ -280,7 +281,8 @@ def read_files(repo: Path) -> dict[str, bytes | None]:
     paths = [STACK_FILE, VALUES_FILE, ARGO_APP_FILE]
     drivers = repo / DRIVERS_DIR
     if drivers.is_dir():
-        paths += sorted(f"{DRIVERS_DIR}/{p.name}" for p in drivers.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
+        paths += sorted(f"{DRIVERS_DIR}/{p.name}" for p in drivers.iterdir()
+                        if p.is_file() and p.suffix in (".yaml", ".yml"))
     return {path: (repo / path).read_bytes() if (repo / path).is_file() else None for path in paths}
 
 

@@ -34,7 +34,8 @@ COMPONENT_VALUES_PATHS: dict[str, tuple[str, ...]] = {
     "dcgm": ("dcgm", "version"),
     "migManager": ("migManager", "version"),
 }
-UPGRADE_POLICY_KEYS = ("autoUpgrade", "maxParallelUpgrades", "maxUnavailable", "waitForCompletion", "podDeletion", "drain")
+UPGRADE_POLICY_KEYS = ("autoUpgrade", "maxParallelUpgrades", "maxUnavailable", "waitForCompletion", "podDeletion",
+                       "drain")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 HEADER = """\
@@ -214,7 +215,8 @@ class Stack:
             return
         defaults = [p.name for p in self.pools if p.default]
         if len(defaults) > 1:
-            raise _where("pools", f"more than one default pool ({', '.join(defaults)}); the operator marks both ReconcileFailed")
+            raise _where("pools", f"more than one default pool ({', '.join(defaults)}); "
+                                  f"the operator marks both ReconcileFailed")
         selectors: dict[tuple[tuple[str, str], ...], str] = {}
         for index, pool in enumerate(self.pools):
             if pool.default and pool.node_selector:

@@ -129,11 +129,14 @@ def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: Exi
     if request.pool is not None:
         scope_problem = ""
         if request.pool not in {p.name for p in current.pools}:
-            scope_problem = f"stack.yaml has no pool {request.pool!r} (pools: {', '.join(p.name for p in current.pools)})"
+            scope_problem = (f"stack.yaml has no pool {request.pool!r} "
+                             f"(pools: {', '.join(p.name for p in current.pools)})")
         elif current.management != "nvidiadriver" or target_mode != "nvidiadriver":
-            scope_problem = "--pool needs per-pool drivers (driver.management nvidiadriver); the ClusterPolicy has one driver"
+            scope_problem = ("--pool needs per-pool drivers (driver.management nvidiadriver); "
+                             "the ClusterPolicy has one driver")
         elif target_version != current.operator_version:
-            scope_problem = (f"--pool upgrades only that pool's NVIDIADriver, but --operator {target_version} differs from "
+            scope_problem = (f"--pool upgrades only that pool's NVIDIADriver, "
+                             f"but --operator {target_version} differs from "
                              f"the stack's {current.operator_version}; upgrade the operator for all pools first")
         elif request.driver is None:
             scope_problem = "--pool needs --driver (the version the pool's NVIDIADriver moves to)"
@@ -252,7 +255,8 @@ def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidate
              if edited.operator_version != current.operator_version or old.get(p.name) != p.driver]
     checks += _driver_checks(matrix, release, edited, pools, allow_unvalidated_driver)
     checks += _immutable_checks(edited, existing)
-    step = Step(action="sync", stack=edited, title="sync " + _upgrade_title(current, edited, Request(operator="")).removeprefix("upgrade "))
+    step = Step(action="sync", stack=edited,
+                title="sync " + _upgrade_title(current, edited, Request(operator="")).removeprefix("upgrade "))
     return Plan(action="sync", current=current, steps=(step,), checks=tuple(checks))
 
 
@@ -294,7 +298,8 @@ def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_
 
 def _summary(stack: Stack) -> str:
     pools = " ".join(f"{p.name}={p.driver}" for p in stack.pools)
-    return f"operator={stack.operator_version} kubernetes=1.{stack.kubernetes_minor} management={stack.management} {pools}"
+    return (f"operator={stack.operator_version} kubernetes=1.{stack.kubernetes_minor} "
+            f"management={stack.management} {pools}")
 
 
 def changes(before: Stack, after: Stack) -> list[str]:

@@ -143,7 +143,8 @@ def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:
         "nvidiaDrivers": drivers,
         "pools": [
             {"name": p.name,
-             "nvidiaDriver": (by_cr.get(p.resource_name) or {}).get("state") if stack.management == "nvidiadriver" else None,
+             "nvidiaDriver": ((by_cr.get(p.resource_name) or {}).get("state")
+                              if stack.management == "nvidiadriver" else None),
              "nodes": sorted(n for n in nodes[p.name] if n),
              "upgradeStates": dict(sorted(pools[p.name].items()))}
             for p in stack.pools

@@ -135,7 +135,8 @@ def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
                                 kubernetes_minor=first.kubernetes_minor, schema_root=schema_root)
         failed = [c for c in recheck if not c.ok]
         if failed:
-            raise GpugateError("re-validation after writing failed: " + "; ".join(f"{c.label}: {c.reason}" for c in failed))
+            raise GpugateError("re-validation after writing failed: "
+                               + "; ".join(f"{c.label}: {c.reason}" for c in failed))
         paths = sorted(prepared.changes)
         message = planning.commit_message(prepared.plan, files=paths,
                                           extra_checks=prepared.checks[len(prepared.plan.checks):])
@@ -191,7 +192,8 @@ def plan_as_dict(prepared: Prepared) -> dict:
         "checks": [c.as_dict() for c in prepared.checks],
         "warnings": list(prepared.warnings),
         "commits": [
-            {"title": step.title, "changes": planning.changes(plan.current if i == 0 else plan.steps[i - 1].stack, step.stack),
+            {"title": step.title,
+             "changes": planning.changes(plan.current if i == 0 else plan.steps[i - 1].stack, step.stack),
              "files": list(prepared.step_files[i]) if i < len(prepared.step_files) else [],
              "made_by_this_run": i == 0, "note": step.note}
             for i, step in enumerate(plan.steps)

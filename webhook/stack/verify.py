@@ -72,7 +72,8 @@ def _strict(node: Any) -> Any:
             node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
         if node.get("nullable") and "type" in node:
             node["type"] = [node["type"], "null"]
-        if "properties" in node and "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        if ("properties" in node and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")):
             node["additionalProperties"] = False
         for value in node.values():
             _strict(value)
@@ -82,7 +83,8 @@ def _strict(node: Any) -> Any:
     return node
 
 
-def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int, schema_root: Path | None) -> list[Check]:
+def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int,
+                     schema_root: Path | None) -> list[Check]:
     """Render the staged ``drivers/`` with kubectl kustomize and validate every object."""
     from webhook.stack import manifestcheck
 

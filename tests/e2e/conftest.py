@@ -1,0 +1,118 @@
+"""Fixtures for e2e tests: one real control plane per test session, fake GPU nodes on demand.
+
+- ``cluster`` (session): a :class:`tests.e2e.cluster.Cluster`; ``.kubeconfig``, ``.api_client()``,
+  ``.core()``, ``.add_gpu_node(...)``, ``.add_cpu_node(...)``, ``.start_scheduler(...)``,
+  ``.logs_tail()``. Nodes it creates stay for the session: make names unique or use ``nodes``.
+- ``nodes`` (function): ``nodes.gpu(...)``/``nodes.cpu(...)`` as above, removed after the test.
+- ``namespace`` (function): a fresh namespace, deleted after the test.
+
+Without built binaries the e2e tests skip with the command that builds them; under ``CI`` they
+fail instead, so a CI that forgot to build cannot pass green. ``GPUGATE_E2E_KUBECONFIG`` runs them
+against an existing cluster instead (only the fake kubelet then runs here); ``GPUGATE_E2E_KEEP=1``
+keeps the local control plane's folder (logs, certificates) after the session for a post-mortem.
+
+Every test under tests/e2e gets the ``e2e`` marker: ``pytest -m "not e2e"`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from tests.e2e import binaries, controlplane
+from tests.e2e.cluster import KUBECONFIG_ENV, Cluster, Nodes
+
+HERE = Path(__file__).resolve().parent
+BUILD_COMMAND = "python -m tests.e2e.binaries build"
+KEEP_ENV = "GPUGATE_E2E_KEEP"
+"""Set (to anything) to keep the control plane's folder (certificates, etcd data, logs) afterwards."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: runs against a real Kubernetes control plane (tests/e2e)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+            # One xdist worker runs every e2e test (pyproject sets --dist loadgroup), so a
+            # `pytest -n 2` run starts one control plane, not one per worker.
+            item.add_marker(pytest.mark.xdist_group("e2e"))
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    existing = os.environ.get(KUBECONFIG_ENV)
+    if existing:
+        started = Cluster.attach(Path(existing))
+    else:
+        keep = bool(os.environ.get(KEEP_ENV))
+        started = Cluster.local(_binaries_or_skip(), settings=controlplane.Settings(keep_workdir=keep))
+    try:
+        yield started
+    finally:
+        started.stop()
+        if started.plane is not None and started.plane.settings.keep_workdir:
+            print(f"\n{KEEP_ENV}: control plane folder kept at {started.plane.workdir}", file=sys.stderr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed e2e test shows the tail of every component's log and the fake kubelet's errors."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    running: Cluster | None = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and running is not None:
+        report.sections.append(("control plane logs", running.logs_tail()))
+
+
+@pytest.fixture
+def nodes(cluster: Cluster) -> Iterator[Nodes]:
+    made = Nodes(cluster)
+    yield made
+    made.remove_all()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace; its deletion is not awaited (the namespace controller finishes it)."""
+    core = cluster.core()
+    name = f"e2e-{secrets.token_hex(3)}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    _wait_for_default_service_account(core, name)
+    yield name
+    core.delete_namespace(name)
+
+
+def _wait_for_default_service_account(core: client.CoreV1Api, namespace: str, timeout: float = 30.0) -> None:
+    """Pods are refused until the controller manager made the namespace's ``default`` ServiceAccount."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+            return
+        except client.ApiException as error:
+            if error.status != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
+def _binaries_or_skip() -> binaries.Binaries:
+    found = binaries.paths()
+    if found is not None:
+        return found
+    absent = ", ".join(program.binary for _, program in binaries.missing())
+    message = (f"e2e control-plane binaries are not built ({absent} missing from {binaries.cache_root()}); "
+               f"run `{BUILD_COMMAND}` (needs Go; a cold build takes ~20-40 min), "
+               f"or set {KUBECONFIG_ENV} to an existing cluster's kubeconfig")
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set and {message}", pytrace=False)
+    pytest.skip(message)

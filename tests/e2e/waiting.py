@@ -1,0 +1,28 @@
+"""Waiting for the cluster to get somewhere, with a message that says where it got stuck."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.1,
+               what: str = "the condition", explain: Callable[[], str] | None = None) -> T:
+    """Call ``probe`` until it returns something truthy, and return that.
+
+    Why not a fixed sleep: a real control plane takes from milliseconds to seconds depending on
+    the machine's load; polling returns as soon as it is done and only fails after ``timeout``,
+    saying what was awaited and (``explain``) what the cluster looked like instead.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            detail = f"\n{explain()}" if explain else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(interval)
