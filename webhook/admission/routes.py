@@ -30,8 +30,10 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from webhook import logs
 from webhook.admission import metrics, patchcheck, reviews, worker
+from webhook.admission.inventoryfile import InventoryFile
 from webhook.errors import BadReview, InputError
 from webhook.kube import pods
+from webhook.kube.inventory import Inventory
 from webhook.policy import PolicySet
 from webhook.policy.store import PolicyStore
 
@@ -60,25 +62,29 @@ class ServerSettings:
     """Serve a folder without any policy. Off: an emptied folder would silently lift every deny rule."""
     snapshot_dir: Path | None = None
     """Where the last accepted policy files are kept for sibling workers (gpugate serve sets it)."""
+    inventory_file: Path | None = None
+    """The balancer's GPUInventory (the gpugate-inventory ConfigMap, mounted); optional."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ServerSettings:
         env = os.environ if environ is None else environ
         truthy = {"1", "true", "yes", "on"}
         snapshot = env.get("GPUGATE_POLICY_SNAPSHOT_DIR")
+        inventory_file = env.get("GPUGATE_INVENTORY")
         return cls(
             policy_dir=Path(env.get("GPUGATE_POLICIES", "policies")),
             fail_closed=env.get("GPUGATE_FAIL_CLOSED", "").lower() in truthy,
             reload_interval=float(env.get("GPUGATE_RELOAD_INTERVAL", "1.0")),
             allow_empty=env.get("GPUGATE_ALLOW_EMPTY_POLICIES", "").lower() in truthy,
             snapshot_dir=Path(snapshot) if snapshot else None,
+            inventory_file=Path(inventory_file) if inventory_file else None,
         )
 
 
 class Core(Protocol):
     """The policy core the routes call: ``mutation.mutate`` and ``validation.validate``."""
 
-    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any: ...
+    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory) -> Any: ...
 
     def validate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any: ...
 
@@ -91,8 +97,8 @@ class PolicyCore:
 
         self._mutate, self._validate = mutation.mutate, validation.validate
 
-    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any:
-        return self._mutate(pod, namespace=namespace, policies=policies)
+    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory) -> Any:
+        return self._mutate(pod, namespace=namespace, policies=policies, inventory=inventory)
 
     def validate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any:
         return self._validate(pod, namespace=namespace, policies=policies)
@@ -103,6 +109,7 @@ class ServerState:
     settings: ServerSettings
     store: PolicyStore
     core: Core
+    inventory: InventoryFile
 
 
 def _count_load(new: PolicySet, old: PolicySet | None) -> None:
@@ -124,7 +131,8 @@ def create_app(settings: ServerSettings | None = None, *, core: Core | None = No
     )
     store.check()
     store.start(settings.reload_interval)
-    app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore())
+    inventory_file = InventoryFile(settings.inventory_file, interval=max(settings.reload_interval, 0.1))
+    app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore(), inventory_file)
     app.register_blueprint(blueprint)
     app.register_error_handler(HTTPException, _http_error)
     return app
@@ -266,7 +274,7 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
 
 
 def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet) -> _Outcome:
-    result = st.core.mutate(pod, namespace=namespace, policies=policies)
+    result = st.core.mutate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current())
     policy = str(result.policy) if result.policy else ""
     if getattr(result, "denials", ()):
         # An ask no node can hold (e.g. gpus: "1k"): refused here rather than written into the pod.

@@ -96,12 +96,14 @@ def _dns_names(cert_pem: bytes) -> set[str]:
               help="After SIGTERM, seconds a worker keeps answering (with Connection: close) before it stops.")
 @click.option("--max-requests", type=click.IntRange(0), default=0, show_default=True,
               help="Recycle a worker after this many requests (0: never).")
+@click.option("--inventory", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="The balancer's GPUInventory file (the gpugate-inventory ConfigMap, mounted); optional.")
 @click.option("--allow-empty-policies", is_flag=True,
               help="Serve a policy folder with no GPUPolicy (refused by default: it would lift every deny rule).")
 def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
           service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
           fail_closed: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
-          max_requests: int, allow_empty_policies: bool) -> None:
+          max_requests: int, inventory_file: Path | None, allow_empty_policies: bool) -> None:
     """Serve the admission webhook over HTTPS (POST /mutate, /validate; GET /healthz, /readyz, /metrics)."""
     _host_port(bind, "--bind")
     metrics_address = _host_port(metrics_bind, "--metrics-bind") if metrics_bind else None
@@ -124,7 +126,7 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
 
         return routes.create_app(routes.ServerSettings(
             policy_dir=policy_dir, fail_closed=fail_closed, reload_interval=reload_interval,
-            allow_empty=allow_empty_policies, snapshot_dir=runtime_dir / "policies"))
+            allow_empty=allow_empty_policies, snapshot_dir=runtime_dir / "policies", inventory_file=inventory_file))
 
     click.echo(f"gpugate: serving https://{bind} (policies: {policy_dir}, workers: {workers}, "
                f"threads: {threads})", err=True)
