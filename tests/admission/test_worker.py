@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import statistics
 import ssl
 import threading
 import time
@@ -88,8 +89,11 @@ def test_64_stalled_bodies_do_not_hold_the_threads_that_serve_others(live: Serve
                 answer = session.post(f"{live.url}/mutate", json=review_of(example_pod()), timeout=5)
                 admissions.append(time.perf_counter() - started)
                 assert answer.status_code == 200 and answer.json()["response"]["allowed"] is True
-        assert max(health) < 0.1, f"/healthz took {max(health) * 1000:.0f} ms behind 64 stalled clients"
-        assert max(admissions) < 0.1, f"an admission took {max(admissions) * 1000:.0f} ms behind 64 stalled clients"
+        # Before, they waited as long as the stalled clients stayed (140 s and more). The median is the
+        # bound (a loaded 2-core CI machine can delay any one answer); the slowest must stay far below.
+        for what, took in (("/healthz", health), ("an admission", admissions)):
+            assert statistics.median(took) < 0.1, f"{what}: median {statistics.median(took) * 1000:.0f} ms"
+            assert max(took) < 1.0, f"{what}: slowest {max(took) * 1000:.0f} ms behind 64 stalled clients"
         # Past the deadline each stalled client is told so, and its connection closed.
         status, body = read_response(stalled[0], timeout=5)
         assert status == 408 and b"did not arrive whole within 2 s" in body
