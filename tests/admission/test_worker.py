@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import socket
-import statistics
 import ssl
+import statistics
 import threading
 import time
 from collections import Counter
