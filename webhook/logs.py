@@ -8,12 +8,13 @@ The admission server logs exactly one ``admission`` line per review it answers, 
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
+
+import orjson
 
 ADMISSION_LOGGER = "gpugate.admission"
 SERVER_LOGGER = "gpugate.server"
@@ -36,7 +37,7 @@ class JSONFormatter(logging.Formatter):
             line.update(fields)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, separators=(",", ":"), default=str)
+        return orjson.dumps(line, default=str).decode()
 
 
 # A dictConfig for gunicorn's ``logconfig_dict`` and for ``gpugate serve``'s own loggers.

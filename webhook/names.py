@@ -51,6 +51,8 @@ DRIVER_OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+NVIDIA_PREFIX = "nvidia.com/"
+"""What every NVIDIA resource name starts with; not a GPU test by itself (see kube.resources)."""
 # The taint GPU node pools conventionally carry.
 GPU_TAINT_KEY = "nvidia.com/gpu"
 

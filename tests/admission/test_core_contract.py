@@ -1,6 +1,6 @@
 """Contracts of the mutation core that the speed-ups rely on.
 
-``mutate`` copies only what its steps edit and hands jsonpatch a skeleton of what differs; these
+``mutate`` copies only what its steps edit and derives the patch itself from the two documents; these
 tests fail if either shortcut ever changes the input or yields a patch other than the truth.
 """
 
@@ -49,8 +49,8 @@ def test_mutate_never_changes_its_input(name: str, pod: dict, namespace: str) ->
 
 
 @pytest.mark.parametrize(("name", "pod", "namespace"), INPUTS, ids=[i[0] for i in INPUTS])
-def test_skeleton_patch_equals_jsonpatch_on_the_whole_pods(name: str, pod: dict, namespace: str) -> None:
-    """The patch applies to the input, gives the desired pod, and matches make_patch on full documents."""
+def test_the_derived_patch_equals_jsonpatch_make_patch_on_the_whole_pods(name: str, pod: dict, namespace: str) -> None:
+    """The patch applies to the input, gives the desired pod, and equals jsonpatch's own derivation."""
     result = mutation.mutate(pod, namespace=namespace, policies=POLICIES)
     assert jsonpatch.apply_patch(pod, list(result.patch)) == result.desired
     full = jsonpatch.make_patch(pod, result.desired).patch

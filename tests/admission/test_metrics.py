@@ -103,6 +103,7 @@ def test_counts_survive_a_worker_being_killed(server):
 
 
 def test_the_plaintext_metrics_port_serves_only_metrics(server, metrics_port):
+    assert server.post("mutate", review_of(example_pod())).status_code == 200  # something to count
     plain = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
     assert plain.status_code == 200
     tls_total = sum(v for k, v in server.metrics().items() if k.startswith("gpugate_admissions_total{"))

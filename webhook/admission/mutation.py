@@ -1,8 +1,8 @@
 """Compute the pod a GPUPolicy prescribes, then the JSON patch to get there. Pure: no I/O.
 
 The desired pod is built by small steps in a declared order (``STEPS``); the patch is always
-derived with ``jsonpatch.make_patch`` (``webhook.admission.patches``) so parents are created and ``/`` in
-keys is escaped.
+derived by comparing the two documents (``webhook.admission.patches``), never written by hand, so
+parents are created and ``/`` in keys is escaped.
 Every step keeps what the user set and says so in a warning, and a step that finds its work
 already done changes nothing, so mutating the output again yields an empty patch.
 """
@@ -167,13 +167,19 @@ def _check_value(value: Any, expected: type, children: _Shape, where: str) -> No
 def working_copy(pod: Pod) -> Pod:
     """A copy of the parts of ``pod`` the steps may edit in place; everything else is shared.
 
-    The steps edit metadata, the spec's top level, tolerations, affinity and each container's
-    resources; env, volumes, commands and the rest are only read, so copying them (most of a
-    pod's bytes) would be wasted. A test proves mutate() never changes its input.
+    The steps edit labels and annotations, the spec's top level, tolerations, affinity and each
+    container's resources; env, volumes, commands, managedFields and the rest are only read, so
+    copying them (most of a pod's bytes) would be wasted, and the patch derivation recognises the
+    shared subtrees by identity. A test proves mutate() never changes its input.
     """
     desired = dict(pod)
-    if isinstance(pod.get("metadata"), dict):
-        desired["metadata"] = patches.clone(pod["metadata"])
+    metadata = pod.get("metadata")
+    if isinstance(metadata, dict):
+        metadata = dict(metadata)
+        for key in ("labels", "annotations"):
+            if isinstance(metadata.get(key), dict):
+                metadata[key] = dict(metadata[key])
+        desired["metadata"] = metadata
     spec = pod.get("spec")
     if isinstance(spec, dict):
         spec = dict(spec)
@@ -222,7 +228,9 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
                               inventory=inventory)
         for step in STEPS:
             step(desired, context)
-        final = matching.select(policies, desired, namespace=namespace)
+        # Selection reads the namespace, the labels (no step writes them) and whether the pod asks
+        # for GPUs: only a pod that did not, and now does, can match another policy.
+        final = policy if pods.asks_for_gpus(pod) else matching.select(policies, desired, namespace=namespace)
         if final is None or final is policy or final.priority <= policy.priority:
             context.warnings = carried + context.warnings
             return desired, context

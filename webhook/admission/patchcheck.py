@@ -2,35 +2,128 @@
 
 A patch the API server cannot apply is an internal error that rejects the pod even with
 ``failurePolicy: Ignore`` (kubernetes dispatcher.go), so the server checks every patch it is
-about to send. ``jsonpatch.apply`` deep-copies the document and every added value in Python,
-which cost more than the mutation itself; here the document and the operations are private
-copies made by a JSON round trip (C speed) and the operations are applied in place on them.
+about to send. The operations are applied copy-on-write: a container of the document (or of a
+value the patch added) is copied the first time an operation writes into it, so the caller's pod
+is never changed and only the few objects on the patched paths are copied, not the whole pod.
 Semantics are RFC 6902's (and evanphx json-patch's): ``add`` needs the parent, ``remove``/``replace``
 need the target, array indexes must be in range (``-`` appends), ``test`` compares.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 
 class PatchError(ValueError):
     """The patch does not apply; ``str()`` names the operation and the path."""
 
 
-def check(document: Any, patch_json: str) -> None:
-    """Raise PatchError unless the patch (JSON text of an array of ops) applies to ``document``."""
-    doc = json.loads(json.dumps(document))
-    ops = json.loads(patch_json)
+def check(document: Any, patch_json: str | bytes) -> None:
+    """Raise PatchError unless the patch (JSON of an array of ops) applies to ``document``."""
+    ops = orjson.loads(patch_json)
     if not isinstance(ops, list):
         raise PatchError("a patch is a JSON array of operations")
+    state = _Document(document)
     for index, op in enumerate(ops):
         try:
-            doc = _apply(doc, op)
+            state.apply(op)
         except (KeyError, IndexError, TypeError, ValueError) as err:
             what = f"{op.get('op')} {op.get('path')}" if isinstance(op, dict) else repr(op)
             raise PatchError(f"operation {index} ({what}) does not apply: {type(err).__name__} {err}") from err
+
+
+class _Document:
+    """The document being patched; containers are copied before their first change."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self._owned: set[int] = set()
+
+    def _own(self, value: Any) -> Any:
+        if isinstance(value, (dict, list)) and id(value) not in self._owned:
+            value = dict(value) if isinstance(value, dict) else list(value)
+            self._owned.add(id(value))
+        return value
+
+    def _writable_parent(self, tokens: list[str]) -> Any:
+        """The parent of the last token, with every container on the way made our own."""
+        self.root = node = self._own(self.root)
+        for token in tokens[:-1]:
+            if isinstance(node, dict):
+                child = self._own(node[token])
+                node[token] = child
+            elif isinstance(node, list):
+                position = _index(node, token, for_add=False)
+                child = self._own(node[position])
+                node[position] = child
+            else:
+                raise TypeError(f"{token!r} is below a scalar")
+            node = child
+        return node
+
+    def apply(self, op: Any) -> None:
+        if not isinstance(op, dict) or not isinstance(op.get("path"), str):
+            raise ValueError("an operation is an object with a string 'path'")
+        kind, path = op.get("op"), op["path"]
+        if kind == "add":
+            self._add(path, op["value"])
+        elif kind == "remove":
+            self._remove(path)
+        elif kind == "replace":
+            _get(self.root, path)  # the target must exist
+            self._set(path, op["value"])
+        elif kind == "move":
+            source = op["from"]
+            if path == source:
+                _get(self.root, source)  # a no-op, but the value must exist
+                return
+            if path.startswith(source + "/"):
+                raise ValueError("cannot move a value into itself")
+            self._add(path, self._remove(source))
+        elif kind == "copy":
+            self._add(path, _get(self.root, op["from"]))
+        elif kind == "test":
+            if _get(self.root, path) != op["value"]:
+                raise ValueError("test failed")
+        else:
+            raise ValueError(f"unknown operation {kind!r}")
+
+    def _add(self, pointer: str, value: Any) -> None:
+        tokens = _tokens(pointer)
+        if not tokens:
+            self.root = value
+            return
+        parent = self._writable_parent(tokens)
+        if isinstance(parent, dict):
+            parent[tokens[-1]] = value
+        elif isinstance(parent, list):
+            parent.insert(_index(parent, tokens[-1], for_add=True), value)
+        else:
+            raise TypeError("path goes below a scalar")
+
+    def _set(self, pointer: str, value: Any) -> None:
+        tokens = _tokens(pointer)
+        if not tokens:
+            self.root = value
+            return
+        parent = self._writable_parent(tokens)
+        if isinstance(parent, dict):
+            parent[tokens[-1]] = value
+        else:
+            parent[_index(parent, tokens[-1], for_add=False)] = value
+
+    def _remove(self, pointer: str) -> Any:
+        tokens = _tokens(pointer)
+        if not tokens:
+            raise ValueError("cannot remove the whole document")
+        parent = self._writable_parent(tokens)
+        if isinstance(parent, dict):
+            return parent.pop(tokens[-1])
+        if isinstance(parent, list):
+            return parent.pop(_index(parent, tokens[-1], for_add=False))
+        raise TypeError("path goes below a scalar")
 
 
 def _tokens(pointer: str) -> list[str]:
@@ -75,66 +168,3 @@ def _get(doc: Any, pointer: str) -> Any:
     if isinstance(parent, list):
         return parent[_index(parent, tokens[-1], for_add=False)]
     raise TypeError("path goes below a scalar")
-
-
-def _remove(doc: Any, pointer: str) -> Any:
-    tokens = _tokens(pointer)
-    if not tokens:
-        raise ValueError("cannot remove the whole document")
-    parent = _parent(doc, tokens)
-    if isinstance(parent, dict):
-        return parent.pop(tokens[-1])
-    if isinstance(parent, list):
-        return parent.pop(_index(parent, tokens[-1], for_add=False))
-    raise TypeError("path goes below a scalar")
-
-
-def _add(doc: Any, pointer: str, value: Any) -> Any:
-    tokens = _tokens(pointer)
-    if not tokens:
-        return value
-    parent = _parent(doc, tokens)
-    if isinstance(parent, dict):
-        parent[tokens[-1]] = value
-    elif isinstance(parent, list):
-        parent.insert(_index(parent, tokens[-1], for_add=True), value)
-    else:
-        raise TypeError("path goes below a scalar")
-    return doc
-
-
-def _apply(doc: Any, op: Any) -> Any:
-    if not isinstance(op, dict) or not isinstance(op.get("path"), str):
-        raise ValueError("an operation is an object with a string 'path'")
-    kind, path = op.get("op"), op["path"]
-    if kind == "add":
-        return _add(doc, path, op["value"])
-    if kind == "remove":
-        _remove(doc, path)
-        return doc
-    if kind == "replace":
-        _get(doc, path)  # the target must exist
-        tokens = _tokens(path)
-        if not tokens:
-            return op["value"]
-        parent = _parent(doc, tokens)
-        if isinstance(parent, dict):
-            parent[tokens[-1]] = op["value"]
-        else:
-            parent[_index(parent, tokens[-1], for_add=False)] = op["value"]
-        return doc
-    if kind == "move":
-        source = op["from"]
-        if path == source:
-            _get(doc, source)  # a no-op, but the value must exist
-            return doc
-        if path != source and path.startswith(source + "/"):
-            raise ValueError("cannot move a value into itself")
-        return _add(doc, path, _remove(doc, source))
-    if kind == "copy":
-        return _add(doc, path, json.loads(json.dumps(_get(doc, op["from"]))))
-    if kind == "test":
-        if _get(doc, path) != op["value"]:
-            raise ValueError("test failed")
-        return doc
-    raise ValueError(f"unknown operation {kind!r}")

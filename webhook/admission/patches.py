@@ -1,15 +1,24 @@
-"""The JSON patch from one document to another: ``jsonpatch.make_patch``, given only what differs.
+"""The JSON patch (RFC 6902) from one document to another, derived by comparing them. Pure.
 
-jsonpatch is exact but costly: it copies and serializes whatever it is given. A mutation changes
-a few fields of a large pod, so the documents are reduced to a skeleton of their differences
-first; the operations are the same, at a fraction of the cost (benchmarks/mutate_core.py).
+A mutation computes the desired pod; the patch is never written by hand, it is the difference
+between the pod as it came and the desired pod, with every path built here (``/`` and ``~`` in
+keys escaped as RFC 6901 says). jsonpatch's ``make_patch`` gives the same result but costs more
+than all the rest of a mutation (it copies and serializes its inputs and searches lists for
+moves), so the comparison is done here, for the shapes mutations produce:
+
+- dicts: ``remove`` for keys gone, ``add`` for new keys, recursion into keys on both sides;
+- lists of equal length: recursion by position;
+- a list that only grew at its end (tolerations, terms and expressions appended): one ``add``
+  per new member at its index; one that only shrank at its end: ``remove`` from the end;
+- anything else: one ``replace`` of the whole value.
+
+Applying the result to the source gives the desired document, exactly (a property test checks it
+against arbitrary JSON, and against jsonpatch's own application).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import jsonpatch
 
 PatchOp = dict[str, Any]
 
@@ -24,73 +33,58 @@ def clone(obj: Any) -> Any:
 
 
 def make_patch(source: Any, desired: Any) -> tuple[PatchOp, ...]:
-    """``jsonpatch.make_patch`` over the parts that differ: the same operations, a fraction of the work.
-
-    jsonpatch copies and serializes whatever it is given, which costs more than everything else a
-    mutation does. So it is given a skeleton: subtrees both pods share are stripped (equal dict
-    members dropped, equal list members replaced by a per-position marker, so every path of what
-    differs is kept), and each wholly new value is replaced by a unique marker that is swapped back
-    into the operation afterwards. A list member that differs in a list whose length changed is
-    kept whole on both sides, so any operation jsonpatch emits for it carries the full value.
-    """
-    added: dict[str, Any] = {}
-    pruned_source, pruned_desired = _strip_shared(source, desired, added)
-    operations = jsonpatch.make_patch(pruned_source, pruned_desired).patch
-    for operation in operations:
-        value = operation.get("value")
-        if isinstance(value, str) and value in added:
-            operation["value"] = added[value]
+    """The operations that turn ``source`` into ``desired`` (values are shared, not copied)."""
+    operations: list[PatchOp] = []
+    _diff(source, desired, "", operations)
     return tuple(operations)
 
 
-def _new(value: Any, added: dict[str, Any]) -> Any:
-    """A marker standing for a value only the desired pod has (scalars stand for themselves)."""
-    if not isinstance(value, (dict, list)):
-        return value
-    marker = f"\0new-{len(added)}"
-    added[marker] = value
-    return marker
+def escape(key: str) -> str:
+    """A key as a JSON pointer token (RFC 6901: ``~`` is ``~0``, ``/`` is ``~1``)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
-def _strip_shared(source: Any, desired: Any, added: dict[str, Any]) -> tuple[Any, Any]:
-    if isinstance(source, dict) and isinstance(desired, dict):
-        kept_source: dict[str, Any] = {}
-        kept_desired: dict[str, Any] = {}
-        for key, value in source.items():
+def _diff(source: Any, desired: Any, path: str, out: list[PatchOp]) -> None:
+    if _same(source, desired):
+        return
+    if type(source) is dict and type(desired) is dict:
+        for key in source:
             if key not in desired:
-                kept_source[key] = value
-            elif _same(value, desired[key]):
-                continue
-            else:
-                kept_source[key], kept_desired[key] = _strip_shared(value, desired[key], added)
+                out.append({"op": "remove", "path": f"{path}/{escape(key)}"})
         for key, value in desired.items():
-            if key not in source:
-                kept_desired[key] = _new(value, added)
-        return kept_source, kept_desired
-    if isinstance(source, list) and isinstance(desired, list):
-        common = min(len(source), len(desired))
-        same = [_same(source[i], desired[i]) for i in range(common)]
-        # Only a lone differing member among unique markers, in a list that kept its length, is
-        # certain to be paired by position (jsonpatch then diffs inside it): only it is stripped.
-        # Two stripped members could look alike and be paired crosswise.
-        lone = len(source) == len(desired) and same.count(False) == 1
-        left: list[Any] = []
-        right: list[Any] = []
-        for i in range(common):
-            if same[i]:
-                left.append(f"\0same-{i}")
-                right.append(f"\0same-{i}")
-            elif lone:
-                a, b = _strip_shared(source[i], desired[i], added)
-                left.append(a)
-                right.append(b)
+            if key in source:
+                if source[key] is not value:  # shared subtrees (most of a pod) are skipped at once
+                    _diff(source[key], value, f"{path}/{escape(key)}", out)
             else:
-                left.append(source[i])
-                right.append(desired[i])
-        return left + source[common:], right + [_new(v, added) for v in desired[common:]]
-    return source, desired
+                out.append({"op": "add", "path": f"{path}/{escape(key)}", "value": value})
+        return
+    if type(source) is list and type(desired) is list:
+        common = min(len(source), len(desired))
+        if len(source) == len(desired):
+            for index in range(common):
+                _diff(source[index], desired[index], f"{path}/{index}", out)
+            return
+        if all(_same(source[i], desired[i]) for i in range(common)):
+            if len(desired) > len(source):
+                out.extend({"op": "add", "path": f"{path}/{i}", "value": desired[i]}
+                           for i in range(common, len(desired)))
+            else:
+                out.extend({"op": "remove", "path": f"{path}/{i}"}
+                           for i in range(len(source) - 1, common - 1, -1))
+            return
+    out.append({"op": "replace", "path": path, "value": desired})
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal as JSON: Python's == plus a type check, since 1 == True but "1" != "true" in JSON."""
-    return type(a) is type(b) and a == b
+    """Equal as JSON. Subtrees a mutation did not touch are the same objects (the working copy shares
+    them), so identity answers most calls; Python's == answers at C speed that most others differ;
+    only an equal pair is walked to tell 1 from True and 1 from 1.0, which JSON keeps apart."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or a != b:
+        return False
+    if type(a) is dict:
+        return all(_same(value, b[key]) for key, value in a.items())
+    if type(a) is list:
+        return all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return True

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+import orjson
+
 from webhook.errors import BadReview
 
 API_VERSION = "admission.k8s.io/v1"
@@ -108,18 +110,18 @@ class Answer:
     audit_annotations: Mapping[str, str] = field(default_factory=dict)
     denial_code: int = 403
     denial_message: str = ""
-    patch_json: str = ""
-    """``patch`` already encoded as JSON text (the server has it from checking the patch)."""
+    patch_json: bytes = b""
+    """``patch`` already encoded as JSON (the server has it from checking the patch)."""
 
 
 def decode(body: bytes | str) -> Review:
     """Parse and check an AdmissionReview request body; BadReview says what is wrong."""
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        if "depth limit" in str(err).lower() or "recursion" in str(err).lower():
+            raise BadReview("the body nests JSON too deeply to be an AdmissionReview") from err
         raise BadReview(f"the body is not JSON ({err}); send an AdmissionReview {API_VERSION} document") from err
-    except RecursionError as err:
-        raise BadReview("the body nests JSON too deeply to be an AdmissionReview") from err
     if not isinstance(document, dict):
         raise BadReview(f"the body is a JSON {type(document).__name__}, not an AdmissionReview object")
     api_version, kind = document.get("apiVersion"), document.get("kind")
@@ -165,7 +167,7 @@ def decode(body: bytes | str) -> Review:
 
 def encode(review: Review, answer: Answer) -> bytes:
     """The AdmissionReview response for ``review`` as JSON bytes."""
-    return json.dumps(response_document(review.uid, answer), separators=(",", ":")).encode()
+    return orjson.dumps(response_document(review.uid, answer))
 
 
 def response_document(uid: str, answer: Answer) -> AdmissionReview:
@@ -175,7 +177,7 @@ def response_document(uid: str, answer: Answer) -> AdmissionReview:
         response["status"] = {"code": answer.denial_code, "message": answer.denial_message or "denied"}
     elif answer.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = (base64.b64encode(answer.patch_json.encode()).decode("ascii") if answer.patch_json
+        response["patch"] = (base64.b64encode(answer.patch_json).decode("ascii") if answer.patch_json
                              else encode_patch(answer.patch))
     warnings = [_clip(w) for w in answer.warnings][:MAX_WARNINGS]
     if warnings:
@@ -186,7 +188,7 @@ def response_document(uid: str, answer: Answer) -> AdmissionReview:
 
 
 def encode_patch(ops: Sequence[Mapping[str, Any]]) -> str:
-    return base64.b64encode(json.dumps(list(ops), separators=(",", ":")).encode()).decode("ascii")
+    return base64.b64encode(orjson.dumps(list(ops))).decode("ascii")
 
 
 def decode_patch(patch: str) -> list[dict[str, Any]]:

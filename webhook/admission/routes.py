@@ -17,7 +17,6 @@ are for our own bugs only.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
@@ -283,11 +283,11 @@ def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Pol
                                 audit_annotations=_audit(policy, policies.revision))
         return _Outcome(answer, result="denied", policy=policy, revision=policies.revision)
     patch = list(result.patch)
-    patch_json = ""
+    patch_json = b""
     if patch:
         # A patch the API server cannot apply rejects the pod even with failurePolicy: Ignore,
         # so check it here and treat a bad one as an internal error (admitted unchanged).
-        patch_json = json.dumps(patch, separators=(",", ":"))
+        patch_json = orjson.dumps(patch)
         patchcheck.check(pod, patch_json)
     answer = reviews.Answer(allowed=True, patch=patch, warnings=tuple(result.warnings),
                               audit_annotations=_audit(policy, policies.revision), patch_json=patch_json)

@@ -1,10 +1,16 @@
-"""The balancer's loop: informers fill the state, a pass turns dirty nodes into patches.
+"""The balancer's loop: informers fill the state, a pass turns dirty nodes into wanted marks, and
+a small pool of writers patches nodes at a bounded rate.
 
 Threads: one informer per resource (nodes, pods), the lease elector, the Prometheus poller,
-the health server, and the loop in :meth:`Balancer.run`, which alone decides and writes. Every
-replica runs all of them, so a standby's caches are warm; only the lease holder patches.
+the health server, the loop in :meth:`Balancer.run`, which alone decides, and the writers,
+which alone patch. Every replica runs all of them, so a standby's caches are warm; only the
+lease holder patches, and a writer asks the elector right before each patch (fencing).
 Hysteresis needs the previous tier: that is the node's own ``gpugate.io/gpu-load`` label, so a
 new leader continues exactly where the old one stopped.
+
+Writes are coalesced per node (``backoff.WriteSchedule``: the latest wanted marks win, a node is
+patched at most once per ``write_interval`` unless its tier changes) and paced by a token bucket
+(``write_qps``, ``write_burst``); a 429 pauses every writer for its ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,19 +29,24 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.balancer import marks as marks_mod
-from webhook.balancer.backoff import Backoff
-from webhook.balancer.cluster import Informer, NodeWriter
+from webhook.balancer.backoff import Backoff, TokenBucket, WriteSchedule
+from webhook.balancer.cluster import Informer, NodeWriter, retry_after
 from webhook.balancer.health import HealthServer
 from webhook.balancer.lease import LeaderElector
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.prometheus import PrometheusClient, PrometheusError
 from webhook.balancer.settings import BalancerSettings, parse_bind
-from webhook.balancer.state import ClusterState, NodeInfo, PodUsage, node_info, pod_key, pod_usage
+from webhook.balancer.state import ClusterState, NodeInfo, PodUsage, may_hold_gpus, node_info, pod_key, pod_usage
 from webhook.errors import GpugateError
+from webhook.names import LOAD_TIERS
 
 log = logging.getLogger("gpugate.balancer")
 
 LIVENESS_SECONDS = 60.0  # a loop silent this long is stuck: /healthz turns 503 and the kubelet restarts us
+POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+"""Only pods that can hold devices: bound and not finished. A pod that finishes leaves the selection,
+which the API server reports as DELETED; completed Job pods that linger are never listed."""
+RETRY_AFTER_DEFAULT = 1.0  # a 429 without Retry-After: wait this long before the next write
 
 
 class Balancer:
@@ -51,6 +63,7 @@ class Balancer:
         self._rng = rng or random.Random()
         self._clock = clock
         self._tiers: dict[str, str] = {}
+        self._tier_counts: Counter[str] = Counter()
         self._util: dict[str, float] = {}
         self._util_at: float | None = None
         self._util_usable = False
@@ -60,19 +73,33 @@ class Balancer:
         self.stop_event = threading.Event()
         self.health: HealthServer | None = None
         self._serve_health = serve_health
+        self._schedule: WriteSchedule[marks_mod.Marks] = WriteSchedule(settings.write_interval)
+        self._bucket = TokenBucket(settings.write_qps, settings.write_burst)
+        self._bucket_lock = threading.Lock()
+        self._paused_until = 0.0  # a 429 holds every writer until then
+        self._write_backoff = Backoff(settings.backoff_initial, settings.backoff_max,
+                                      random.Random(self._rng.random()))
+
+        def api() -> client.ApiClient:
+            made = client_factory()
+            # The API server's audit log (and our fake's request log) then tells replicas apart.
+            made.user_agent = f"gpugate-balancer ({settings.lease.identity or 'no identity'})"
+            return made
 
         self.nodes = Informer[NodeInfo](
-            name="nodes", list_call=client.CoreV1Api(client_factory()).list_node,
+            name="nodes", list_call=client.CoreV1Api(api()).list_node,
             reduce=lambda obj: (obj["metadata"]["name"], node_info(obj)),
             on_replace=self._replace_nodes, on_event=self._node_event, **self._informer_args())
         self.pods = Informer[PodUsage | None](
-            name="pods", list_call=client.CoreV1Api(client_factory()).list_pod_for_all_namespaces,
+            name="pods", list_call=client.CoreV1Api(api()).list_pod_for_all_namespaces,
             reduce=lambda obj: (pod_key(obj), pod_usage(obj)),
-            on_replace=self._replace_pods, on_event=self._pod_event, **self._informer_args())
-        self._writer = NodeWriter(client_factory())
+            on_replace=self._replace_pods, on_event=self._pod_event, prefilter=may_hold_gpus,
+            on_skip=lambda: self.metrics.watch_events.labels("pods").inc(),
+            field_selector=POD_FIELD_SELECTOR, **self._informer_args())
+        self._writer = NodeWriter(api())
         self.elector: LeaderElector | None = None
         if settings.lease.enabled and not settings.dry_run:
-            self.elector = LeaderElector(client_factory(), settings.lease, clock=clock,
+            self.elector = LeaderElector(api(), settings.lease, clock=clock,
                                          on_change=self._leader_changed, on_error=self._api_error)
         self._prometheus = None
         if settings.prometheus.url:
@@ -81,7 +108,7 @@ class Balancer:
 
     def _informer_args(self) -> dict[str, Any]:
         s = self.settings
-        return {"page_size": s.page_size, "watch_timeout": s.watch_timeout,
+        return {"page_size": s.page_size, "watch_timeout": s.watch_timeout, "stream_lists": s.stream_lists,
                 "backoff": Backoff(s.backoff_initial, s.backoff_max, random.Random(self._rng.random())),
                 "on_error": self._api_error, "on_relist": lambda name: self.metrics.relists.labels(name).inc()}
 
@@ -89,15 +116,20 @@ class Balancer:
     def _replace_nodes(self, infos: dict[str, NodeInfo]) -> None:
         with self._lock:
             self.state.replace_nodes(infos)
-            self._tiers = {k: v for k, v in self._tiers.items() if k in infos}
+            for name in [k for k in self._tiers if k not in infos]:
+                self._set_tier(name, None)
+            for name in list(self._schedule.wanted):
+                if name not in infos:
+                    self._schedule.forget(name)
         self._wake.set()
 
     def _node_event(self, etype: str, name: str, info: NodeInfo | None) -> None:
         with self._lock:
             if info is None:
                 self.state.delete_node(name)
-                self._tiers.pop(name, None)
+                self._set_tier(name, None)
                 self._dry_logged.pop(name, None)
+                self._schedule.forget(name)
             else:
                 self.state.set_node(info)
         self.metrics.watch_events.labels("nodes").inc()
@@ -132,16 +164,23 @@ class Balancer:
         return self.nodes.synced.is_set() and self.pods.synced.is_set()
 
     def writes(self) -> bool:
-        """True when this replica may patch nodes now."""
+        """True when this replica may patch nodes now (asked again right before every patch)."""
         if self.settings.dry_run:
             return False
         return self.elector is None or self.elector.is_leader()
 
     def status(self) -> dict[str, Any]:
         alive = self._clock() - self._heartbeat < LIVENESS_SECONDS
+        with self._lock:
+            pending = self._schedule.pending()
         return {"ok": alive, "synced": self.synced, "leader": self.writes(),
                 "seconds_since_full_sync": round(self.metrics.seconds_since_full_sync(), 3),
-                "allocation_only": not self._util_usable}
+                "allocation_only": not self._util_usable, "pending_writes": pending}
+
+    def ready(self) -> bool:
+        """Ready once both caches hold a full list: before that, tiers (and the extender's answers)
+        would come from a partial view, and a standby promoted then would write from it."""
+        return self.synced
 
     def tiers(self) -> dict[str, str]:
         with self._lock:
@@ -160,15 +199,18 @@ class Balancer:
         if self._serve_health:
             host, port = parse_bind(self.settings.health_bind)
             try:
-                self.health = HealthServer(host, port, metrics=self.metrics, status=self.status).start()
+                self.health = HealthServer(host, port, metrics=self.metrics, status=self.status,
+                                           ready=self.ready).start()
             except OSError as err:
                 raise GpugateError(f"cannot serve /healthz and /metrics on {self.settings.health_bind}: "
                                    f"{err.strerror or err}; pick another --health-bind") from err
         self.metrics.leader.set(0)
         threads = [threading.Thread(target=self.nodes.run, args=(stop,), name="informer-nodes", daemon=True),
                    threading.Thread(target=self.pods.run, args=(stop,), name="informer-pods", daemon=True)]
+        lease_thread = None
         if self.elector is not None:
-            threads.append(threading.Thread(target=self.elector.run, args=(stop,), name="lease", daemon=True))
+            lease_thread = threading.Thread(target=self.elector.run, args=(stop,), name="lease", daemon=True)
+            threads.append(lease_thread)
         else:
             self.metrics.leader.set(0 if self.settings.dry_run else 1)
         if self._prometheus is not None:
@@ -179,13 +221,13 @@ class Balancer:
         log.info("balancer started", extra={"fields": {
             "dry_run": self.settings.dry_run, "prometheus": self.settings.prometheus.url,
             "lease": None if self.elector is None else f"{self.settings.lease.namespace}/{self.settings.lease.name}",
-            "identity": self.settings.lease.identity}})
+            "identity": self.settings.lease.identity, "write_qps": self.settings.write_qps,
+            "write_burst": self.settings.write_burst, "write_interval": self.settings.write_interval}})
         pool = ThreadPoolExecutor(self.settings.write_concurrency, thread_name_prefix="patch")
-        backoff = Backoff(self.settings.backoff_initial, self.settings.backoff_max, random.Random(self._rng.random()))
         last_full: float | None = None
         try:
             while not stop.is_set():
-                self._wake.wait(min(1.0, self.settings.resync_interval))
+                self._wake.wait(self._sleep_for())
                 self._wake.clear()
                 self._heartbeat = self._clock()
                 if stop.is_set() or not self.synced:
@@ -193,33 +235,41 @@ class Balancer:
                 now = self._clock()
                 full = self._force_full or last_full is None or now - last_full >= self.settings.resync_interval
                 try:
-                    ok = self.reconcile(pool, full=full)
+                    self.reconcile(full=full)
+                    self.dispatch(pool)
                 except Exception:
                     log.exception("reconcile pass failed")
-                    ok = False
-                if full and ok:
+                    stop.wait(self._write_backoff.next())
+                    continue
+                if full:
                     self._force_full = False
                     last_full = now
                     self.metrics.full_sync_done()
-                if ok:
-                    backoff.reset()
-                else:
-                    stop.wait(backoff.next())
-                    self._wake.set()  # retry the failed nodes right after the backoff
         finally:
             for informer in (self.nodes, self.pods):
                 informer.close()
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=True, cancel_futures=True)
             if self.elector is not None:
+                if lease_thread is not None:
+                    lease_thread.join(timeout=15)  # a renewal in flight ends before we release
                 self.elector.release()
             if self.health is not None:
                 self.health.stop()
             log.info("balancer stopped", extra={"fields": {"identity": self.settings.lease.identity}})
 
-    def reconcile(self, pool: ThreadPoolExecutor, *, full: bool) -> bool:
-        """One pass over the dirty nodes (all nodes if ``full``); False if a write failed."""
+    def _sleep_for(self) -> float:
+        """Until the next node write falls due, at most a second (the heartbeat)."""
+        ceiling = min(1.0, self.settings.resync_interval)
+        with self._lock:
+            at = self._schedule.next_at()
+        if at is None or not self.writes():
+            return ceiling
+        return max(0.0, min(ceiling, max(at, self._paused_until) - self._clock()))
+
+    def reconcile(self, *, full: bool) -> None:
+        """Decide the marks of the dirty nodes (all nodes if ``full``) and schedule what must change."""
         s = self.settings
-        plans: list[tuple[NodeInfo, marks_mod.Marks, dict[str, Any]]] = []
+        logged: list[tuple[NodeInfo, marks_mod.Marks, dict[str, Any]]] = []
         with self._lock:
             if full:
                 self.state.mark_all()
@@ -231,66 +281,142 @@ class Balancer:
                 if node.is_gpu_node:
                     load = marks_mod.node_load(node, self.state.requested.get(name, {}), self._utilization(node))
                 want = marks_mod.desired(node, load, thresholds=s.tiers, taint_congested=s.taint_congested)
-                if want.load is None:
-                    self._tiers.pop(name, None)
-                else:
-                    self._tiers[name] = want.load
+                self._set_tier(name, want.load)
                 patch = marks_mod.node_patch(node, want)
-                if patch is not None:
-                    plans.append((node, want, patch))
-            counts = {tier: 0 for tier in ("idle", "busy", "congested")}
-            for tier in self._tiers.values():
-                counts[tier] += 1
-        for tier, count in counts.items():
-            self.metrics.nodes.labels(tier).set(count)
-        if not plans:
-            return True
-        if s.dry_run:
-            for node, want, patch in plans:
-                text = json.dumps(patch, sort_keys=True)
-                if self._dry_logged.get(node.name) != text:
-                    self._dry_logged[node.name] = text
-                    self.metrics.label_writes.labels("dry_run").inc()
-                    log.info("dry run: would patch node", extra={"fields": {
-                        "node": node.name, "changes": marks_mod.describe(node, want), "patch": patch}})
-            return True
-        if not self.writes():
-            return True
-        return all(pool.map(self._apply, plans))
+                if patch is None:
+                    self._schedule.drop(name)
+                elif s.dry_run:
+                    logged.append((node, want, patch))
+                else:
+                    self._schedule.want(name, want, urgent=marks_mod.urgent(node, want))
+            counts = dict(self._tier_counts)
+            pending, coalesced = self._schedule.pending(), self._schedule.coalesced
+        for tier in LOAD_TIERS:
+            self.metrics.nodes.labels(tier).set(counts.get(tier, 0))
+        self.metrics.pending_writes.set(pending)
+        self.metrics.set_coalesced(coalesced)
+        for node, want, patch in logged:
+            text = json.dumps(patch, sort_keys=True)
+            if self._dry_logged.get(node.name) != text:
+                self._dry_logged[node.name] = text
+                self.metrics.label_writes.labels("dry_run").inc()
+                log.info("dry run: would patch node", extra={"fields": {
+                    "node": node.name, "changes": marks_mod.describe(node, want), "patch": patch}})
 
-    def _apply(self, plan: tuple[NodeInfo, marks_mod.Marks, dict[str, Any]]) -> bool:
-        node, want, patch = plan
+    def _set_tier(self, name: str, tier: str | None) -> None:
+        """Record a node's tier (None: not a GPU node) and keep the per-tier counts (lock held)."""
+        old = self._tiers.pop(name, None) if tier is None else self._tiers.get(name)
+        if old == tier:
+            return
+        if old is not None:
+            self._tier_counts[old] -= 1
+        if tier is not None:
+            self._tiers[name] = tier
+            self._tier_counts[tier] += 1
+
+    def dispatch(self, pool: ThreadPoolExecutor) -> int:
+        """Hand the nodes whose write is due to the writers; returns how many."""
+        if not self.writes():
+            return 0
+        now = self._clock()
+        if now < self._paused_until:
+            return 0
+        with self._lock:
+            due = self._schedule.due(now)
+        for name in due:
+            pool.submit(self._write, name)
+        return len(due)
+
+    # ---- writers (pool threads) -------------------------------------------------------------------
+    def _write(self, name: str) -> None:
         try:
-            stored = self._writer.patch(node.name, patch)
-        except ApiException as err:
-            if err.status == 404:  # deleted meanwhile; the watch will drop it
-                return True
-            result = "conflict" if err.status == 409 else "error"
-            self.metrics.label_writes.labels(result).inc()
-            if result == "error":
-                self._api_error("patch_node", err)
-                log.warning("node patch failed", extra={"fields": {"node": node.name,
-                                                                   "error": f"{err.status} {err.reason}"}})
+            self._write_one(name)
+        except Exception:  # never lose a node: it stays pending and the loop retries it
+            log.exception("node write failed", extra={"fields": {"node": name}})
             with self._lock:
-                self.state.dirty.add(node.name)
-            return result == "conflict"  # a conflict is retried when the watch brings the fresh node
+                self._schedule.failed(name, retry_at=self._clock() + self._write_backoff.next())
+            self._wake.set()
+
+    def _pace(self) -> bool:
+        """Wait for a token and for any 429 pause to end; False if we are stopping meanwhile."""
+        with self._bucket_lock:
+            wait = self._bucket.reserve(self._clock())
+        while True:
+            paused = self._paused_until - self._clock()
+            if max(wait, paused) <= 0:
+                return not self.stop_event.is_set()
+            if self.stop_event.wait(max(wait, paused)):
+                return False
+            wait = 0.0
+
+    def _write_one(self, name: str) -> None:
+        if not self._pace():
+            with self._lock:
+                self._schedule.release(name)
+            return
+        with self._lock:
+            want = self._schedule.take(name)  # the newest wanted marks, read as late as possible
+            node = self.state.nodes.get(name)
+            patch = None if want is None or node is None else marks_mod.node_patch(node, want)
+            if patch is None or node is None or want is None:
+                self._schedule.drop(name)
+                self._schedule.release(name)
+                return
+        # Fencing: the lease is checked right before each patch, never once for a whole pass.
+        if not self.writes():
+            with self._lock:
+                self._schedule.release(name)
+            return
+        try:
+            self._writer.patch(name, patch)
+        except ApiException as err:
+            self._write_refused(node, err)
+            return
         except Exception as err:
             self.metrics.label_writes.labels("error").inc()
             self._api_error("patch_node", err)
-            log.warning("node patch failed", extra={"fields": {"node": node.name, "error": str(err)[:300]}})
+            log.warning("node patch failed", extra={"fields": {"node": name, "error": str(err)[:300]}})
             with self._lock:
-                self.state.dirty.add(node.name)
-            return False
-        info = node_info(stored)
+                self._schedule.failed(name, retry_at=self._clock() + self._write_backoff.next())
+            self._wake.set()
+            return
+        now = self._clock()
         with self._lock:
-            current = self.state.nodes.get(node.name)
+            current = self.state.nodes.get(name)
             # Keep what we wrote unless the watch has already delivered something newer.
             if current is not None and current.resource_version == node.resource_version:
-                self.state.nodes[node.name] = info
+                self.state.nodes[name] = marks_mod.after_patch(current, want)
+            self._schedule.written(name, want, now)
+        self._write_backoff.reset()
         self.metrics.label_writes.labels("ok").inc()
-        log.info("node marks updated", extra={"fields": {"node": node.name,
-                                                         "changes": marks_mod.describe(node, want)}})
-        return True
+        log.info("node marks updated", extra={"fields": {"node": name, "changes": marks_mod.describe(node, want)}})
+
+    def _write_refused(self, node: NodeInfo, err: ApiException) -> None:
+        name = node.name
+        now = self._clock()
+        if err.status == 404:  # deleted meanwhile; the watch will drop it
+            with self._lock:
+                self._schedule.forget(name)
+            return
+        if err.status == 429:
+            wait = retry_after(err)
+            wait = RETRY_AFTER_DEFAULT if wait is None else wait
+            self._paused_until = max(self._paused_until, now + wait)
+            self.metrics.label_writes.labels("throttled").inc()
+            log.warning("API server asks us to slow down: pausing node writes",
+                        extra={"fields": {"node": name, "retry_after_s": wait}})
+            retry_at = now + wait
+        elif err.status == 409:  # the node changed under a taint patch: wait for the watch's fresh copy
+            self.metrics.label_writes.labels("conflict").inc()
+            retry_at = now + self.settings.backoff_initial
+        else:
+            self.metrics.label_writes.labels("error").inc()
+            self._api_error("patch_node", err)
+            log.warning("node patch failed", extra={"fields": {"node": name, "error": f"{err.status} {err.reason}"}})
+            retry_at = now + max(self._write_backoff.next(), retry_after(err) or 0.0)
+        with self._lock:
+            self._schedule.failed(name, retry_at=retry_at)
+        self._wake.set()
 
     # ---- utilization ---------------------------------------------------------------------------
     def _utilization(self, node: NodeInfo) -> float | None:
@@ -318,6 +444,7 @@ class Balancer:
                 result = None
             else:
                 self.metrics.prometheus_up.set(1)
+                self.metrics.prometheus_succeeded()
                 if reported_down and result is not None:
                     log.info("Prometheus reachable again", extra={"fields": {"hosts": len(result.by_host)}})
                 reported_down = False

@@ -14,9 +14,11 @@ from webhook.balancer.metrics import Metrics
 
 
 class HealthServer:
-    """Serves ``/healthz`` from ``status()`` (``{"ok": bool, ...}``) and ``/metrics`` from ``metrics``."""
+    """Serves ``/healthz`` from ``status()`` (``{"ok": bool, ...}``: alive), ``/readyz`` from
+    ``ready()`` (the caches hold a full list) and ``/metrics`` from ``metrics``."""
 
-    def __init__(self, host: str, port: int, *, metrics: Metrics, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, host: str, port: int, *, metrics: Metrics, status: Callable[[], dict[str, Any]],
+                 ready: Callable[[], bool] = lambda: True) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -29,6 +31,9 @@ class HealthServer:
                     state = status()
                     self._send(200 if state.get("ok") else 503, "application/json",
                                json.dumps(state).encode())
+                elif path == "/readyz":
+                    ok = ready()
+                    self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"caches not synced\n")
                 elif path == "/metrics":
                     self._send(200, CONTENT_TYPE_LATEST, generate_latest(outer.metrics.registry))
                 else:

@@ -4,7 +4,14 @@ Expiry is judged on this replica's own clock, from the moment it last saw the le
 change, never by comparing the holder's ``renewTime`` with our wall clock: two nodes' clocks
 may disagree by more than a lease duration. The leader stops writing once it has failed to
 renew for ``renew_deadline`` (< ``duration``), so it is silent before any standby may start.
-Release (on SIGTERM) empties ``holderIdentity`` so a standby takes over at its next retry.
+
+Fencing, against a slow API server: the leader counts its deadline from the moment it *sent*
+the renewal that succeeded, not from the answer (the API server may have stored it, and a
+standby seen it, long before a slow answer came back; counting from the answer let both
+replicas lead at once), and the controller asks :meth:`LeaderElector.is_leader` right before
+every single write, not once per pass. Release (on SIGTERM) waits for a renewal in flight,
+then empties ``holderIdentity`` so a standby takes over at its next retry; no round runs after
+it, so a late renewal cannot take the lease back.
 """
 
 from __future__ import annotations
@@ -68,9 +75,12 @@ class LeaderElector:
         self._on_change = on_change
         self._on_error = on_error
         self._observed: Observation | None = None
-        self._renewed_at: float | None = None  # monotonic time of our last successful write
+        self._renewed_at: float | None = None  # monotonic time we sent our last successful write
         self._leading = False
-        self._lock = threading.Lock()
+        self._published = False
+        self._closed = False
+        self._lock = threading.Lock()  # guards the fields above; never held across a request
+        self._round = threading.Lock()  # one acquire/renew/release round at a time
 
     @property
     def identity(self) -> str:
@@ -82,8 +92,8 @@ class LeaderElector:
                 self._clock() - self._renewed_at < self._settings.renew_deadline
 
     def run(self, stop: threading.Event) -> None:
-        """Try to acquire or renew every ``retry_period`` until ``stop``; never raises."""
-        while not stop.is_set():
+        """Try to acquire or renew every ``retry_period`` until ``stop`` or :meth:`release`; never raises."""
+        while not stop.is_set() and not self._closed:
             try:
                 self.try_acquire_or_renew()
             except Exception as err:
@@ -95,7 +105,7 @@ class LeaderElector:
     def _publish(self) -> None:
         leading = self.is_leader()
         with self._lock:
-            changed = leading != getattr(self, "_published", False)
+            changed = leading != self._published
             self._published = leading
         if changed:
             log.info("leadership changed", extra={"fields": {"leader": leading, "identity": self.identity}})
@@ -103,6 +113,12 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One round: read the lease, then create, renew or take it over if allowed."""
+        with self._round:
+            if self._closed:
+                return self._lost()
+            return self._acquire_or_renew()
+
+    def _acquire_or_renew(self) -> bool:
         s = self._settings
         now_wall = micro_time(self._wall())
         try:
@@ -114,6 +130,7 @@ class LeaderElector:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": s.name, "namespace": s.namespace},
                     "spec": self._spec(now_wall, acquire=now_wall, transitions=0)}
+            sent_at = self._clock()
             try:
                 self._api.create_namespaced_lease(s.namespace, kubeclient.body(body), _preload_content=False,
                                                   _request_timeout=(5, 10))
@@ -121,7 +138,7 @@ class LeaderElector:
                 if create_err.status == 409:  # another replica created it first
                     return self._lost()
                 raise
-            return self._won()
+            return self._won(sent_at)
         spec = lease.get("spec") or {}
         record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseTransitions"),
                   lease["metadata"].get("resourceVersion"))
@@ -134,6 +151,9 @@ class LeaderElector:
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == s.identity else 1)
         acquire = spec.get("acquireTime") if holder == s.identity else now_wall
         lease["spec"] = self._spec(now_wall, acquire=acquire, transitions=transitions)
+        # The deadline counts from here: the API server may store this write (and a standby see
+        # it) any time after it leaves, however late the answer comes back.
+        sent_at = self._clock()
         try:
             self._api.replace_namespaced_lease(s.name, s.namespace, lease, _preload_content=False,
                                                _request_timeout=(5, 10))
@@ -141,15 +161,26 @@ class LeaderElector:
             if err.status == 409:  # someone wrote in between: they hold it now
                 return self._lost()
             raise
-        return self._won()
+        return self._won(sent_at)
 
     def release(self) -> None:
-        """Give the lease up if we hold it (SIGTERM), so a standby need not wait for expiry."""
-        with self._lock:
-            was_leading = self._leading
-            self._leading = False
-        if not was_leading:
-            return
+        """Give the lease up if we hold it (SIGTERM), so a standby need not wait for expiry.
+
+        Waits for a round in flight (a renewal that read the lease before our release would
+        otherwise write it back, or one that reads it after would take the free lease again),
+        and closes the elector: no round runs after this.
+        """
+        with self._round:
+            self._closed = True
+            with self._lock:
+                was_leading = self._leading
+                self._leading = False
+            if not was_leading:
+                self._publish()
+                return
+            self._release()
+
+    def _release(self) -> None:
         s = self._settings
         try:
             lease = kubeclient.raw_json(self._api.read_namespaced_lease(s.name, s.namespace, _preload_content=False,
@@ -174,10 +205,10 @@ class LeaderElector:
                 "leaseDurationSeconds": max(int(round(self._settings.duration)), 1),
                 "acquireTime": acquire, "renewTime": now_wall, "leaseTransitions": transitions}
 
-    def _won(self) -> bool:
+    def _won(self, sent_at: float) -> bool:
         with self._lock:
             self._leading = True
-            self._renewed_at = self._clock()
+            self._renewed_at = sent_at
         return True
 
     def _lost(self) -> bool:

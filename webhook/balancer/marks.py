@@ -6,12 +6,18 @@ node (other labels, other taints, their order) is carried through untouched.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from webhook.balancer import tiers
 from webhook.balancer.state import NodeInfo
+from webhook.kube.resources import mig_profile
 from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL, GPU_RESOURCE, SHARED_GPU_RESOURCE
+
+MIG_COMPUTE_SLICES = 7
+"""Compute slices of a MIG-capable GPU (A100, H100, H200, B200; an A30 has 4, so its slices weigh
+a little less than they should): a ``<g>g`` slice is g/7 of a GPU in the allocation share."""
 
 CONGESTED_TAINT: dict[str, str] = {"key": CONGESTED_TAINT_KEY, "effect": "PreferNoSchedule"}
 
@@ -34,21 +40,65 @@ class NodeLoad:
     utilization: float | None
 
 
-def node_load(node: NodeInfo, requested: dict[str, int], utilization: float | None) -> NodeLoad:
-    """Whole free GPUs and the requested share of all NVIDIA slots on ``node``.
+def time_sliced(node: NodeInfo) -> bool:
+    """``nvidia.com/gpu`` counts time-slicing (or MPS) replicas, not GPUs: replicas above 1 and no
+    renamed ``nvidia.com/gpu.shared`` (with the rename, the replicas label is the shared resource's)."""
+    return node.replicas > 1 and SHARED_GPU_RESOURCE not in dict(node.allocatable)
 
-    ``gpu-free`` counts what a whole-GPU pod can still get: ``nvidia.com/gpu`` (or, under
-    time-slicing with renamed resources, ``nvidia.com/gpu.shared``) minus requests, divided by
-    the replicas per GPU. MIG slices are not whole GPUs and do not count there, but they do
-    count in the allocation share, which sums every NVIDIA resource.
+
+def whole_free_gpus(node: NodeInfo, requested: dict[str, int]) -> int:
+    """The ``gpugate.io/gpu-free`` value: whole GPUs a pod asking ``nvidia.com/gpu: N`` could get.
+
+    Per resource:
+
+    - ``nvidia.com/gpu`` on a plain node: allocatable minus requested.
+    - ``nvidia.com/gpu`` under time-slicing (replicas R, not renamed): a pod gets shares, and the
+      device plugin spreads shares over the least-used GPUs, so every share in use takes one GPU
+      out of the whole ones until each has one: GPUs (slots / R) minus shares requested. (Free
+      slots // R, the old count, is right only while shares happen to be packed.)
+    - ``nvidia.com/gpu`` under the single MIG strategy: slices, not GPUs: 0.
+    - ``nvidia.com/gpu.shared`` and ``nvidia.com/mig-*``: a pod asking ``nvidia.com/gpu`` cannot
+      get them: 0.
+    """
+    allocatable = dict(node.allocatable).get(GPU_RESOURCE, 0)
+    if not allocatable or node.mig_single:
+        return 0
+    used = requested.get(GPU_RESOURCE, 0)
+    if time_sliced(node):
+        return max(allocatable // node.replicas - used, 0)
+    return max(allocatable - used, 0)
+
+
+def gpu_weight(node: NodeInfo, resource: str) -> float:
+    """How much of a physical GPU one unit of ``resource`` is on ``node`` (for the allocation share).
+
+    A whole GPU is 1, a time-sliced share 1/R, a MIG ``<g>g`` slice g/7 (divided by its own
+    replicas if the slices are time-sliced too). Under the single MIG strategy every unit is a slice
+    of one profile, so any constant gives the same share.
+    """
+    if resource == GPU_RESOURCE:
+        return 1.0 / node.replicas if time_sliced(node) else 1.0
+    if resource == SHARED_GPU_RESOURCE:
+        return 1.0 / node.replicas
+    profile = mig_profile(resource)
+    if profile is None:
+        return 1.0
+    base = resource[: -len(".shared")] if resource.endswith(".shared") else resource
+    return profile.compute / MIG_COMPUTE_SLICES / dict(node.mig_replicas).get(base, 1)
+
+
+def node_load(node: NodeInfo, requested: dict[str, int], utilization: float | None) -> NodeLoad:
+    """Whole free GPUs (:func:`whole_free_gpus`) and the requested share of the node's GPUs.
+
+    The share weighs each resource by the physical GPU it stands for (:func:`gpu_weight`), so 4
+    whole GPUs taken next to 4 GPUs cut into 28 idle MIG slices is half the node, not 4 units of 32.
     """
     allocatable = dict(node.allocatable)
-    resource = GPU_RESOURCE if GPU_RESOURCE in allocatable else SHARED_GPU_RESOURCE
-    free_slots = max(allocatable.get(resource, 0) - requested.get(resource, 0), 0)
-    total = sum(allocatable.values())
-    used = sum(min(requested.get(r, 0), n) for r, n in allocatable.items())
-    allocated = used / total if total else 1.0  # a GPU node offering nothing has nothing free
-    return NodeLoad(free_gpus=free_slots // node.replicas, allocated=allocated, utilization=utilization)
+    total = sum(count * gpu_weight(node, resource) for resource, count in allocatable.items())
+    used = sum(min(requested.get(resource, 0), count) * gpu_weight(node, resource)
+               for resource, count in allocatable.items())
+    allocated = min(used / total, 1.0) if total else 1.0  # a GPU node offering nothing has nothing free
+    return NodeLoad(free_gpus=whole_free_gpus(node, requested), allocated=allocated, utilization=utilization)
 
 
 def desired(node: NodeInfo, load: NodeLoad | None, *, thresholds: tiers.TierThresholds,
@@ -81,6 +131,29 @@ def node_patch(node: NodeInfo, marks: Marks) -> dict[str, Any] | None:
         patch.setdefault("metadata", {})["resourceVersion"] = node.resource_version
         patch["spec"] = {"taints": others + ([dict(CONGESTED_TAINT)] if marks.tainted else [])}
     return patch or None
+
+
+def urgent(node: NodeInfo, marks: Marks) -> bool:
+    """True when the change may not wait for the node's write interval: its tier (``gpu-load``),
+    the taint, or our marks appearing or going away. A ``gpu-free`` change alone can wait."""
+    return (node.label(GPU_LOAD_LABEL) != marks.load or node.has_congested_taint != marks.tainted
+            or (node.label(GPU_FREE_LABEL) is None) != (marks.free is None))
+
+
+def after_patch(node: NodeInfo, marks: Marks) -> NodeInfo:
+    """``node`` as it is once a patch to ``marks`` has been stored (same resourceVersion: the watch
+    brings the real one). Saves decoding the patched node the API server sends back."""
+    owned = {k: v for k, v in node.owned_labels}
+    for key, want in ((GPU_FREE_LABEL, marks.free), (GPU_LOAD_LABEL, marks.load)):
+        if want is None:
+            owned.pop(key, None)
+        else:
+            owned[key] = want
+    taints = node.taints
+    if node.has_congested_taint != marks.tainted or _duplicated(node):
+        taints = tuple(t for t in node.taints if t.get("key") != CONGESTED_TAINT_KEY) + \
+            ((dict(CONGESTED_TAINT),) if marks.tainted else ())
+    return dataclasses.replace(node, owned_labels=tuple(sorted(owned.items())), taints=taints)
 
 
 def _duplicated(node: NodeInfo) -> bool:

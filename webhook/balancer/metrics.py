@@ -27,8 +27,15 @@ class Metrics:
         for tier in LOAD_TIERS:
             self.nodes.labels(tier)
         self.label_writes = Counter("gpugate_balancer_label_writes",
-                                    "Node patches the balancer sent (result=ok|conflict|error) or would "
-                                    "have sent (result=dry_run).", ["result"], registry=r)
+                                    "Node patches the balancer sent (result=ok|conflict|error|throttled, the "
+                                    "last for a 429) or would have sent (result=dry_run).", ["result"], registry=r)
+        self.pending_writes = Gauge("gpugate_balancer_pending_writes",
+                                    "Nodes whose wanted marks wait for their write interval, a token or a writer.",
+                                    registry=r)
+        self.coalesced = Counter("gpugate_balancer_coalesced_writes",
+                                 "Wanted marks that replaced a node's pending ones instead of costing a patch.",
+                                 registry=r)
+        self._coalesced_seen = 0
         self.api_errors = Counter("gpugate_balancer_api_errors",
                                   "Kubernetes API calls that failed, by operation.", ["operation"], registry=r)
         self.watch_events = Counter("gpugate_balancer_watch_events", "Watch events handled.", ["resource"],
@@ -37,6 +44,10 @@ class Metrics:
                                ["resource"], registry=r)
         self.leader = Gauge("gpugate_balancer_leader", "1 while this replica holds the lease and writes.",
                             registry=r)
+        self.prometheus_last_success = Gauge(
+            "gpugate_balancer_prometheus_last_success_timestamp_seconds",
+            "Unix time of the last DCGM query that succeeded (0 before the first): how fresh the utilization "
+            "behind the tiers is.", registry=r)
         self.prometheus_up = Gauge("gpugate_balancer_prometheus_up",
                                    "1 when the last DCGM query succeeded, 0 when it failed, -1 when no "
                                    "Prometheus is configured.", registry=r)
@@ -51,6 +62,15 @@ class Metrics:
         since.set_function(self.seconds_since_full_sync)
         self.prometheus_up.set(-1)
         self.allocation_only.set(1)
+
+    def set_coalesced(self, total: int) -> None:
+        """Advance the counter to ``total`` (the schedule keeps the running count)."""
+        if total > self._coalesced_seen:
+            self.coalesced.inc(total - self._coalesced_seen)
+            self._coalesced_seen = total
+
+    def prometheus_succeeded(self) -> None:
+        self.prometheus_last_success.set(self._clock())
 
     def full_sync_done(self) -> None:
         self._last_full_sync = self._clock()

@@ -17,6 +17,9 @@ from webhook.names import (
     CONGESTED_TAINT_KEY,
     GPU_FREE_LABEL,
     GPU_LOAD_LABEL,
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    NVIDIA_PRODUCT_LABEL,
     NVIDIA_REPLICAS_LABEL,
 )
 
@@ -26,6 +29,24 @@ Counts = tuple[tuple[str, int], ...]  # (resource, count) sorted by resource
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 OWNED_LABELS = (GPU_FREE_LABEL, GPU_LOAD_LABEL)
+MIG_SINGLE_PRODUCT_MARK = "-MIG-"
+"""GFD's single MIG strategy names the product ``<GPU>-MIG-<profile>``: then ``nvidia.com/gpu`` counts
+MIG slices, not GPUs (gpu-operator.md, section 4.1)."""
+
+# Every GPU resource name (``webhook.kube.resources.is_gpu_resource``) begins with one of these.
+# The API server writes JSON with ``/`` unescaped and resource names lower-case, so an object
+# whose bytes contain neither cannot request a GPU.
+GPU_NAME_MARKERS = (b'"' + GPU_RESOURCE.encode(), b'"' + MIG_RESOURCE_PREFIX.encode())
+
+
+def may_hold_gpus(raw: bytes) -> bool:
+    """False when a pod's raw JSON cannot request a GPU, so it need not be decoded at all.
+
+    A pod's container resources cannot change to or from a GPU after creation (in-place resize
+    covers cpu and memory only), so a pod skipped here never matters to the balancer, in any of
+    its events. True is only "maybe": the pod is then decoded and read by the real rule.
+    """
+    return any(marker in raw for marker in GPU_NAME_MARKERS)
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
@@ -43,6 +64,10 @@ class NodeInfo:
     """``nvidia.com/gpu.replicas`` (time-slicing): slots per physical GPU."""
     hostnames: tuple[str, ...]
     """Names DCGM exporter may report this node under (node name, ``kubernetes.io/hostname``)."""
+    mig_single: bool = False
+    """GFD's single MIG strategy is in force: ``nvidia.com/gpu`` counts MIG slices, not GPUs."""
+    mig_replicas: tuple[tuple[str, int], ...] = ()
+    """``nvidia.com/mig-<profile>.replicas`` per MIG resource (time-sliced MIG slices)."""
 
     @property
     def is_gpu_node(self) -> bool:
@@ -71,9 +96,18 @@ def node_info(node: Obj) -> NodeInfo:
         allocatable=nvidia,
         owned_labels=tuple(sorted((k, str(labels[k])) for k in OWNED_LABELS if k in labels)),
         taints=tuple((node.get("spec") or {}).get("taints") or ()),
-        replicas=max(whole_count(labels.get(NVIDIA_REPLICAS_LABEL, 1)) or 1, 1),
+        replicas=_replicas(labels.get(NVIDIA_REPLICAS_LABEL)),
         hostnames=hostnames,
+        mig_single=MIG_SINGLE_PRODUCT_MARK in str(labels.get(NVIDIA_PRODUCT_LABEL, "")),
+        mig_replicas=tuple(sorted((k[: -len(".replicas")], _replicas(v)) for k, v in labels.items()
+                                  if k.startswith(MIG_RESOURCE_PREFIX) and k.endswith(".replicas")
+                                  and _replicas(v) > 1)),
     )
+
+
+def _replicas(value: Any) -> int:
+    """A replicas label as a count >= 1 (GFD writes 0 where sharing is off, e.g. MIG mixed)."""
+    return max(whole_count(value if value is not None else 1) or 1, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,5 +216,6 @@ class ClusterState:
 
 
 def _differs(old: NodeInfo, new: NodeInfo) -> bool:
-    return (old.allocatable, old.owned_labels, old.taints, old.replicas, old.hostnames) != \
-        (new.allocatable, new.owned_labels, new.taints, new.replicas, new.hostnames)
+    return (old.allocatable, old.owned_labels, old.taints, old.replicas, old.hostnames, old.mig_single,
+            old.mig_replicas) != (new.allocatable, new.owned_labels, new.taints, new.replicas, new.hostnames,
+                                  new.mig_single, new.mig_replicas)

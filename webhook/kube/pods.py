@@ -82,13 +82,13 @@ def gpu_resources(container: Container) -> set[str]:
     """GPU resource names (whole, shared, MIG) a container asks for in requests or limits."""
     found: set[str] = set()
     resources = container.get("resources")
-    if not isinstance(resources, dict):
+    if type(resources) is not dict:
         return found
-    for section in ("requests", "limits"):
-        values = resources.get(section)
-        if isinstance(values, dict):
-            for name in values:
-                if is_gpu_resource(name):
+    for section in (resources.get("requests"), resources.get("limits")):
+        if type(section) is dict:
+            for name in section:
+                # Most keys are cpu and memory: the prefix test spares them the full rule.
+                if name.startswith(names.NVIDIA_PREFIX) and is_gpu_resource(name):
                     found.add(name)
     return found
 
@@ -96,7 +96,9 @@ def gpu_resources(container: Container) -> set[str]:
 def requested_gpu_resources(pod: Pod) -> set[str]:
     """GPU resources any container of the pod (init containers included) asks for."""
     found: set[str] = set()
-    for _, container in all_containers(pod):
+    for container in init_containers(pod):
+        found |= gpu_resources(container)
+    for container in containers(pod):
         found |= gpu_resources(container)
     return found
 

@@ -29,10 +29,9 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
                 "while constructing a mapping", node.start_mark,
                 f"found duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})", key_node.start_mark)
         seen[key] = key_node
-    return loader.construct_mapping_base(node, deep=deep)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
-StrictLoader.construct_mapping_base = yaml.SafeLoader.construct_mapping
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
