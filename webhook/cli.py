@@ -31,6 +31,22 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# The one-line summary of each command in `gpugate --help`: written to fit, so none is cut off,
+# and shown without importing the command's module.
+SUMMARIES: dict[str, str] = {
+    "mutate": "Show a pod as the webhook would admit it.",
+    "validate": "Say whether a pod as written would be allowed.",
+    "policy": "Check and test a folder of GPUPolicy files.",
+    "serve": "Run the admission webhook over HTTPS.",
+    "admit": "Send a pod or review to a running webhook.",
+    "certs": "Make or renew the webhook's TLS certificate.",
+    "balance": "Label GPU nodes by load (the balancer).",
+    "stack": "Plan, upgrade and roll back the GPU stack in Git.",
+    "argocd": "Keep the Argo CD side of the stack consistent.",
+    "replay": "Replay a GPU cluster trace against policies.",
+}
+
+
 # Packages only one command needs, kept out of the base install (and the webhook image).
 OPTIONAL_EXTRAS: dict[str, str] = {"numpy": "replay", "matplotlib": "replay", "kubernetes_validate": "stack"}
 
@@ -40,6 +56,10 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, SUMMARIES[name]) for name in COMMANDS])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = COMMANDS.get(cmd_name)

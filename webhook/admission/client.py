@@ -39,17 +39,30 @@ def post_review(server: str, endpoint: str, review: Mapping[str, Any], *, ca: Pa
     url = urlsplit(server)
     if url.scheme != "https" or not url.hostname:
         raise InputError(f"--server must be an https:// URL, got {server!r}")
-    context = ssl.create_default_context(cafile=str(ca) if ca else None)
+    try:
+        context = ssl.create_default_context(cafile=str(ca) if ca else None)
+    except (ssl.SSLError, OSError) as err:
+        raise InputError(f"--ca {ca}: not a PEM CA certificate ({err})") from err
+    name = server_name or url.hostname
     connection = _PinnedHTTPSConnection(url.hostname, url.port or 443, context=context,
-                                        server_name=server_name or url.hostname, timeout=timeout)
+                                        server_name=name, timeout=timeout)
     path = url.path.rstrip("/") + "/" + endpoint
     try:
         connection.request("POST", path, body=json.dumps(review).encode(),
                            headers={"Content-Type": "application/json"})
         response = connection.getresponse()
         raw = response.read()
+    except ssl.SSLCertVerificationError as err:
+        if "hostname" in str(err).lower() or "ip address mismatch" in str(err).lower():
+            hint = (f"the certificate is not for {name!r}; pass --server-name with a name it is for "
+                    f"(the webhook's is <service>.<namespace>.svc)")
+        elif ca is None:
+            hint = "pass the server's CA with --ca"
+        else:
+            hint = f"the certificate is not signed by the CA in {ca}"
+        raise GpugateError(f"TLS with {server} failed: {err.verify_message or err}; {hint}") from err
     except ssl.SSLError as err:
-        raise GpugateError(f"TLS with {server} failed: {err}; pass the server's CA with --ca") from err
+        raise GpugateError(f"TLS with {server} failed: {err}") from err
     except OSError as err:
         raise GpugateError(f"cannot reach {server}: {err}") from err
     finally:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import urllib3.exceptions
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from kubernetes import client
@@ -267,6 +268,8 @@ def _read(call: Any, what: str) -> KubeObject | None:
         if err.status == 404:
             return None
         raise ClusterAPIError(f"cannot read {what}: {_api_message(err)}") from err
+    except (urllib3.exceptions.HTTPError, OSError) as err:
+        raise ClusterAPIError(_unreachable(f"read {what}", err)) from err
     return json.loads(response.data)
 
 
@@ -280,6 +283,14 @@ def _call(call: Any, what: str) -> Any:
         elif err.status == 403:
             hint = " (the ServiceAccount lacks the RBAC in manifests/webhook/components/builtin-tls)"
         raise ClusterAPIError(f"cannot {what}: {_api_message(err)}{hint}") from err
+    except (urllib3.exceptions.HTTPError, OSError) as err:
+        raise ClusterAPIError(_unreachable(what, err)) from err
+
+
+def _unreachable(what: str, err: Exception) -> str:
+    cause = getattr(err, "reason", None) or err
+    return (f"cannot {what}: the API server does not answer ({cause}); check --server or KUBECONFIG "
+            f"and that the cluster is up")
 
 
 def _api_message(err: ApiException) -> str:

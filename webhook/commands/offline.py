@@ -88,15 +88,15 @@ def validate(pod_file: Path, policy_dir: Path, namespace: str | None) -> None:
     click.echo(f"allowed (policy {verdict.policy or 'none'})")
 
 
-@click.group()
+@click.group(short_help="Check and test a folder of GPUPolicy files.")
 def policy() -> None:
     """Check and test a folder of GPUPolicy files before committing it."""
 
 
-@policy.command()
+@policy.command(short_help="Check every policy in a folder (default: policies).")
 @click.argument("policy_dir", type=click.Path(path_type=Path), default=DEFAULT_POLICIES)
 def check(policy_dir: Path) -> None:
-    """Exit 0 when every policy in POLICY_DIR is valid; else list every problem and exit 1."""
+    """Exit 0 when every policy in POLICY_DIR (default: policies) is valid; else list every problem, exit 1."""
     try:
         policies = loading.load_dir(policy_dir)
     except PolicyLoadError as err:
@@ -107,11 +107,15 @@ def check(policy_dir: Path) -> None:
     click.echo(f"{policy_dir}: {len(policies.policies)} policies valid, revision {policies.revision}")
 
 
-@policy.command("test")
+@policy.command("test", short_help="Run a folder's golden cases (default: policies).")
 @click.argument("policy_dir", type=click.Path(path_type=Path), default=DEFAULT_POLICIES)
-@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the results as JUnit XML to this file (its folder must exist).")
 def test_command(policy_dir: Path, junit: Path | None) -> None:
-    """Run the golden cases under POLICY_DIR/tests/ and exit 1 on any failure."""
+    """Run the golden cases under POLICY_DIR/tests/ (default: policies) and exit 1 on any failure."""
+    if junit is not None and not junit.parent.is_dir():
+        # Checked first: a report that cannot be written is an error before the cases run, not after.
+        raise click.BadParameter(f"folder {junit.parent} does not exist", param_hint="--junit")
     results = cases.run_all(policy_dir)
     if not results:
         click.echo(f"no test cases under {policy_dir / 'tests'} (each case is a folder with case.yaml)", err=True)

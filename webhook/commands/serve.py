@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 import jsonpatch
-import yaml
 
 from webhook.admission import client, reviews
 from webhook.certs import pki
 from webhook.errors import GpugateError, InputError
+from webhook.kube.documents import read_one
 
 DEFAULT_BIND = "127.0.0.1:8443"
 DEFAULT_STATE_DIR = Path(".gpugate")
@@ -172,12 +172,9 @@ def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, th
 # --- admit -------------------------------------------------------------------------------------
 
 def _read_document(path: Path) -> dict[str, Any]:
-    try:
-        document = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise InputError(f"cannot read {path}: {err}") from err
-    if not isinstance(document, dict) or document.get("kind") not in ("Pod", reviews.KIND):
-        raise InputError(f"{path} holds neither a Pod nor an AdmissionReview")
+    document = read_one(path)
+    if document.get("kind") not in ("Pod", reviews.KIND):
+        raise InputError(f"{path} holds neither a Pod nor an AdmissionReview (kind {document.get('kind')!r})")
     return document
 
 
@@ -188,7 +185,7 @@ def _read_document(path: Path) -> dict[str, Any]:
               help=f"CA certificate to verify the server (default: {DEFAULT_STATE_DIR}/ca.crt when present).")
 @click.option("--server-name", help="Verify the certificate for this name instead of the URL's host.")
 @click.option("--endpoint", type=click.Choice(["mutate", "validate", "both"]), default="both", show_default=True)
-@click.option("--namespace", help="Namespace of the request (default: the pod's, else 'default').")
+@click.option("--namespace", "-n", help="Namespace of the request (default: the pod's, else 'default').")
 @click.option("--dry-run", is_flag=True, help="Mark the review as a dry run.")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def admit(file: Path, server: str, ca: Path | None, server_name: str | None, endpoint: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -13,6 +14,16 @@ from webhook.kube.pods import Pod
 
 def read_pod(path: Path) -> Pod:
     """One Pod document (apiVersion v1, kind Pod); errors name the file and the YAML position."""
+    pod = read_one(path)
+    if pod.get("kind") != "Pod" or pod.get("apiVersion") != "v1":
+        raise InputError(f"{path}: expected apiVersion v1 and kind Pod, got "
+                         f"{pod.get('apiVersion')!r} {pod.get('kind')!r}")
+    _check_pod(path, pod)
+    return pod
+
+
+def read_one(path: Path) -> dict[str, Any]:
+    """The one YAML or JSON mapping in ``path``; errors name the file and what is wrong with it."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -26,13 +37,14 @@ def read_pod(path: Path) -> Pod:
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise InputError(f"{path}{where}: invalid YAML: {getattr(err, 'problem', None) or err}") from err
     if len(documents) != 1:
-        raise InputError(f"{path}: expected exactly one Pod document, found {len(documents)}")
-    pod = documents[0]
-    if not isinstance(pod, dict):
-        raise InputError(f"{path}: expected a Pod mapping, got {type(pod).__name__}")
-    if pod.get("kind") != "Pod" or pod.get("apiVersion") != "v1":
-        raise InputError(f"{path}: expected apiVersion v1 and kind Pod, got "
-                         f"{pod.get('apiVersion')!r} {pod.get('kind')!r}")
+        raise InputError(f"{path}: expected exactly one document, found {len(documents)}")
+    document = documents[0]
+    if not isinstance(document, dict):
+        raise InputError(f"{path}: expected a mapping, got {type(document).__name__}")
+    return document
+
+
+def _check_pod(path: Path, pod: dict[str, Any]) -> None:
     problems = []
     if not isinstance(pod.get("metadata", {}), dict):
         problems.append("metadata: expected a mapping")
@@ -49,4 +61,3 @@ def read_pod(path: Path) -> Pod:
                 problems.append(f"spec.containers[{i}].resources: expected a mapping")
     if problems:
         raise InputError(f"{path}: " + "; ".join(problems))
-    return pod

@@ -1,0 +1,100 @@
+"""What a new user hits first: every failure is a message that names the thing and the fix (issue 20).
+
+Each case was a traceback or a misleading message before; the CLI runs as a user runs it.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from webhook.cli import COMMANDS, SUMMARIES, main
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "webhook" / "examples" / "pod-training.yaml"
+
+
+def run(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(main, list(args), env=env)
+
+
+def no_traceback(result) -> None:
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+
+
+def command_lines(output: str) -> list[str]:
+    return output.split("Commands:", 1)[1].strip().splitlines()
+
+
+def test_every_summary_in_help_ends_where_it_should() -> None:
+    """click cuts a summary at ~45 characters with '...'; each one is written to fit instead."""
+    result = run("--help")
+    assert result.exit_code == 0
+    assert not [line for line in command_lines(result.output) if line.endswith("...")]
+    assert set(SUMMARIES) == set(COMMANDS)
+    assert all(text.endswith(".") and len(text) <= 60 for text in SUMMARIES.values())
+    policy = run("policy", "--help")
+    assert not [line for line in command_lines(policy.output) if line.endswith("...")]
+    assert "default: policies" in policy.output
+
+
+def test_admit_takes_dash_n_like_mutate() -> None:
+    assert "-n, --namespace" in run("admit", "--help").output
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_admit_with_a_ca_file_that_is_not_pem_says_so(tmp_path: Path) -> None:
+    bad = tmp_path / "ca.crt"
+    bad.write_text("not a certificate\n")
+    result = run("admit", str(EXAMPLE), "--server", f"https://127.0.0.1:{closed_port()}", "--ca", str(bad))
+    no_traceback(result)
+    assert result.exit_code == 1 and f"--ca {bad}: not a PEM CA certificate" in result.output
+
+
+def test_admit_on_a_binary_file_says_it_is_not_text(tmp_path: Path) -> None:
+    blob = tmp_path / "pod.bin"
+    blob.write_bytes(b"\xff\xfe\x00\x81binary")
+    result = run("admit", str(blob), "--server", f"https://127.0.0.1:{closed_port()}")
+    no_traceback(result)
+    assert result.exit_code == 1 and "not UTF-8 text" in result.output
+
+
+def test_admit_on_two_documents_says_how_many(tmp_path: Path) -> None:
+    two = tmp_path / "pods.yaml"
+    two.write_text(EXAMPLE.read_text() + "\n---\n" + EXAMPLE.read_text())
+    result = run("admit", str(two), "--server", f"https://127.0.0.1:{closed_port()}")
+    no_traceback(result)
+    assert result.exit_code == 1 and "expected exactly one document, found 2" in result.output
+
+
+def test_policy_test_checks_the_junit_folder_before_running_the_cases(tmp_path: Path) -> None:
+    result = run("policy", "test", str(REPO / "policies"), "--junit", str(tmp_path / "missing" / "out.xml"))
+    assert result.exit_code == 2 and "does not exist" in result.output and "PASS" not in result.output
+
+
+def test_policy_check_on_a_missing_folder_says_no_such_folder(tmp_path: Path) -> None:
+    result = run("policy", "check", str(tmp_path / "nope"))
+    assert result.exit_code == 1 and "no such folder" in result.output
+
+
+@pytest.mark.parametrize("args", [["certs", "--secret", "gpugate-system/tls", "--patch-webhooks", "gpugate-webhook"]])
+def test_cluster_commands_without_a_kubeconfig_say_how_to_point_at_a_cluster(tmp_path: Path, args) -> None:
+    env = {"KUBECONFIG": str(tmp_path / "absent"), "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": ""}
+    result = run(*args, env=env)
+    no_traceback(result)
+    assert result.exit_code == 1 and "no cluster to talk to" in result.output and "--server" in result.output
+
+
+def test_cluster_commands_against_a_server_that_does_not_answer_say_so() -> None:
+    result = run("certs", "--secret", "gpugate-system/tls", "--server", f"http://127.0.0.1:{closed_port()}")
+    no_traceback(result)
+    assert result.exit_code == 1 and "does not answer" in result.output
