@@ -354,3 +354,10 @@ class TestNodeRequirementsHoldInEveryTerm:
                                                      {"matchExpressions": [expr("zone", "In", "b")]}, {}))
         outcome = chain.admit(p, namespace=NS, policies=load(MEM40))
         assert outcome.allowed, outcome.reasons
+
+
+def test_a_gpus_label_too_large_to_be_a_count_is_called_too_large_not_malformed():
+    p = pod(container(), labels={names.GPUS_LABEL: "99999999999999999999", names.SKIP_LABEL: "true"})
+    result, _ = verdict(p, MAX4)
+    assert not result.allowed and "asks for more GPUs than any node has" in result.message
+    assert "not a whole number" not in result.message

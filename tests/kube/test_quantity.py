@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import pytest
 
+from webhook.kube import quantity
 from webhook.kube.quantity import QuantityError, bytes_, millicores, parse_quantity, whole_count
 
 
@@ -69,3 +70,11 @@ def test_absurd_quantities_are_refused_quickly(value: str) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(value)
     assert whole_count(value) is None
+
+
+@pytest.mark.parametrize(("value", "too_large"), [
+    ("99999999999999999999", True), ("1e999999", True), ("9" * 80, True),
+    ("12", False), ("1.5", False), ("abc", False), ("-3", False),
+])
+def test_out_of_range_tells_too_large_from_not_a_number(value: str, too_large: bool) -> None:
+    assert quantity.out_of_range(value) is too_large

@@ -18,7 +18,7 @@ from webhook.admission import affinity, patches
 from webhook.errors import InputError
 from webhook.kube import pods, resources
 from webhook.kube.inventory import EMPTY, Inventory
-from webhook.kube.quantity import QuantityError, parse_quantity, whole_count
+from webhook.kube.quantity import out_of_range, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
 
@@ -280,7 +280,7 @@ def requested_gpu_count(pod: Pod, policy: GPUPolicy, context: StepContext | None
     count = whole_count(label)
     if count is None:
         if context:
-            if _too_large(label):
+            if out_of_range(label):
                 context.deny(f"label {names.GPUS_LABEL}={label!r} asks for more GPUs than any node has "
                              f"(at most {MAX_GPUS_PER_POD} per pod)")
             else:
@@ -294,18 +294,6 @@ def requested_gpu_count(pod: Pod, policy: GPUPolicy, context: StepContext | None
             context.deny(f"label {names.GPUS_LABEL}={label!r} asks for {count} GPUs; {why}. Ask for {limit} or fewer")
         return None
     return count or None
-
-
-def _too_large(label: str) -> bool:
-    """A quantity that fails only for its size (e.g. twenty 9s): worth saying so, not 'not a number'."""
-    text = label.strip()
-    if text.isdigit():
-        return True
-    try:
-        parse_quantity(text)
-    except QuantityError as err:
-        return "out of range" in str(err)
-    return False
 
 
 def target_container(pod: Pod, context: StepContext | None = None) -> dict[str, Any] | None:

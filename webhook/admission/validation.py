@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from webhook import names
 from webhook.admission import affinity
 from webhook.kube import pods
-from webhook.kube.quantity import QuantityError, whole_count
+from webhook.kube.quantity import QuantityError, out_of_range, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
 
@@ -84,8 +84,12 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> li
     out: list[str] = []
     label = pods.labels(pod).get(names.GPUS_LABEL)
     if label not in (None, "") and whole_count(label) is None:
-        out.append(f"label {names.GPUS_LABEL}={label!r} is not a whole number of GPUs (policy {ref}); "
-                   f"write e.g. {names.GPUS_LABEL}: \"1\"")
+        if out_of_range(label):
+            out.append(f"label {names.GPUS_LABEL}={label!r} asks for more GPUs than any node has (policy {ref}); "
+                       f"write a count such as {names.GPUS_LABEL}: \"1\"")
+        else:
+            out.append(f"label {names.GPUS_LABEL}={label!r} is not a whole number of GPUs (policy {ref}); "
+                       f"write e.g. {names.GPUS_LABEL}: \"1\"")
     wanted = pods.annotations_of(pod).get(names.CONTAINER_ANNOTATION)
     if wanted and all(c.get("name") != wanted for c in pods.containers(pod)):
         out.append(f"annotation {names.CONTAINER_ANNOTATION}={wanted!r} names no regular container of pod "

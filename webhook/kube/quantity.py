@@ -55,6 +55,18 @@ def parse_quantity(value: object) -> Decimal:
     return quantity
 
 
+def out_of_range(value: object) -> bool:
+    """A value that fails only for its size (e.g. twenty 9s): worth saying "too large", not "not a number"."""
+    text = str(value).strip()
+    if text.isdigit():
+        return len(text) > MAX_EXPONENT + 1 or int(text) >= 2**63
+    try:
+        parse_quantity(text)
+    except QuantityError as err:
+        return "out of range" in str(err) or "longer than" in str(err)
+    return False
+
+
 def whole_count(value: object) -> int | None:
     """The whole number an extended-resource quantity stands for, or None if it is not one."""
     try:
