@@ -23,12 +23,12 @@ from webhook.commands.serve import run_gunicorn  # noqa: E402
 class NullCore:
     """Allows every pod unchanged: no policy matching, no patch."""
 
-    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: Any, inventory: Any) -> Any:
+    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: Any, inventory: Any, now: Any) -> Any:
         from webhook.admission.mutation import Mutation
 
         return Mutation(desired=pod, patch=(), policy=None)
 
-    def validate(self, pod: dict[str, Any], *, namespace: str, policies: Any) -> Any:
+    def validate(self, pod: dict[str, Any], *, namespace: str, policies: Any, inventory: Any, now: Any) -> Any:
         from webhook.admission.validation import Verdict
 
         return Verdict(allowed=True)

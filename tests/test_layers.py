@@ -26,7 +26,7 @@ LAYERS: dict[str, dict[str, str]] = {
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
                "loading": EDGE, "store": EDGE, "cases": EDGE},
     "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
-                  "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE,
+                  "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
                   "worker": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE, "client": EDGE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE},
     "balancer": {"__init__": CORE, "tiers": CORE, "state": CORE, "marks": CORE, "backoff": CORE,

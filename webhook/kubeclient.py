@@ -24,18 +24,22 @@ NO_CLUSTER = ("no cluster to talk to ({reason}): pass --server URL, run in a pod
               "or set KUBECONFIG")
 
 
-def api_client(server: str | None = None, *, token: str | None = None) -> client.ApiClient:
+def api_client(server: str | None = None, *, token: str | None = None,
+               ca_file: str | None = None) -> client.ApiClient:
     """Return an ApiClient for ``server`` if given, else in-cluster, else the kubeconfig.
 
     An explicit ``server`` is used as is, without credentials unless ``token`` is given:
-    that is what a test against a local fake API server needs. Raises GpugateError naming
-    the ways to point gpugate at a cluster when none is configured.
+    that is what a test against a local fake API server needs. ``ca_file`` is the CA bundle
+    that signed an https server's certificate (else the system's trust store). Raises
+    GpugateError naming the ways to point gpugate at a cluster when none is configured.
     """
     if server:
         configuration = client.Configuration()
         configuration.host = server.rstrip("/")
         if token:
             configuration.api_key = {"authorization": f"Bearer {token}"}
+        if ca_file:
+            configuration.ssl_ca_cert = ca_file
         if server.startswith("http://"):
             configuration.verify_ssl = False
         return client.ApiClient(configuration)

@@ -12,6 +12,9 @@ POLICY_KIND = "GPUPolicy"
 
 # Pod labels and annotations an ML engineer writes.
 GPUS_LABEL = "gpugate.io/gpus"
+# How much of a GPU the pod needs; a policy with `rightsizing` picks the smallest resource that gives it.
+GPU_MEMORY_LABEL = "gpugate.io/gpu-memory"
+GPU_FRACTION_LABEL = "gpugate.io/gpu-fraction"
 PROFILE_LABEL = "gpugate.io/profile"
 GROUP_LABEL = "gpugate.io/group"
 SKIP_LABEL = "gpugate.io/skip"
@@ -42,6 +45,7 @@ NVIDIA_REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 NVIDIA_SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"
 NVIDIA_CLIQUE_LABEL = "nvidia.com/gpu.clique"
 NVIDIA_MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+NVIDIA_MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 # Written by the GPU Operator's driver upgrade state machine and NVIDIADriver ownership.
 DRIVER_UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"

@@ -8,6 +8,7 @@ them judges a pod the webhook never sees.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import jsonpatch
@@ -42,11 +43,12 @@ class Admission:
         return self.mutation.warnings + (self.verdict.warnings if self.verdict is not None else ())
 
 
-def admit(pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY) -> Admission:
+def admit(pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
+          now: datetime | None = None) -> Admission:
     """Mutate ``pod``, apply the patch, validate the result: what the API server would store."""
-    mutated = mutation.mutate(pod, namespace=namespace, policies=policies, inventory=inventory)
+    mutated = mutation.mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
     if mutated.denials:
         return Admission(mutation=mutated, verdict=None, stored=None)
     stored = jsonpatch.apply_patch(pod, list(mutated.patch)) if mutated.patch else pod
-    verdict = validation.validate(stored, namespace=namespace, policies=policies)
+    verdict = validation.validate(stored, namespace=namespace, policies=policies, inventory=inventory, now=now)
     return Admission(mutation=mutated, verdict=verdict, stored=stored if verdict.allowed else None)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from webhook import names
-from webhook.admission import affinity, patches
+from webhook.admission import affinity, patches, rightsizing
 from webhook.errors import InputError
 from webhook.kube import pods, resources
 from webhook.kube.inventory import EMPTY, Inventory
@@ -73,6 +74,7 @@ class StepContext:
     ref: PolicyRef
     namespace: str
     inventory: Inventory = EMPTY
+    now: datetime | None = None
     warnings: list[str] = field(default_factory=list)
     denials: list[str] = field(default_factory=list)
 
@@ -86,12 +88,17 @@ class StepContext:
 Step = Callable[[Pod, StepContext], None]
 
 
-def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY) -> Mutation:
-    """The desired pod and patch under the policy that applies to ``pod`` in ``namespace``."""
+def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
+           now: datetime | None = None) -> Mutation:
+    """The desired pod and patch under the policy that applies to ``pod`` in ``namespace``.
+
+    ``inventory`` is what the cluster offers (the balancer's GPUInventory) and ``now`` the time to
+    judge its age by (None: taken as fresh); both only refine choices, never cause a denial.
+    """
     policy = matching.select(policies, pod, namespace=namespace)
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
-    desired, context = _shape(pod, policy, namespace, policies, inventory)
+    desired, context = _shape(pod, policy, namespace, policies, inventory, now)
     ref = context.ref
     policy = context.policy
     if policy.mode == "audit":
@@ -207,7 +214,7 @@ class PolicyLoopError(RuntimeError):
 
 
 def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
-           inventory: Inventory) -> tuple[Pod, StepContext]:
+           inventory: Inventory, now: datetime | None) -> tuple[Pod, StepContext]:
     """Run the steps, then again under whichever policy matches the shaped pod, until it is stable.
 
     A gpuOnly:false policy that injects a GPU can make a higher-priority gpuOnly policy match the
@@ -225,7 +232,7 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
         if given is not None:
             _carry_gpu_requests(given, desired)
         context = StepContext(policy=policy, ref=PolicyRef(policy.name, policies.revision), namespace=namespace,
-                              inventory=inventory)
+                              inventory=inventory, now=now)
         for step in STEPS:
             step(desired, context)
         # Selection reads the namespace, the labels (no step writes them) and whether the pod asks
@@ -404,9 +411,13 @@ def add_required_node_affinity(pod: Pod, context: StepContext) -> None:
     """
     if not pods.requested_gpu_resources(pod):
         return
-    wanted = affinity.required_expressions(context.policy)
-    if not wanted:
-        return
+    added = require(pod, affinity.required_expressions(context.policy), context)
+    if added:
+        context.note("required node affinity " + ", ".join(added))
+
+
+def require(pod: Pod, wanted: list[dict[str, Any]], context: StepContext) -> list[str]:
+    """AND ``wanted`` into the pod's required node affinity, term by term; what was added, described."""
     spec = pods.spec(pod)
     selector = spec.get("nodeSelector")
     node_selector = selector if isinstance(selector, dict) else {}
@@ -435,8 +446,40 @@ def add_required_node_affinity(pod: Pod, context: StepContext) -> None:
                              f"on {expression['key']} in node selector term {index + 1}")
             expressions.append(_copy(expression))
             added.append(f"{affinity.describe(expression)} in term {index + 1}")
-    if added:
-        context.note("required node affinity " + ", ".join(added))
+    return added
+
+
+def right_size(pod: Pod, context: StepContext) -> None:
+    """A pod that says how much GPU it needs gets the smallest rung of the policy's ladder that gives it."""
+    sizing = context.policy.rightsizing
+    if sizing is None:
+        return
+    try:
+        ask = rightsizing.ask_of(pod)
+    except rightsizing.AskError as err:
+        context.note(f"{err}; not right-sized")
+        return
+    if ask is None:
+        return
+    own = set().union(*(pods.gpu_resources(c) for c in pods.long_running_containers(pod)))
+    if own:
+        return  # the pod (or a previous pass) chose its GPU; validation judges it against the ladder
+    if names.GPUS_LABEL in pods.labels(pod):
+        context.note(f"{names.GPUS_LABEL} is given: {ask.describe()} is not right-sized")
+        return
+    choice = rightsizing.choose(ask, sizing, context.inventory, context.now)
+    if isinstance(choice, str):
+        context.deny(f"pod '{pods.display_name(pod)}' {choice}")
+        return
+    container = target_container(pod, context)
+    if container is None:
+        return
+    _resources(container, "requests")[choice.resource] = "1"
+    _resources(container, "limits")[choice.resource] = "1"
+    require(pod, list(choice.expressions), context)
+    form = f" ({choice.rung.name})" if choice.resource != choice.rung.name else ""
+    context.note(f"right-sized {ask.describe()} to {choice.resource}: 1{form} on container "
+                 f"'{container.get('name')}': {choice.why}")
 
 
 def _copy(expression: dict[str, Any]) -> dict[str, Any]:
@@ -569,6 +612,7 @@ def annotate_policy(pod: Pod, context: StepContext) -> None:
 
 
 STEPS: tuple[Step, ...] = (
+    right_size,
     inject_gpu_requests,
     add_tolerations,
     add_required_node_affinity,

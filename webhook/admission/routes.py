@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,9 +85,11 @@ class ServerSettings:
 class Core(Protocol):
     """The policy core the routes call: ``mutation.mutate`` and ``validation.validate``."""
 
-    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory) -> Any: ...
+    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory,
+               now: datetime) -> Any: ...
 
-    def validate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any: ...
+    def validate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory,
+                 now: datetime) -> Any: ...
 
 
 class PolicyCore:
@@ -97,11 +100,13 @@ class PolicyCore:
 
         self._mutate, self._validate = mutation.mutate, validation.validate
 
-    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory) -> Any:
-        return self._mutate(pod, namespace=namespace, policies=policies, inventory=inventory)
+    def mutate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory,
+               now: datetime) -> Any:
+        return self._mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
 
-    def validate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet) -> Any:
-        return self._validate(pod, namespace=namespace, policies=policies)
+    def validate(self, pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory,
+                 now: datetime) -> Any:
+        return self._validate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
 
 
 @dataclass(frozen=True)
@@ -274,7 +279,8 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
 
 
 def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet) -> _Outcome:
-    result = st.core.mutate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current())
+    result = st.core.mutate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
+                            now=datetime.now(UTC))
     policy = str(result.policy) if result.policy else ""
     if getattr(result, "denials", ()):
         # An ask no node can hold (e.g. gpus: "1k"): refused here rather than written into the pod.
@@ -301,7 +307,8 @@ def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Pol
 
 
 def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet) -> _Outcome:
-    verdict = st.core.validate(pod, namespace=namespace, policies=policies)
+    verdict = st.core.validate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
+                               now=datetime.now(UTC))
     policy = str(verdict.policy) if verdict.policy else ""
     audit = _audit(policy, policies.revision)
     if verdict.allowed:

@@ -7,10 +7,12 @@ reason names the container, the resource, the policy and what to do instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from webhook import names
-from webhook.admission import affinity
+from webhook.admission import affinity, rightsizing
 from webhook.kube import pods
+from webhook.kube.inventory import EMPTY, Inventory
 from webhook.kube.quantity import QuantityError, out_of_range, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
@@ -30,7 +32,8 @@ class Verdict:
         return "; ".join(self.reasons)
 
 
-def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet) -> Verdict:
+def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
+             now: datetime | None = None) -> Verdict:
     """Deny rules and the selected policy's limits bind every pod: the opt-out label skips shaping,
     never the rules (a label a pod author writes must not unlock GPUs). Audit turns a policy's
     denials into warnings without hiding another policy's enforced deny."""
@@ -38,7 +41,7 @@ def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet) -> Verdict:
     policy = matching.select(policies, pod, namespace=namespace, honor_skip=False)
     ref = PolicyRef(policy.name, policies.revision) if policy else None
     if policy is not None:
-        own = _policy_rules(pod, policy, ref)
+        own = _policy_rules(pod, policy, ref) + _rightsizing_rules(pod, policy, ref, inventory, now)
         if policy.mode == "audit":
             warnings += [f"audit: would deny: {r}" for r in own]
         else:
@@ -127,6 +130,47 @@ def _node_requirement_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | N
     return out
 
 
+def allowed_resources(policy: GPUPolicy) -> frozenset[str]:
+    """The policy's resource, its allowedResources, and every resource its right-sizing ladder gives."""
+    if policy.rightsizing is None:
+        return policy.gpu.allowed
+    return policy.gpu.allowed | rightsizing.resources_of(policy.rightsizing)
+
+
+def _rightsizing_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, inventory: Inventory,
+                       now: datetime | None) -> list[str]:
+    """A right-sizing ask is judged by the same ladder as mutation uses, whoever chose the resource."""
+    try:
+        ask = rightsizing.ask_of(pod)
+    except rightsizing.AskError as err:
+        return [f"{err} (policy {ref})"]
+    sizing = policy.rightsizing
+    if ask is None or sizing is None:
+        return []
+    if not any(rightsizing.fits(rung, ask) for rung in sizing.ladder):
+        choice = rightsizing.choose(ask, sizing, inventory, now)
+        return [f"pod '{pods.display_name(pod)}' {choice} (policy {ref})"] if isinstance(choice, str) else []
+    out = []
+    for container in pods.long_running_containers(pod):
+        for resource in sorted(pods.gpu_resources(container)):
+            rung = rightsizing.rung_of(resource, sizing)
+            if rung is None:
+                continue  # nvidia.com/gpu as a single-strategy slice, or not a ladder resource (judged above)
+            where = f"container '{container.get('name')}' asks {resource}"
+            if not rightsizing.fits(rung, ask):
+                out.append(f"{where}, which gives less than {ask.describe()} (policy {ref}); drop the resource "
+                           f"and let gpugate choose, or ask for a larger one")
+                continue
+            if not inventory.fresh(now, sizing.max_inventory_age_seconds):
+                continue  # without a fresh inventory a larger rung is never refused
+            for smaller in sizing.ladder[:sizing.ladder.index(rung)]:
+                if rightsizing.fits(smaller, ask) and rightsizing.offered_form(smaller, ask, inventory):
+                    out.append(f"{where} for {ask.describe()}, but {smaller.name} also fits and is free now "
+                               f"(policy {ref}); ask for it, or drop the resource and let gpugate choose")
+                    break
+    return out
+
+
 def pod_total(pod: pods.Pod, resource: str) -> int:
     """What the pod holds of ``resource`` on its node: Kubernetes' effective request, as the balancer
     and the replay count it (0 when a quantity is not a whole number: the container rules say so)."""
@@ -143,8 +187,8 @@ def _container_rules(kind: str, name: object, container: pods.Container, resourc
     requests = pods.resource_section(container, "requests").get(resource)
     limits = pods.resource_section(container, "limits").get(resource)
     count = pods.gpu_count(container, resource)
-    if resource not in policy.gpu.allowed:
-        allowed = ", ".join(sorted(policy.gpu.allowed))
+    if resource not in allowed_resources(policy):
+        allowed = ", ".join(sorted(allowed_resources(policy)))
         out.append(f"{where} asks {resource}, which policy {ref} does not allow; ask for {allowed} instead, "
                    f"or use a profile whose policy offers {resource}")
         return out

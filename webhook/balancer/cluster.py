@@ -1,8 +1,9 @@
 """The balancer's kubernetes-client edge: list-then-watch informers and the node patch.
 
-Responses are read as raw JSON (``_preload_content=False``) and reduced at once to the small
-records of ``state``: building the client's model objects for 150,000 pods would cost minutes
-and gigabytes, and their ``to_dict()`` snake_case keys are not Kubernetes JSON anyway.
+Responses are read as raw JSON (``_preload_content=False``), decoded with orjson (3 to 5 times
+faster than ``json`` on 10 to 50 KB objects) and reduced at once to the small records of
+``state``: building the client's model objects for 150,000 pods would cost minutes and
+gigabytes, and their ``to_dict()`` snake_case keys are not Kubernetes JSON anyway.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -79,17 +81,23 @@ def retry_after(err: BaseException) -> float | None:
 
 
 def iter_lines(response: Any) -> Iterator[bytes]:
-    """Complete newline-terminated lines of a chunked watch response, as they arrive."""
+    """Complete newline-terminated lines of a chunked watch response, as they arrive.
+
+    Copies each byte as few times as it can (a streamed list of 150,000 pods is over a gigabyte):
+    no join unless a line spans chunks, no ``strip()`` copy to skip blank lines.
+    """
     rest = b""
     for chunk in response.stream(None, decode_content=False):
         if not chunk:
             continue
-        lines = (rest + chunk).split(b"\n")
+        if rest:
+            chunk = rest + chunk
+        lines = chunk.split(b"\n")
         rest = lines.pop()
         for line in lines:
-            if line.strip():
+            if line and not line.isspace():
                 yield line
-    if rest.strip():
+    if rest and not rest.isspace():
         yield rest
 
 
@@ -198,7 +206,7 @@ class Informer(Generic[V]):
             if token:
                 kwargs["_continue"] = token
             response = self._list_call(**kwargs)
-            page = json.loads(response.data)
+            page = orjson.loads(response.data)
             for obj in page.get("items") or ():
                 key, value = self._reduce(obj)
                 items[key] = value
@@ -235,7 +243,7 @@ class Informer(Generic[V]):
                         self.skipped += 1
                         self._on_skip()
                     continue
-                event = json.loads(line)
+                event = orjson.loads(line)
                 etype = event.get("type")
                 obj = event.get("object") or {}
                 meta = obj.get("metadata") or {}

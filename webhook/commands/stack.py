@@ -63,12 +63,30 @@ def _change_options(func: Any) -> Any:
                      help="The cluster's Kubernetes minor, 1.NN (default: stack.yaml)."),
         click.option("--allow-unvalidated-driver", is_flag=True,
                      help="Accept a driver outside the target's validated branches (warned)."),
+        click.option("--allow-unlisted-driver", is_flag=True,
+                     help="Accept a driver version not in the list of published driver images (said in the commit)."),
         click.option("--driver-management", type=_MODES, default=None,
                      help="Move the driver to NVIDIADriver CRs per pool, or back to the ClusterPolicy."),
     ]
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def _chart_options(func: Any) -> Any:
+    """How the real chart is rendered before a commit (the check is skipped, and says so, without helm)."""
+    func = click.option("--skip-chart-render", is_flag=True,
+                        help="Do not render the chart (e.g. offline); the commit says it was not checked.")(func)
+    func = click.option("--chart-repo", default=None,
+                        help="Helm repository to render the chart from (default: $GPUGATE_CHART_REPO, else "
+                             "chartRepoURL in argocd/site/site.yaml).")(func)
+    return click.option("--helm", "helm", default=None,
+                        help="helm binary for the chart render (default: $GPUGATE_HELM, else helm on PATH).")(func)
+
+
+def _unlisted_option(func: Any) -> Any:
+    return click.option("--allow-unlisted-driver", is_flag=True,
+                        help="Accept a driver version not in the list of published driver images.")(func)
 
 
 def _cluster_option(func: Any) -> Any:
@@ -85,9 +103,11 @@ def _lister(kube: bool, server: str | None) -> Any:
 
 
 def _request(operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-             allow_unvalidated_driver: bool, driver_management: str | None) -> planning.Request:
+             allow_unvalidated_driver: bool, allow_unlisted_driver: bool,
+             driver_management: str | None) -> planning.Request:
     return planning.Request(operator=operator, driver=driver, pool=pool, kubernetes=kubernetes,
-                            allow_unvalidated_driver=allow_unvalidated_driver, driver_management=driver_management)
+                            allow_unvalidated_driver=allow_unvalidated_driver,
+                            allow_unlisted_driver=allow_unlisted_driver, driver_management=driver_management)
 
 
 def _root(path: Path) -> Path:
@@ -122,15 +142,19 @@ def status_command(repo: Path, kube: bool, server: str | None, output: str) -> N
     result = stack_status.status(repo, kube=kube or server is not None, server=server)
     if output == "json":
         click.echo(json.dumps(result, indent=2))
-        return
-    click.echo(render_status(result))
+    else:
+        click.echo(render_status(result))
+    # A failed node upgrade is visible nowhere in Argo CD (no condition says it): a script gating a
+    # promotion on `status --kube` must not read it as success.
+    if (result.get("cluster") or {}).get("upgradeFailed"):
+        raise click.exceptions.Exit(1)
 
 
 def render_status(result: dict[str, Any]) -> str:
     git = result["git"]
+    repository = git["operator"]["repository"] or "no argocd/site/site.yaml"
     lines = [f"Git ({git['stackFile']}{' @ ' + git['head'][:12] if git.get('head') else ''}):",
-             f"  operator           {git['operator']['chart']} {git['operator']['version']} "
-             f"({git['operator']['repository']})",
+             f"  operator           {git['operator']['chart']} {git['operator']['version']} ({repository})",
              f"  kubernetes         {git['kubernetesVersion']}",
              f"  driver management  {git['driverManagement']}",
              "  pools:"]
@@ -141,6 +165,11 @@ def render_status(result: dict[str, Any]) -> str:
         mig = ", MIG + full GPUs" if pool["migAndFullGPUs"] else ""
         lines.append(f"    {pool['name']:<12} driver {pool['driver']:<12} ({cr}{where}, {pool['driverType']}"
                      f"{', precompiled' if pool['usePrecompiled'] else ''}{mig})")
+        if pool.get("newerDrivers"):
+            lines.append(f"    {'':<12} newer published in its branch: {', '.join(pool['newerDrivers'])}")
+    if git["operator"].get("newerPatches"):
+        lines.append(f"  newer patch releases of {git['operator']['version']}'s line: "
+                     f"{', '.join(git['operator']['newerPatches'])}")
     overrides = ", ".join(f"{k}={v}" for k, v in git["components"].items()) or "none"
     lines.append(f"  overridden components: {overrides}")
     if git["outOfStep"]:
@@ -167,6 +196,14 @@ def render_status(result: dict[str, Any]) -> str:
             states = ", ".join(f"{k}={v}" for k, v in pool["upgradeStates"].items()) or "no nodes"
             cr = f" (NVIDIADriver {pool['nvidiaDriver']})" if pool["nvidiaDriver"] else ""
             lines.append(f"    {pool['name']:<12} {states}{cr}")
+        for pool in cluster["pools"]:
+            if pool.get("upgradeFailed"):
+                first = pool["upgradeFailed"][0]
+                lines.append(f"  DRIVER UPGRADE FAILED on pool {pool['name']}: {', '.join(pool['upgradeFailed'])}. "
+                             f"Argo CD shows no error for this (the operator sets no condition) and the operator "
+                             f"does not retry by itself. Fix the cause (driver pod logs), then retry: "
+                             f"kubectl label node {first} {stack_status.DRIVER_UPGRADE_STATE_LABEL}=upgrade-required "
+                             f"--overwrite")
     return "\n".join(lines)
 
 
@@ -182,6 +219,11 @@ def render_plan(data: dict[str, Any]) -> str:
     if data["warnings"]:
         lines.append("warnings:")
         lines += [f"  {w}" for w in data["warnings"]]
+    if data.get("reverts"):
+        lines.append(f"rolls back: {data['reverts']}")
+    if data.get("cannotUndo"):
+        lines.append("cannot undo:")
+        lines += [f"  {line}" for line in data["cannotUndo"]]
     lines.append(f"commits ({len(data['commits'])}):")
     for index, commit in enumerate(data["commits"], start=1):
         marker = "this run" if commit["made_by_this_run"] else "a later run"
@@ -206,18 +248,22 @@ def _emit_plan(prepared: stack_upgrade.Prepared, output: str, extra: dict[str, A
 @stack.command("plan")
 @_change_options
 @_cluster_option
+@_chart_options
 @_repo_option
 @_schemas_option
 @_output_option
 @click.pass_context
 def plan_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-                 allow_unvalidated_driver: bool, driver_management: str | None, kube: bool, server: str | None,
+                 allow_unvalidated_driver: bool, allow_unlisted_driver: bool, driver_management: str | None,
+                 kube: bool, server: str | None, helm: str | None, chart_repo: str | None, skip_chart_render: bool,
                  repo: Path, schemas: Path | None, output: str) -> None:
     """Print every check (pass/fail and why) and the commits an upgrade would make; exit 1 if any fails."""
     root = _root(repo)
-    request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, driver_management)
+    request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, allow_unlisted_driver,
+                       driver_management)
+    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
     prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=_schema_root(root, schemas),
-                                             cluster_policies=_lister(kube, server))
+                                             cluster_policies=_lister(kube, server), chart=chart)
     _emit_plan(prepared, output)
     ctx.exit(0 if prepared.ok else 1)
 
@@ -241,20 +287,24 @@ def _commit(ctx: click.Context, root: Path, prepared: stack_upgrade.Prepared, ou
 @stack.command("upgrade")
 @_change_options
 @_cluster_option
+@_chart_options
 @_repo_option
 @_schemas_option
 @_output_option
 @click.pass_context
 def upgrade_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-                    allow_unvalidated_driver: bool, driver_management: str | None, kube: bool, server: str | None,
-                    repo: Path, schemas: Path | None, output: str) -> None:
-    """Check, edit stack.yaml and every derived file, re-validate, and make one commit."""
+                    allow_unvalidated_driver: bool, allow_unlisted_driver: bool, driver_management: str | None,
+                    kube: bool, server: str | None, helm: str | None, chart_repo: str | None,
+                    skip_chart_render: bool, repo: Path, schemas: Path | None, output: str) -> None:
+    """Check, edit stack.yaml and every derived file, render the chart, re-validate, and make one commit."""
     root = _root(repo)
     Repo(root).require_clean(stack_upgrade.STACK_PATHS)
     schema_root = _schema_root(root, schemas)
-    request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, driver_management)
+    request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, allow_unlisted_driver,
+                       driver_management)
+    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
     prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=schema_root,
-                                             cluster_policies=_lister(kube, server))
+                                             cluster_policies=_lister(kube, server), chart=chart)
     _commit(ctx, root, prepared, output, schema_root)
 
 
@@ -262,37 +312,47 @@ def upgrade_command(ctx: click.Context, operator: str, driver: str | None, pool:
 @click.option("--from", "source", required=True, help="The pool whose driver is carried over (e.g. canary).")
 @click.option("--to", "to", required=True, help="A pool name, or all for every other pool.")
 @click.option("--allow-unvalidated-driver", is_flag=True, help="Accept a driver outside the validated branches.")
+@_unlisted_option
+@_chart_options
 @_repo_option
 @_schemas_option
 @_output_option
 @click.pass_context
-def promote_command(ctx: click.Context, source: str, to: str, allow_unvalidated_driver: bool, repo: Path,
-                    schemas: Path | None, output: str) -> None:
+def promote_command(ctx: click.Context, source: str, to: str, allow_unvalidated_driver: bool,
+                    allow_unlisted_driver: bool, helm: str | None, chart_repo: str | None, skip_chart_render: bool,
+                    repo: Path, schemas: Path | None, output: str) -> None:
     """Carry the canary pool's driver to another pool (or all) in one commit."""
     root = _root(repo)
     Repo(root).require_clean(stack_upgrade.STACK_PATHS)
     schema_root = _schema_root(root, schemas)
+    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
     prepared = stack_upgrade.prepare_promote(root, source=source, to=to,
-                                             allow_unvalidated_driver=allow_unvalidated_driver, schema_root=schema_root)
+                                             allow_unvalidated_driver=allow_unvalidated_driver, schema_root=schema_root,
+                                             allow_unlisted_driver=allow_unlisted_driver, chart=chart)
     _commit(ctx, root, prepared, output, schema_root)
 
 
 @stack.command("sync")
 @click.option("--check", "check_only", is_flag=True, help="Only print the checks and the commit; write nothing.")
 @click.option("--allow-unvalidated-driver", is_flag=True, help="Accept a driver outside the validated branches.")
+@_unlisted_option
+@_chart_options
 @_repo_option
 @_schemas_option
 @_output_option
 @click.pass_context
-def sync_command(ctx: click.Context, check_only: bool, allow_unvalidated_driver: bool, repo: Path,
+def sync_command(ctx: click.Context, check_only: bool, allow_unvalidated_driver: bool, allow_unlisted_driver: bool,
+                 helm: str | None, chart_repo: str | None, skip_chart_render: bool, repo: Path,
                  schemas: Path | None, output: str) -> None:
-    """Commit a hand edit of stack.yaml (e.g. a pool's upgradePolicy) with every derived file, after the checks."""
+    """Commit a hand edit of stack.yaml (a pool's upgradePolicy, a new pool) and its derived files, after the checks."""
     root = _root(repo)
     git_repo = Repo(root)
     git_repo.require_clean(stack_upgrade.STACK_PATHS, allow=(manifests.STACK_FILE,))
     schema_root = _schema_root(root, schemas)
+    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
     prepared = stack_upgrade.prepare_sync(git_repo, allow_unvalidated_driver=allow_unvalidated_driver,
-                                          schema_root=schema_root)
+                                          schema_root=schema_root, allow_unlisted_driver=allow_unlisted_driver,
+                                          chart=chart)
     if check_only:
         _emit_plan(prepared, output)
         ctx.exit(0 if prepared.ok else 1)
@@ -300,17 +360,35 @@ def sync_command(ctx: click.Context, check_only: bool, allow_unvalidated_driver:
 
 
 @stack.command("rollback")
+@click.option("--check", "check_only", is_flag=True, help="Only print the checks and what cannot be undone.")
+@click.option("--allow-operator-downgrade", is_flag=True,
+              help="Accept a rollback that lowers the GPU Operator (and, through Argo CD, its CRDs).")
+@click.option("--allow-unvalidated-driver", is_flag=True, help="Accept a driver outside the validated branches.")
+@_unlisted_option
+@_chart_options
 @_repo_option
+@_schemas_option
 @_output_option
-def rollback_command(repo: Path, output: str) -> None:
-    """git revert the newest stack commit (never rewrites history); a rollback of a rollback restores."""
-    result = stack_upgrade.rollback(Repo(_root(repo)))
-    if output == "json":
-        click.echo(json.dumps({"reverted": result.reverted_sha, "subject": result.reverted_subject,
-                               "action": result.reverted_action, "commit": result.new_sha,
-                               "changes": list(result.changes)}, indent=2))
-        return
-    click.echo(f"reverted {result.reverted_sha[:12]} [{result.reverted_action}] {result.reverted_subject}")
-    for line in result.changes:
-        click.echo(f"  {line}")
-    click.echo(f"committed {result.new_sha[:12]}")
+@click.pass_context
+def rollback_command(ctx: click.Context, check_only: bool, allow_operator_downgrade: bool,
+                     allow_unvalidated_driver: bool, allow_unlisted_driver: bool, helm: str | None,
+                     chart_repo: str | None, skip_chart_render: bool, repo: Path, schemas: Path | None,
+                     output: str) -> None:
+    """Step back one stack commit: the newest not yet rolled back, with the upgrade checks; says what it cannot undo.
+
+    A second rollback steps further back (it never re-applies what the first removed); to go
+    forward again, run `gpugate stack upgrade`.
+    """
+    root = _root(repo)
+    git_repo = Repo(root)
+    git_repo.require_clean(stack_upgrade.STACK_PATHS)
+    schema_root = _schema_root(root, schemas)
+    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
+    prepared = stack_upgrade.prepare_rollback(git_repo, allow_operator_downgrade=allow_operator_downgrade,
+                                              allow_unvalidated_driver=allow_unvalidated_driver,
+                                              allow_unlisted_driver=allow_unlisted_driver, schema_root=schema_root,
+                                              chart=chart)
+    if check_only:
+        _emit_plan(prepared, output)
+        ctx.exit(0 if prepared.ok else 1)
+    _commit(ctx, root, prepared, output, schema_root)

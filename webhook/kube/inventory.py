@@ -22,11 +22,33 @@ class InventoryError(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Offer:
+    """What the cluster's nodes offer of one GPU resource for one GPU product, summed over nodes."""
+
+    resource: str
+    product: str = ""
+    """``nvidia.com/gpu.product`` of the nodes (with ``-MIG-<profile>`` under the single MIG strategy)."""
+    memory_mib: int | None = None
+    """Memory of one unit (``nvidia.com/gpu.memory``, or ``nvidia.com/mig-<profile>.memory``)."""
+    allocatable: int = 0
+    free: int = 0
+    """Allocatable minus what bound, unfinished pods request."""
+    nodes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Inventory:
     default_priority_class: str | None = None
     """The PriorityClass marked ``globalDefault``: the API server's Priority plugin writes its name
     into every pod that names none, before any webhook runs, so a pod carrying it did not choose it."""
     generated_at: datetime | None = None
+    offers: tuple[Offer, ...] = ()
+
+    def fresh(self, now: datetime | None, max_age_seconds: float) -> bool:
+        """Recent enough to steer by: written, and (when the caller has a clock) not older than the bound."""
+        if self.generated_at is None:
+            return False
+        return now is None or (now - self.generated_at).total_seconds() <= max_age_seconds
 
 
 EMPTY = Inventory()
@@ -51,4 +73,24 @@ def parse(data: bytes | str) -> Inventory:
         when = datetime.fromisoformat(generated.replace("Z", "+00:00")) if isinstance(generated, str) else None
     except ValueError as err:
         raise InventoryError(f"generatedAt: {err}") from err
-    return Inventory(default_priority_class=default or None, generated_at=when)
+    return Inventory(default_priority_class=default or None, generated_at=when, offers=_offers(document))
+
+
+def _offers(document: dict[str, Any]) -> tuple[Offer, ...]:
+    raw = document.get("offers") or []
+    if not isinstance(raw, list):
+        raise InventoryError("offers: expected a list")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or not isinstance(item.get("resource"), str):
+            raise InventoryError(f"offers[{i}]: expected an object with a resource")
+        numbers = {}
+        for key in ("allocatable", "free", "nodes", "memoryMiB"):
+            value = item.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise InventoryError(f"offers[{i}].{key}: expected a whole number >= 0")
+            numbers[key] = value
+        out.append(Offer(resource=item["resource"], product=str(item.get("product") or ""),
+                         memory_mib=numbers["memoryMiB"], allocatable=numbers["allocatable"] or 0,
+                         free=numbers["free"] or 0, nodes=numbers["nodes"] or 0))
+    return tuple(out)

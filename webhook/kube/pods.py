@@ -189,10 +189,14 @@ def gpu_requests(pod: Pod) -> dict[str, int]:
 
 
 def asks_for_gpus(pod: Pod) -> bool:
-    """True for a pod gpuOnly policies apply to: it requests a GPU resource or carries the gpus label."""
+    """True for a pod gpuOnly policies apply to: it requests a GPU resource, or asks with a gpugate label
+    (a GPU count, or GPU memory or a GPU fraction to be right-sized)."""
     if requested_gpu_resources(pod):
         return True
-    label = labels(pod).get(names.GPUS_LABEL)
+    pod_labels = labels(pod)
+    if pod_labels.get(names.GPU_MEMORY_LABEL) or pod_labels.get(names.GPU_FRACTION_LABEL):
+        return True
+    label = pod_labels.get(names.GPUS_LABEL)
     return label is not None and whole_count(label) != 0  # "0" asks for none; a bad value is judged
 
 

@@ -97,6 +97,33 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
+class Rung:
+    """One step of a right-sizing ladder: a GPU resource and what one unit of it gives."""
+
+    name: str
+    """How messages name it: the MIG profile ("2g.20gb") or the resource."""
+    memory_bytes: int
+    compute: float
+    """Share of a whole GPU's compute, (0, 1]."""
+    resource: str | None = None
+    """The resource asked, for a plain rung (nvidia.com/gpu.shared, nvidia.com/gpu)."""
+    mig: str | None = None
+    """The MIG profile for a MIG rung; asked as nvidia.com/mig-<profile> (mixed strategy) or as
+    nvidia.com/gpu on nodes whose slices are that size (single strategy)."""
+
+
+MigStrategy = Literal["single", "mixed"]
+
+
+@dataclass(frozen=True, slots=True)
+class RightSizing:
+    ladder: tuple[Rung, ...]
+    mig_strategy: MigStrategy = "single"
+    """How MIG slices are advertised when the inventory does not say (the GPU Operator's default)."""
+    max_inventory_age_seconds: int = 300
+
+
+@dataclass(frozen=True, slots=True)
 class DenyRule:
     message: str
     namespaces: tuple[str, ...] = ("*",)
@@ -118,6 +145,7 @@ class GPUPolicy:
     scheduler_name: str | None = None
     placement: Placement = field(default_factory=Placement)
     deny: tuple[DenyRule, ...] = ()
+    rightsizing: RightSizing | None = None
 
 
 @dataclass(frozen=True, slots=True)

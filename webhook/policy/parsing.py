@@ -19,6 +19,7 @@ import yaml
 from webhook import names
 from webhook.errors import PolicyLoadError
 from webhook.kube import yamlload
+from webhook.kube.quantity import QuantityError, bytes_
 from webhook.policy import overlap
 from webhook.policy.model import (
     DenyRule,
@@ -28,6 +29,8 @@ from webhook.policy.model import (
     Match,
     Placement,
     PolicySet,
+    RightSizing,
+    Rung,
     SelectorRequirement,
     Toleration,
     Topology,
@@ -136,6 +139,10 @@ def _build(document: SourceDocument, problems: list[str]) -> GPUPolicy | None:
             problems.append(f"{document.where}, {_field_path(error.absolute_path)}: {_describe(error)}")
         return None
     spec = body.get("spec", {})
+    quantity_problems = _rung_quantity_problems(spec)
+    if quantity_problems:
+        problems.extend(f"{document.where}, {problem}" for problem in quantity_problems)
+        return None
     policy = _from_spec(body["metadata"]["name"], document.where, spec)
     problems.extend(f"{document.where}, {problem}" for problem in _semantic_problems(policy))
     return policy
@@ -191,6 +198,18 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return error.message
 
 
+def _rung_quantity_problems(spec: dict[str, Any]) -> list[str]:
+    out = []
+    for i, rung in enumerate((spec.get("rightsizing") or {}).get("ladder") or ()):
+        if "memory" in rung:
+            try:
+                if bytes_(rung["memory"]) <= 0:
+                    out.append(f"spec.rightsizing.ladder[{i}].memory: must be more than 0")
+            except QuantityError as err:
+                out.append(f"spec.rightsizing.ladder[{i}].memory: {err}")
+    return out
+
+
 def _semantic_problems(policy: GPUPolicy) -> list[str]:
     """Rules the schema cannot say, chiefly those the API server would enforce on every shaped pod."""
     problems = []
@@ -206,6 +225,16 @@ def _semantic_problems(policy: GPUPolicy) -> list[str]:
                 problems.append(f"{where}: a toleration without a key needs operator Exists")
             if toleration.toleration_seconds is not None and toleration.effect != "NoExecute":
                 problems.append(f"{where}: tolerationSeconds needs effect NoExecute")
+    if policy.rightsizing is not None:
+        seen: set[str] = set()
+        for i, rung in enumerate(policy.rightsizing.ladder):
+            key = rung.mig or rung.resource or ""
+            if key in seen:
+                problems.append(f"spec.rightsizing.ladder[{i}]: {key} is on the ladder twice")
+            seen.add(key)
+            if rung.mig and rung.compute > 1:
+                problems.append(f"spec.rightsizing.ladder[{i}]: MIG profile {rung.mig} has more than 7 compute "
+                                f"slices; give compute explicitly")
     return problems
 
 
@@ -271,4 +300,23 @@ def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
                      pod_selector=_selector(d.get("podSelector")))
             for d in spec.get("deny") or ()
         ),
+        rightsizing=_rightsizing(spec.get("rightsizing")),
     )
+
+
+def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
+    """The ladder, with each rung's memory in bytes (the schema and _semantic_problems vouched for it)."""
+    if raw is None:
+        return None
+    rungs = []
+    for item in raw["ladder"]:
+        if "mig" in item:
+            compute_slices, memory_gb = (int(part.rstrip("gb")) for part in item["mig"].split("g.", 1))
+            memory = bytes_(item["memory"]) if "memory" in item else memory_gb * 10**9
+            rungs.append(Rung(name=item["mig"], mig=item["mig"], memory_bytes=memory,
+                              compute=float(item.get("compute", min(compute_slices / 7, 1.0)))))
+        else:
+            rungs.append(Rung(name=item["resource"], resource=item["resource"], memory_bytes=bytes_(item["memory"]),
+                              compute=float(item.get("compute", 1.0))))
+    return RightSizing(ladder=tuple(rungs), mig_strategy=raw.get("migStrategy", "single"),
+                       max_inventory_age_seconds=int(raw.get("maxInventoryAgeSeconds", 300)))

@@ -58,6 +58,15 @@ def parse_minor(text: str) -> int:
     return int(match[1])
 
 
+def _is_full_version(version: str) -> bool:
+    match = _DRIVER_RE.match(str(version).strip())
+    return bool(match and match[3] is not None)
+
+
+def _driver_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in str(version).split("."))
+
+
 def driver_branch(version: str) -> str:
     """The branch of a driver version: ``"595.91.07"`` -> ``"595"``; a bare branch stays itself."""
     match = _DRIVER_RE.match(str(version).strip())
@@ -101,6 +110,10 @@ class Matrix:
     release_path_source: str
     migration_supported_from: OperatorVersion
     migration_source: str
+    published_drivers: Mapping[str, str]
+    """Driver versions NVIDIA published as images -> the cited source that names each."""
+    precompiled: Mapping[OperatorVersion, tuple[tuple[str, ...], str]]
+    """Release -> (branches with precompiled images, cited source)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Matrix:
@@ -140,6 +153,15 @@ class Matrix:
             releases.sort(key=lambda r: r.version)
             bad = rules["knownBadDrivers"]
             migration = rules["nvidiaDriverMigration"]
+            published = {str(v): cite(str(k), f"publishedDrivers[{v}]") for v, k in data["publishedDrivers"].items()}
+            for release in releases:
+                unknown = [d for d in (*release.drivers, release.defaults["driver"]) if d not in published]
+                if unknown:
+                    raise MatrixError(f"matrix releases ({release.version}): drivers {unknown} are not under "
+                                      f"publishedDrivers")
+            precompiled = {OperatorVersion.parse(e["release"]): (tuple(str(b) for b in e["branches"]),
+                                                                 cite(e["source"], f"precompiled[{e['release']}]"))
+                           for e in data.get("precompiled") or []}
             return cls(
                 releases=tuple(releases),
                 known_bad_drivers=tuple(str(v) for v in bad["versions"]),
@@ -148,6 +170,8 @@ class Matrix:
                 release_path_source=cite(rules["releasePath"]["source"], "rules.releasePath"),
                 migration_supported_from=OperatorVersion.parse(migration["supportedFrom"]),
                 migration_source=cite(migration["source"], "rules.nvidiaDriverMigration"),
+                published_drivers=published,
+                precompiled=precompiled,
             )
         except (KeyError, TypeError, AttributeError) as err:
             raise MatrixError(f"matrix data is malformed: {err!r}") from err
@@ -166,6 +190,19 @@ class Matrix:
     @property
     def newest(self) -> Release:
         return self.releases[-1]
+
+    def newer_patches(self, version: OperatorVersion) -> tuple[Release, ...]:
+        """Releases of ``version``'s line newer than it: what a patch upgrade could move to."""
+        return tuple(r for r in self.releases if r.version.line == version.line and r.version > version)
+
+    def newer_drivers(self, driver: str) -> tuple[str, ...]:
+        """Published drivers of ``driver``'s branch newer than it, oldest first."""
+        if not _is_full_version(driver):
+            return ()
+        mine = _driver_key(driver)
+        return tuple(sorted((v for v in self.published_drivers
+                             if driver_branch(v) == driver_branch(driver) and _driver_key(v) > mine),
+                            key=_driver_key))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +261,40 @@ def check_release_path(matrix: Matrix, current: OperatorVersion, target: Operato
                  reason=f"{current} -> {target} skips release line(s) {skipped}; upgrades are supported only "
                         f"within a release line or to the next one: "
                         f"upgrade to the newest {skipped.split(', ')[0]}.x first")
+
+
+def check_rollback_path(matrix: Matrix, current: OperatorVersion, target: OperatorVersion, *,
+                        allow_downgrade: bool) -> Check:
+    """Going back one stack commit may lower the operator by one step, never silently.
+
+    NVIDIA supports upgrades only; a rollback that lowers the operator (and, through Argo CD, its
+    CRDs) needs --allow-operator-downgrade, and never goes back over more than one release line.
+    """
+    name = "rollback-path"
+    source = matrix.release_path_source
+    if target >= current:
+        return compat_forward(matrix, current, target, name)
+    lines = matrix.lines()
+    if current.line not in lines or target.line not in lines:
+        return Check(name=name, ok=False, source=source, reason=f"{current} or {target} is not in the matrix")
+    gap = lines.index(current.line) - lines.index(target.line)
+    if gap > 1:
+        return Check(name=name, ok=False, source=source,
+                     reason=f"{current} -> {target} goes back over {gap} release lines; roll back step by step")
+    reason = (f"{current} -> {target} downgrades the GPU Operator (and, through Argo CD, its CRDs); NVIDIA "
+              f"supports upgrades only")
+    if not allow_downgrade:
+        return Check(name=name, ok=False, source=source,
+                     reason=reason + ": pass --allow-operator-downgrade to accept it, or fix forward with "
+                                     "`gpugate stack upgrade`")
+    return Check(name=name, ok=True, source=source, reason=reason + "; allowed by --allow-operator-downgrade",
+                 warning=f"gpu-operator is downgraded {current} -> {target} (--allow-operator-downgrade)")
+
+
+def compat_forward(matrix: Matrix, current: OperatorVersion, target: OperatorVersion, name: str) -> Check:
+    """A rollback that keeps (or raises) the operator is checked like an upgrade's release path."""
+    check = check_release_path(matrix, current, target)
+    return Check(name=name, ok=check.ok, reason=check.reason, source=check.source)
 
 
 def check_kubernetes(release: Release, minor: int) -> Check:
@@ -342,3 +413,53 @@ def check_component_overrides(release: Release, overrides: Mapping[str, str]) ->
                                 warning=f"{component} is pinned at {version}, "
                                         f"not {release.version}'s default {default}"))
     return checks
+
+
+def check_driver_published(matrix: Matrix, release: Release, *, pool: str, driver: str, use_precompiled: bool,
+                           allow_unlisted: bool) -> Check:
+    """The driver image the pool's NVIDIADriver (or the ClusterPolicy) will pull must exist.
+
+    A branch check alone lets 595.99.99, an unpadded 595.91.7 or a bare 610 through, and each
+    would commit an image tag NVIDIA never published: the driver pods then stay in
+    ImagePullBackOff on every node of the pool. Precompiled images are tagged by branch and built
+    for a few branches per release only.
+    """
+    name = "driver-published"
+    if use_precompiled:
+        entry = matrix.precompiled.get(release.version)
+        if _is_full_version(driver) or "." in driver:
+            return Check(name=name, subject=pool, ok=False,
+                         reason=f"pool {pool} uses precompiled drivers, whose images are tagged "
+                                f"<branch>-<kernel>-<os>: name the branch ({driver_branch(driver)}), not {driver}")
+        if entry is not None and driver in entry[0]:
+            return Check(name=name, subject=pool, ok=True, source=entry[1],
+                         reason=f"precompiled driver images of branch {driver} are published for {release.version}")
+        known = (f"{release.version} has precompiled images for branches {', '.join(entry[0])}" if entry
+                 else f"no record of precompiled images for {release.version}")
+        reason = f"precompiled branch {driver} on pool {pool}: {known}"
+        if allow_unlisted:
+            return Check(name=name, subject=pool, ok=True, source=entry[1] if entry else "",
+                         reason=reason + "; allowed by --allow-unlisted-driver",
+                         warning=f"pool {pool}: precompiled branch {driver} is not known to be published for "
+                                 f"{release.version} (committed with --allow-unlisted-driver)")
+        return Check(name=name, subject=pool, ok=False, source=entry[1] if entry else "",
+                     reason=reason + "; pick a listed branch or pass --allow-unlisted-driver")
+    if not _is_full_version(driver):
+        return Check(name=name, subject=pool, ok=False,
+                     reason=f"driver {driver} on pool {pool} is a bare branch: only precompiled images "
+                            f"(usePrecompiled: true) are tagged by branch; name a full version such as "
+                            f"{(matrix.newer_drivers(driver + '.0.0') or (driver + '.NN.NN',))[-1]}")
+    if driver in matrix.published_drivers:
+        newer = matrix.newer_drivers(driver)
+        note = f"; newer in branch {driver_branch(driver)}: {', '.join(newer)}" if newer else ""
+        return Check(name=name, subject=pool, ok=True, source=matrix.published_drivers[driver],
+                     reason=f"driver {driver} is a published image{note}")
+    near = [v for v in matrix.published_drivers if _driver_key(v) == _driver_key(driver)]
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    reason = f"driver {driver} on pool {pool} is not in the list of published driver images{hint}"
+    if allow_unlisted:
+        return Check(name=name, subject=pool, ok=True, reason=reason + "; allowed by --allow-unlisted-driver",
+                     warning=f"pool {pool}: driver {driver} is not a listed published image; committed with "
+                             f"--allow-unlisted-driver (check that nvcr.io/nvidia/driver:{driver}-<os> exists)")
+    return Check(name=name, subject=pool, ok=False,
+                 reason=reason + "; pick a listed version, or pass --allow-unlisted-driver if you know it exists")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from webhook.errors import GpugateError
-from webhook.stack.plan import TRAILER
+from webhook.stack.plan import REVERTS_TRAILER, TRAILER
 
 GIT_TIMEOUT_SECONDS = 60
 
@@ -21,6 +21,8 @@ class StackCommit:
     sha: str
     action: str
     subject: str
+    reverts: str = ""
+    """For a rollback commit: the sha of the stack commit it rolled back."""
 
 
 class Repo:
@@ -77,15 +79,17 @@ class Repo:
         """Stack commits, newest first (found by trailer)."""
         sep, end = "\x1f", "\x1e"
         out = self._git("log", f"-n{limit}",
-                        f"--format=%H{sep}%(trailers:key={TRAILER},valueonly,separator=%x2c){sep}%s{end}")
+                        f"--format=%H{sep}%(trailers:key={TRAILER},valueonly,separator=%x2c){sep}"
+                        f"%(trailers:key={REVERTS_TRAILER},valueonly,separator=%x2c){sep}%s{end}")
         commits = []
         for record in out.split(end):
             record = record.strip("\n")
             if not record:
                 continue
-            sha, action, subject = record.split(sep, 2)
+            sha, action, reverts, subject = record.split(sep, 3)
             if action.strip():
-                commits.append(StackCommit(sha=sha, action=action.strip(), subject=subject))
+                commits.append(StackCommit(sha=sha, action=action.strip(), subject=subject,
+                                           reverts=reverts.strip()))
         return commits
 
     def revert(self, sha: str, message: str) -> str:

@@ -28,6 +28,8 @@ DRIVERS_KUSTOMIZATION = f"{DRIVERS_DIR}/kustomization.yaml"
 ARGO_APP_FILE = "argocd/apps/gpu-operator.yaml"
 
 NVIDIADRIVER_API_VERSION = "nvidia.com/v1alpha1"
+DRIVER_SYNC_WAVE = "0"
+"""The sync wave of every NVIDIADriver: the chart's own (its objects carry none), so one sync applies all."""
 NVIDIADRIVER_KIND = "NVIDIADriver"
 
 Files = Mapping[str, bytes | None]
@@ -66,9 +68,12 @@ def render_driver(stack: Stack, pool: Pool) -> dict[str, Any]:
         "metadata": {
             "name": pool.resource_name,
             "annotations": {
-                # Same Application as the chart that ships the CRD: apply after it, and let the
-                # dry run pass on the first sync when the CRD is not there yet.
-                "argocd.argoproj.io/sync-wave": "1",
+                # The chart's wave, on purpose: Argo CD waits for every wave but the last to be
+                # healthy, and with NVIDIADriver the ClusterPolicy is notReady until these drivers
+                # run, so a later wave would never be reached (tests/gitops/test_sync_waves.py).
+                # Within the wave the CRD is applied before its CRs; the option lets the first
+                # dry run pass while the CRD does not exist yet.
+                "argocd.argoproj.io/sync-wave": DRIVER_SYNC_WAVE,
                 "argocd.argoproj.io/sync-options": "SkipDryRunOnMissingResource=true",
             },
         },
@@ -96,12 +101,34 @@ def render_drivers(stack: Stack) -> dict[str, bytes]:
     return files
 
 
+# stack.yaml (and the NVIDIADriver CR) name it podDeletion; the chart's values key is gpuPodDeletion.
+_VALUES_POLICY_KEYS = {"podDeletion": "gpuPodDeletion"}
+
+
+def _policy_leaves(policy: Mapping[str, Any], prefix: tuple[str, ...]) -> dict[tuple[str, ...], Any]:
+    leaves: dict[tuple[str, ...], Any] = {}
+    for key, value in policy.items():
+        path = (*prefix, _VALUES_POLICY_KEYS.get(key, key) if len(prefix) == 2 else key)
+        if isinstance(value, Mapping):
+            leaves.update(_policy_leaves(value, path))
+        else:
+            leaves[path] = value
+    return leaves
+
+
 def values_settings(stack: Stack) -> dict[tuple[str, ...], Any]:
-    """The values.yaml scalars that derive from stack.yaml: path -> value."""
+    """The values.yaml scalars that derive from stack.yaml: path -> value.
+
+    The ClusterPolicy's driver.upgradePolicy is the default pool's: it is the only policy in
+    clusterpolicy mode, and before v26.7.0 it governed NVIDIADriver-managed nodes too; rendering
+    the real chart showed that keeping it apart let the ClusterPolicy upgrade with a policy
+    stack.yaml never declared.
+    """
     settings: dict[tuple[str, ...], Any] = {
         ("driver", "version"): stack.default_pool.driver,
         ("driver", "nvidiaDriverCRD", "enabled"): stack.management == "nvidiadriver",
     }
+    settings.update(_policy_leaves(stack.default_pool.upgrade_policy, ("driver", "upgradePolicy")))
     for component, version in stack.components.items():
         settings[COMPONENT_VALUES_PATHS[component]] = version
     return settings
@@ -127,6 +154,8 @@ def _split_value(rest: str) -> tuple[str, str, str]:
 def _scalar(value: Any, like: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
     text = str(value)
     if like.startswith('"') or yaml.safe_load(text) != text or text == "":
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -46,12 +46,34 @@ HEADER = """\
 #   ../../argocd/apps/gpu-operator.yaml  targetRevision of the gpu-operator chart source
 # Change versions with `gpugate stack upgrade` so the compatibility checks run; the tool writes this
 # file in a fixed layout (comments other than this header are not kept).
-#   operator.version            chart version = GPU Operator release tag, with the leading v
+#   operator.version            chart version = GPU Operator release tag, with the leading v (the
+#                               Helm repository it comes from is chartRepoURL in argocd/site/site.yaml)
 #   cluster.kubernetesVersion   the cluster's Kubernetes minor (checked against the release's range)
 #   driver.management           nvidiadriver (one NVIDIADriver CR per pool) | clusterpolicy (one driver)
 #   components                  component versions overridden in values.yaml (matrix name -> version)
 #   pools[].migAndFullGPUs      true when nodes of the pool mix MIG slices and full GPUs
 """
+
+
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+
+
+def selectors_can_select_same_node(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
+    """Whether some GPU node could match both equality selectors.
+
+    The operator's own rule (gpu-operator internal/validator/nvidiadriver_node_selector_conflicts.go,
+    ``nodeSelectorsCanSelectSameGPUNode``): two selectors overlap unless they require different
+    values of one label, or one of them excludes GPU nodes (``nvidia.com/gpu.present`` other than
+    "true"). Whether a node matches both today does not matter: a node labelled tomorrow would.
+    """
+    for selector in (a, b):
+        if selector.get(GPU_PRESENT_LABEL, "true") != "true":
+            return False
+    return all(b[key] == value for key, value in a.items() if key in b)
+
+
+def _selector_text(selector: Mapping[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
 
 
 def _where(path: str, message: str) -> GpugateError:
@@ -142,7 +164,6 @@ class Stack:
 
     operator_version: OperatorVersion
     chart: str = "gpu-operator"
-    chart_repository: str = "https://helm.ngc.nvidia.com/nvidia"
     kubernetes_minor: int
     management: str = "nvidiadriver"
     driver_repository: str = "nvcr.io/nvidia"
@@ -191,8 +212,9 @@ class Stack:
             minor = parse_minor(k8s)
         except GpugateError as err:
             raise GpugateError(f"stack.yaml: {err}") from err
+        # operator.repository of older files is read and dropped: the chart repository is a site
+        # setting (argocd/site/site.yaml chartRepoURL), kept in one place with the Git repository.
         stack = cls(operator_version=version, chart=str(operator.get("chart", "gpu-operator")),
-                    chart_repository=str(operator.get("repository", "https://helm.ngc.nvidia.com/nvidia")),
                     kubernetes_minor=minor, management=mode,
                     driver_repository=str(driver.get("repository", "nvcr.io/nvidia")),
                     driver_image=str(driver.get("image", "driver")),
@@ -217,18 +239,22 @@ class Stack:
         if len(defaults) > 1:
             raise _where("pools", f"more than one default pool ({', '.join(defaults)}); "
                                   f"the operator marks both ReconcileFailed")
-        selectors: dict[tuple[tuple[str, str], ...], str] = {}
         for index, pool in enumerate(self.pools):
             if pool.default and pool.node_selector:
                 raise _where(f"pools[{index}].nodeSelector", "a default pool must not have a nodeSelector")
             if not pool.default and not pool.node_selector:
                 raise _where(f"pools[{index}].nodeSelector",
                              "a non-default pool needs a nodeSelector (without one it selects every GPU node)")
-            key = tuple(sorted(pool.node_selector.items()))
-            if key and key in selectors:
-                raise _where(f"pools[{index}].nodeSelector",
-                             f"same nodeSelector as pool {selectors[key]}: overlapping CRs go ConflictingNodeSelector")
-            selectors[key] = pool.name
+            for earlier in self.pools[:index]:
+                if pool.default or earlier.default:
+                    continue  # the default pool owns only the nodes no other pool selects
+                if selectors_can_select_same_node(pool.node_selector, earlier.node_selector):
+                    mine, theirs = _selector_text(pool.node_selector), _selector_text(earlier.node_selector)
+                    raise _where(f"pools[{index}].nodeSelector",
+                                 f"{mine} and pool {earlier.name}'s {theirs} can both match one node (they never "
+                                 f"disagree on a label); the operator refuses such NVIDIADrivers "
+                                 f"(ConflictingNodeSelector) even before a node matches both: give them a label key "
+                                 f"with different values, e.g. gpugate.io/driver-pool")
 
     def pool(self, name: str) -> Pool:
         for pool in self.pools:
@@ -263,8 +289,7 @@ class Stack:
         return {
             "apiVersion": API_VERSION,
             "kind": KIND,
-            "operator": {"chart": self.chart, "repository": self.chart_repository,
-                         "version": str(self.operator_version)},
+            "operator": {"chart": self.chart, "version": str(self.operator_version)},
             "cluster": {"kubernetesVersion": f"1.{self.kubernetes_minor}"},
             "driver": {"management": self.management, "repository": self.driver_repository,
                        "image": self.driver_image},

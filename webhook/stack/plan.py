@@ -6,6 +6,7 @@ passing plan into edited files and one commit, and ``gpugate stack plan`` only p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ class Request:
     pool: str | None = None
     kubernetes: str | None = None
     allow_unvalidated_driver: bool = False
+    allow_unlisted_driver: bool = False
     driver_management: str | None = None
 
 
@@ -51,6 +53,10 @@ class Plan:
     current: Stack
     steps: tuple[Step, ...]
     checks: tuple[Check, ...]
+    reverts: str = ""
+    """For a rollback: the sha of the stack commit it undoes (the Gpugate-Reverts trailer)."""
+    cannot_undo: tuple[str, ...] = ()
+    """For a rollback: what going back does not restore, said in the output and the commit."""
 
     @property
     def ok(self) -> bool:
@@ -61,7 +67,7 @@ class Plan:
         return tuple(c.warning for c in self.checks if c.warning)
 
     def with_checks(self, extra: tuple[Check, ...]) -> Plan:
-        return Plan(action=self.action, current=self.current, steps=self.steps, checks=self.checks + extra)
+        return dataclasses.replace(self, checks=self.checks + extra)
 
 
 def _fail(name: str, reason: str, subject: str = "") -> Check:
@@ -69,10 +75,13 @@ def _fail(name: str, reason: str, subject: str = "") -> Check:
 
 
 def _driver_checks(matrix: Matrix, release: compat.Release, stack: Stack, pools: list[str],
-                   allow_unvalidated: bool) -> list[Check]:
+                   allow_unvalidated: bool, allow_unlisted: bool) -> list[Check]:
     checks: list[Check] = []
     for name in pools:
         pool = stack.pool(name)
+        checks.append(compat.check_driver_published(matrix, release, pool=name, driver=pool.driver,
+                                                    use_precompiled=pool.use_precompiled,
+                                                    allow_unlisted=allow_unlisted))
         checks.append(compat.check_driver_validated(release, pool=name, driver=pool.driver,
                                                     allow_unvalidated=allow_unvalidated))
         checks.append(compat.check_mig_mixed(matrix, pool=name, driver=pool.driver,
@@ -160,7 +169,8 @@ def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: Exi
                                                  target_mode=target_mode))
     checks.append(_pool_rules(final))
     driver_pools = [p.name for p in final.pools] if target_version != current.operator_version else pools_changed
-    checks += _driver_checks(matrix, release, final, driver_pools, request.allow_unvalidated_driver)
+    checks += _driver_checks(matrix, release, final, driver_pools, request.allow_unvalidated_driver,
+                             request.allow_unlisted_driver)
     checks += _immutable_checks(final, existing)
     if target_version != current.operator_version:
         checks += compat.check_component_overrides(release, final.components)
@@ -192,7 +202,15 @@ def _upgrade_title(current: Stack, final: Stack, request: Request) -> str:
         parts.append(f"gpu-operator {current.operator_version} -> {final.operator_version}")
     if final.management != current.management:
         parts.append(f"driver management {current.management} -> {final.management}")
-    changed = [p for p in final.pools if p.driver != current.pool(p.name).driver]
+    before = {p.name: p for p in current.pools}
+    after = {p.name: p for p in final.pools}
+    for pool in final.pools:
+        if pool.name not in before:
+            parts.append(f"add pool {pool.name} (driver {pool.driver})")
+    for pool in current.pools:
+        if pool.name not in after:
+            parts.append(f"remove pool {pool.name}")
+    changed = [p for p in final.pools if p.name in before and p.driver != before[p.name].driver]
     if changed:
         drivers = sorted({p.driver for p in changed})
         names = ", ".join(p.name for p in changed)
@@ -227,7 +245,7 @@ def check_previous_step_healthy(cluster_policies: Sequence[Mapping[str, Any]] | 
 
 
 def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidated_driver: bool,
-              existing: ExistingDrivers) -> Plan:
+              existing: ExistingDrivers, allow_unlisted_driver: bool = False) -> Plan:
     """Check a hand edit of stack.yaml (``current`` = HEAD, ``edited`` = the working tree) by the same rules.
 
     For what has no command of its own: a pool's upgradePolicy (pause with autoUpgrade: false),
@@ -253,7 +271,7 @@ def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidate
     old = {p.name: p.driver for p in current.pools}
     pools = [p.name for p in edited.pools
              if edited.operator_version != current.operator_version or old.get(p.name) != p.driver]
-    checks += _driver_checks(matrix, release, edited, pools, allow_unvalidated_driver)
+    checks += _driver_checks(matrix, release, edited, pools, allow_unvalidated_driver, allow_unlisted_driver)
     checks += _immutable_checks(edited, existing)
     step = Step(action="sync", stack=edited,
                 title="sync " + _upgrade_title(current, edited, Request(operator="")).removeprefix("upgrade "))
@@ -261,7 +279,7 @@ def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidate
 
 
 def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_unvalidated_driver: bool,
-                 existing: ExistingDrivers) -> Plan:
+                 existing: ExistingDrivers, allow_unlisted_driver: bool = False) -> Plan:
     """Carry the ``source`` pool's driver to pool ``to`` (or every other pool with ``all``) in one commit."""
     names = [p.name for p in current.pools]
     if current.management != "nvidiadriver":
@@ -286,7 +304,7 @@ def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_
         final = final.with_pool(name, driver=driver)
     release = matrix.release(current.operator_version)
     checks = [Check(name="pool-scope", ok=True, reason=f"driver {driver} from pool {source} to {', '.join(targets)}")]
-    checks += _driver_checks(matrix, release, final, targets, allow_unvalidated_driver)
+    checks += _driver_checks(matrix, release, final, targets, allow_unvalidated_driver, allow_unlisted_driver)
     checks += _immutable_checks(final, existing)
     step = Step(action="promote", stack=final,
                 title=f"promote driver {driver} from pool {source} to {'all pools' if to == 'all' else 'pool ' + to}")
@@ -313,7 +331,10 @@ def changes(before: Stack, after: Stack) -> list[str]:
 def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, ...] = ()) -> str:
     """The structured message of the plan's first commit: title, changes, checks passed, trailers."""
     step = plan.steps[0]
-    body = [f"gpugate stack: {step.title}", "", "Changes:"]
+    body = [f"gpugate stack: {step.title}"[:200], ""]
+    if plan.reverts:
+        body += [f"This rolls back stack commit {plan.reverts}.", ""]
+    body += ["Changes:"]
     body += [f"  {line}" for line in changes(plan.current, step.stack)]
     body += ["", "Files:"] + [f"  {path}" for path in files]
     body += ["", "Checks passed:"]
@@ -321,18 +342,82 @@ def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, .
     warnings = plan.warnings + tuple(c.warning for c in extra_checks if c.warning)
     if warnings:
         body += ["", "Warnings:"] + [f"  {w}" for w in warnings]
+    if plan.cannot_undo:
+        body += ["", "Cannot undo:"] + [f"  {line}" for line in plan.cannot_undo]
     if len(plan.steps) > 1:
         body += ["", "Next:"] + [f"  {s.title}: {s.note}" for s in plan.steps[1:]]
-    body += ["", f"{TRAILER}: {step.action}", f"Gpugate-Stack-From: {_summary(plan.current)}",
-             f"Gpugate-Stack-To: {_summary(step.stack)}"]
+    body += ["", f"{TRAILER}: {step.action}"]
+    if plan.reverts:
+        body += [f"{REVERTS_TRAILER}: {plan.reverts}"]
+    body += [f"Gpugate-Stack-From: {_summary(plan.current)}", f"Gpugate-Stack-To: {_summary(step.stack)}"]
     return "\n".join(body) + "\n"
 
 
-def rollback_message(*, sha: str, subject: str, action: str, before: Stack | None, after: Stack | None) -> str:
-    """The message of a revert commit; it carries the trailer too, so a rollback can be rolled back."""
-    title = subject.removeprefix("gpugate stack: ")
-    body = [f"gpugate stack: rollback {title}"[:200], "", f"This reverts commit {sha} ({action}).", ""]
-    if before is not None and after is not None:
-        body += ["Changes:"] + [f"  {line}" for line in changes(before, after)] + [""]
-    body += [f"{TRAILER}: rollback", f"{REVERTS_TRAILER}: {sha}"]
-    return "\n".join(body) + "\n"
+# ---------------------------------------------------------------------------- rollback
+
+
+def cannot_undo(current: Stack, target: Stack) -> list[str]:
+    """What moving the stack from ``current`` back to ``target`` does not restore (said, never hidden)."""
+    lines: list[str] = []
+    if target.operator_version < current.operator_version:
+        lines.append(f"gpu-operator {current.operator_version} -> {target.operator_version} is a downgrade: NVIDIA "
+                     f"supports upgrades only (within a release line or to the next), so this path is untested")
+        lines.append(f"the CRDs go back too: the Application renders the chart with --include-crds, so Argo CD "
+                     f"applies {target.operator_version}'s crds/ over {current.operator_version}'s "
+                     f"(operator.upgradeCRD: false only disables the chart's CRD-upgrade hook); fields only the "
+                     f"newer CRDs declare are pruned from ClusterPolicy and NVIDIADriver objects on their next "
+                     f"write, and whatever the newer operator stored in them is lost")
+    if current.management == "nvidiadriver" and target.management == "clusterpolicy":
+        names = ", ".join(p.resource_name for p in current.pools)
+        lines.append(f"the NVIDIADriver CRs {names} are pruned and the ClusterPolicy takes the driver back: every "
+                     f"GPU node's driver pod is replaced, and the operator's nvidia.com/gpu-operator.driver.owner "
+                     f"labels stay on the nodes until it clears them")
+    before = {p.name: p for p in current.pools}
+    moved = [p.name for p in target.pools if p.name in before and p.driver != before[p.name].driver]
+    if moved or target.operator_version != current.operator_version:
+        lines.append(f"drivers are replaced through the same node-by-node upgrade state machine "
+                     f"(pools {', '.join(moved) or 'all, with the operator'}): GPU pods are evicted again; a node "
+                     f"left in upgrade-failed stays there until relabelled upgrade-required")
+    gone = [p.name for p in current.pools if p.name not in {q.name for q in target.pools}]
+    if gone:
+        lines.append(f"pool(s) {', '.join(gone)} disappear: their NVIDIADrivers are pruned and their nodes fall back "
+                     f"to the default pool's driver")
+    lines.append("node labels and annotations set by hand (nvidia.com/gpu-driver-upgrade.skip, pool labels) and "
+                 "changes made outside stack.yaml are not rolled back")
+    return lines
+
+
+def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, subject: str,
+                  allow_operator_downgrade: bool, allow_unvalidated_driver: bool, allow_unlisted_driver: bool,
+                  existing: ExistingDrivers) -> Plan:
+    """Check going back from ``current`` to ``target`` (stack.yaml before commit ``sha``) like any change.
+
+    The cluster keeps its Kubernetes minor, so ``target`` takes ``current``'s; everything else of
+    ``target`` is restored and run through the same checks an upgrade takes, plus the downgrade rule.
+    """
+    target = target.replace(kubernetes_minor=current.kubernetes_minor)
+    title = "rollback " + subject.removeprefix("gpugate stack: ")
+    try:
+        release = matrix.release(target.operator_version)
+        matrix.release(current.operator_version)
+    except GpugateError as err:
+        return Plan(action="rollback", current=current, steps=(), checks=(_fail("release-known", str(err)),),
+                    reverts=sha)
+    checks: list[Check] = [
+        compat.check_rollback_path(matrix, current.operator_version, target.operator_version,
+                                   allow_downgrade=allow_operator_downgrade),
+        compat.check_kubernetes(release, current.kubernetes_minor),
+        compat.check_driver_management(matrix, current=current.operator_version,
+                                       current_mode=current.management, target=target.operator_version,
+                                       target_mode=target.management),
+        _pool_rules(target),
+    ]
+    before = {p.name: p.driver for p in current.pools}
+    pools = [p.name for p in target.pools
+             if target.operator_version != current.operator_version or before.get(p.name) != p.driver]
+    checks += _driver_checks(matrix, release, target, pools, allow_unvalidated_driver, allow_unlisted_driver)
+    checks += _immutable_checks(target, existing)
+    undo = tuple(cannot_undo(current, target))
+    step = Step(action="rollback", stack=target, title=title)
+    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks), reverts=sha,
+                cannot_undo=undo)

@@ -15,11 +15,17 @@ from typing import Any
 
 from webhook.errors import ClusterAPIError, GpugateError
 from webhook.names import DRIVER_OWNER_LABEL, DRIVER_UPGRADE_STATE_LABEL, GPU_PRESENT_LABEL
-from webhook.stack import manifests
+from webhook.stack import manifests, site
+from webhook.stack import matrix as matrix_data
 from webhook.stack.gitrepo import Repo
 from webhook.stack.model import Stack
 
 NO_STATE = "(none)"
+UPGRADE_FAILED = "upgrade-failed"
+"""The upgrade controller's terminal failure state (k8s-operator-libs pkg/upgrade consts.go). It is
+written only on the node label and counted in gpu_operator_nodes_upgrades_failed: no ClusterPolicy
+or NVIDIADriver condition says it (controllers/upgrade_controller.go writes none), so Argo CD cannot
+show it and this status (and the dashboard) must."""
 
 
 def git_status(path: Path) -> dict[str, Any]:
@@ -37,17 +43,24 @@ def git_status(path: Path) -> dict[str, Any]:
         drift = [p for p in drift if p != manifests.STACK_FILE]
     except GpugateError as err:
         drift = [str(err)]
+    settings = site.load(root)
+    matrix = matrix_data.load()
+    try:
+        patches = [str(r.version) for r in matrix.newer_patches(stack.operator_version)]
+    except GpugateError:
+        patches = []
     out: dict[str, Any] = {
         "stackFile": manifests.STACK_FILE,
-        "operator": {"chart": stack.chart, "repository": stack.chart_repository,
-                     "version": str(stack.operator_version)},
+        "operator": {"chart": stack.chart, "version": str(stack.operator_version),
+                     "repository": settings.chart_repo_url if settings else None,
+                     "newerPatches": patches},
         "kubernetesVersion": f"1.{stack.kubernetes_minor}",
         "driverManagement": stack.management,
         "pools": [
             {"name": p.name, "nvidiaDriver": p.resource_name if stack.management == "nvidiadriver" else None,
              "default": p.default, "nodeSelector": dict(p.node_selector), "driver": p.driver,
              "driverType": p.driver_type, "usePrecompiled": p.use_precompiled,
-             "migAndFullGPUs": p.mig_and_full_gpus}
+             "migAndFullGPUs": p.mig_and_full_gpus, "newerDrivers": list(matrix.newer_drivers(p.driver))}
             for p in stack.pools
         ],
         "components": dict(stack.components),
@@ -131,11 +144,16 @@ def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:
 
     pools: dict[str, Counter[str]] = {p.name: Counter() for p in stack.pools}
     nodes: dict[str, list[str]] = {p.name: [] for p in stack.pools}
+    failed: dict[str, list[str]] = {p.name: [] for p in stack.pools}
     for node in raw.get("nodes") or []:
         pool = _pool_of(node, stack)
         labels = (node.get("metadata") or {}).get("labels") or {}
-        pools[pool][labels.get(DRIVER_UPGRADE_STATE_LABEL) or NO_STATE] += 1
-        nodes[pool].append(str((node.get("metadata") or {}).get("name") or ""))
+        state = labels.get(DRIVER_UPGRADE_STATE_LABEL) or NO_STATE
+        name = str((node.get("metadata") or {}).get("name") or "")
+        pools[pool][state] += 1
+        nodes[pool].append(name)
+        if state == UPGRADE_FAILED:
+            failed[pool].append(name)
     drivers = objects(raw.get("nvidiaDrivers"))
     by_cr = {d["name"]: d for d in drivers or []}
     return {
@@ -146,9 +164,11 @@ def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:
              "nvidiaDriver": ((by_cr.get(p.resource_name) or {}).get("state")
                               if stack.management == "nvidiadriver" else None),
              "nodes": sorted(n for n in nodes[p.name] if n),
-             "upgradeStates": dict(sorted(pools[p.name].items()))}
+             "upgradeStates": dict(sorted(pools[p.name].items())),
+             "upgradeFailed": sorted(failed[p.name])}
             for p in stack.pools
         ],
+        "upgradeFailed": sum(len(names) for names in failed.values()),
     }
 
 

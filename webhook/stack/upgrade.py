@@ -1,8 +1,10 @@
 """Turn a plan into edited files and one commit, all or nothing (the edge around ``plan``).
 
 Order: refuse a dirty tree -> plan (pure checks) -> derive the files of the first commit ->
-re-validate them staged in a temp folder -> swap them in -> re-validate in place -> commit.
-Any failure after the first write restores every file, so the repository is byte-identical.
+re-validate them staged in a temp folder (values keys, drivers/, and the real chart rendered with
+helm when it is at hand) -> swap them in -> re-validate in place -> commit. Any failure after the
+first write restores every file, so the repository is byte-identical. A rollback is planned and
+committed the same way (not with ``git revert``): it runs the same checks and says what it cannot undo.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
-from webhook.stack import manifests, verify
+from webhook.stack import chartrender, manifests, site, verify
 from webhook.stack import matrix as matrix_data
 from webhook.stack import plan as planning
 from webhook.stack.compat import Check
-from webhook.stack.gitrepo import Repo
+from webhook.stack.gitrepo import Repo, StackCommit
 from webhook.stack.model import Stack
 
 STACK_PATHS = [manifests.STACK_DIR, "argocd/apps"]
@@ -52,8 +54,29 @@ class Prepared:
         return tuple(c.warning for c in self.checks if c.warning)
 
 
+def chart_settings(repo: Path, *, helm: str | None, chart_repo: str | None, skip: bool) -> verify.ChartSettings:
+    """Where the chart comes from (--chart-repo, $GPUGATE_CHART_REPO, argocd/site/site.yaml) and which helm renders it.
+
+    Without helm (a laptop without it) the render is skipped with a message naming the ways to
+    provide one; ``skip`` (--skip-chart-render) does the same on purpose, e.g. offline.
+    """
+    import os
+
+    settings = site.load(repo)
+    repo_url = chart_repo or os.environ.get(chartrender.CHART_REPO_ENV) or (
+        settings.chart_repo_url if settings else "https://helm.ngc.nvidia.com/nvidia")
+    if skip:
+        return verify.ChartSettings(helm=None, repo_url=repo_url, skip_reason="--skip-chart-render")
+    found = chartrender.find_helm(helm)
+    if found is None:
+        return verify.ChartSettings(helm=None, repo_url=repo_url,
+                                    skip_reason=f"helm not found (pass --helm PATH, set ${chartrender.HELM_ENV}, "
+                                                f"or put helm on PATH)")
+    return verify.ChartSettings(helm=found, repo_url=repo_url)
+
+
 def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
-             base: dict[str, bytes | None] | None = None) -> Prepared:
+             base: dict[str, bytes | None] | None = None, chart: verify.ChartSettings | None = None) -> Prepared:
     if not plan.ok:
         return Prepared(plan=plan, changes={}, step_files=tuple(() for _ in plan.steps), checks=plan.checks)
     current = base if base is not None else manifests.read_files(repo)
@@ -78,12 +101,14 @@ def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
                       reason="the files already declare this stack: nothing to commit"),))
         first = plan.steps[0].stack
         extra = verify.staged(first_overlay, release=first.operator_version,
-                              kubernetes_minor=first.kubernetes_minor, schema_root=schema_root)
+                              kubernetes_minor=first.kubernetes_minor, schema_root=schema_root,
+                              stack=first, chart=chart)
     return Prepared(plan=plan, changes=changes, step_files=tuple(step_files), checks=plan.checks + extra)
 
 
 def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path | None,
-                    cluster_policies: Callable[[], list[dict[str, Any]] | None] | None = None) -> Prepared:
+                    cluster_policies: Callable[[], list[dict[str, Any]] | None] | None = None,
+                    chart: verify.ChartSettings | None = None) -> Prepared:
     """Plan and stage an upgrade; ``cluster_policies`` (a lister) gates step 2 of the driver migration."""
     stack = manifests.load_stack(repo)
     existing = manifests.existing_drivers(manifests.read_files(repo))
@@ -91,19 +116,22 @@ def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path 
     if planning.is_migration_second_step(plan):
         listed = cluster_policies() if cluster_policies is not None else None
         plan = plan.with_checks((planning.check_previous_step_healthy(listed),))
-    return _prepare(repo, plan, schema_root=schema_root)
+    return _prepare(repo, plan, schema_root=schema_root, chart=chart)
 
 
 def prepare_promote(repo: Path, *, source: str, to: str, allow_unvalidated_driver: bool,
-                    schema_root: Path | None) -> Prepared:
+                    schema_root: Path | None, allow_unlisted_driver: bool = False,
+                    chart: verify.ChartSettings | None = None) -> Prepared:
     stack = manifests.load_stack(repo)
     existing = manifests.existing_drivers(manifests.read_files(repo))
     plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to,
-                                 allow_unvalidated_driver=allow_unvalidated_driver, existing=existing)
-    return _prepare(repo, plan, schema_root=schema_root)
+                                 allow_unvalidated_driver=allow_unvalidated_driver, existing=existing,
+                                 allow_unlisted_driver=allow_unlisted_driver)
+    return _prepare(repo, plan, schema_root=schema_root, chart=chart)
 
 
-def prepare_sync(repo: Repo, *, allow_unvalidated_driver: bool, schema_root: Path | None) -> Prepared:
+def prepare_sync(repo: Repo, *, allow_unvalidated_driver: bool, schema_root: Path | None,
+                 allow_unlisted_driver: bool = False, chart: verify.ChartSettings | None = None) -> Prepared:
     """Plan a commit of a hand-edited stack.yaml against the stack.yaml of HEAD."""
     root = repo.root
     head_text = repo.show_file("HEAD", manifests.STACK_FILE)
@@ -115,8 +143,9 @@ def prepare_sync(repo: Repo, *, allow_unvalidated_driver: bool, schema_root: Pat
     files[manifests.STACK_FILE] = head_text.encode()
     existing = manifests.existing_drivers(files)
     plan = planning.plan_sync(matrix_data.load(), current, edited,
-                              allow_unvalidated_driver=allow_unvalidated_driver, existing=existing)
-    return _prepare(root, plan, schema_root=schema_root, base=files)
+                              allow_unvalidated_driver=allow_unvalidated_driver, existing=existing,
+                              allow_unlisted_driver=allow_unlisted_driver)
+    return _prepare(root, plan, schema_root=schema_root, base=files, chart=chart)
 
 
 def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
@@ -146,40 +175,51 @@ def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
         raise
 
 
-@dataclass(frozen=True, kw_only=True)
-class Rollback:
-    reverted_sha: str
-    reverted_subject: str
-    reverted_action: str
-    new_sha: str
-    changes: tuple[str, ...]
+def rollback_target(repo: Repo) -> StackCommit:
+    """The stack commit a rollback undoes: the newest one not itself a rollback and not rolled back yet.
+
+    Rollback commits name what they undid (Gpugate-Reverts), so a second rollback steps further
+    back instead of undoing the first one (which would re-apply the change it removed).
+    """
+    commits = repo.stack_commits()
+    undone = {c.reverts for c in commits if c.action == "rollback" and c.reverts}
+    for commit in commits:
+        if commit.action != "rollback" and commit.sha not in undone:
+            return commit
+    if commits:
+        raise GpugateError("every stack commit in the last 200 is rolled back already; nothing further to step back to")
+    raise GpugateError("no stack commit to roll back (none carries the Gpugate-Stack trailer)")
 
 
-def _stack_at(repo: Repo, sha: str) -> Stack | None:
-    text = repo.show_file(sha, manifests.STACK_FILE)
+def _stack_at(repo: Repo, rev: str) -> Stack | None:
+    text = repo.show_file(rev, manifests.STACK_FILE)
     if text is None:
         return None
-    try:
-        return Stack.from_yaml(text)
-    except GpugateError:
-        return None
+    return Stack.from_yaml(text)
 
 
-def rollback(repo: Repo) -> Rollback:
-    """``git revert`` the newest stack commit (found by trailer) as a new stack commit."""
-    repo.require_clean(STACK_PATHS)
-    commits = repo.stack_commits()
-    if not commits:
-        raise GpugateError("no stack commit to roll back (none carries the Gpugate-Stack trailer)")
-    newest = commits[0]
-    before = _stack_at(repo, newest.sha)
-    after = _stack_at(repo, f"{newest.sha}^")
-    message = planning.rollback_message(sha=newest.sha, subject=newest.subject, action=newest.action,
-                                        before=before, after=after)
-    new_sha = repo.revert(newest.sha, message)
-    lines = tuple(planning.changes(before, after)) if before and after else ()
-    return Rollback(reverted_sha=newest.sha, reverted_subject=newest.subject, reverted_action=newest.action,
-                    new_sha=new_sha, changes=lines)
+def prepare_rollback(repo: Repo, *, allow_operator_downgrade: bool, allow_unvalidated_driver: bool,
+                     allow_unlisted_driver: bool, schema_root: Path | None,
+                     chart: verify.ChartSettings | None = None) -> Prepared:
+    """Plan going back to stack.yaml as it was before the newest not-yet-undone stack commit."""
+    root = repo.root
+    target_commit = rollback_target(repo)
+    current = manifests.load_stack(root)
+    after = _stack_at(repo, target_commit.sha)
+    before = _stack_at(repo, f"{target_commit.sha}^")
+    if before is None or after is None:
+        raise GpugateError(f"stack commit {target_commit.sha[:12]} has no stack.yaml before or after it; "
+                           f"roll it back by hand (edit stack.yaml, `gpugate stack sync`)")
+    if after.replace(kubernetes_minor=current.kubernetes_minor) != current:
+        raise GpugateError(f"stack.yaml changed after {target_commit.sha[:12]} ({target_commit.subject}) outside the "
+                           f"stack tool; going back to before it would undo those changes too: edit stack.yaml by "
+                           f"hand and run `gpugate stack sync`")
+    existing = manifests.existing_drivers(manifests.read_files(root))
+    plan = planning.plan_rollback(matrix_data.load(), current, before, sha=target_commit.sha,
+                                  subject=target_commit.subject, allow_operator_downgrade=allow_operator_downgrade,
+                                  allow_unvalidated_driver=allow_unvalidated_driver,
+                                  allow_unlisted_driver=allow_unlisted_driver, existing=existing)
+    return _prepare(root, plan, schema_root=schema_root, chart=chart)
 
 
 def plan_as_dict(prepared: Prepared) -> dict:
@@ -191,6 +231,8 @@ def plan_as_dict(prepared: Prepared) -> dict:
         "target": yaml.safe_load(plan.steps[0].stack.to_yaml()) if plan.steps else None,
         "checks": [c.as_dict() for c in prepared.checks],
         "warnings": list(prepared.warnings),
+        "reverts": plan.reverts or None,
+        "cannotUndo": list(plan.cannot_undo),
         "commits": [
             {"title": step.title,
              "changes": planning.changes(plan.current if i == 0 else plan.steps[i - 1].stack, step.stack),

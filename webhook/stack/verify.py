@@ -1,8 +1,10 @@
 """Re-validate the manifests a stack change produces, before and after they are swapped in.
 
-Two checks, the same ones the tests run: every Helm values key exists in the target chart release
-(``webhook.stack.chartvalues``), and ``drivers/`` renders with the real ``kubectl kustomize`` into
-objects that validate (``webhook.stack.manifestcheck``). NVIDIADriver objects are checked against the
+The checks the tests run too: every Helm values key exists in the target chart release
+(``webhook.stack.chartvalues``); ``drivers/`` renders with the real ``kubectl kustomize`` into
+objects that validate (``webhook.stack.manifestcheck``); and, when helm is at hand, the real chart
+of the target release renders with the staged values into objects that mean what stack.yaml says
+(``webhook.stack.chartrender`` + ``chartcheck``). NVIDIADriver objects are checked against the
 v26.7.0 CRD (``nvidia.com_nvidiadrivers.yaml``) made strict, because the datree JSON schema is
 from 26.3.3 and lacks ``spec.default`` and ``spec.upgradePolicy``.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import yaml
 from webhook.errors import GpugateError
 from webhook.stack.compat import Check, OperatorVersion
 from webhook.stack.manifests import DRIVERS_DIR, VALUES_FILE
+from webhook.stack.model import Stack
 
 NVIDIADRIVER_CRD_FILE = "nvidia.com_nvidiadrivers.yaml"
 
@@ -83,12 +87,20 @@ def _strict(node: Any) -> Any:
     return node
 
 
-def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int,
-                     schema_root: Path | None) -> list[Check]:
-    """Render the staged ``drivers/`` with kubectl kustomize and validate every object."""
+@dataclass(frozen=True, kw_only=True)
+class ChartSettings:
+    """How to render the real chart before a commit; ``helm`` None means "not available: skip, and say so"."""
+
+    helm: Path | None
+    repo_url: str
+    """The Helm repository Argo CD pulls the chart from (argocd/site/site.yaml chartRepoURL)."""
+    skip_reason: str = ""
+    """Set when the render is skipped on purpose (--skip-chart-render) or for lack of helm."""
+
+
+def _render_driver_objects(files: Mapping[str, bytes | None]) -> list[dict[str, Any]]:
     from webhook.stack import manifestcheck
 
-    checks: list[Check] = []
     with tempfile.TemporaryDirectory(prefix="gpugate-stack-") as tmp:
         root = Path(tmp)
         for rel, content in files.items():
@@ -96,18 +108,28 @@ def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int
                 target = root / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(content)
-        try:
-            objects = manifestcheck.kustomize(root / DRIVERS_DIR)
-        except GpugateError as err:
-            return [Check(name="drivers-render", ok=False, reason=str(err))]
-        checks.append(Check(name="drivers-render", ok=True,
-                            reason=f"kubectl kustomize {DRIVERS_DIR} renders {len(objects)} object(s)"))
+        return manifestcheck.kustomize(root / DRIVERS_DIR)
+
+
+def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int,
+                     schema_root: Path | None) -> list[Check]:
+    """Render the staged ``drivers/`` with kubectl kustomize and validate every object."""
+    from webhook.stack import manifestcheck
+
+    checks: list[Check] = []
+    try:
+        objects = _render_driver_objects(files)
+    except GpugateError as err:
+        return [Check(name="drivers-render", ok=False, reason=str(err))]
+    checks.append(Check(name="drivers-render", ok=True,
+                        reason=f"kubectl kustomize {DRIVERS_DIR} renders {len(objects)} object(s)"))
+    with tempfile.TemporaryDirectory(prefix="gpugate-schemas-") as tmp:
         crd_file = schema_root / NVIDIADRIVER_CRD_FILE if schema_root is not None else None
         derived_root: Path | None = None
         warning = ""
         if crd_file is not None and crd_file.is_file():
             crd = yaml.safe_load(crd_file.read_text(encoding="utf-8"))
-            derived_root = root / "schemas"
+            derived_root = Path(tmp)
             target = derived_root / "json" / "nvidia.com" / "nvidiadriver_v1alpha1.json"
             target.parent.mkdir(parents=True)
             target.write_text(json.dumps(strict_crd_schema(crd, "v1alpha1")))
@@ -129,10 +151,36 @@ def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int
     return checks
 
 
+def rendered_chart(files: Mapping[str, bytes | None], *, stack: Stack, chart: ChartSettings) -> list[Check]:
+    """Render the target chart release with the staged values, as Argo CD will, and check what it says."""
+    from webhook.stack import chartcheck, chartrender
+
+    if chart.helm is None:
+        return [Check(name="chart-render", ok=True, reason=f"not rendered: {chart.skip_reason}",
+                      warning=f"the {stack.chart} {stack.operator_version} chart was not rendered "
+                              f"({chart.skip_reason}); its ClusterPolicy was not checked against stack.yaml")]
+    source = chartrender.ChartSource(repo_url=chart.repo_url, chart=stack.chart, version=str(stack.operator_version))
+    values = files.get(VALUES_FILE) or b""
+    try:
+        objects = chartrender.render(chart.helm, source, values=values, kube_version=f"1.{stack.kubernetes_minor}")
+        drivers = _render_driver_objects(files) if stack.management == "nvidiadriver" else []
+    except GpugateError as err:
+        return [Check(name="chart-render", ok=False, reason=str(err))]
+    checks = [Check(name="chart-render", ok=True,
+                    reason=f"helm template {source} renders {len(objects)} object(s) with the staged values")]
+    return checks + chartcheck.check_rendered_chart(objects, stack, drivers)
+
+
 def staged(files: Mapping[str, bytes | None], *, release: OperatorVersion, kubernetes_minor: int,
-           schema_root: Path | None) -> tuple[Check, ...]:
-    """All re-validation checks for a complete set of files (current files overlaid with the change)."""
+           schema_root: Path | None, stack: Stack | None = None,
+           chart: ChartSettings | None = None) -> tuple[Check, ...]:
+    """All re-validation checks for a complete set of files (current files overlaid with the change).
+
+    With ``chart`` (and the ``stack`` the files declare) the real chart is rendered too.
+    """
     values = files.get(VALUES_FILE)
     checks = [values_keys(yaml.safe_load(values) or {} if values else {}, release)]
     checks += rendered_drivers(files, kubernetes_minor=kubernetes_minor, schema_root=schema_root)
+    if chart is not None and stack is not None:
+        checks += rendered_chart(files, stack=stack, chart=chart)
     return tuple(checks)

@@ -1,0 +1,197 @@
+"""From "I need 20 GiB of GPU memory" to the smallest GPU resource the cluster offers that gives it. Pure.
+
+A pod says how much it needs with a label: ``gpugate.io/gpu-memory: 20Gi`` (a Kubernetes
+quantity) and/or ``gpugate.io/gpu-fraction: "0.25"`` (a share of one GPU's compute). A policy's
+``rightsizing.ladder`` lists what it may give, in the order it prefers (smallest first): MIG
+profiles, time-sliced shares, whole GPUs. The first rung that gives enough memory and compute and
+that the cluster offers now wins. "Offers now" comes from the balancer's inventory; without a
+fresh one the ladder's order alone decides, so a missing inventory never denies a pod.
+
+How each rung is asked for, as the NVIDIA device plugin advertises it:
+
+- a MIG profile under the ``mixed`` strategy: ``nvidia.com/mig-<profile>`` (only nodes with such
+  slices have it, so no affinity is needed);
+- a MIG profile under the ``single`` strategy: ``nvidia.com/gpu`` on nodes labelled
+  ``nvidia.com/mig.strategy=single`` whose slices (``nvidia.com/gpu.memory``) are large enough;
+- a whole GPU: ``nvidia.com/gpu`` on nodes that are not single-strategy MIG nodes (there
+  ``nvidia.com/gpu`` is a slice), with enough memory (``nvidia.com/gpu.memory``);
+- a time-sliced share: ``nvidia.com/gpu.shared``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from webhook import names
+from webhook.kube import pods
+from webhook.kube.inventory import Inventory, Offer
+from webhook.kube.quantity import QuantityError, bytes_
+from webhook.policy.model import RightSizing, Rung
+
+MIB = 2**20
+Expression = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    memory_bytes: int | None = None
+    fraction: float | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.memory_bytes is not None:
+            parts.append(f"{names.GPU_MEMORY_LABEL}={_human(self.memory_bytes)}")
+        if self.fraction is not None:
+            parts.append(f"{names.GPU_FRACTION_LABEL}={self.fraction:g}")
+        return " and ".join(parts)
+
+
+class AskError(ValueError):
+    """A right-sizing label that is not a usable ask; str() says which and why."""
+
+
+def ask_of(pod: pods.Pod) -> Ask | None:
+    """The pod's ask, or None when it has no right-sizing label. AskError for a label that is not one."""
+    pod_labels = pods.labels(pod)
+    memory_text = pod_labels.get(names.GPU_MEMORY_LABEL)
+    fraction_text = pod_labels.get(names.GPU_FRACTION_LABEL)
+    if memory_text is None and fraction_text is None:
+        return None
+    memory = None
+    if memory_text is not None:
+        try:
+            memory = bytes_(memory_text)
+        except QuantityError as err:
+            raise AskError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} is not a quantity such as 20Gi") from err
+        if memory <= 0:
+            raise AskError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} must be more than 0")
+    fraction = None
+    if fraction_text is not None:
+        try:
+            value = Decimal(str(fraction_text).strip())
+        except InvalidOperation as err:
+            raise AskError(f"label {names.GPU_FRACTION_LABEL}={fraction_text!r} is not a number such as "
+                           f"\"0.25\"") from err
+        if not value.is_finite() or not 0 < value <= 1:
+            raise AskError(f"label {names.GPU_FRACTION_LABEL}={fraction_text!r} must be more than 0 and at most 1")
+        fraction = float(value)
+    return Ask(memory_bytes=memory, fraction=fraction)
+
+
+def fits(rung: Rung, ask: Ask) -> bool:
+    return ((ask.memory_bytes is None or rung.memory_bytes >= ask.memory_bytes)
+            and (ask.fraction is None or rung.compute + 1e-9 >= ask.fraction))
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The rung picked, how it is asked for, and why (the warning the pod's author reads)."""
+
+    rung: Rung
+    resource: str
+    expressions: tuple[Expression, ...]
+    why: str
+
+
+def largest(ladder: tuple[Rung, ...]) -> Rung:
+    return max(ladder, key=lambda r: (r.memory_bytes, r.compute))
+
+
+def choose(ask: Ask, sizing: RightSizing, inventory: Inventory, now: datetime | None) -> Choice | str:
+    """The rung for ``ask``; a str is the denial message when no rung of the ladder is large enough."""
+    fitting = [rung for rung in sizing.ladder if fits(rung, ask)]
+    if not fitting:
+        top = largest(sizing.ladder)
+        return (f"asks {ask.describe()}; the largest the policy offers is {top.name} "
+                f"({_human(top.memory_bytes)}, {top.compute:.2g} of a GPU). Ask for less, or use a profile "
+                f"whose policy offers more")
+    smaller = [r.name for r in sizing.ladder[:sizing.ladder.index(fitting[0])]]
+    too_small = f" ({', '.join(smaller)} too small)" if smaller else ""
+    if inventory.fresh(now, sizing.max_inventory_age_seconds):
+        unavailable: list[str] = []
+        for rung in fitting:
+            form = offered_form(rung, ask, inventory)
+            if form is not None:
+                busy = f"; {', '.join(unavailable)} not free now" if unavailable else ""
+                return _choice(rung, form, ask, f"the smallest rung that fits and that the cluster offers now"
+                                                 f"{too_small}{busy}")
+            unavailable.append(rung.name)
+        return _choice(fitting[0], sizing.mig_strategy, ask,
+                       f"the smallest rung that fits{too_small}; none of the fitting rungs is free now, so the "
+                       f"pod waits for it")
+    return _choice(fitting[0], sizing.mig_strategy, ask,
+                   f"the smallest rung that fits{too_small}; no fresh inventory from the balancer, so the "
+                   f"ladder's order decides")
+
+
+def offered_form(rung: Rung, ask: Ask, inventory: Inventory) -> str | None:
+    """How the cluster offers the rung now ("mixed", "single", "plain"), or None if nowhere free."""
+    if rung.mig:
+        if any(o.resource == f"{names.MIG_RESOURCE_PREFIX}{rung.mig}" and o.free > 0 for o in inventory.offers):
+            return "mixed"
+        if any(o.resource == names.GPU_RESOURCE and o.product.endswith(f"-MIG-{rung.mig}") and o.free > 0
+               for o in inventory.offers):
+            return "single"
+        return None
+    for offer in inventory.offers:
+        if offer.resource != rung.resource or offer.free <= 0:
+            continue
+        if rung.resource == names.GPU_RESOURCE and ("-MIG-" in offer.product or not _memory_enough(offer, ask)):
+            continue
+        return "plain"
+    return None
+
+
+def _memory_enough(offer: Offer, ask: Ask) -> bool:
+    return ask.memory_bytes is None or offer.memory_mib is None or offer.memory_mib * MIB >= ask.memory_bytes
+
+
+def _choice(rung: Rung, form: str, ask: Ask, why: str) -> Choice:
+    memory_mib = (ask.memory_bytes or 0) // MIB
+    if rung.mig and form == "mixed":
+        return Choice(rung, f"{names.MIG_RESOURCE_PREFIX}{rung.mig}", (), why)
+    if rung.mig:  # single strategy: a slice is nvidia.com/gpu on a node whose slices are big enough
+        bound = max(memory_mib, rung.memory_bytes // MIB)
+        return Choice(rung, names.GPU_RESOURCE, (
+            {"key": names.NVIDIA_MIG_STRATEGY_LABEL, "operator": "In", "values": ["single"]},
+            {"key": names.NVIDIA_MEMORY_LABEL, "operator": "Gt", "values": [str(bound - 1)]},
+        ), why)
+    assert rung.resource is not None
+    if rung.resource == names.GPU_RESOURCE:  # a whole GPU: not a single-strategy slice, memory enough
+        expressions: list[Expression] = [
+            {"key": names.NVIDIA_MIG_STRATEGY_LABEL, "operator": "NotIn", "values": ["single"]}]
+        if memory_mib:
+            expressions.append({"key": names.NVIDIA_MEMORY_LABEL, "operator": "Gt", "values": [str(memory_mib - 1)]})
+        return Choice(rung, rung.resource, tuple(expressions), why)
+    return Choice(rung, rung.resource, (), why)
+
+
+def rung_of(resource: str, sizing: RightSizing) -> Rung | None:
+    """The ladder rung a directly requested resource is (nvidia.com/gpu: the whole-GPU rung, if any)."""
+    for rung in sizing.ladder:
+        if rung.resource == resource or (rung.mig and resource == f"{names.MIG_RESOURCE_PREFIX}{rung.mig}"):
+            return rung
+    return None
+
+
+def resources_of(sizing: RightSizing) -> frozenset[str]:
+    """Every resource name the ladder may put on a pod."""
+    out = set()
+    for rung in sizing.ladder:
+        if rung.mig:
+            out |= {f"{names.MIG_RESOURCE_PREFIX}{rung.mig}", names.GPU_RESOURCE}
+        elif rung.resource:
+            out.add(rung.resource)
+    return frozenset(out)
+
+
+def _human(size: int) -> str:
+    for unit, factor in (("Gi", 2**30), ("Mi", 2**20)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor}{unit}"
+    if size % 10**9 == 0:
+        return f"{size // 10**9}G"
+    return f"{size / 2**30:.1f}Gi"

@@ -1,0 +1,105 @@
+"""Which physical GPU the NVIDIA device plugin hands a pod: the model the extender needs.
+
+The API shows that a pod holds ``nvidia.com/gpu.shared: 1`` on a node, never which GPU the
+time-sliced replica is on, yet a share's fragment depends on it. The device plugin decides at
+Allocate, pod by pod in the order the kubelet admits them, so the extender replays its rule over
+the node's pods in bind order:
+
+* ``distributed`` (the device plugin's default for shared devices): the GPU with the fewest
+  replicas taken, here the most left that fits (lowest index on ties); with equal slot sizes the
+  two orders agree.
+* ``packed`` (``flags.plugin.sharedDevicesAllocationPolicy: packed``, k8s-device-plugin PR
+  #1621): the fullest GPU that fits.
+* Whole GPUs (``nvidia.com/gpu: N``): the lowest-index fully free GPUs.
+
+The replay's cluster asks this module too, so the extender's model and the replayed device plugin
+are one rule, not two copies that could drift.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+MILLI = 1000
+"""A GPU in thousandths, as the trace's ``gpu_milli`` counts it."""
+
+DevicePolicy = Literal["distributed", "packed"]
+POLICIES: tuple[DevicePolicy, ...] = ("distributed", "packed")
+
+
+def share_device(left: tuple[int, ...] | list[int], milli: int, policy: DevicePolicy = "distributed") -> int:
+    """The GPU index a share of ``milli`` thousandths lands on, or -1 when no GPU has room."""
+    chosen, best = -1, -1
+    for index, free in enumerate(left):
+        if free < milli:
+            continue
+        # distributed: the most left (first on ties); packed: the least left (first on ties).
+        if chosen < 0 or (free > best if policy == "distributed" else free < best):
+            chosen, best = index, free
+    return chosen
+
+
+def whole_devices(left: tuple[int, ...] | list[int], count: int) -> tuple[int, ...]:
+    """The lowest-index fully free GPUs (fewer than ``count`` when the node lacks them)."""
+    found: list[int] = []
+    for index, free in enumerate(left):
+        if len(found) == count:
+            break
+        if free >= MILLI:
+            found.append(index)
+    return tuple(found)
+
+
+def allocate(left: tuple[int, ...], gpus: int, share_milli: int,
+             policy: DevicePolicy = "distributed") -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(devices taken, GPUs left after) for one pod, or None when it does not fit.
+
+    ``gpus`` whole GPUs, or one share of ``share_milli`` thousandths; a pod with neither takes none.
+    """
+    if gpus:
+        taken = whole_devices(left, gpus)
+        if len(taken) < gpus:
+            return None
+        after = list(left)
+        for index in taken:
+            after[index] -= MILLI
+        return taken, tuple(after)
+    if share_milli:
+        index = share_device(left, share_milli, policy)
+        if index < 0:
+            return None
+        after = list(left)
+        after[index] -= share_milli
+        return (index,), tuple(after)
+    return (), left
+
+
+def after_sorted(ordered: tuple[int, ...], gpus: int, share_milli: int,
+                 policy: DevicePolicy = "distributed") -> tuple[int, ...] | None:
+    """What the GPUs have left after the pod, as a multiset (None: it does not fit).
+
+    ``ordered`` is the node's GPUs with something left, sorted high to low (``signature``).
+    Fragmentation depends only on that multiset, and on a multiset both rules are exact: whole
+    GPUs take entries of 1000; distributed takes the largest entry, packed the smallest that fits.
+    """
+    if gpus:
+        if len(ordered) < gpus or ordered[gpus - 1] < MILLI:
+            return None
+        return ordered[gpus:]
+    if share_milli:
+        if not ordered or ordered[0] < share_milli:
+            return None
+        if policy == "distributed":
+            position = 0
+        else:
+            position = max(i for i, free in enumerate(ordered) if free >= share_milli)
+        rest = list(ordered)
+        rest[position] -= share_milli
+        rest.sort(reverse=True)
+        return tuple(free for free in rest if free > 0)
+    return ordered
+
+
+def signature(left: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The GPUs with something left, sorted high to low: all the fragment measure reads of a node's GPUs."""
+    return tuple(sorted((free for free in left if free > 0), reverse=True))

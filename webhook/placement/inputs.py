@@ -1,0 +1,205 @@
+"""What the extender knows: a pod's demand and each node as the API shows it (typed, frozen).
+
+A node is its allocatable (cpu, memory, physical GPUs, MIG slices), its GPU product label, and the
+pods bound to it in bind order. Which GPU each pod holds is not in the API; ``devices`` replays
+the device plugin's rule over that order, so ``left`` (thousandths left per physical GPU) is a
+model, exact when the modelled policy is the one the device plugin runs.
+
+Units are Kubernetes' own, read once at the boundary: cpu in millicores, memory in bytes, GPUs
+as device counts; a time-sliced share as the thousandths of one GPU it stands for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from webhook import names
+from webhook.kube import pods
+from webhook.kube.quantity import bytes_, millicores
+from webhook.kube.resources import is_gpu_resource, is_mig_resource
+from webhook.placement import devices
+from webhook.placement.devices import MILLI, DevicePolicy
+
+Counts = tuple[tuple[str, int], ...]
+"""(resource, count) pairs sorted by resource: MIG slices."""
+
+DEFAULT_SLOT_MILLI = MILLI // 4
+"""A time-sliced slot's share of its GPU when nothing says otherwise: 4 replicas per GPU, the
+``time-slicing-4`` config of manifests/gpu-operator."""
+
+
+def request_amount(resource: str, value: Any) -> int:
+    """A request as the scheduler counts it: millicores, bytes, or whole devices. Raises QuantityError."""
+    if resource == "cpu":
+        return millicores(value)
+    if resource == "memory":
+        return bytes_(value)
+    return pods.gpu_amount(resource, value)
+
+
+@dataclass(frozen=True, slots=True)
+class PodDemand:
+    """What one pod asks of a node, in the units the score compares.
+
+    ``gpus`` whole GPUs (``nvidia.com/gpu``), or one time-sliced share of ``share_milli``
+    thousandths (``nvidia.com/gpu.shared``), or MIG slices; ``products`` the GPU products its
+    required node affinity allows (empty: any), which decides which nodes its shape can use.
+    """
+
+    cpu: int = 0
+    memory: int = 0
+    gpus: int = 0
+    share_milli: int = 0
+    mig: Counts = ()
+    products: frozenset[str] = frozenset()
+
+    @property
+    def gpu_milli(self) -> int:
+        """GPU thousandths the pod takes (whole GPUs or its share)."""
+        return self.gpus * MILLI + self.share_milli
+
+    @property
+    def uses_devices(self) -> bool:
+        return bool(self.gpus or self.share_milli)
+
+
+def _products(pod: pods.Pod) -> frozenset[str]:
+    """GPU products the pod's nodeSelector and required node affinity allow (empty: any).
+
+    Terms are ORed: the pod is limited only if every term limits ``nvidia.com/gpu.product`` with
+    ``In`` (the union of their values). Other operators leave it unlimited: the set only weighs
+    which nodes a pod shape can use in the fragment measure; the scheduler's filter decides fit.
+    """
+    spec = pods.spec(pod)
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict) and isinstance(selector.get(names.NVIDIA_PRODUCT_LABEL), str):
+        return frozenset({selector[names.NVIDIA_PRODUCT_LABEL]})
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list) or not terms:
+        return frozenset()
+    allowed: set[str] = set()
+    for term in terms:
+        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+        values = [e.get("values") for e in expressions or () if isinstance(e, dict)
+                  and e.get("key") == names.NVIDIA_PRODUCT_LABEL and e.get("operator") == "In"]
+        if not values or not isinstance(values[0], list):
+            return frozenset()
+        allowed.update(str(v) for v in values[0])
+    return frozenset(allowed)
+
+
+def demand_from_pod(pod: pods.Pod, *, slot_milli: int = DEFAULT_SLOT_MILLI) -> PodDemand:
+    """Read a Pod (the ExtenderArgs' pod, or one from the watch) into its demand.
+
+    Requests by Kubernetes' own rule (``pods.effective_requests``). A pod asking for several
+    time-sliced slots is modelled as one share of their sum on one GPU (gpugate's notebooks
+    policy allows one slot). Raises QuantityError for a quantity that is not valid.
+    """
+    amounts = pods.effective_requests(pod, include=lambda r: r in ("cpu", "memory") or is_gpu_resource(r),
+                                      amount=request_amount)
+    slots = amounts.get(names.SHARED_GPU_RESOURCE, 0)
+    return PodDemand(cpu=amounts.get("cpu", 0), memory=amounts.get("memory", 0),
+                     gpus=amounts.get(names.GPU_RESOURCE, 0), share_milli=min(MILLI, slots * slot_milli),
+                     mig=tuple(sorted((r, n) for r, n in amounts.items() if is_mig_resource(r))),
+                     products=_products(pod))
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """One pod on a node: its key (namespace/name or uid), demand and the GPUs the model gave it."""
+
+    key: str
+    demand: PodDemand
+    devices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node's allocatable and what its bound pods take; ``bind`` and ``release`` return new views.
+
+    ``left`` is thousandths left per physical GPU (the device model); ``signature`` the same
+    with empty GPUs dropped, sorted high to low: all the fragment measure reads, and its memo key.
+    """
+
+    name: str
+    cpu: int
+    memory: int = 0
+    product: str = ""
+    gpus: int = 0
+    mig: Counts = ()
+    cpu_requested: int = 0
+    memory_requested: int = 0
+    mig_requested: Counts = ()
+    left: tuple[int, ...] = ()
+    signature: tuple[int, ...] = ()
+    pods: tuple[Bound, ...] = ()
+
+    @classmethod
+    def empty(cls, name: str, *, cpu: int, memory: int = 0, product: str = "", gpus: int = 0,
+              mig: Counts = ()) -> NodeView:
+        """A node with nothing bound."""
+        left = (MILLI,) * gpus
+        return cls(name=name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=tuple(sorted(mig)),
+                   left=left, signature=left)
+
+    @property
+    def cpu_left(self) -> int:
+        return self.cpu - self.cpu_requested
+
+    @property
+    def gpu_left_milli(self) -> int:
+        return sum(self.left)
+
+    def mig_free(self, resource: str) -> int:
+        return dict(self.mig).get(resource, 0) - dict(self.mig_requested).get(resource, 0)
+
+    def bind(self, key: str, demand: PodDemand, policy: DevicePolicy = "distributed") -> NodeView:
+        """The node with one more pod, its GPUs chosen as the device plugin would.
+
+        A pod whose GPUs the model cannot place (the view is behind the cluster) is kept with
+        none, so its cpu and memory still count and a later release stays exact.
+        """
+        taken, left = (), self.left
+        if demand.uses_devices:
+            found = devices.allocate(self.left, demand.gpus, demand.share_milli, policy)
+            if found is not None:
+                taken, left = found
+        mig = self.mig_requested
+        if demand.mig:
+            merged = dict(mig)
+            for resource, count in demand.mig:
+                merged[resource] = merged.get(resource, 0) + count
+            mig = tuple(sorted(merged.items()))
+        return replace(self, cpu_requested=self.cpu_requested + demand.cpu,
+                       memory_requested=self.memory_requested + demand.memory, mig_requested=mig,
+                       left=left, signature=left if left is self.left else devices.signature(left),
+                       pods=self.pods + (Bound(key, demand, taken),))
+
+    def release(self, key: str) -> NodeView:
+        """The node without the pod ``key`` (unchanged when it is not here): its GPUs are free again."""
+        gone = next((bound for bound in self.pods if bound.key == key), None)
+        if gone is None:
+            return self
+        demand = gone.demand
+        left = list(self.left)
+        for index in gone.devices:
+            left[index] += MILLI if demand.gpus else demand.share_milli
+        mig = dict(self.mig_requested)
+        for resource, count in demand.mig:
+            mig[resource] = mig.get(resource, 0) - count
+        return replace(self, cpu_requested=self.cpu_requested - demand.cpu,
+                       memory_requested=self.memory_requested - demand.memory,
+                       mig_requested=tuple(sorted((r, n) for r, n in mig.items() if n > 0)),
+                       left=tuple(left), signature=devices.signature(left),
+                       pods=tuple(bound for bound in self.pods if bound.key != key))
+
+    def resized(self, *, cpu: int, memory: int, product: str, gpus: int, mig: Counts = (),
+                policy: DevicePolicy = "distributed") -> NodeView:
+        """The node with a new allocatable, its pods bound again in their order (the device model replayed)."""
+        node = NodeView.empty(self.name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig)
+        for bound in self.pods:
+            node = node.bind(bound.key, bound.demand, policy)
+        return node
