@@ -783,5 +783,5 @@ class TestEdgeCases:
 
     def test_the_steps_run_in_the_declared_order(self):
         assert [s.__name__ for s in mutation.STEPS] == [
-            "right_size", "inject_gpu_requests", "add_tolerations", "add_required_node_affinity", "add_placement_preferences",
-            "add_topology_affinity", "set_scheduling_fields", "annotate_policy"]
+            "right_size", "inject_gpu_requests", "add_tolerations", "add_required_node_affinity",
+            "add_placement_preferences", "add_topology_affinity", "set_scheduling_fields", "annotate_policy"]
