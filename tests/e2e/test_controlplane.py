@@ -116,7 +116,13 @@ def test_pod_asking_more_gpus_than_any_node_has_stays_pending(cluster: Cluster, 
         return next((e for e in events if e.reason == "FailedScheduling"), None)
 
     event = wait_until(failed_scheduling, what="a FailedScheduling event for pod greedy", explain=cluster.logs_tail)
-    pod = read_pod(cluster, namespace, "greedy")
+    # The event can be recorded before the scheduler writes the PodScheduled condition: wait for it too.
+    def scheduled_condition_written() -> dict[str, Any] | None:
+        stored = read_pod(cluster, namespace, "greedy")
+        return stored if condition(stored, "PodScheduled") else None
+
+    pod = wait_until(scheduled_condition_written, what="the PodScheduled condition of pod greedy",
+                     explain=cluster.logs_tail)
 
     assert "Insufficient nvidia.com/gpu" in (event.message or "")
     assert pod["status"]["phase"] == "Pending"
