@@ -166,10 +166,18 @@ class TestValidation:
         verdict = validation.validate(p, namespace="ml-a", policies=POLICIES)
         assert not verdict.allowed and "one shared GPU per container" in verdict.message
 
-    def test_what_mutation_chose_always_passes(self):
+    @pytest.mark.parametrize("inventory", [
+        Inventory(),
+        offers(("nvidia.com/mig-2g.20gb", "H100", 0), ("nvidia.com/gpu", "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb", 4),
+               ("nvidia.com/gpu", "NVIDIA-H100-80GB-HBM3", 4)),
+    ], ids=["no-inventory", "single-strategy-slices-free"])
+    def test_what_mutation_chose_always_passes(self, inventory):
+        """Found on the real API server: a single-strategy slice (nvidia.com/gpu) was judged as the
+        whole-GPU rung, and validation refused the mutation's own choice."""
         for memory in ("5G", "15G", "30G", "60Gi"):
-            _, stored = shaped(asking(memory))
-            assert validation.validate(stored, namespace="ml-a", policies=POLICIES, now=NOW).allowed, memory
+            _, stored = shaped(asking(memory), inventory)
+            verdict = validation.validate(stored, namespace="ml-a", policies=POLICIES, inventory=inventory, now=NOW)
+            assert verdict.allowed, (memory, verdict.reasons)
 
 
 RUNGS = [("nvidia.com/mig-1g.10gb", "H100"), ("nvidia.com/mig-2g.20gb", "H100"),

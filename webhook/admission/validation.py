@@ -153,9 +153,11 @@ def _rightsizing_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, 
     out = []
     for container in pods.long_running_containers(pod):
         for resource in sorted(pods.gpu_resources(container)):
+            if resource == names.GPU_RESOURCE and _only_single_strategy_nodes(pod):
+                continue  # a single-strategy MIG slice, chosen by its memory affinity: not the whole-GPU rung
             rung = rightsizing.rung_of(resource, sizing)
             if rung is None:
-                continue  # nvidia.com/gpu as a single-strategy slice, or not a ladder resource (judged above)
+                continue  # not a ladder resource (judged by the allowed-resources rule)
             where = f"container '{container.get('name')}' asks {resource}"
             if not rightsizing.fits(rung, ask):
                 out.append(f"{where}, which gives less than {ask.describe()} (policy {ref}); drop the resource "
@@ -169,6 +171,12 @@ def _rightsizing_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, 
                                f"(policy {ref}); ask for it, or drop the resource and let gpugate choose")
                     break
     return out
+
+
+def _only_single_strategy_nodes(pod: pods.Pod) -> bool:
+    """The pod can only run where nvidia.com/gpu is a MIG slice (single strategy), whichever term applies."""
+    wanted = {"key": names.NVIDIA_MIG_STRATEGY_LABEL, "operator": "In", "values": ["single"]}
+    return not affinity.unmet(pods.spec(pod), wanted)
 
 
 def pod_total(pod: pods.Pod, resource: str) -> int:
