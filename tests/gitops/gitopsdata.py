@@ -14,13 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.stack import manifestcheck, verify
+from webhook.stack import manifestcheck, site, verify
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 ARGOCD = REPO / "argocd"
-REPO_URL = "https://github.com/example-org/gpugate.git"
-CHART_REPO = "https://helm.ngc.nvidia.com/nvidia"
+# Whatever argocd/site/site.yaml says: a fork edits that file and these tests follow it.
+SITE = site.load(REPO)
+assert SITE is not None, f"{site.SITE_FILE} is missing"
+REPO_URL = SITE.repo_url
+CHART_REPO = SITE.chart_repo_url
 
 KubeObject = dict[str, Any]
 

@@ -32,9 +32,11 @@ from tests.gitops.gitopsdata import (
 
 STACK_FILE = REPO / "manifests" / "gpu-operator" / "stack.yaml"
 VALUES_FILE = REPO / "manifests" / "gpu-operator" / "values.yaml"
-CHILDREN = ("gpu-operator", "gpugate-webhook", "gpugate-balancer", "gpugate-scheduler")
-# docs/gitops.md: operator < webhook < balancer & scheduler
-WAVE_ORDER = (("gpu-operator",), ("gpugate-webhook",), ("gpugate-balancer", "gpugate-scheduler"))
+CHILDREN = ("gpu-operator", "gpugate-webhook", "gpugate-balancer", "gpugate-scheduler", "gpugate-observability")
+# docs/gitops.md: webhook < balancer & scheduler < operator & observability (the last wave, never
+# waited for: tests/gitops/test_sync_waves.py shows why the GPU Operator must not gate anything)
+WAVE_ORDER = (("gpugate-webhook",), ("gpugate-balancer", "gpugate-scheduler"),
+              ("gpu-operator", "gpugate-observability"))
 
 # Built-in cluster-scoped kinds (group, kind) we might render. A rendered kind that is in
 # neither this table, nor the namespaced table below, nor a saved CRD fails the test so that
@@ -156,7 +158,7 @@ def test_crd_schema_catches_the_values_key_used_as_a_cr_field():
 
 # --- sources ----------------------------------------------------------------------------
 
-def test_applications_deployed_are_the_root_and_four_children():
+def test_applications_deployed_are_the_root_and_five_children():
     names = sorted(a["metadata"]["name"] for a in deployed_applications())
     assert names == sorted(("gpugate-root", *CHILDREN))
 
@@ -220,7 +222,7 @@ def _wave(obj: dict) -> int:
 
 
 def test_sync_waves_follow_the_documented_order():
-    """Project first, then operator < webhook < balancer = scheduler."""
+    """Project first, then webhook < balancer = scheduler < operator = observability (the last wave)."""
     objs = deployed_applications_and_project()
     waves = {o["metadata"]["name"]: _wave(o) for o in objs}
     project_wave = next(_wave(o) for o in objs if o["kind"] == "AppProject")
@@ -269,7 +271,7 @@ def test_operator_app_has_no_cascade_delete_finalizer_and_says_why():
     assert not app["metadata"].get("finalizers")
     text = (ARGOCD / "apps" / "gpu-operator.yaml").read_text()
     assert "No resources-finalizer on purpose" in text and "drivers" in text
-    for name in ("gpugate-webhook", "gpugate-balancer", "gpugate-scheduler"):
+    for name in ("gpugate-webhook", "gpugate-balancer", "gpugate-scheduler", "gpugate-observability"):
         assert app_named(name)["metadata"]["finalizers"] == ["resources-finalizer.argocd.argoproj.io"]
 
 
@@ -377,12 +379,33 @@ def test_chart_kind_conditions_follow_the_values():
 
 # --- docs -----------------------------------------------------------------------------------
 
-def test_placeholder_repo_url_is_used_consistently_and_documented():
+def test_every_url_comes_from_the_site_file_and_the_docs_say_so():
+    """Rendered objects carry exactly the repository and chart URLs of argocd/site/site.yaml;
+    the raw files carry none (a fork edits one file), and docs/gitops.md names that file."""
     urls = set()
-    for _, obj in argo_objects():
+    for obj in deployed_applications_and_project() + deployed_applications():
         spec = obj.get("spec", {})
         for source in ([spec["source"]] if spec.get("source") else []) + list(spec.get("sources") or []):
             urls.add(source["repoURL"])
         urls |= set(spec.get("sourceRepos") or [])
     assert urls == {REPO_URL, CHART_REPO}
-    assert REPO_URL in (REPO / "docs" / "gitops.md").read_text()
+    for _, obj in argo_objects():
+        if str(_.relative_to(ARGOCD)).startswith("health/"):
+            continue
+        text = yaml.safe_dump(obj)
+        assert "https://" not in text.replace("https://kubernetes.default.svc", ""), _
+    assert "argocd/site/site.yaml" in (REPO / "docs" / "gitops.md").read_text()
+
+
+def test_chart_cluster_kinds_match_what_the_real_chart_renders():
+    """The documented list (used where helm is absent) against NVIDIA's chart package, rendered with our values."""
+    shared = shared_or_skip()
+    from tests.gitops.test_sync_waves import operator_app_objects
+
+    rendered = {_group_kind(o) for o in operator_app_objects()
+                if _is_cluster_scoped(o) and not (o["metadata"].get("annotations") or {}).get("helm.sh/hook")}
+    chart_data = yaml.safe_load((ARGOCD / "chart-cluster-kinds.yaml").read_text())
+    chart_defaults = yaml.safe_load(
+        (shared / "upstream" / "gpu-operator" / f"values-{chart_data['release']}.yaml").read_text())
+    documented = _chart_cluster_kinds(deep_merge(chart_defaults, yaml.safe_load(VALUES_FILE.read_text())))
+    assert rendered == documented | {("nvidia.com", "NVIDIADriver")}, "drivers/ adds our NVIDIADrivers"

@@ -78,6 +78,13 @@ def stack_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             shutil.copytree(ROOT / folder, repo / folder)
     if SHARED.is_dir():
         (tmp_path / "shared").symlink_to(SHARED)
+    # The chart render of `gpugate stack` must not reach for NVIDIA's repository from a test: use
+    # the chart packages beside the checkout, or (a fresh clone with helm on PATH) skip the render.
+    charts = SHARED / "upstream" / "charts"
+    if (charts / "index.yaml").is_file():
+        monkeypatch.setenv("GPUGATE_CHART_REPO", f"file://{charts}")
+    else:
+        monkeypatch.setenv("GPUGATE_SKIP_CHART_RENDER", "1")
     git(repo, "init", "-q", "-b", "main")
     commit_all(repo, "initial import")
     return repo

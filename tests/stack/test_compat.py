@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 
 import pytest
@@ -137,3 +138,86 @@ def test_driver_type_and_use_precompiled_never_change_under_one_cr_name(old, new
 def test_a_malformed_operator_version_names_the_expected_form(bad):
     with pytest.raises(GpugateError, match="vYY.MM.PP"):
         V.parse(bad)
+
+
+# ---------------------------------------------------------------------------- issue 14: driver images, matrix data
+
+
+@pytest.mark.parametrize(("driver", "precompiled", "says"), [
+    ("595.99.99", False, "not in the list of published driver images"),
+    ("595.91.7", False, "did you mean 595.91.07?"),
+    ("610", False, "is a bare branch"),
+    ("610", True, "has precompiled images for branches 580, 595"),
+    ("595.91.07", True, "name the branch (595)"),
+])
+def test_a_driver_image_that_was_never_published_is_refused(driver, precompiled, says):
+    """A branch check let these through; each would commit an image tag that does not exist."""
+    release = M.release("v26.7.0")
+    assert compat.check_driver_validated(release, pool="p", driver=driver, allow_unvalidated=False).ok
+    check = compat.check_driver_published(M, release, pool="p", driver=driver, use_precompiled=precompiled,
+                                          allow_unlisted=False)
+    assert not check.ok and says in check.reason
+
+
+def test_an_unlisted_driver_passes_only_with_the_override_and_says_so():
+    release = M.release("v26.7.0")
+    check = compat.check_driver_published(M, release, pool="gold", driver="595.99.99", use_precompiled=False,
+                                          allow_unlisted=True)
+    assert check.ok and "--allow-unlisted-driver" in check.reason and "--allow-unlisted-driver" in check.warning
+    bare = compat.check_driver_published(M, release, pool="gold", driver="610", use_precompiled=False,
+                                         allow_unlisted=True)
+    assert not bare.ok, "a bare branch is never an image without usePrecompiled"
+
+
+@pytest.mark.parametrize(("driver", "precompiled"), [("595.91.07", False), ("610.57.04", False), ("580", True),
+                                                     ("595", True)])
+def test_published_drivers_and_precompiled_branches_pass_with_their_source(driver, precompiled):
+    check = compat.check_driver_published(M, M.release("v26.7.0"), pool="p", driver=driver,
+                                          use_precompiled=precompiled, allow_unlisted=False)
+    assert check.ok and check.source
+
+
+def test_every_release_driver_is_a_published_image_and_the_loader_checks_it():
+    for release in M.releases:
+        assert set(release.drivers) | {release.defaults["driver"]} <= set(M.published_drivers), release.version
+    data = yaml.safe_load(resources.files("webhook.stack").joinpath("data/matrix.yaml").read_text())
+    del data["publishedDrivers"]["610.57.04"]
+    with pytest.raises(compat.MatrixError, match="not under publishedDrivers"):
+        compat.Matrix.from_dict(data)
+
+
+def test_575_57_08_is_known_bad_on_pools_mixing_mig_and_full_gpus():
+    """NVIDIA/gpu-operator#1361 names 575.57.08 with the 570 drivers."""
+    check = compat.check_mig_mixed(M, pool="p", driver="575.57.08", mixes_mig_and_full=True)
+    assert not check.ok and "issue-1361" in check.source
+
+
+def test_newer_patches_of_the_pinned_lines_are_known():
+    """The matrix knows what a patch upgrade could move to: the operator line's and the driver branch's."""
+    assert [str(r.version) for r in M.newer_patches(V.parse("v26.3.1"))] == ["v26.3.2", "v26.3.3"]
+    assert M.newer_patches(M.newest.version) == ()
+    assert M.newer_drivers("580.173.02") == ("580.178.04",)
+    assert M.newer_drivers("595.91.07") == () and M.newer_drivers("595") == ()
+    ok = compat.check_driver_published(M, M.release("v26.7.0"), pool="p", driver="580.173.02",
+                                       use_precompiled=False, allow_unlisted=False)
+    assert "newer in branch 580: 580.178.04" in ok.reason
+
+
+_OS_SUFFIX = re.compile(r"-(ubuntu\d\d\.\d\d|ubi\d+|rhel\d+|distroless)$")
+
+
+@pytest.mark.parametrize("tag", ["v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3"])
+def test_component_defaults_keep_the_os_suffix_of_their_release_line(tag, require_shared):
+    """An image tag without its OS suffix does not exist: every release of a line writes a component's
+    tag with the suffix the tagged values.yaml of that line uses (dcgm -ubuntu22.04, mig-manager -ubuntu20.04)."""
+    values = yaml.safe_load((require_shared / "upstream" / "gpu-operator" / f"values-{tag}.yaml").read_text())
+    line = V.parse(tag).line
+    for component in ("dcgm", "migManager", "toolkit", "dcgmExporter"):
+        suffix = _OS_SUFFIX.search(str(values[component]["version"]))
+        for release in M.releases:
+            default = release.defaults.get(component)
+            if release.version.line != line or default is None:
+                continue
+            found = _OS_SUFFIX.search(default)
+            assert (found and found.group(1)) == (suffix and suffix.group(1)), \
+                f"{release.version} {component} {default}"

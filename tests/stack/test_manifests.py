@@ -106,7 +106,7 @@ def test_the_strict_crd_schema_refuses_the_values_key_gpuPodDeletion_inside_a_cr
     (lambda d: d["pools"][1].update(driverType="cuda"), "pools[1].driverType"),
     (lambda d: d["cluster"].update(kubernetesVersion=1.33), "cluster.kubernetesVersion"),
     (lambda d: d["components"].update(nvidiaSmi="1"), "unknown component"),
-    (lambda d: d["pools"].append(dict(d["pools"][1], name="canary2")), "same nodeSelector as pool canary"),
+    (lambda d: d["pools"].append(dict(d["pools"][1], name="canary2")), "can both match one node"),
 ])
 def test_a_bad_stack_yaml_is_refused_with_the_field_named(change, says):
     data = yaml.safe_load(STACK_TEXT)
@@ -134,7 +134,8 @@ def test_set_chart_revision_edits_only_the_chart_sources_target_revision():
     assert len(diff) == 1 and "v26.7.1" in diff[0][1] and "targetRevision" in diff[0][1]
     assert len(text.splitlines()) == len(edited.splitlines())
     other = [s for s in yaml.safe_load(edited)["spec"]["sources"] if "chart" not in s]
-    assert all(s["targetRevision"] == "main" for s in other)
+    before = [s for s in yaml.safe_load(text)["spec"]["sources"] if "chart" not in s]
+    assert other == before and len(other) == 2
 
 
 def test_apply_changes_restores_every_file_when_a_write_fails(tmp_path):
@@ -161,3 +162,58 @@ def test_status_json_of_the_checked_in_stack_lists_pools_and_overrides():
     assert result["components"] == {"dcgmExporter": "4.6.0-4.8.3-distroless"}
     assert result["outOfStep"] == []
     json.dumps(result)
+
+
+# ---------------------------------------------------------------------------- issue 14: pools that could overlap
+
+
+def _with_pool(data: dict, name: str, selector: dict) -> dict:
+    pool = dict(data["pools"][1], name=name, nodeSelector=selector)
+    data["pools"].append(pool)
+    return data
+
+
+@pytest.mark.parametrize("selector", [
+    {"gpugate.io/zone": "a"},                                   # no shared key: a node can carry both labels
+    {"gpugate.io/driver-pool": "canary", "gpugate.io/zone": "a"},  # a subset of canary's nodes
+    {"nvidia.com/gpu.present": "true", "gpugate.io/zone": "a"},
+])
+def test_pools_whose_selectors_could_match_one_node_are_refused(selector):
+    """The operator refuses NVIDIADrivers that *could* select the same GPU node (nodeSelectorsCanSelectSameGPUNode),
+    not only identical selectors."""
+    data = _with_pool(yaml.safe_load(STACK_TEXT), "a100", selector)
+    with pytest.raises(GpugateError, match="can both match one node") as err:
+        Stack.from_dict(data)
+    assert "pool canary" in str(err.value)
+
+
+@pytest.mark.parametrize("selector", [
+    {"gpugate.io/driver-pool": "a100"},                          # same key, another value
+    {"gpugate.io/driver-pool": "a100", "gpugate.io/zone": "a"},
+])
+def test_pools_that_disagree_on_a_label_are_accepted(selector):
+    stack = Stack.from_dict(_with_pool(yaml.safe_load(STACK_TEXT), "a100", selector))
+    assert [p.name for p in stack.pools] == ["default", "canary", "a100"]
+
+
+def test_the_overlap_rule_is_the_operators():
+    from webhook.stack.model import selectors_can_select_same_node as overlap
+
+    assert overlap({"a": "1"}, {"b": "2"}) and overlap({"a": "1"}, {"a": "1", "b": "2"})
+    assert not overlap({"a": "1"}, {"a": "2"})
+    assert not overlap({"nvidia.com/gpu.present": "false"}, {"b": "2"}), "selects no GPU node at all"
+
+
+def test_values_carry_the_default_pools_upgrade_policy():
+    """The ClusterPolicy's upgradePolicy is the default pool's (rendering the real chart showed it was not)."""
+    values = yaml.safe_load((ROOT / manifests.VALUES_FILE).read_text())["driver"]["upgradePolicy"]
+    pool = manifests.load_stack(ROOT).default_pool.upgrade_policy
+    assert values["maxParallelUpgrades"] == pool["maxParallelUpgrades"]
+    assert values["gpuPodDeletion"] == pool["podDeletion"] and values["drain"] == pool["drain"]
+
+
+def test_nvidiadrivers_share_the_charts_sync_wave():
+    for path in sorted((ROOT / manifests.DRIVERS_DIR).glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        if doc.get("kind") == "NVIDIADriver":
+            assert doc["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"] == "0", path.name

@@ -89,3 +89,28 @@ def test_status_kube_with_an_unreachable_server_is_a_clear_error(stack_repo):
     result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--server", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "error: listing ClusterPolicies failed" in result.output
+
+
+def test_a_failed_driver_upgrade_is_a_status_line_and_exit_1(stack_repo, fake_kube):
+    """Issue 14 item 3: the upgrade controller records a failure only on the node label (and a metric);
+    no ClusterPolicy or NVIDIADriver condition says it, so Argo CD stays Progressing. Status must say it."""
+    populate(fake_kube)
+    fake_kube.put(node("gpu-f", owner="canary", state="upgrade-failed", pool_label="canary"))
+    result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--server", fake_kube.url],
+                                catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert "DRIVER UPGRADE FAILED on pool canary: gpu-f." in result.output
+    assert "kubectl label node gpu-f nvidia.com/gpu-driver-upgrade-state=upgrade-required --overwrite" in result.output
+    data = json.loads(CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--server",
+                                                fake_kube.url, "-o", "json"]).output)
+    assert data["cluster"]["upgradeFailed"] == 1
+    assert {p["name"]: p["upgradeFailed"] for p in data["cluster"]["pools"]} == {"default": [], "canary": ["gpu-f"]}
+
+
+def test_status_names_the_chart_repository_of_the_site_file(stack_repo):
+    result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo)], catch_exceptions=False)
+    assert result.exit_code == 0
+    from webhook.stack import site
+
+    chart_repo = site.load(stack_repo).chart_repo_url  # a fork's own site.yaml passes too
+    assert f"operator           gpu-operator v26.7.0 ({chart_repo})" in result.output

@@ -154,13 +154,13 @@ def test_refused_known_bad_driver_on_a_pool_mixing_mig_and_full_gpus(stack_repo,
 
 
 def test_refused_unvalidated_driver_unless_allowed_then_warned(stack_repo):
-    _refused(stack_repo, ["--operator", "v26.7.0", "--driver", "575.57.08", "--pool", "canary"],
+    _refused(stack_repo, ["--operator", "v26.7.0", "--driver", "590.48.01", "--pool", "canary"],
              "driver-validated[canary]", "outside v26.7.0's validated branches 610, 595, 580, 535")
-    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "575.57.08", "--pool", "canary",
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "590.48.01", "--pool", "canary",
                  "--allow-unvalidated-driver")
     assert result.exit_code == 0, result.output
-    assert "warnings:\n  pool canary: driver 575.57.08 is not validated for v26.7.0" in result.output
-    assert "Warnings:\n  pool canary: driver 575.57.08 is not validated for v26.7.0" in message(stack_repo)
+    assert "warnings:\n  pool canary: driver 590.48.01 is not validated for v26.7.0" in result.output
+    assert "Warnings:\n  pool canary: driver 590.48.01 is not validated for v26.7.0" in message(stack_repo)
 
 
 def _cluster_policy(state: str, ready: str) -> dict:
@@ -295,12 +295,14 @@ def test_a_failure_after_all_files_are_written_but_before_the_commit_restores_th
 # ---------------------------------------------------------------------------- canary, promote, rollback
 
 
-def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, shared_or_none):
+def test_canary_then_promote_then_rollback_twice_steps_back_twice(stack_repo, shared_or_none):
+    """Issue 14 item 10: the second rollback undoes the canary upgrade; it does not re-apply the promote."""
     base = head(stack_repo)
     result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary")
     assert result.exit_code == 0, result.output
     assert committed_files(stack_repo) == sorted([manifests.STACK_FILE, f"{manifests.DRIVERS_DIR}/canary.yaml"])
     assert pools(stack_repo) == {"default": "595.91.07", "canary": "610.57.04"}
+    canary_sha = head(stack_repo)
 
     result = run(stack_repo, "promote", "--from", "canary", "--to", "all")
     assert result.exit_code == 0, result.output
@@ -312,21 +314,23 @@ def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, shared_or_
 
     result = run(stack_repo, "rollback")
     assert result.exit_code == 0, result.output
-    assert (f"reverted {promote_sha[:12]} [promote] gpugate stack: "
-            f"promote driver 610.57.04 from pool canary to all pools") in result.output
+    assert f"rolls back: {promote_sha}" in result.output
+    assert "PASS  driver-published[default]" in result.output and "cannot undo:" in result.output
     assert "pool default: 610.57.04 -> 595.91.07" in result.output
     assert pools(stack_repo) == {"default": "595.91.07", "canary": "610.57.04"}
-    assert f"Gpugate-Reverts: {promote_sha}" in message(stack_repo)
-    rollback_sha = head(stack_repo)
+    text = message(stack_repo)
+    assert f"Gpugate-Reverts: {promote_sha}" in text and "Gpugate-Stack: rollback" in text
+    assert "Cannot undo:\n  drivers are replaced through the same node-by-node upgrade state machine" in text
 
     result = run(stack_repo, "rollback", "-o", "json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["reverted"] == rollback_sha
-    assert pools(stack_repo) == {"default": "610.57.04", "canary": "610.57.04"}
+    data = json.loads(result.output)
+    assert data["reverts"] == canary_sha and data["committed"] == head(stack_repo)
+    assert pools(stack_repo) == {"default": "595.91.07", "canary": "595.91.07"}
 
     subjects = git(stack_repo, "log", "--format=%s", f"{base}..HEAD").splitlines()
     assert subjects == [
-        "gpugate stack: rollback rollback promote driver 610.57.04 from pool canary to all pools",
+        "gpugate stack: rollback upgrade driver 610.57.04 on pool canary",
         "gpugate stack: rollback promote driver 610.57.04 from pool canary to all pools",
         "gpugate stack: promote driver 610.57.04 from pool canary to all pools",
         "gpugate stack: upgrade driver 610.57.04 on pool canary",
@@ -336,6 +340,9 @@ def test_canary_then_promote_then_rollback_twice_in_order(stack_repo, shared_or_
     # history only grows: the original commits are still ancestors of HEAD
     git(stack_repo, "merge-base", "--is-ancestor", promote_sha, "HEAD")
     assert_renders_and_validates(stack_repo, shared_or_none)
+    # nothing left to step back to
+    result = run(stack_repo, "rollback")
+    assert result.exit_code == 1 and "rolled back already" in result.output
 
 
 def test_rollback_skips_ordinary_commits_and_reverts_the_newest_stack_commit(stack_repo):
@@ -347,8 +354,49 @@ def test_rollback_skips_ordinary_commits_and_reverts_the_newest_stack_commit(sta
     git(stack_repo, "commit", "-q", "-m", "docs")
     result = run(stack_repo, "rollback")
     assert result.exit_code == 0, result.output
-    assert f"reverted {upgrade_sha[:12]} [upgrade]" in result.output
+    assert f"rolls back: {upgrade_sha}" in result.output
     assert pools(stack_repo)["canary"] == "595.91.07" and (stack_repo / "README.md").exists()
+
+
+def test_rollback_of_an_operator_upgrade_runs_the_checks_and_refuses_a_silent_downgrade(stack_repo, set_stack):
+    """Issue 14 item 10: rolling back v26.3.3 -> v26.7.0 downgrades the operator and its CRDs: refused unless
+    --allow-operator-downgrade, and then said in the commit."""
+    set_stack(operator_version="v26.3.3", management="clusterpolicy", pools={"default": {"driver": "580.126.20"}})
+    values = stack_repo / manifests.VALUES_FILE
+    values.write_text(values.read_text().replace("    scrapeTimeout: 10s\n", ""))  # a v26.7.0-only key
+    git(stack_repo, "commit", "-q", "-am", "values that both charts know")
+    assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "595.91.07").exit_code == 0
+    before = snapshot(stack_repo)
+    result = run(stack_repo, "rollback")
+    assert result.exit_code == 1, result.output
+    assert "FAIL  rollback-path" in result.output and "--allow-operator-downgrade" in result.output
+    assert "PASS  kubernetes" in result.output and "driver-published[default]" in result.output
+    assert snapshot(stack_repo) == before
+    result = run(stack_repo, "rollback", "--allow-operator-downgrade")
+    assert result.exit_code == 0, result.output
+    assert "PASS  values-keys" in result.output and "exists in chart v26.3.3" in result.output
+    assert stack_yaml(stack_repo)["operator"]["version"] == "v26.3.3"
+    assert pools(stack_repo) == {"default": "580.126.20"}
+    text = message(stack_repo)
+    assert "Cannot undo:\n  gpu-operator v26.7.0 -> v26.3.3 is a downgrade" in text
+    assert "the CRDs go back too" in text and "--include-crds" in text
+    assert "gpu-operator is downgraded v26.7.0 -> v26.3.3 (--allow-operator-downgrade)" in text
+
+
+def test_rollback_refuses_a_version_the_driver_check_refuses(stack_repo):
+    """The rollback target is checked like an upgrade: a driver that is not a published image is refused."""
+    data = stack_yaml(stack_repo)
+    data["pools"][1]["driver"] = "595.91.7"
+    (stack_repo / manifests.STACK_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
+    git(stack_repo, "commit", "-q", "-am", "a hand edit outside the tool, with an unpadded version")
+    result = run(stack_repo, "sync", "--allow-unlisted-driver")
+    assert result.exit_code == 0, result.output
+    assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool",
+               "canary").exit_code == 0
+    before = snapshot(stack_repo)
+    result = run(stack_repo, "rollback")
+    assert result.exit_code == 1 and "FAIL  driver-published[canary]" in result.output, result.output
+    assert "did you mean 595.91.07?" in result.output and snapshot(stack_repo) == before
 
 
 def test_rollback_without_a_stack_commit_says_so(stack_repo):
@@ -414,3 +462,40 @@ def test_sync_refuses_other_uncommitted_changes(stack_repo):
 def test_a_malformed_version_is_a_usage_error(stack_repo, args, says):
     result = run(stack_repo, "plan", *args)
     assert result.exit_code == 2 and says in result.output
+
+
+# ------------------------------------------------------------ issue 14: sync adds a pool; unlisted drivers
+
+
+def test_sync_adds_a_pool_with_its_nvidiadriver(stack_repo, shared_or_none):
+    """docs/stack.md says `sync` can add a pool: it crashed on the pool HEAD's stack.yaml does not have."""
+    def add(data: dict) -> None:
+        data["pools"].append(dict(data["pools"][1], name="a100", nodeSelector={"gpugate.io/driver-pool": "a100"},
+                                  driver="580.173.02"))
+    _edit_stack(stack_repo, add)
+    result = run(stack_repo, "sync")
+    assert result.exit_code == 0, result.output
+    assert "PASS  driver-published[a100]" in result.output
+    assert committed_files(stack_repo) == sorted([manifests.STACK_FILE, f"{manifests.DRIVERS_DIR}/a100.yaml",
+                                                  manifests.DRIVERS_KUSTOMIZATION])
+    assert message(stack_repo).startswith("gpugate stack: sync add pool a100 (driver 580.173.02)\n")
+    assert "  pool a100: (none) -> 580.173.02\n" in message(stack_repo)
+    assert_renders_and_validates(stack_repo, shared_or_none)
+
+
+@pytest.mark.parametrize("driver", ["595.99.99", "595.91.7"])
+def test_an_unlisted_driver_needs_the_override_and_the_commit_says_so(stack_repo, driver):
+    _refused(stack_repo, ["--operator", "v26.7.0", "--driver", driver, "--pool", "canary"],
+             "driver-published[canary]", "not in the list of published driver images")
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", driver, "--pool", "canary",
+                 "--allow-unlisted-driver")
+    assert result.exit_code == 0, result.output
+    assert (f"Warnings:\n  pool canary: driver {driver} is not a listed published image; committed with "
+            f"--allow-unlisted-driver") in message(stack_repo)
+
+
+def test_a_bare_branch_without_precompiled_images_is_refused_even_with_the_override(stack_repo):
+    result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610", "--pool", "canary",
+                 "--allow-unlisted-driver", "--allow-unvalidated-driver")
+    assert result.exit_code == 1 and "FAIL  driver-published[canary]" in result.output
+    assert "bare branch" in result.output

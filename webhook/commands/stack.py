@@ -75,7 +75,7 @@ def _change_options(func: Any) -> Any:
 
 def _chart_options(func: Any) -> Any:
     """How the real chart is rendered before a commit (the check is skipped, and says so, without helm)."""
-    func = click.option("--skip-chart-render", is_flag=True,
+    func = click.option("--skip-chart-render", is_flag=True, envvar="GPUGATE_SKIP_CHART_RENDER",
                         help="Do not render the chart (e.g. offline); the commit says it was not checked.")(func)
     func = click.option("--chart-repo", default=None,
                         help="Helm repository to render the chart from (default: $GPUGATE_CHART_REPO, else "

@@ -48,6 +48,15 @@ def find_helm(explicit: str | None = None) -> Path | None:
     return None
 
 
+def _local_folder(repo_url: str) -> Path | None:
+    """``file:///path`` (or a plain existing folder) names a folder of chart packages, not a Helm server."""
+    if repo_url.startswith("file://"):
+        return Path(repo_url.removeprefix("file://"))
+    if "://" not in repo_url and Path(repo_url).is_dir():
+        return Path(repo_url)
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ChartSource:
     """One chart version in one Helm repository (what an Application's Helm source names)."""
@@ -73,8 +82,18 @@ def render(helm: Path, source: ChartSource, *, values: bytes, kube_version: str 
         values_file.write_bytes(values)
         env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
                "HELM_DATA_HOME": str(home / "data")}
-        args = [str(helm), "template", release, source.chart, "--repo", source.repo_url, "--version",
-                source.version, "--namespace", namespace, "--include-crds", "--values", str(values_file)]
+        local = _local_folder(source.repo_url)
+        if local is not None:
+            # A folder of packaged charts (e.g. a mirror, ../shared/upstream/charts): no server needed.
+            package = local / f"{source.chart}-{source.version}.tgz"
+            if not package.is_file():
+                raise GpugateError(f"{package} not found: the chart folder {local} has no {source.chart} "
+                                   f"{source.version}")
+            chart_args = [str(package)]
+        else:
+            chart_args = [source.chart, "--repo", source.repo_url, "--version", source.version]
+        args = [str(helm), "template", release, *chart_args, "--namespace", namespace, "--include-crds",
+                "--values", str(values_file)]
         if kube_version:
             args += ["--kube-version", kube_version]
         try:

@@ -4,13 +4,20 @@
 --
 -- A parent reads the child's status right after applying the child's new spec; until the
 -- controller has compared that spec, status.health still describes the old one. So while
--- status.sync.comparedTo does not match spec.source/spec.sources (the controller's own
--- staleness test), report Progressing instead of the stale verdict; likewise while a sync
--- operation is still running. Otherwise the child's own health passes through.
+-- status.sync.comparedTo does not match the spec, report Progressing instead of the stale
+-- verdict; likewise while a sync operation is still running. Otherwise the child's own health
+-- passes through.
+--
+-- "Match" is the controller's own test (argo-cd controller/state.go specEqualsCompareTo:
+-- reflect.DeepEqual of comparedTo and spec.BuildComparedToStatus, i.e. destination,
+-- ignoreDifferences and source or sources), on values as the controller writes them: it decodes
+-- the spec into Go structs and writes comparedTo back as JSON, where every omitempty field that
+-- is false, 0, "" or empty is dropped. A spec saying `helm: {skipCrds: false}` is compared to a
+-- comparedTo without skipCrds; a literal comparison would call it stale forever.
 
--- Deep equality where nil, {} and "" mean the same (the API server drops empty fields).
+-- Deep equality where nil, false, 0, "" and {} mean the same (Go's zero values, omitted).
 local function empty(v)
-  return v == nil or v == "" or (type(v) == "table" and next(v) == nil)
+  return v == nil or v == "" or v == false or v == 0 or (type(v) == "table" and next(v) == nil)
 end
 
 local function same(a, b)
@@ -42,7 +49,17 @@ if obj.status.sync ~= nil then
   compared = obj.status.sync.comparedTo
 end
 if compared ~= nil and obj.spec ~= nil then
-  if not same(obj.spec.source, compared.source) or not same(obj.spec.sources, compared.sources) then
+  local spec = obj.spec
+  local multi = not empty(spec.sources)
+  local source, sources = spec.source, spec.sources
+  if multi then
+    source = nil -- BuildComparedToStatus keeps only sources when there are several
+  else
+    sources = nil
+  end
+  if not same(source, compared.source) or not same(sources, compared.sources)
+      or not same(spec.destination, compared.destination)
+      or not same(spec.ignoreDifferences, compared.ignoreDifferences) then
     return {status = "Progressing", message = "Waiting for the controller to compare the new spec (status is stale)"}
   end
 end

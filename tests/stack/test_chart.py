@@ -1,0 +1,135 @@
+"""The real gpu-operator chart, rendered with helm the way Argo CD renders it, means what stack.yaml says.
+
+NVIDIA's chart packages are in ../shared/upstream/charts (a folder chartrender reads as
+``file://``); helm is the one built from its Go module for the e2e tests. Without either the tests
+skip and say which is missing. The server-side dry-run of the same renders is in tests/e2e/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.stack.conftest import ROOT, SHARED, commit_all, git
+from webhook.cli import main
+from webhook.stack import chartcheck, chartrender, manifests
+from webhook.stack.model import Stack
+
+CHARTS = SHARED / "upstream" / "charts"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    try:
+        from tests.e2e import gitops_binaries
+
+        found = (gitops_binaries.paths() or {}).get("helm")
+    except Exception:
+        found = None
+    path = found or (Path(p) if (p := shutil.which("helm")) else None)
+    if path is None:
+        pytest.skip("no helm: `python -m tests.e2e.gitops_binaries build` builds one from helm.sh/helm/v3")
+    if not CHARTS.is_dir():
+        pytest.skip(f"{CHARTS} is absent (NVIDIA's chart packages)")
+    return Path(path)
+
+
+def render(helm: Path, stack: Stack, values: bytes) -> list[dict]:
+    source = chartrender.ChartSource(repo_url=f"file://{CHARTS}", chart=stack.chart,
+                                     version=str(stack.operator_version))
+    return chartrender.render(helm, source, values=values, kube_version=f"1.{stack.kubernetes_minor}")
+
+
+def checked_in() -> tuple[Stack, bytes, list[dict]]:
+    stack = manifests.load_stack(ROOT)
+    from webhook.stack import manifestcheck
+
+    return stack, (ROOT / manifests.VALUES_FILE).read_bytes(), manifestcheck.kustomize(ROOT / manifests.DRIVERS_DIR)
+
+
+def test_the_pinned_chart_with_our_values_passes_every_chart_check(helm):
+    stack, values, drivers = checked_in()
+    checks = chartcheck.check_rendered_chart(render(helm, stack, values), stack, drivers)
+    assert [c.name for c in checks] == ["chart-clusterpolicy", "chart-nvidiadriver", "chart-delete-hooks",
+                                        "chart-sync-order"]
+    assert all(c.ok for c in checks), [c.reason for c in checks if not c.ok]
+
+
+def test_the_nfd_prune_hook_is_off(helm):
+    """Issue 14 item 7: without postDeleteCleanup: false the chart renders NFD's post-delete prune Job,
+    which Argo CD runs on any deletion of the Application."""
+    stack, values, _ = checked_in()
+    data = yaml.safe_load(values)
+    assert data["node-feature-discovery"]["postDeleteCleanup"] is False
+    del data["node-feature-discovery"]
+    check = chartcheck.check_delete_hooks(render(helm, stack, yaml.safe_dump(data).encode()))
+    assert not check.ok and "node-feature-discovery-prune" in check.reason and "PostDelete" in check.reason
+    objects = render(helm, stack, values)
+    hooks = {o["metadata"]["name"]: o["metadata"]["annotations"]["helm.sh/hook"] for o in objects
+             if "helm.sh/hook" in (o["metadata"].get("annotations") or {})}
+    assert hooks == {"gpu-operator-cleanup-gpucluster": "pre-delete"}, "only the no-op GPUCluster cleanup is left"
+    assert not any(o["kind"] == "GPUCluster" for o in objects)
+
+
+def test_a_policy_the_values_do_not_carry_is_caught(helm):
+    """In clusterpolicy mode the ClusterPolicy's upgradePolicy must be the default pool's."""
+    stack, values, _ = checked_in()
+    single = stack.replace(management="clusterpolicy", pools=(stack.default_pool,))
+    derived = manifests.render_values(values.decode(), single).encode()
+    assert all(c.ok for c in chartcheck.check_rendered_chart(render(helm, single, derived), single, []))
+    drifted = yaml.safe_load(derived)
+    drifted["driver"]["upgradePolicy"]["maxParallelUpgrades"] = 7
+    check = chartcheck.check_cluster_policy(render(helm, single, yaml.safe_dump(drifted).encode()), single)
+    assert not check.ok and "maxParallelUpgrades (7 != 2)" in check.reason
+
+
+def test_a_driver_in_a_later_wave_is_caught(helm):
+    stack, values, drivers = checked_in()
+    late = copy.deepcopy(drivers)
+    late[0]["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"] = "1"
+    check = chartcheck.check_sync_order(render(helm, stack, values) + late)
+    assert not check.ok and "2 waves" in check.reason
+
+
+# --- `gpugate stack upgrade` renders the target release --------------------------------------
+
+def run(repo: Path, *args: str):
+    return CliRunner().invoke(main, ["stack", *args, "--repo", str(repo)], catch_exceptions=False)
+
+
+def test_upgrade_renders_the_new_releases_chart_with_the_new_values(stack_repo, set_stack, helm, monkeypatch):
+    """Issue 14 item 13: v26.3.3 -> v26.7.0 is checked on the v26.7.0 chart's own render before the commit."""
+    monkeypatch.setenv(chartrender.CHART_REPO_ENV, f"file://{CHARTS}")
+    set_stack(operator_version="v26.3.3", management="clusterpolicy", pools={"default": {"driver": "580.126.20"}})
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "595.91.07", "--helm", str(helm))
+    assert result.exit_code == 0, result.output
+    assert "PASS  chart-render" in result.output and "gpu-operator v26.7.0 from file://" in result.output
+    assert "PASS  chart-clusterpolicy" in result.output and "driver 595.91.07 from the ClusterPolicy" in result.output
+    text = git(stack_repo, "log", "-n1", "--format=%B")
+    for name in ("chart-render", "chart-clusterpolicy", "chart-nvidiadriver", "chart-delete-hooks", "chart-sync-order"):
+        assert f"\n  {name}: " in text, name
+
+
+def test_upgrade_refuses_a_commit_whose_chart_says_something_else(stack_repo, helm, monkeypatch):
+    monkeypatch.setenv(chartrender.CHART_REPO_ENV, f"file://{CHARTS}")
+    values = stack_repo / manifests.VALUES_FILE
+    values.write_text(values.read_text().replace("    deployDefaultCR: false\n", "    deployDefaultCR: true\n"))
+    commit_all(stack_repo, "the chart's own default NVIDIADriver next to ours")
+    result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04", "--helm", str(helm))
+    assert result.exit_code == 1 and "FAIL  chart-nvidiadriver" in result.output, result.output
+
+
+def test_without_helm_the_render_is_skipped_and_said(stack_repo, monkeypatch):
+    monkeypatch.delenv(chartrender.HELM_ENV, raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # kubectl and git stay, no helm
+    if shutil.which("helm"):
+        pytest.skip("a helm is installed system-wide")
+    result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04")
+    assert result.exit_code == 0, result.output
+    assert "PASS  chart-render" in result.output and "not rendered: helm not found" in result.output
+    assert "its ClusterPolicy was not checked against stack.yaml" in result.output
