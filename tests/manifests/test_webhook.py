@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from flask import Flask
 
 from tests.manifests.helpers import (
@@ -23,6 +24,7 @@ from webhook.stack import manifestcheck
 
 WEBHOOK_VARIANTS = sorted(v for v, (resources, _) in VARIANTS.items() if "webhook" in resources)
 CONFIG_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease"}
 
 
@@ -159,6 +161,9 @@ def test_excluded_namespaces_include_the_webhooks_own_and_the_system_ones(varian
         by_name = [e for e in expressions if e["key"] == "kubernetes.io/metadata.name"]
         assert len(by_name) == 1 and by_name[0]["operator"] == "NotIn"
         assert {own, *SYSTEM_NAMESPACES} <= set(by_name[0]["values"]), kind
+        # The GPU Operator's namespace (argocd/apps/gpu-operator.yaml): its pods are not gpugate's to shape.
+        operator_namespace = yaml.safe_load((ROOT / "argocd/apps/gpu-operator.yaml").read_text())
+        assert operator_namespace["spec"]["destination"]["namespace"] in by_name[0]["values"], kind
         assert {"key": "gpugate.io/skip", "operator": "NotIn", "values": ["true"]} in expressions
         if kind == "MutatingWebhookConfiguration":
             assert hook["objectSelector"] == {
