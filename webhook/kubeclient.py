@@ -70,6 +70,16 @@ def call(fn: Callable[[], T], what: str) -> T:
                               f"KUBECONFIG and that the cluster is up") from err
 
 
+def call_unless_absent(fn: Callable[[], T], what: str) -> T | None:
+    """``call``, but None when the API answers 404: the resource type is not served (its CRD is not installed)."""
+    try:
+        return call(fn, what)
+    except ClusterAPIError as err:
+        if isinstance(err.__cause__, ApiException) and err.__cause__.status == 404:
+            return None
+        raise
+
+
 def raw_json(response: Any) -> Any:
     """The JSON of a response fetched with ``_preload_content=False`` (the client's models drop fields)."""
     return json.loads(response.data)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -40,6 +41,22 @@ def test_every_summary_in_help_ends_where_it_should() -> None:
     policy = run("policy", "--help")
     assert not [line for line in command_lines(policy.output) if line.endswith("...")]
     assert "default: policies" in policy.output
+
+
+@pytest.mark.parametrize("group", ["stack", "argocd", "policy"])
+def test_every_subcommand_summary_fits_on_its_line(group: str) -> None:
+    """click cut `gpugate stack --help` and `gpugate argocd --help` summaries with '...': each
+    subcommand has an explicit short_help, a sentence that fits on its one line."""
+    result = run(group, "--help")
+    assert result.exit_code == 0
+    lines = command_lines(result.output)
+    command = main.get_command(click.Context(main), group)
+    assert isinstance(command, click.Group)
+    assert len(lines) == len(command.commands), lines  # one line each: nothing wrapped
+    assert not [line for line in lines if line.endswith("...")]
+    for name, sub in command.commands.items():
+        assert sub.short_help and sub.short_help.endswith(".") and len(sub.short_help) <= 60, (name, sub.short_help)
+        assert any(line.split(None, 1) == [name, sub.short_help] for line in lines), (name, lines)
 
 
 def test_admit_takes_dash_n_like_mutate() -> None:
@@ -98,3 +115,17 @@ def test_cluster_commands_against_a_server_that_does_not_answer_say_so() -> None
     result = run("certs", "--secret", "gpugate-system/tls", "--server", f"http://127.0.0.1:{closed_port()}")
     no_traceback(result)
     assert result.exit_code == 1 and "does not answer" in result.output
+
+
+def test_replay_device_allocation_names_the_device_plugins_real_option() -> None:
+    """The help said `--allocation-policy` (the first draft of NVIDIA/k8s-device-plugin PR #1621); the
+    released flag is `--shared-devices-allocation-policy` (v0.20.0, config
+    flags.plugin.sharedDevicesAllocationPolicy), as docs/placement.md says."""
+    replay = main.get_command(click.Context(main), "replay")
+    assert replay is not None
+    option = next(p for p in replay.params if p.name == "device_allocation")
+    text = option.help or ""
+    assert "--shared-devices-allocation-policy packed" in text and "--allocation-policy packed" not in text
+    assert "flags.plugin.sharedDevicesAllocationPolicy" in text
+    doc = (REPO / "docs" / "placement.md").read_text(encoding="utf-8")
+    assert "--shared-devices-allocation-policy" in doc and "sharedDevicesAllocationPolicy" in doc

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 
+import pytest
 from click.testing import CliRunner
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
@@ -85,10 +87,62 @@ def test_status_kube_text_names_each_object_and_pool(stack_repo, fake_kube):
     assert "    canary       (none)=1, cordon-required=1 (NVIDIADriver notReady)" in out
 
 
-def test_status_kube_with_an_unreachable_server_is_a_clear_error(stack_repo):
-    result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--server", "http://127.0.0.1:9"])
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def no_traceback(result) -> None:
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture
+def no_kubeconfig(tmp_path, monkeypatch) -> None:
+    """No in-cluster service account and no kubeconfig, as on a laptop that never ran kubectl."""
+    from kubernetes.config import kube_config
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "absent"))
+
+
+def test_status_kube_without_a_cluster_says_how_to_point_at_one(stack_repo, no_kubeconfig):
+    """Issue 20 item 1: the same message as `gpugate balance` and `gpugate certs`, never a traceback."""
+    result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--kube"])
+    no_traceback(result)
     assert result.exit_code == 1
-    assert "error: listing ClusterPolicies failed" in result.output
+    assert "error: no cluster to talk to (" in result.output
+    assert "pass --server URL, run in a pod with a service account, or set KUBECONFIG" in result.output
+
+
+@pytest.mark.parametrize("command", [
+    ["status", "--kube"],
+    # step 2 of the driver migration asks the cluster whether step 1 is healthy
+    ["plan", "--operator", "v26.7.0", "--driver-management", "nvidiadriver", "--kube"],
+])
+def test_stack_commands_against_a_server_that_does_not_answer_say_so(stack_repo, set_stack, command):
+    """Issue 20 item 1: urllib3's MaxRetryError was printed as "listing ClusterPolicies failed:
+    HTTPConnectionPool(...)"; kubeclient words it for every command that talks to the cluster."""
+    if command[0] == "plan":
+        set_stack(operator_version="v26.7.0", management="clusterpolicy")
+    result = CliRunner().invoke(main, ["stack", *command, "--repo", str(stack_repo),
+                                       "--server", f"http://127.0.0.1:{closed_port()}"])
+    no_traceback(result)
+    assert result.exit_code == 1
+    assert "error: listing ClusterPolicies: the API server does not answer (" in result.output
+    assert "check --server or KUBECONFIG and that the cluster is up" in result.output
+
+
+def test_status_kube_when_the_api_server_refuses_names_its_answer(stack_repo, fake_kube):
+    populate(fake_kube)
+    fake_kube.fail_next("GET", r"/api/v1/nodes", code=403, reason="Forbidden",
+                        message='nodes is forbidden: User "dev" cannot list resource "nodes"')
+    result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--server", fake_kube.url])
+    no_traceback(result)
+    assert result.exit_code == 1
+    assert ('error: listing nodes: the API server answered 403 nodes is forbidden: User "dev" cannot list '
+            'resource "nodes"') in result.output
 
 
 def test_a_failed_driver_upgrade_is_a_status_line_and_exit_1(stack_repo, fake_kube):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,11 +157,14 @@ def test_refused_known_bad_driver_on_a_pool_mixing_mig_and_full_gpus(stack_repo,
 def test_refused_unvalidated_driver_unless_allowed_then_warned(stack_repo):
     _refused(stack_repo, ["--operator", "v26.7.0", "--driver", "590.48.01", "--pool", "canary"],
              "driver-validated[canary]", "outside v26.7.0's validated branches 610, 595, 580, 535")
+    # 590.48.01 is also older than the shipped 595.91.07: a downgrade, accepted on purpose here
     result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "590.48.01", "--pool", "canary",
-                 "--allow-unvalidated-driver")
+                 "--allow-unvalidated-driver", "--allow-driver-downgrade")
     assert result.exit_code == 0, result.output
-    assert "warnings:\n  pool canary: driver 590.48.01 is not validated for v26.7.0" in result.output
-    assert "Warnings:\n  pool canary: driver 590.48.01 is not validated for v26.7.0" in message(stack_repo)
+    warned = ("  pool canary: driver downgraded 595.91.07 -> 590.48.01 (--allow-driver-downgrade)\n"
+              "  pool canary: driver 590.48.01 is not validated for v26.7.0\n")
+    assert "warnings:\n" + warned in result.output
+    assert "Warnings:\n" + warned in message(stack_repo)
 
 
 def _cluster_policy(state: str, ready: str) -> dict:
@@ -499,3 +503,54 @@ def test_a_bare_branch_without_precompiled_images_is_refused_even_with_the_overr
                  "--allow-unlisted-driver", "--allow-unvalidated-driver")
     assert result.exit_code == 1 and "FAIL  driver-published[canary]" in result.output
     assert "bare branch" in result.output
+
+
+# ------------------------------------------------------------ issue 20: downgrades, no phantom commits, no extra
+
+
+def test_upgrade_to_an_older_driver_is_refused_as_a_downgrade_then_committed_as_one(stack_repo):
+    """Issue 20 item 2: 610.57.04 -> 595.91.07 passed every check and was committed as an "upgrade"."""
+    assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04").exit_code == 0
+    args = ["--operator", "v26.7.0", "--driver", "595.91.07"]
+    _refused(stack_repo, args, "driver-path[default]", "610.57.04 -> 595.91.07 on pool default is a downgrade")
+    result = run(stack_repo, "plan", *args)
+    title = "downgrade driver 595.91.07 on pools default, canary (from 610.57.04)"
+    assert result.output.startswith(f"plan: {title}\n") and "pass --allow-driver-downgrade" in result.output
+    result = run(stack_repo, "upgrade", *args, "--allow-driver-downgrade")
+    assert result.exit_code == 0, result.output
+    assert f"committed {head(stack_repo)[:12]}: gpugate stack: {title}" in result.output
+    text = message(stack_repo)
+    assert text.startswith(f"gpugate stack: {title}\n")
+    assert "  pool default: driver downgraded 610.57.04 -> 595.91.07 (--allow-driver-downgrade)" in text
+    assert pools(stack_repo) == {"default": "595.91.07", "canary": "595.91.07"}
+
+
+def test_a_failed_plan_lists_no_commit(stack_repo):
+    """Issue 20 item 4: "FAIL changes ... nothing to commit" stood right above "commits (1): ... [this run]"."""
+    result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "595.91.07")
+    assert result.exit_code == 1
+    assert "FAIL  changes" in result.output and "nothing to commit" in result.output
+    assert "commits: none (a check failed)" in result.output
+    assert "[this run]" not in result.output and "commits (" not in result.output
+    data = json.loads(run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "595.91.07", "-o", "json").output)
+    assert data["ok"] is False and data["commits"] == []
+
+
+def test_plan_runs_without_kubernetes_validate_and_shows_the_check_skipped(stack_repo, monkeypatch):
+    """Issue 20 item 3: on the quick start's install (no `stack` extra) `plan` failed drivers-valid;
+    it now says what it would do and shows the schema check skipped with the install command.
+    Committing still needs the extra, as the README says."""
+    monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # import kubernetes_validate fails
+    args = ["--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary"]
+    result = run(stack_repo, "plan", *args)
+    assert result.exit_code == 0, result.output
+    assert "SKIP  drivers-valid" in result.output
+    assert "kubernetes-validate is not installed; pip install 'gpugate[stack]'" in result.output
+    assert "commits (1):" in result.output and "result: all checks pass" in result.output
+    data = json.loads(run(stack_repo, "plan", *args, "-o", "json").output)
+    assert [c.get("skipped") for c in data["checks"] if c["name"] == "drivers-valid"] == [True]
+    before = snapshot(stack_repo)
+    result = run(stack_repo, "upgrade", *args)
+    assert result.exit_code == 1
+    assert "FAIL  drivers-valid" in result.output and "pip install 'gpugate[stack]'" in result.output
+    assert snapshot(stack_repo) == before

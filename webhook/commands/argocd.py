@@ -128,7 +128,7 @@ def argocd() -> None:
     """Argo CD artefacts of the GPU stack (argocd/)."""
 
 
-@argocd.command("health-patch")
+@argocd.command("health-patch", short_help="Write or check the argocd-cm health patch.")
 @click.option("--health-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_HEALTH_DIR,
               show_default=True, help="Folder holding <group>/<Kind>/health.lua.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_PATCH_FILE,

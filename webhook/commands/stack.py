@@ -52,6 +52,11 @@ def _form(parse: Any) -> Any:
     return callback
 
 
+_DOWNGRADE_OPTION = click.option(
+    "--allow-driver-downgrade", is_flag=True,
+    help="Accept moving a pool to an older driver (the commit is titled a downgrade and says so).")
+
+
 def _change_options(func: Any) -> Any:
     options = [
         click.option("--operator", required=True, callback=_form(compat.OperatorVersion.parse),
@@ -65,6 +70,7 @@ def _change_options(func: Any) -> Any:
                      help="Accept a driver outside the target's validated branches (warned)."),
         click.option("--allow-unlisted-driver", is_flag=True,
                      help="Accept a driver version not in the list of published driver images (said in the commit)."),
+        _DOWNGRADE_OPTION,
         click.option("--driver-management", type=_MODES, default=None,
                      help="Move the driver to NVIDIADriver CRs per pool, or back to the ClusterPolicy."),
     ]
@@ -99,15 +105,16 @@ def _cluster_option(func: Any) -> Any:
 def _lister(kube: bool, server: str | None) -> Any:
     if not kube and server is None:
         return None
-    return lambda: stack_status.fetch_cluster(server)["clusterPolicies"] or []
+    return lambda: stack_status.fetch_cluster_policies(server)
 
 
 def _request(operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-             allow_unvalidated_driver: bool, allow_unlisted_driver: bool,
+             allow_unvalidated_driver: bool, allow_unlisted_driver: bool, allow_driver_downgrade: bool,
              driver_management: str | None) -> planning.Request:
     return planning.Request(operator=operator, driver=driver, pool=pool, kubernetes=kubernetes,
                             allow_unvalidated_driver=allow_unvalidated_driver,
-                            allow_unlisted_driver=allow_unlisted_driver, driver_management=driver_management)
+                            allow_unlisted_driver=allow_unlisted_driver,
+                            allow_driver_downgrade=allow_driver_downgrade, driver_management=driver_management)
 
 
 def _root(path: Path) -> Path:
@@ -132,7 +139,7 @@ def stack() -> None:
 # ---------------------------------------------------------------------------- status
 
 
-@stack.command("status")
+@stack.command("status", short_help="Show the stack Git declares (--kube: cluster).")
 @_repo_option
 @click.option("--kube", is_flag=True, help="Also ask the cluster (ClusterPolicy, NVIDIADriver, GPU nodes).")
 @click.option("--server", default=None, help="API server URL (default: in-cluster or kubeconfig).")
@@ -211,11 +218,12 @@ def render_status(result: dict[str, Any]) -> str:
 
 
 def render_plan(data: dict[str, Any]) -> str:
-    lines = [f"plan: {data['action']}", "checks:"]
+    lines = [f"plan: {data.get('title') or data['action']}", "checks:"]
     width = max((len(c["name"] + (f"[{c['subject']}]" if c.get("subject") else "")) for c in data["checks"]), default=0)
     for check in data["checks"]:
         label = check["name"] + (f"[{check['subject']}]" if check.get("subject") else "")
-        lines.append(f"  {'PASS' if check['ok'] else 'FAIL'}  {label:<{width}}  {check['reason']}")
+        verdict = "SKIP" if check.get("skipped") else "PASS" if check["ok"] else "FAIL"
+        lines.append(f"  {verdict}  {label:<{width}}  {check['reason']}")
     if data["warnings"]:
         lines.append("warnings:")
         lines += [f"  {w}" for w in data["warnings"]]
@@ -224,7 +232,11 @@ def render_plan(data: dict[str, Any]) -> str:
     if data.get("cannotUndo"):
         lines.append("cannot undo:")
         lines += [f"  {line}" for line in data["cannotUndo"]]
-    lines.append(f"commits ({len(data['commits'])}):")
+    failed = [c for c in data["checks"] if not c["ok"]]
+    if failed:
+        lines.append("commits: none (a check failed)")
+    else:
+        lines.append(f"commits ({len(data['commits'])}):")
     for index, commit in enumerate(data["commits"], start=1):
         marker = "this run" if commit["made_by_this_run"] else "a later run"
         lines.append(f"  {index}. gpugate stack: {commit['title']}  [{marker}]")
@@ -233,7 +245,6 @@ def render_plan(data: dict[str, Any]) -> str:
             lines.append(f"       files: {', '.join(commit['files'])}")
         if commit["note"]:
             lines.append(f"       note: {commit['note']}")
-    failed = [c for c in data["checks"] if not c["ok"]]
     lines.append("result: all checks pass" if not failed else f"result: {len(failed)} check(s) failed")
     return "\n".join(lines)
 
@@ -245,7 +256,7 @@ def _emit_plan(prepared: stack_upgrade.Prepared, output: str, extra: dict[str, A
     click.echo(json.dumps(data, indent=2) if output == "json" else render_plan(data))
 
 
-@stack.command("plan")
+@stack.command("plan", short_help="Print a change's checks and commits.")
 @_change_options
 @_cluster_option
 @_chart_options
@@ -254,16 +265,17 @@ def _emit_plan(prepared: stack_upgrade.Prepared, output: str, extra: dict[str, A
 @_output_option
 @click.pass_context
 def plan_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-                 allow_unvalidated_driver: bool, allow_unlisted_driver: bool, driver_management: str | None,
+                 allow_unvalidated_driver: bool, allow_unlisted_driver: bool, allow_driver_downgrade: bool,
+                 driver_management: str | None,
                  kube: bool, server: str | None, helm: str | None, chart_repo: str | None, skip_chart_render: bool,
                  repo: Path, schemas: Path | None, output: str) -> None:
     """Print every check (pass/fail and why) and the commits an upgrade would make; exit 1 if any fails."""
     root = _root(repo)
     request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, allow_unlisted_driver,
-                       driver_management)
+                       allow_driver_downgrade, driver_management)
     chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
     prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=_schema_root(root, schemas),
-                                             cluster_policies=_lister(kube, server), chart=chart)
+                                             cluster_policies=_lister(kube, server), chart=chart, for_commit=False)
     _emit_plan(prepared, output)
     ctx.exit(0 if prepared.ok else 1)
 
@@ -284,7 +296,7 @@ def _commit(ctx: click.Context, root: Path, prepared: stack_upgrade.Prepared, ou
             click.echo(f"next: {prepared.plan.steps[1].title} -- {prepared.plan.steps[1].note}")
 
 
-@stack.command("upgrade")
+@stack.command("upgrade", short_help="Check a change and make one commit.")
 @_change_options
 @_cluster_option
 @_chart_options
@@ -293,7 +305,8 @@ def _commit(ctx: click.Context, root: Path, prepared: stack_upgrade.Prepared, ou
 @_output_option
 @click.pass_context
 def upgrade_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-                    allow_unvalidated_driver: bool, allow_unlisted_driver: bool, driver_management: str | None,
+                    allow_unvalidated_driver: bool, allow_unlisted_driver: bool, allow_driver_downgrade: bool,
+                    driver_management: str | None,
                     kube: bool, server: str | None, helm: str | None, chart_repo: str | None,
                     skip_chart_render: bool, repo: Path, schemas: Path | None, output: str) -> None:
     """Check, edit stack.yaml and every derived file, render the chart, re-validate, and make one commit."""
@@ -301,26 +314,28 @@ def upgrade_command(ctx: click.Context, operator: str, driver: str | None, pool:
     Repo(root).require_clean(stack_upgrade.STACK_PATHS)
     schema_root = _schema_root(root, schemas)
     request = _request(operator, driver, pool, kubernetes, allow_unvalidated_driver, allow_unlisted_driver,
-                       driver_management)
+                       allow_driver_downgrade, driver_management)
     chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
     prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=schema_root,
                                              cluster_policies=_lister(kube, server), chart=chart)
     _commit(ctx, root, prepared, output, schema_root)
 
 
-@stack.command("promote")
+@stack.command("promote", short_help="Carry a pool's driver to other pools.")
 @click.option("--from", "source", required=True, help="The pool whose driver is carried over (e.g. canary).")
 @click.option("--to", "to", required=True, help="A pool name, or all for every other pool.")
 @click.option("--allow-unvalidated-driver", is_flag=True, help="Accept a driver outside the validated branches.")
 @_unlisted_option
+@_DOWNGRADE_OPTION
 @_chart_options
 @_repo_option
 @_schemas_option
 @_output_option
 @click.pass_context
 def promote_command(ctx: click.Context, source: str, to: str, allow_unvalidated_driver: bool,
-                    allow_unlisted_driver: bool, helm: str | None, chart_repo: str | None, skip_chart_render: bool,
-                    repo: Path, schemas: Path | None, output: str) -> None:
+                    allow_unlisted_driver: bool, allow_driver_downgrade: bool, helm: str | None,
+                    chart_repo: str | None, skip_chart_render: bool, repo: Path, schemas: Path | None,
+                    output: str) -> None:
     """Carry the canary pool's driver to another pool (or all) in one commit."""
     root = _root(repo)
     Repo(root).require_clean(stack_upgrade.STACK_PATHS)
@@ -328,22 +343,24 @@ def promote_command(ctx: click.Context, source: str, to: str, allow_unvalidated_
     chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
     prepared = stack_upgrade.prepare_promote(root, source=source, to=to,
                                              allow_unvalidated_driver=allow_unvalidated_driver, schema_root=schema_root,
-                                             allow_unlisted_driver=allow_unlisted_driver, chart=chart)
+                                             allow_unlisted_driver=allow_unlisted_driver, chart=chart,
+                                             allow_driver_downgrade=allow_driver_downgrade)
     _commit(ctx, root, prepared, output, schema_root)
 
 
-@stack.command("sync")
+@stack.command("sync", short_help="Commit a hand edit of stack.yaml, checked.")
 @click.option("--check", "check_only", is_flag=True, help="Only print the checks and the commit; write nothing.")
 @click.option("--allow-unvalidated-driver", is_flag=True, help="Accept a driver outside the validated branches.")
 @_unlisted_option
+@_DOWNGRADE_OPTION
 @_chart_options
 @_repo_option
 @_schemas_option
 @_output_option
 @click.pass_context
 def sync_command(ctx: click.Context, check_only: bool, allow_unvalidated_driver: bool, allow_unlisted_driver: bool,
-                 helm: str | None, chart_repo: str | None, skip_chart_render: bool, repo: Path,
-                 schemas: Path | None, output: str) -> None:
+                 allow_driver_downgrade: bool, helm: str | None, chart_repo: str | None, skip_chart_render: bool,
+                 repo: Path, schemas: Path | None, output: str) -> None:
     """Commit a hand edit of stack.yaml (a pool's upgradePolicy, a new pool) and its derived files, after the checks."""
     root = _root(repo)
     git_repo = Repo(root)
@@ -352,14 +369,15 @@ def sync_command(ctx: click.Context, check_only: bool, allow_unvalidated_driver:
     chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
     prepared = stack_upgrade.prepare_sync(git_repo, allow_unvalidated_driver=allow_unvalidated_driver,
                                           schema_root=schema_root, allow_unlisted_driver=allow_unlisted_driver,
-                                          chart=chart)
+                                          chart=chart, allow_driver_downgrade=allow_driver_downgrade,
+                                          for_commit=not check_only)
     if check_only:
         _emit_plan(prepared, output)
         ctx.exit(0 if prepared.ok else 1)
     _commit(ctx, root, prepared, output, schema_root)
 
 
-@stack.command("rollback")
+@stack.command("rollback", short_help="Undo the newest stack commit, checked.")
 @click.option("--check", "check_only", is_flag=True, help="Only print the checks and what cannot be undone.")
 @click.option("--allow-operator-downgrade", is_flag=True,
               help="Accept a rollback that lowers the GPU Operator (and, through Argo CD, its CRDs).")
@@ -387,7 +405,7 @@ def rollback_command(ctx: click.Context, check_only: bool, allow_operator_downgr
     prepared = stack_upgrade.prepare_rollback(git_repo, allow_operator_downgrade=allow_operator_downgrade,
                                               allow_unvalidated_driver=allow_unvalidated_driver,
                                               allow_unlisted_driver=allow_unlisted_driver, schema_root=schema_root,
-                                              chart=chart)
+                                              chart=chart, for_commit=not check_only)
     if check_only:
         _emit_plan(prepared, output)
         ctx.exit(0 if prepared.ok else 1)

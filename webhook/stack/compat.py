@@ -216,6 +216,8 @@ class Check:
     """What the check looked at when there are several (a pool, a CR name); empty for the stack."""
     warning: str = ""
     source: str = ""
+    skipped: bool = False
+    """Not run (``ok`` stays True): a plan that only prints lacks what the check needs; the reason says what."""
 
     @property
     def label(self) -> str:
@@ -229,6 +231,8 @@ class Check:
             out["warning"] = self.warning
         if self.source:
             out["source"] = self.source
+        if self.skipped:
+            out["skipped"] = True
         return out
 
 
@@ -323,6 +327,37 @@ def check_driver_validated(release: Release, *, pool: str, driver: str, allow_un
                      warning=f"pool {pool}: driver {driver} is not validated for {release.version}")
     return Check(name="driver-validated", subject=pool, ok=False, source=source,
                  reason=reason + "; pick a validated driver or pass --allow-unvalidated-driver")
+
+
+def is_driver_downgrade(current: str, target: str) -> bool:
+    """True when ``target`` is an older driver than ``current`` (595.91.07 after 610.57.04).
+
+    Compared number by number over the parts both have, so a bare precompiled branch (595) is
+    neither older nor newer than the versions of its own branch.
+    """
+    old, new = _driver_key(current), _driver_key(target)
+    common = min(len(old), len(new))
+    return new[:common] < old[:common]
+
+
+def check_driver_path(*, pool: str, current: str, target: str, allow_downgrade: bool) -> Check:
+    """A pool's driver goes up; going down is a downgrade, named as one and only with --allow-driver-downgrade.
+
+    The operator installs an older driver through the same node-by-node upgrade state machine
+    (GPU pods evicted), so a typo in --driver must not roll every pool back as an "upgrade".
+    """
+    name = "driver-path"
+    if not is_driver_downgrade(current, target):
+        return Check(name=name, subject=pool, ok=True,
+                     reason=f"driver {current} -> {target} on pool {pool} is not a downgrade")
+    reason = (f"driver {current} -> {target} on pool {pool} is a downgrade: its nodes reinstall the older "
+              f"driver through the upgrade state machine (GPU pods evicted)")
+    if allow_downgrade:
+        return Check(name=name, subject=pool, ok=True, reason=reason + "; allowed by --allow-driver-downgrade",
+                     warning=f"pool {pool}: driver downgraded {current} -> {target} (--allow-driver-downgrade)")
+    return Check(name=name, subject=pool, ok=False,
+                 reason=reason + "; pass --allow-driver-downgrade to accept it (to undo a stack commit, use "
+                                 "`gpugate stack rollback`)")
 
 
 def check_mig_mixed(matrix: Matrix, *, pool: str, driver: str, mixes_mig_and_full: bool) -> Check:

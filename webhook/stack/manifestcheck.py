@@ -22,6 +22,12 @@ from webhook.errors import GpugateError
 
 KubeObject = dict[str, Any]
 
+INSTALL_VALIDATOR = "pip install 'gpugate[stack]' (from a checkout: pip install -e '.[stack]')"
+
+
+class ValidatorMissing(GpugateError):
+    """kubernetes-validate (the ``stack`` extra) is not installed."""
+
 # kubectl kustomize of a small tree takes well under a second; a hang is a bug, not a load.
 KUSTOMIZE_TIMEOUT_SECONDS = 120
 
@@ -76,8 +82,8 @@ def validate_objects(
         import kubernetes_validate
         from kubernetes_validate import utils as kv_utils
     except ImportError as err:
-        raise GpugateError(
-            "validating manifests needs the kubernetes-validate package: pip install 'gpugate[stack]'"
+        raise ValidatorMissing(
+            f"validating manifests needs the kubernetes-validate package: {INSTALL_VALIDATOR}"
         ) from err
 
     use_schemas = schema_root is not None and Path(schema_root).is_dir()

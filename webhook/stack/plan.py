@@ -14,7 +14,7 @@ from typing import Any
 from webhook.errors import GpugateError
 from webhook.stack import compat
 from webhook.stack.compat import Check, Matrix, OperatorVersion
-from webhook.stack.model import Stack
+from webhook.stack.model import Pool, Stack
 
 TRAILER = "Gpugate-Stack"
 """The git trailer that marks a stack commit; its value is the action (upgrade, promote, rollback)."""
@@ -34,6 +34,7 @@ class Request:
     kubernetes: str | None = None
     allow_unvalidated_driver: bool = False
     allow_unlisted_driver: bool = False
+    allow_driver_downgrade: bool = False
     driver_management: str | None = None
 
 
@@ -87,6 +88,14 @@ def _driver_checks(matrix: Matrix, release: compat.Release, stack: Stack, pools:
         checks.append(compat.check_mig_mixed(matrix, pool=name, driver=pool.driver,
                                              mixes_mig_and_full=pool.mig_and_full_gpus))
     return checks
+
+
+def _driver_path_checks(current: Stack, final: Stack, allow_downgrade: bool) -> list[Check]:
+    """For every pool whose driver changes: an upgrade, or a downgrade that needs --allow-driver-downgrade."""
+    before = {p.name: p.driver for p in current.pools}
+    return [compat.check_driver_path(pool=p.name, current=before[p.name], target=p.driver,
+                                     allow_downgrade=allow_downgrade)
+            for p in final.pools if p.name in before and before[p.name] != p.driver]
 
 
 def _immutable_checks(stack: Stack, existing: ExistingDrivers) -> list[Check]:
@@ -168,6 +177,7 @@ def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: Exi
                                                  current_mode=current.management, target=target_version,
                                                  target_mode=target_mode))
     checks.append(_pool_rules(final))
+    checks += _driver_path_checks(current, final, request.allow_driver_downgrade)
     driver_pools = [p.name for p in final.pools] if target_version != current.operator_version else pools_changed
     checks += _driver_checks(matrix, release, final, driver_pools, request.allow_unvalidated_driver,
                              request.allow_unlisted_driver)
@@ -211,13 +221,25 @@ def _upgrade_title(current: Stack, final: Stack, request: Request) -> str:
         if pool.name not in after:
             parts.append(f"remove pool {pool.name}")
     changed = [p for p in final.pools if p.name in before and p.driver != before[p.name].driver]
-    if changed:
-        drivers = sorted({p.driver for p in changed})
-        names = ", ".join(p.name for p in changed)
-        parts.append(f"driver {', '.join(drivers)} on {'pool' if len(changed) == 1 else 'pools'} {names}")
+    raised = [p for p in changed if not compat.is_driver_downgrade(before[p.name].driver, p.driver)]
+    lowered = [p for p in changed if compat.is_driver_downgrade(before[p.name].driver, p.driver)]
+    if raised:
+        parts.append(_drivers_on(raised))
     if final.kubernetes_minor != current.kubernetes_minor:
         parts.append(f"kubernetes 1.{current.kubernetes_minor} -> 1.{final.kubernetes_minor}")
-    return "upgrade " + ("; ".join(parts) if parts else "stack.yaml settings (no version change)")
+    downgrade = ""
+    if lowered:
+        was = sorted({before[p.name].driver for p in lowered})
+        downgrade = f"downgrade {_drivers_on(lowered)} (from {', '.join(was)})"
+    if not parts:
+        return downgrade or "upgrade stack.yaml settings (no version change)"
+    return "upgrade " + "; ".join(parts) + (f"; {downgrade}" if downgrade else "")
+
+
+def _drivers_on(pools: Sequence[Pool]) -> str:
+    drivers = sorted({p.driver for p in pools})
+    names = ", ".join(p.name for p in pools)
+    return f"driver {', '.join(drivers)} on {'pool' if len(pools) == 1 else 'pools'} {names}"
 
 
 def is_migration_second_step(plan: Plan) -> bool:
@@ -245,7 +267,8 @@ def check_previous_step_healthy(cluster_policies: Sequence[Mapping[str, Any]] | 
 
 
 def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidated_driver: bool,
-              existing: ExistingDrivers, allow_unlisted_driver: bool = False) -> Plan:
+              existing: ExistingDrivers, allow_unlisted_driver: bool = False,
+              allow_driver_downgrade: bool = False) -> Plan:
     """Check a hand edit of stack.yaml (``current`` = HEAD, ``edited`` = the working tree) by the same rules.
 
     For what has no command of its own: a pool's upgradePolicy (pause with autoUpgrade: false),
@@ -268,6 +291,7 @@ def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidate
                                                  "the operator in one commit; use `gpugate stack upgrade "
                                                  "--driver-management nvidiadriver`, which plans the two commits"))
     checks.append(_pool_rules(edited))
+    checks += _driver_path_checks(current, edited, allow_driver_downgrade)
     old = {p.name: p.driver for p in current.pools}
     pools = [p.name for p in edited.pools
              if edited.operator_version != current.operator_version or old.get(p.name) != p.driver]
@@ -279,7 +303,8 @@ def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidate
 
 
 def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_unvalidated_driver: bool,
-                 existing: ExistingDrivers, allow_unlisted_driver: bool = False) -> Plan:
+                 existing: ExistingDrivers, allow_unlisted_driver: bool = False,
+                 allow_driver_downgrade: bool = False) -> Plan:
     """Carry the ``source`` pool's driver to pool ``to`` (or every other pool with ``all``) in one commit."""
     names = [p.name for p in current.pools]
     if current.management != "nvidiadriver":
@@ -304,10 +329,15 @@ def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_
         final = final.with_pool(name, driver=driver)
     release = matrix.release(current.operator_version)
     checks = [Check(name="pool-scope", ok=True, reason=f"driver {driver} from pool {source} to {', '.join(targets)}")]
+    checks += _driver_path_checks(current, final, allow_driver_downgrade)
     checks += _driver_checks(matrix, release, final, targets, allow_unvalidated_driver, allow_unlisted_driver)
     checks += _immutable_checks(final, existing)
-    step = Step(action="promote", stack=final,
-                title=f"promote driver {driver} from pool {source} to {'all pools' if to == 'all' else 'pool ' + to}")
+    lowered = sorted({current.pool(n).driver for n in targets
+                      if compat.is_driver_downgrade(current.pool(n).driver, driver)})
+    title = f"promote driver {driver} from pool {source} to {'all pools' if to == 'all' else 'pool ' + to}"
+    if lowered:
+        title += f" (a downgrade from {', '.join(lowered)})"
+    step = Step(action="promote", stack=final, title=title)
     return Plan(action="promote", current=current, steps=(step,), checks=tuple(checks))
 
 

@@ -7,13 +7,12 @@ snake_case model conversion), and ``summarize_cluster`` turns them into per-pool
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from webhook.errors import ClusterAPIError, GpugateError
+from webhook.errors import GpugateError
 from webhook.names import DRIVER_OWNER_LABEL, DRIVER_UPGRADE_STATE_LABEL, GPU_PRESENT_LABEL
 from webhook.stack import manifests, site
 from webhook.stack import matrix as matrix_data
@@ -76,21 +75,24 @@ def git_status(path: Path) -> dict[str, Any]:
     return out
 
 
-def _list(call: Any, what: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]] | None:
-    """Call a list API as raw JSON; None when the resource type is not served (404)."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
+def _list(list_call: Any, what: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]] | None:
+    """Call a list API as raw JSON; None when the resource type is not served (404).
 
-    try:
-        response = call(*args, _preload_content=False, **kwargs)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise ClusterAPIError(f"listing {what} failed: HTTP {err.status} {err.reason}") from err
-    except HTTPError as err:
-        raise ClusterAPIError(f"listing {what} failed: {err}") from err
-    body = json.loads(response.data)
+    A refusal or a server that does not answer is kubeclient's ClusterAPIError, worded as for
+    every other command that talks to the cluster.
+    """
+    from webhook import kubeclient
+
+    response = kubeclient.call_unless_absent(lambda: list_call(*args, _preload_content=False, **kwargs),
+                                             f"listing {what}")
+    if response is None:
+        return None
+    body = kubeclient.raw_json(response)
     return list(body.get("items") or [])
+
+
+def _cluster_policies(custom: Any) -> list[dict[str, Any]] | None:
+    return _list(custom.list_cluster_custom_object, "ClusterPolicies", "nvidia.com", "v1", "clusterpolicies")
 
 
 def fetch_cluster(server: str | None) -> dict[str, Any]:
@@ -104,12 +106,24 @@ def fetch_cluster(server: str | None) -> dict[str, Any]:
         custom = client.CustomObjectsApi(api)
         core = client.CoreV1Api(api)
         return {
-            "clusterPolicies": _list(custom.list_cluster_custom_object, "ClusterPolicies", "nvidia.com", "v1",
-                                     "clusterpolicies"),
+            "clusterPolicies": _cluster_policies(custom),
             "nvidiaDrivers": _list(custom.list_cluster_custom_object, "NVIDIADrivers", "nvidia.com", "v1alpha1",
                                    "nvidiadrivers"),
             "nodes": _list(core.list_node, "nodes", label_selector=f"{GPU_PRESENT_LABEL}=true") or [],
         }
+    finally:
+        api.close()
+
+
+def fetch_cluster_policies(server: str | None) -> list[dict[str, Any]]:
+    """The ClusterPolicies only (what step 2 of the driver migration waits on); none when the CRD is not served."""
+    from kubernetes import client
+
+    from webhook.kubeclient import api_client
+
+    api = api_client(server)
+    try:
+        return _cluster_policies(client.CustomObjectsApi(api)) or []
     finally:
         api.close()
 

@@ -76,7 +76,10 @@ def chart_settings(repo: Path, *, helm: str | None, chart_repo: str | None, skip
 
 
 def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
-             base: dict[str, bytes | None] | None = None, chart: verify.ChartSettings | None = None) -> Prepared:
+             base: dict[str, bytes | None] | None = None, chart: verify.ChartSettings | None = None,
+             for_commit: bool = True) -> Prepared:
+    """Stage the plan's files and re-validate them; ``for_commit`` False is a plan that only prints
+    (a check that needs an optional package it lacks is shown skipped instead of failing)."""
     if not plan.ok:
         return Prepared(plan=plan, changes={}, step_files=tuple(() for _ in plan.steps), checks=plan.checks)
     current = base if base is not None else manifests.read_files(repo)
@@ -102,13 +105,13 @@ def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
         first = plan.steps[0].stack
         extra = verify.staged(first_overlay, release=first.operator_version,
                               kubernetes_minor=first.kubernetes_minor, schema_root=schema_root,
-                              stack=first, chart=chart)
+                              stack=first, chart=chart, need_validator=for_commit)
     return Prepared(plan=plan, changes=changes, step_files=tuple(step_files), checks=plan.checks + extra)
 
 
 def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path | None,
                     cluster_policies: Callable[[], list[dict[str, Any]] | None] | None = None,
-                    chart: verify.ChartSettings | None = None) -> Prepared:
+                    chart: verify.ChartSettings | None = None, for_commit: bool = True) -> Prepared:
     """Plan and stage an upgrade; ``cluster_policies`` (a lister) gates step 2 of the driver migration."""
     stack = manifests.load_stack(repo)
     existing = manifests.existing_drivers(manifests.read_files(repo))
@@ -116,22 +119,24 @@ def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path 
     if planning.is_migration_second_step(plan):
         listed = cluster_policies() if cluster_policies is not None else None
         plan = plan.with_checks((planning.check_previous_step_healthy(listed),))
-    return _prepare(repo, plan, schema_root=schema_root, chart=chart)
+    return _prepare(repo, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
 
 
 def prepare_promote(repo: Path, *, source: str, to: str, allow_unvalidated_driver: bool,
                     schema_root: Path | None, allow_unlisted_driver: bool = False,
-                    chart: verify.ChartSettings | None = None) -> Prepared:
+                    chart: verify.ChartSettings | None = None, allow_driver_downgrade: bool = False) -> Prepared:
     stack = manifests.load_stack(repo)
     existing = manifests.existing_drivers(manifests.read_files(repo))
     plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to,
                                  allow_unvalidated_driver=allow_unvalidated_driver, existing=existing,
-                                 allow_unlisted_driver=allow_unlisted_driver)
+                                 allow_unlisted_driver=allow_unlisted_driver,
+                                 allow_driver_downgrade=allow_driver_downgrade)
     return _prepare(repo, plan, schema_root=schema_root, chart=chart)
 
 
 def prepare_sync(repo: Repo, *, allow_unvalidated_driver: bool, schema_root: Path | None,
-                 allow_unlisted_driver: bool = False, chart: verify.ChartSettings | None = None) -> Prepared:
+                 allow_unlisted_driver: bool = False, chart: verify.ChartSettings | None = None,
+                 allow_driver_downgrade: bool = False, for_commit: bool = True) -> Prepared:
     """Plan a commit of a hand-edited stack.yaml against the stack.yaml of HEAD."""
     root = repo.root
     head_text = repo.show_file("HEAD", manifests.STACK_FILE)
@@ -144,8 +149,9 @@ def prepare_sync(repo: Repo, *, allow_unvalidated_driver: bool, schema_root: Pat
     existing = manifests.existing_drivers(files)
     plan = planning.plan_sync(matrix_data.load(), current, edited,
                               allow_unvalidated_driver=allow_unvalidated_driver, existing=existing,
-                              allow_unlisted_driver=allow_unlisted_driver)
-    return _prepare(root, plan, schema_root=schema_root, base=files, chart=chart)
+                              allow_unlisted_driver=allow_unlisted_driver,
+                              allow_driver_downgrade=allow_driver_downgrade)
+    return _prepare(root, plan, schema_root=schema_root, base=files, chart=chart, for_commit=for_commit)
 
 
 def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
@@ -200,7 +206,7 @@ def _stack_at(repo: Repo, rev: str) -> Stack | None:
 
 def prepare_rollback(repo: Repo, *, allow_operator_downgrade: bool, allow_unvalidated_driver: bool,
                      allow_unlisted_driver: bool, schema_root: Path | None,
-                     chart: verify.ChartSettings | None = None) -> Prepared:
+                     chart: verify.ChartSettings | None = None, for_commit: bool = True) -> Prepared:
     """Plan going back to stack.yaml as it was before the newest not-yet-undone stack commit."""
     root = repo.root
     target_commit = rollback_target(repo)
@@ -219,13 +225,14 @@ def prepare_rollback(repo: Repo, *, allow_operator_downgrade: bool, allow_unvali
                                   subject=target_commit.subject, allow_operator_downgrade=allow_operator_downgrade,
                                   allow_unvalidated_driver=allow_unvalidated_driver,
                                   allow_unlisted_driver=allow_unlisted_driver, existing=existing)
-    return _prepare(root, plan, schema_root=schema_root, chart=chart)
+    return _prepare(root, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
 
 
 def plan_as_dict(prepared: Prepared) -> dict:
     plan = prepared.plan
     return {
         "action": plan.action,
+        "title": plan.steps[0].title if plan.steps else None,
         "ok": prepared.ok,
         "current": yaml.safe_load(plan.current.to_yaml()),
         "target": yaml.safe_load(plan.steps[0].stack.to_yaml()) if plan.steps else None,
@@ -233,7 +240,8 @@ def plan_as_dict(prepared: Prepared) -> dict:
         "warnings": list(prepared.warnings),
         "reverts": plan.reverts or None,
         "cannotUndo": list(plan.cannot_undo),
-        "commits": [
+        # Only a plan that passes makes commits: a failed one lists none (not "[this run]" above a FAIL).
+        "commits": [] if not prepared.ok else [
             {"title": step.title,
              "changes": planning.changes(plan.current if i == 0 else plan.steps[i - 1].stack, step.stack),
              "files": list(prepared.step_files[i]) if i < len(prepared.step_files) else [],

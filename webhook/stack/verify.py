@@ -112,8 +112,13 @@ def _render_driver_objects(files: Mapping[str, bytes | None]) -> list[dict[str, 
 
 
 def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int,
-                     schema_root: Path | None) -> list[Check]:
-    """Render the staged ``drivers/`` with kubectl kustomize and validate every object."""
+                     schema_root: Path | None, need_validator: bool = True) -> list[Check]:
+    """Render the staged ``drivers/`` with kubectl kustomize and validate every object.
+
+    The validation needs kubernetes-validate (the ``stack`` extra). Without it the check fails
+    when ``need_validator`` (a commit), and is shown skipped, with the install command, otherwise
+    (a plan that only prints what it would do).
+    """
     from webhook.stack import manifestcheck
 
     checks: list[Check] = []
@@ -140,6 +145,16 @@ def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int
         try:
             problems = manifestcheck.validate_objects(objects, kubernetes_version=f"1.{kubernetes_minor}",
                                                       schema_root=derived_root)
+        except manifestcheck.ValidatorMissing:
+            if need_validator:
+                return checks + [Check(name="drivers-valid", ok=False,
+                                       reason=f"kubernetes-validate is not installed, and a stack commit validates "
+                                              f"every NVIDIADriver first: {manifestcheck.INSTALL_VALIDATOR}; "
+                                              f"`gpugate stack plan` runs without it")]
+            return checks + [Check(name="drivers-valid", ok=True, skipped=True,
+                                   reason=f"skipped: kubernetes-validate is not installed; "
+                                          f"{manifestcheck.INSTALL_VALIDATOR} (upgrade, promote, sync and "
+                                          f"rollback need it)")]
         except GpugateError as err:
             return checks + [Check(name="drivers-valid", ok=False, reason=str(err))]
     if problems:
@@ -173,14 +188,17 @@ def rendered_chart(files: Mapping[str, bytes | None], *, stack: Stack, chart: Ch
 
 def staged(files: Mapping[str, bytes | None], *, release: OperatorVersion, kubernetes_minor: int,
            schema_root: Path | None, stack: Stack | None = None,
-           chart: ChartSettings | None = None) -> tuple[Check, ...]:
+           chart: ChartSettings | None = None, need_validator: bool = True) -> tuple[Check, ...]:
     """All re-validation checks for a complete set of files (current files overlaid with the change).
 
     With ``chart`` (and the ``stack`` the files declare) the real chart is rendered too.
+    ``need_validator`` False (a plan that commits nothing) shows the schema check skipped when
+    kubernetes-validate is not installed, instead of failing it.
     """
     values = files.get(VALUES_FILE)
     checks = [values_keys(yaml.safe_load(values) or {} if values else {}, release)]
-    checks += rendered_drivers(files, kubernetes_minor=kubernetes_minor, schema_root=schema_root)
+    checks += rendered_drivers(files, kubernetes_minor=kubernetes_minor, schema_root=schema_root,
+                               need_validator=need_validator)
     if chart is not None and stack is not None:
         checks += rendered_chart(files, stack=stack, chart=chart)
     return tuple(checks)
