@@ -40,6 +40,8 @@ LAYERS: dict[str, dict[str, str]] = {
     "replay": {"__init__": CORE, "records": CORE, "model": CORE, "cluster": CORE, "metrics": CORE, "reference": CORE,
                "arrival": CORE, "demand": CORE, "workload": CORE, "labels": CORE,
                "trace": EDGE, "report": EDGE, "runner": EDGE},
+    "placement": {"__init__": CORE, "devices": CORE, "inputs": CORE, "shapes": CORE, "fragment": CORE,
+                  "scoring": CORE, "extender": CORE},
     "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,
                  "replay": EDGE, "serve": EDGE, "stack": EDGE},
 }
