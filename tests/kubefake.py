@@ -12,7 +12,8 @@ NVIDIADriver, argoproj Application, and anything added with :meth:`FakeKube.regi
   list's ``metadata.resourceVersion`` being the store's current revision;
 - ``GET`` one object (and its ``/status`` or other subresource, served as the object);
 - ``?watch=true`` chunked streams of ``{"type": ..., "object": ...}`` lines from a
-  ``resourceVersion`` (or, without one, synthetic ``ADDED`` events for what exists), honouring
+  ``resourceVersion`` (or, without one, synthetic ``ADDED`` events for what exists; with
+  ``sendInitialEvents=true`` a streaming list closed by the ``k8s.io/initial-events-end`` bookmark), honouring
   ``timeoutSeconds`` and selector transitions (an object leaving a selector is ``DELETED``);
   a too-old ``resourceVersion`` gets one ``ERROR`` event with a ``410`` Status, as the
   apiserver does;
@@ -21,14 +22,23 @@ NVIDIADriver, argoproj Application, and anything added with :meth:`FakeKube.regi
   ``application/json-patch+json``, ``application/merge-patch+json`` and
   ``application/strategic-merge-patch+json`` (lists with a known merge key are merged by it,
   other lists replaced, ``$patch: delete`` honoured), ``DELETE``; ``dryRun`` persists nothing;
-- discovery documents ``/api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>``, ``/version``.
+- discovery documents ``/api``, ``/apis``, ``/api/v1``, ``/apis/<group>/<version>``, ``/version``;
+- what the balancer's tests lean on, as the apiserver does it: ``BOOKMARK`` events (every
+  ``bookmark_interval`` seconds and just before a watch times out) for a watch that allows them;
+  a patch or update that changes nothing is not a write (same resourceVersion, no event);
+  graceful deletion (a bound pod gets ``deletionTimestamp`` and stays until deleted with grace 0,
+  an object with finalizers stays until they are removed); ``429`` with ``Retry-After``.
 
 Test helpers beyond the shared interface: ``put_many`` (bulk load), ``list``, ``count`` (cheap
-polling), ``fail_next`` (inject an HTTP error for matching requests), ``open_watches`` (wait until
-a client is watching); every request is kept in ``requests`` with its ``.query``.
+polling), ``fail_next`` (inject an HTTP error, e.g. a 429 with ``Retry-After`` or a watch's 410, for
+matching requests), ``delay`` (a slow API server for matching requests), ``open_watches`` (wait until
+a client is watching); every request is kept in ``requests`` with its ``.query``, ``.user_agent``,
+``.at`` (monotonic time it was handled, after any delay), ``.status`` (the code answered) and
+``.headers`` (lower-case names).
 
 Speed: each stored object is serialized once when written, so a list of 150,000 pods or a
-burst of watch events is bytes concatenation, not JSON encoding.
+burst of watch events is bytes concatenation, not JSON encoding; an event keeps that one copy
+(its watch line is framed when sent), so 150,000 realistic pods cost their bytes once.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import jsonpatch
+import orjson
 import pytest
 
 Obj = dict[str, Any]
@@ -96,15 +107,26 @@ class ResourceType:
 class Request(tuple):
     """One request the server received: ``(method, path, content_type, parsed_body)``.
 
-    A 4-tuple so tests can unpack it; ``.query`` holds the parsed query string as well.
+    A 4-tuple so tests can unpack it; ``.query`` holds the parsed query string as well,
+    ``.user_agent`` the client's User-Agent, ``.at`` the monotonic time the request was handled
+    (after any injected delay: the moment it took effect) and ``.status`` the code answered
+    (0 until the answer is sent; a watch is 200 once its stream starts).
     """
 
     query: dict[str, str]
+    user_agent: str
+    at: float
+    status: int
+    headers: dict[str, str]
 
     def __new__(cls, method: str, path: str, content_type: str | None, body: Any,
-                query: dict[str, str]) -> Request:
+                query: dict[str, str], user_agent: str = "", at: float = 0.0) -> Request:
         self = super().__new__(cls, (method, path, content_type, body))
         self.query = query
+        self.user_agent = user_agent
+        self.at = at
+        self.status = 0
+        self.headers = {}
         return self
 
     method = property(lambda self: self[0])
@@ -125,7 +147,10 @@ class _Event:
     type: str
     obj: Obj
     prev: Obj | None
-    line: bytes
+    raw: bytes  # the object's JSON, shared with the store's entry (framed into a line when sent)
+
+    def line(self, etype: str | None = None) -> bytes:
+        return b'{"type":"' + (etype or self.type).encode() + b'","object":' + self.raw + b"}\n"
 
 
 @dataclass
@@ -168,6 +193,18 @@ class _Fault:
     path: re.Pattern[str]
     code: int
     remaining: int
+    query: dict[str, str] = field(default_factory=dict)
+    user_agent: str | None = None
+    retry_after: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    details: Obj | None = None
+    delay: float = 0.0  # a delay rule (no error) when code is 0
+
+    def matches(self, method: str, path: str, query: dict[str, str], user_agent: str) -> bool:
+        return (self.remaining > 0 and self.method == method and self.path.search(path) is not None
+                and all(query.get(k) == v or (v == "*" and k in query) for k, v in self.query.items())
+                and (self.user_agent is None or self.user_agent in user_agent))
 
 
 DEFAULT_TYPES: tuple[tuple[str, str, str, str, bool], ...] = (
@@ -205,7 +242,7 @@ DEFAULT_TYPES: tuple[tuple[str, str, str, str, bool], ...] = (
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return orjson.dumps(obj)  # compact, keys in insertion order: what json.dumps(separators=(",", ":")) gave
 
 
 def _now_rfc3339() -> str:
@@ -215,7 +252,8 @@ def _now_rfc3339() -> str:
 class FakeKube:
     """An in-process fake API server on 127.0.0.1; start it, point a client at ``.url``."""
 
-    def __init__(self, *, max_events: int = 1_000_000, record_requests: bool = True) -> None:
+    def __init__(self, *, max_events: int = 1_000_000, record_requests: bool = True,
+                 bookmark_interval: float = 1.0, watch_list: bool = True) -> None:
         self._lock = threading.Condition(threading.RLock())
         self._types: dict[tuple[str, str], ResourceType] = {}  # (group/version, plural)
         self._by_kind: dict[tuple[str, str], ResourceType] = {}  # (apiVersion, kind)
@@ -226,6 +264,12 @@ class FakeKube:
         self._max_events = max_events
         self._record = record_requests
         self._faults: list[_Fault] = []
+        self._delays: list[_Fault] = []
+        self.bookmark_interval = bookmark_interval
+        """Seconds between BOOKMARK events on a watch that allows them (the apiserver: about a minute)."""
+        self.watch_list = watch_list
+        """Serve streaming lists (``sendInitialEvents``); False answers 422, as an apiserver without
+        the WatchList feature does."""
         self._open_watches: dict[str, int] = {}
         self._stopped = False
         self.requests: list[Request] = []
@@ -288,7 +332,7 @@ class FakeKube:
         rtype = self._rtype_for(obj["apiVersion"], obj["kind"])
         with self._lock:
             stored = self._write(rtype, copy.deepcopy(obj), create_only=False)
-        return json.loads(self._stores[(rtype.group, rtype.plural)].objects[_key(rtype, stored)].raw)
+        return orjson.loads(self._stores[(rtype.group, rtype.plural)].objects[_key(rtype, stored)].raw)
 
     def put_many(self, objs: Iterable[Obj]) -> int:
         """Like :meth:`put` for many objects under one lock (objects are stored as given)."""
@@ -305,13 +349,13 @@ class FakeKube:
         rtype = self._rtype_for(api_version, kind)
         with self._lock:
             entry = self._stores[(rtype.group, rtype.plural)].objects.get((namespace or "", name))
-            return None if entry is None else json.loads(entry.raw)
+            return None if entry is None else orjson.loads(entry.raw)
 
     def list(self, api_version: str, kind: str, namespace: str | None = None) -> list[Obj]:
         rtype = self._rtype_for(api_version, kind)
         with self._lock:
             store = self._stores[(rtype.group, rtype.plural)]
-            return [json.loads(e.raw) for k, e in sorted(store.objects.items())
+            return [orjson.loads(e.raw) for k, e in sorted(store.objects.items())
                     if namespace is None or k[0] == namespace]
 
     def count(self, api_version: str, kind: str, predicate: Callable[[Obj], bool]) -> int:
@@ -323,7 +367,14 @@ class FakeKube:
         with self._lock:
             return sum(1 for entry in self._store(rtype).objects.values() if predicate(entry.obj))
 
+    def stored_bytes(self, api_version: str, kind: str) -> int:
+        """Total size of the stored JSON of one kind (what a full list would send)."""
+        rtype = self._rtype_for(api_version, kind)
+        with self._lock:
+            return sum(len(entry.raw) for entry in self._store(rtype).objects.values())
+
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+        """Remove the object at once, whatever its finalizers or grace period (a force delete)."""
         rtype = self._rtype_for(api_version, kind)
         with self._lock:
             self._remove(rtype, namespace or "", name)
@@ -336,10 +387,37 @@ class FakeKube:
             self._expire_generation += 1
             self._lock.notify_all()
 
-    def fail_next(self, method: str, path_pattern: str, code: int = 500, count: int = 1) -> None:
-        """Answer the next ``count`` requests matching ``method`` and the path regex with ``code``."""
+    def fail_next(self, method: str, path_pattern: str, code: int = 500, count: int = 1, *,
+                  query: dict[str, str] | None = None, user_agent: str | None = None,
+                  retry_after: int | None = None, reason: str | None = None, message: str | None = None,
+                  details: Obj | None = None) -> None:
+        """Answer the next ``count`` requests matching ``method``, the path regex, every ``query``
+        parameter given (``{"watch": "true"}``; ``"*"``: present with any value) and a User-Agent
+        containing ``user_agent``, with
+        ``code``. ``retry_after`` adds the ``Retry-After`` header and ``details.retryAfterSeconds``
+        (as the apiserver's 429 does); ``reason``, ``message`` and ``details`` shape the Status."""
         with self._lock:
-            self._faults.append(_Fault(method.upper(), re.compile(path_pattern), code, count))
+            self._faults.append(_Fault(method.upper(), re.compile(path_pattern), code, count, dict(query or {}),
+                                       user_agent, retry_after, reason, message, details))
+
+    def delay(self, method: str, path_pattern: str, seconds: float, count: int = 1_000_000, *,
+              query: dict[str, str] | None = None, user_agent: str | None = None) -> None:
+        """Hold matching requests ``seconds`` before handling them (a slow or far API server).
+
+        The request takes effect (is stored, is answered) after the delay, as a write queued behind
+        a slow etcd would. ``clear_delays`` removes every delay rule.
+        """
+        with self._lock:
+            self._delays.append(_Fault(method.upper(), re.compile(path_pattern), 0, count, dict(query or {}),
+                                       user_agent, delay=seconds))
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def clear_delays(self) -> None:
+        with self._lock:
+            self._delays.clear()
 
     def open_watches(self, plural: str) -> int:
         """How many watch streams on ``plural`` are open now (to wait for a client to be watching)."""
@@ -385,9 +463,24 @@ class FakeKube:
         else:
             meta["uid"] = old.obj["metadata"]["uid"]
             meta["creationTimestamp"] = old.obj["metadata"].get("creationTimestamp")
+        if old is not None:
+            for kept in ("deletionTimestamp", "deletionGracePeriodSeconds"):  # only DELETE sets these
+                if kept in old.obj["metadata"]:
+                    meta[kept] = old.obj["metadata"][kept]
+                else:
+                    meta.pop(kept, None)
+            # The apiserver does not write an object that did not change: same resourceVersion,
+            # no watch event (a no-op patch from a controller costs no MODIFIED for every watcher).
+            meta["resourceVersion"] = old.obj["metadata"]["resourceVersion"]
+            if obj == old.obj:
+                return old.obj
         if dry_run:
             meta["resourceVersion"] = old.obj["metadata"]["resourceVersion"] if old else "0"
             return obj
+        if old is not None and meta.get("deletionTimestamp") and not meta.get("finalizers") \
+                and not meta.get("deletionGracePeriodSeconds"):
+            # The last finalizer went away from an object being deleted: now it is gone.
+            return self._remove(rtype, key[0], key[1])
         self._rv += 1
         meta["resourceVersion"] = str(self._rv)
         raw = _dumps(obj)
@@ -418,21 +511,73 @@ class FakeKube:
         return gone
 
     def _emit(self, store: _Store, etype: str, obj: Obj, prev: Obj | None, raw: bytes) -> None:
-        line = b'{"type":"' + etype.encode() + b'","object":' + raw + b"}\n"
-        store.events.append(_Event(self._rv, etype, obj, prev, line))
+        store.events.append(_Event(self._rv, etype, obj, prev, raw))
         if len(store.events) > self._max_events:
             drop = len(store.events) // 2
             store.compacted_rv = store.events[drop - 1].rv
             del store.events[:drop]
             store.events_base += drop
 
-    def _take_fault(self, method: str, path: str) -> int | None:
+    def _take_fault(self, method: str, path: str, query: dict[str, str], user_agent: str) -> _Fault | None:
         with self._lock:
             for fault in self._faults:
-                if fault.remaining > 0 and fault.method == method and fault.path.search(path):
+                if fault.matches(method, path, query, user_agent):
                     fault.remaining -= 1
-                    return fault.code
+                    return fault
         return None
+
+    def _delay_for(self, method: str, path: str, query: dict[str, str], user_agent: str) -> float:
+        with self._lock:
+            for rule in self._delays:
+                if rule.matches(method, path, query, user_agent):
+                    rule.remaining -= 1
+                    return rule.delay
+        return 0.0
+
+    def _delete(self, rtype: ResourceType, namespace: str, name: str, *, grace: int | None,
+                dry_run: bool) -> Obj:
+        """DELETE as the apiserver does it: graceful for bound pods, deferred by finalizers.
+
+        A pod bound to a node that has not finished gets ``deletionTimestamp`` (now + grace) and
+        ``deletionGracePeriodSeconds`` and stays, still holding its node's resources, until its
+        kubelet deletes it with grace 0 (``spec.terminationGracePeriodSeconds``, 30, unless the
+        request says otherwise). An object with finalizers stays until they are removed.
+        """
+        store = self._store(rtype)
+        entry = store.objects.get((namespace if rtype.namespaced else "", name))
+        if entry is None:
+            return self._remove(rtype, namespace, name, dry_run=dry_run)
+        obj = entry.obj
+        meta = obj["metadata"]
+        if rtype.kind == "Pod":
+            spec, status = obj.get("spec") or {}, obj.get("status") or {}
+            if grace is None:
+                grace = int(spec.get("terminationGracePeriodSeconds", 30))
+            if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
+                grace = 0  # nothing runs it: no kubelet would ever confirm
+        else:
+            grace = 0
+        finalizers = meta.get("finalizers") or []
+        if grace <= 0 and not finalizers:
+            return self._remove(rtype, namespace, name, dry_run=dry_run)
+        current = meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp") and (current is None or current <= grace) and \
+                (grace > 0 or not current):
+            return obj  # already terminating, and this request does not shorten it
+        updated = copy.deepcopy(obj)
+        umeta = updated["metadata"]
+        when = datetime.now(UTC).timestamp() + max(grace, 0)
+        umeta["deletionTimestamp"] = datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        umeta["deletionGracePeriodSeconds"] = max(grace, 0)
+        if dry_run:
+            return updated
+        self._rv += 1
+        umeta["resourceVersion"] = str(self._rv)
+        raw = _dumps(updated)
+        store.objects[_key(rtype, updated)] = _Entry(updated, raw)
+        self._emit(store, "MODIFIED", updated, obj, raw)
+        self._lock.notify_all()
+        return updated
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -593,6 +738,8 @@ class _Target:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     fake: FakeKube  # set on the bound subclass
+    _request_record: Request | None = None
+    _retry_after: int | None = None
 
     def setup(self) -> None:
         super().setup()
@@ -626,18 +773,32 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip() or None
         length = int(self.headers.get("Content-Length") or 0)
         raw_body = self.rfile.read(length) if length else b""
+        user_agent = self.headers.get("User-Agent") or ""
         body: Any = None
+        self._request_record = None
+        self._retry_after = None
         try:
+            pause = fake._delay_for(method, path, query, user_agent)
+            if pause > 0:
+                time.sleep(pause)
             if raw_body:
                 try:
                     body = json.loads(raw_body)
                 except ValueError as err:
                     raise ApiError(400, "BadRequest", f"request body is not JSON: {err}") from None
             if fake._record:
-                fake.requests.append(Request(method, path, content_type, body, query))
-            code = fake._take_fault(method, path)
-            if code is not None:
-                raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), f"injected fault {code}")
+                self._request_record = Request(method, path, content_type, body, query, user_agent, time.monotonic())
+                self._request_record.headers = {k.lower(): v for k, v in self.headers.items()}
+                fake.requests.append(self._request_record)
+            fault = fake._take_fault(method, path, query, user_agent)
+            if fault is not None:
+                code = fault.code
+                details = dict(fault.details or {})
+                if fault.retry_after is not None:
+                    details["retryAfterSeconds"] = fault.retry_after
+                    self._retry_after = fault.retry_after
+                raise ApiError(code, fault.reason or HTTPStatus(code).phrase.replace(" ", ""),
+                               fault.message or f"injected fault {code}", details)
             if method == "GET" and self._discovery(path):
                 return
             target = self._resolve(path)
@@ -656,8 +817,13 @@ class _Handler(BaseHTTPRequestHandler):
             elif method == "PATCH" and target.name is not None:
                 self._send(200, self._patch(target, body, content_type, dry_run))
             elif method == "DELETE" and target.name is not None:
+                grace_text = query.get("gracePeriodSeconds")
+                if grace_text is None and isinstance(body, dict):
+                    grace_text = body.get("gracePeriodSeconds")
+                grace = None if grace_text is None else int(grace_text)
                 with fake._lock:
-                    gone = fake._remove(target.rtype, target.namespace or "", target.name, dry_run=dry_run)
+                    gone = fake._delete(target.rtype, target.namespace or "", target.name, grace=grace,
+                                        dry_run=dry_run)
                 self._send(200, gone)
             else:
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
@@ -741,7 +907,7 @@ class _Handler(BaseHTTPRequestHandler):
             return entry.raw
 
     def _current(self, target: _Target) -> Obj:
-        return json.loads(self._read(target))
+        return orjson.loads(self._read(target))
 
     def _create(self, target: _Target, body: Any, dry_run: bool) -> Obj:
         if not isinstance(body, dict):
@@ -863,6 +1029,14 @@ class _Handler(BaseHTTPRequestHandler):
         deadline = time.monotonic() + timeout if timeout else None
         rv_param = query.get("resourceVersion") or ""
         filtered = bool(labels or fields or namespace is not None)
+        bookmarks = query.get("allowWatchBookmarks") in _GO_TRUE
+        next_bookmark = time.monotonic() + fake.bookmark_interval
+
+        def bookmark() -> bytes:
+            # Every event of this resource up to the store's revision has been sent by now.
+            return _dumps({"type": "BOOKMARK", "object": {
+                "kind": rtype.kind, "apiVersion": rtype.api_version,
+                "metadata": {"resourceVersion": str(fake._rv)}}}) + b"\n"
 
         def matches(obj: Obj | None) -> bool:
             if obj is None:
@@ -871,8 +1045,20 @@ class _Handler(BaseHTTPRequestHandler):
                 return False
             return not ((labels and not labels(obj)) or (fields and not fields(obj)))
 
-        initial: list[bytes] = []
+        initial: list[bytes] = []  # raw objects (shared with the store), framed per chunk when sent
         gone: str | None = None
+        streaming = query.get("sendInitialEvents") in _GO_TRUE
+        if streaming:
+            # A streaming list (KEP-3157), as the apiserver validates it.
+            if not fake.watch_list:
+                raise ApiError(422, "Invalid", "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: "
+                                               "Forbidden: sendInitialEvents is forbidden for watch unless the "
+                                               "WatchList feature gate is enabled")
+            if query.get("resourceVersionMatch") != "NotOlderThan" or not bookmarks:
+                raise ApiError(422, "Invalid", "sendInitialEvents needs resourceVersionMatch=NotOlderThan and "
+                                               "allowWatchBookmarks=true")
+            if rv_param not in ("", "0"):
+                raise ApiError(422, "Invalid", "this fake streams lists from a consistent read only")
         with fake._lock:
             store = fake._store(rtype)
             generation = fake._expire_generation
@@ -880,9 +1066,11 @@ class _Handler(BaseHTTPRequestHandler):
                 for key in store.keys_in_order():
                     entry = store.objects[key]
                     if not filtered or matches(entry.obj):
-                        initial.append(b'{"type":"ADDED","object":' + entry.raw + b"}\n")
+                        initial.append(entry.raw)
                 position = store.events_base + len(store.events)
+                list_rv = fake._rv
             else:
+                list_rv = 0
                 try:
                     since = int(rv_param)
                 except ValueError:
@@ -897,6 +1085,8 @@ class _Handler(BaseHTTPRequestHandler):
                     position = store.events_base + rvs_from
             fake._open_watches[rtype.plural] = fake._open_watches.get(rtype.plural, 0) + 1
         try:
+            if self._request_record is not None:
+                self._request_record.status = 200
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
@@ -905,8 +1095,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk(_dumps({"type": "ERROR", "object": ApiError(410, "Expired", gone).status()}) + b"\n")
                 self._end_chunks()
                 return
-            if initial:
-                self._chunk(b"".join(initial))
+            for start in range(0, len(initial), 200):  # one chunk per 200 objects, not one of gigabytes
+                self._chunk(b"".join(b'{"type":"ADDED","object":' + raw + b"}\n"
+                                     for raw in initial[start:start + 200]))
+            if streaming:
+                self._chunk(_dumps({"type": "BOOKMARK", "object": {
+                    "kind": rtype.kind, "apiVersion": rtype.api_version,
+                    "metadata": {"resourceVersion": str(list_rv),
+                                 "annotations": {"k8s.io/initial-events-end": "true"}}}}) + b"\n")
             while True:
                 lines: list[bytes] = []
                 with fake._lock:
@@ -919,7 +1115,12 @@ class _Handler(BaseHTTPRequestHandler):
                             break
                         if position < store.events_base + len(store.events):
                             break
-                        wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                        now = time.monotonic()
+                        if bookmarks and now >= next_bookmark:
+                            break
+                        wait = 1.0 if deadline is None else min(1.0, deadline - now)
+                        if bookmarks:
+                            wait = min(wait, next_bookmark - now)
                         if wait <= 0:
                             break
                         fake._lock.wait(wait)
@@ -928,17 +1129,23 @@ class _Handler(BaseHTTPRequestHandler):
                         position = store.events_base + len(store.events)
                         for event in batch:
                             if not filtered:
-                                lines.append(event.line)
+                                lines.append(event.line())
                                 continue
                             new, old = matches(event.obj), matches(event.prev)
                             if event.type == "MODIFIED" and new != old:
-                                etype = "ADDED" if new else "DELETED"
-                                lines.append(b'{"type":"' + etype.encode() + b'","object":'
-                                             + event.line[len(b'{"type":"MODIFIED","object":'):])
+                                lines.append(event.line("ADDED" if new else "DELETED"))
                             elif new:
-                                lines.append(event.line)
-                if lines:
-                    self._chunk(b"".join(lines))
+                                lines.append(event.line())
+                        now = time.monotonic()
+                        ending = deadline is not None and now >= deadline
+                        # A bookmark every interval, and one as the watch ends (as the apiserver
+                        # sends one just before the timeout), so a client resumes from a fresh
+                        # revision even when nothing it watches has changed for a long time.
+                        if bookmarks and (now >= next_bookmark or ending):
+                            lines.append(bookmark())
+                            next_bookmark = now + fake.bookmark_interval
+                for start in range(0, len(lines), 200):  # a burst goes out as many chunks, as events do
+                    self._chunk(b"".join(lines[start:start + 200]))
                 if gone:
                     self._chunk(_dumps({"type": "ERROR", "object": ApiError(410, "Expired", gone).status()})
                                 + b"\n")
@@ -955,9 +1162,13 @@ class _Handler(BaseHTTPRequestHandler):
     # ---- writing -------------------------------------------------------------------------
     def _send(self, code: int, payload: Obj | bytes) -> None:
         data = payload if isinstance(payload, bytes) else _dumps(payload)
+        if self._request_record is not None:
+            self._request_record.status = code
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self._retry_after is not None:
+            self.send_header("Retry-After", str(self._retry_after))
         self.end_headers()
         self.wfile.write(data)
 

@@ -83,3 +83,23 @@ def test_a_standby_takes_over_when_the_leader_dies_without_releasing(
     assert holder(fake_kube) == "replica-b"
     fake_kube.put(gpu_pod("a", "gpu-1", gpus=8))
     wait_for(lambda: marks(fake_kube, "gpu-1") == ("0", "congested"), what="the new leader writing")
+
+
+def test_the_token_file_is_sent_as_a_bearer_token(fake_kube: FakeKube, tmp_path: Path, processes) -> None:
+    """What `gpugate balance --server URL --token-file` sends: the e2e test runs it as a ServiceAccount."""
+    fake_kube.put(gpu_node("gpu-1"))
+    token = tmp_path / "token"
+    token.write_text("e2e-token-123\n")
+    config = tmp_path / "balancer.yaml"
+    config.write_text(FAST)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "webhook.cli", "balance", "--server", fake_kube.url, "--token-file", str(token),
+         "--config", str(config), "--identity", "tok", "--lease-namespace", "gpugate-system",
+         "--health-bind", "127.0.0.1:0"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    processes.append(proc)
+    wait_for(lambda: marks(fake_kube, "gpu-1") == ("8", "idle") or proc.poll() is not None, timeout=20,
+             what="the command to label the node")
+    assert proc.poll() is None
+    sent = {r.headers.get("authorization") for r in fake_kube.requests if r.path.startswith("/api")}
+    assert sent == {"Bearer e2e-token-123"}
+    assert {r.user_agent for r in fake_kube.requests} == {"gpugate-balancer (tok)"}

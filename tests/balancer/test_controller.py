@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+import urllib.error
 import urllib.request
 
 import pytest
+from kubernetes import client
 
 from tests.balancer.conftest import fast_settings, wait_for
 from tests.balancer.test_prometheus import FakePrometheus, vector
 from tests.kubefake import STRATEGIC_PATCH, FakeKube
 from webhook.balancer.prometheus import PROFILING_METRIC
 from webhook.balancer.settings import PrometheusSettings
+from webhook.kubeclient import api_client
 from webhook.logs import JSONFormatter
 from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL
 
@@ -55,6 +59,12 @@ def marks(fk: FakeKube, name: str) -> tuple[str | None, str | None]:
 def node_patches(fk: FakeKube, name: str | None = None) -> list:
     return [r for r in fk.requests if r.method == "PATCH" and r.path.startswith("/api/v1/nodes/")
             and (name is None or r.path == f"/api/v1/nodes/{name}")]
+
+
+def lists(fk: FakeKube, path: str) -> int:
+    """Lists of ``path``: paged (GET without watch) or streamed (a watch with sendInitialEvents)."""
+    return sum(1 for r in fk.requests if r.method == "GET" and r.path == path
+               and ("watch" not in r.query or r.query.get("sendInitialEvents") == "true"))
 
 
 def sample(balancer, metric: str, **labels: str) -> float | None:
@@ -135,11 +145,11 @@ def test_an_expired_watch_relists_and_converges(fake_kube: FakeKube, start_balan
     running = start_balancer()
     wait_for(lambda: marks(fake_kube, "gpu-1") == ("8", "idle"), what="labels")
     wait_for(lambda: fake_kube.open_watches("pods") and fake_kube.open_watches("nodes"), what="watches")
-    lists_before = sum(1 for r in fake_kube.requests if r.path == "/api/v1/pods" and "watch" not in r.query)
+    lists_before = lists(fake_kube, "/api/v1/pods")
     fake_kube.expire_watches()
     fake_kube.put(gpu_pod("a", "gpu-1", gpus=5))
     wait_for(lambda: marks(fake_kube, "gpu-1") == ("3", "busy"), what="labels after relist")
-    lists_after = sum(1 for r in fake_kube.requests if r.path == "/api/v1/pods" and "watch" not in r.query)
+    lists_after = lists(fake_kube, "/api/v1/pods")
     assert lists_after > lists_before
     assert sample(running.balancer, "gpugate_balancer_relists_total", resource="pods") >= 1
     assert sample(running.balancer, "gpugate_balancer_relists_total", resource="nodes") >= 1
@@ -252,3 +262,193 @@ def test_healthz_and_metrics_report_tiers_writes_errors_sync_and_leadership(
     assert "gpugate_balancer_api_errors_total" in text or "gpugate_balancer_api_errors" in text
     with pytest.raises(urllib.error.HTTPError):
         opener.open(f"{base}/nope", timeout=5)
+
+
+# ---- issue 13 ---------------------------------------------------------------------------------------
+LEASE_PATH = r"^/apis/coordination.k8s.io/v1/namespaces/gpugate-system/leases/gpugate-balancer$"
+
+
+def patch_times(fk: FakeKube, name: str | None = None) -> list[float]:
+    return sorted(r.at for r in node_patches(fk, name) if r.status == 200)
+
+
+def test_sriov_functions_are_not_gpus_a_full_node_is_congested_and_a_nic_node_unlabelled(
+        fake_kube: FakeKube, start_balancer) -> None:
+    """Item 1: 8 GPUs taken next to 16 idle SR-IOV VFs is congested; a CPU node with such NICs is no GPU node."""
+    full = gpu_node("gpu-1")
+    full["status"]["allocatable"]["nvidia.com/cx7_sriov_rdma"] = "16"
+    fake_kube.put(full)
+    nics = cpu_node("cpu-1")
+    nics["status"]["allocatable"]["nvidia.com/cx7_sriov_rdma"] = "16"
+    fake_kube.put(nics)
+    pod = gpu_pod("a", "gpu-1", gpus=8)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/cx7_sriov_rdma"] = "1"
+    fake_kube.put(pod)
+    running = start_balancer()
+    wait_for(lambda: marks(fake_kube, "gpu-1") == ("0", "congested"), what="the full GPU node congested")
+    wait_for(lambda: sample(running.balancer, "gpugate_balancer_last_full_sync_timestamp_seconds"), what="a pass")
+    assert labels_of(fake_kube, "cpu-1") == {} and node_patches(fake_kube, "cpu-1") == []
+
+
+def test_a_burst_costs_each_node_one_patch_per_interval_but_a_tier_change_goes_at_once(
+        fake_kube: FakeKube, start_balancer) -> None:
+    """Item 2: coalescing. gpu-free changes wait for the node's interval (the latest wins); a tier change does not."""
+    for i in range(10):
+        fake_kube.put(gpu_node(f"gpu-{i}"))
+    start_balancer(fast_settings(write_interval=3.0))
+    wait_for(lambda: all(marks(fake_kube, f"gpu-{i}") == ("8", "idle") for i in range(10)), what="first labels")
+    first = {f"gpu-{i}": len(node_patches(fake_kube, f"gpu-{i}")) for i in range(10)}
+    started = time.monotonic()
+    for step in range(3):  # three pod waves, 0.2 s apart: gpu-free 8 -> 5, still idle
+        fake_kube.put_many(gpu_pod(f"p{step}-{i}", f"gpu-{i}", gpus=1) for i in range(10))
+        time.sleep(0.2)
+    wait_for(lambda: all(marks(fake_kube, f"gpu-{i}") == ("5", "idle") for i in range(10)), timeout=8,
+             what="the latest gpu-free on every node")
+    for i in range(10):
+        assert len(node_patches(fake_kube, f"gpu-{i}")) - first[f"gpu-{i}"] <= 2, f"gpu-{i} patched per event"
+    # One more GPU makes the node busy (4 of 8): a tier change, written without waiting the interval.
+    waited = time.monotonic()
+    fake_kube.put(gpu_pod("tip", "gpu-0", gpus=1))
+    wait_for(lambda: marks(fake_kube, "gpu-0") == ("4", "busy"), timeout=2.5, what="the tier change at once")
+    assert time.monotonic() - waited < 2.5 and time.monotonic() - started < 8
+
+
+def test_node_patches_stay_within_the_token_bucket(fake_kube: FakeKube, start_balancer) -> None:
+    """Item 2: 40 first labels at 10 QPS with a burst of 5 take 3.5 s at least, never faster."""
+    for i in range(40):
+        fake_kube.put(gpu_node(f"gpu-{i:02}"))
+    start_balancer(fast_settings(write_qps=10.0, write_burst=5))
+    wait_for(lambda: len(patch_times(fake_kube)) == 40, timeout=15, what="40 first labels")
+    times = patch_times(fake_kube)
+    assert times[-1] - times[0] >= (40 - 5) / 10 - 0.2
+    for i, start in enumerate(times):  # any window of w seconds holds at most burst + rate * w (+1 in flight)
+        window = [t for t in times[i:] if t - start <= 1.0]
+        assert len(window) <= 5 + 10 * 1.0 + 1
+
+
+def test_a_429_pauses_writes_for_its_retry_after(fake_kube: FakeKube, start_balancer) -> None:
+    """Item 2: the API server's Retry-After is obeyed, by every writer, not a 50 ms backoff."""
+    for i in range(3):
+        fake_kube.put(gpu_node(f"gpu-{i}"))
+    fake_kube.fail_next("PATCH", r"^/api/v1/nodes/gpu-0$", 429, retry_after=1, reason="TooManyRequests")
+    running = start_balancer(fast_settings(write_concurrency=1))
+    wait_for(lambda: all(marks(fake_kube, f"gpu-{i}") == ("8", "idle") for i in range(3)), timeout=10,
+             what="labels after the 429")
+    patches = [r for r in node_patches(fake_kube)]
+    refused = next(r for r in patches if r.status == 429)
+    after = [r.at for r in patches if r.at > refused.at]
+    assert after and min(after) - refused.at >= 0.95, "a write went out before Retry-After had passed"
+    assert sample(running.balancer, "gpugate_balancer_label_writes_total", result="throttled") == 1
+
+
+def lease_timeline(fk: FakeKube) -> list[tuple[float, str, float]]:
+    """(time stored, holder, duration) of every successful write of the balancer's Lease."""
+    import re
+    out = []
+    for r in fk.requests:
+        if r.method in ("PUT", "POST") and r.status in (200, 201) and re.search(
+                r"/namespaces/gpugate-system/leases(/gpugate-balancer)?$", r.path):
+            spec = r.body.get("spec") or {}
+            out.append((r.at, spec.get("holderIdentity") or "", float(spec.get("leaseDurationSeconds") or 0)))
+    return out
+
+
+def writes_without_the_lease(fk: FakeKube) -> list[str]:
+    """Node patches the API server stored while their sender did not hold a valid Lease."""
+    timeline = lease_timeline(fk)
+    bad = []
+    for r in node_patches(fk):
+        if r.status != 200:
+            continue
+        sender = r.user_agent.split("(")[-1].rstrip(")")
+        before = [entry for entry in timeline if entry[0] <= r.at]
+        if not before:
+            bad.append(f"{r.path} by {sender} before any lease")
+            continue
+        at, holder, duration = before[-1]
+        if holder != sender or r.at > at + duration:
+            bad.append(f"{r.path} by {sender} at +{r.at - at:.3f}s while the lease said {holder or 'nobody'}")
+    return bad
+
+
+@pytest.mark.slow
+def test_with_a_slow_api_server_no_write_comes_from_a_replica_without_the_lease(
+        fake_kube: FakeKube, start_balancer) -> None:
+    """Item 3: fencing. The leader loses its lease in the middle of a long pass of slow patches; it
+    must stop at its renew deadline (counted from the renewal it sent), not at the end of the pass."""
+    for i in range(160):
+        fake_kube.put(gpu_node(f"gpu-{i:03}"))
+    first = start_balancer(fast_settings(write_qps=1000.0, write_burst=1000, write_interval=0.0))
+    wait_for(lambda: first.balancer.writes(), what="replica-a leading")
+    wait_for(lambda: len(patch_times(fake_kube)) == 160, timeout=20, what="first labels")
+    second = start_balancer(fast_settings(lease={"identity": "replica-b"}, write_qps=1000.0, write_burst=1000,
+                                          write_interval=0.0))
+    wait_for(lambda: second.balancer.synced, what="standby synced")
+    # From now on every node patch takes 0.1 s to reach the store, and replica-a cannot renew.
+    fake_kube.delay("PATCH", r"^/api/v1/nodes/", 0.1)
+    fake_kube.fail_next("PUT", LEASE_PATH, 500, count=1_000_000, user_agent="replica-a")
+    fake_kube.put_many(gpu_pod(f"p-{i:03}", f"gpu-{i:03}", gpus=1) for i in range(160))
+    wait_for(lambda: second.balancer.writes(), timeout=10, what="replica-b taking over")
+    wait_for(lambda: all(marks(fake_kube, f"gpu-{i:03}") == ("7", "idle") for i in range(160)), timeout=30,
+             what="every node labelled by one replica or the other")
+    fake_kube.clear_delays()
+    late = [r for r in node_patches(fake_kube) if "replica-a" in r.user_agent and r.status == 200
+            and r.at > lease_timeline(fake_kube)[-1][0]]
+    assert not writes_without_the_lease(fake_kube), writes_without_the_lease(fake_kube)[:5]
+    assert not late or all("replica-a" not in r.user_agent for r in late)
+    assert any("replica-b" in r.user_agent for r in node_patches(fake_kube)), "the test did not hand over"
+
+
+@pytest.mark.parametrize(("code", "reason", "message", "causes"), [
+    (410, "Expired", "too old resource version: 5 (800)", []),
+    (504, "Timeout", "Too large resource version: 900, current: 850",
+     [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]),
+], ids=["410-gone", "504-too-large"])
+def test_a_watch_refused_at_http_level_relists_instead_of_retrying_the_same_version(
+        fake_kube: FakeKube, start_balancer, code, reason, message, causes) -> None:
+    """Item 4: a 410 or 504 "too large resource version" answered to the watch request itself."""
+    fake_kube.put(gpu_node("gpu-1"))
+    running = start_balancer(fast_settings(watch_timeout=1))
+    wait_for(lambda: marks(fake_kube, "gpu-1") == ("8", "idle"), what="labels")
+    fake_kube.fail_next("GET", r"^/api/v1/pods$", code, count=1, query={"watch": "true", "resourceVersion": "*"},
+                        reason=reason, message=message, details={"causes": causes})
+    wait_for(lambda: any(r.status == code for r in fake_kube.requests), timeout=5, what="the refused watch")
+    refused = next(i for i, r in enumerate(fake_kube.requests) if r.status == code)
+    wait_for(lambda: [r for r in fake_kube.requests[refused + 1:] if r.path == "/api/v1/pods"], what="a retry")
+    retry = next(r for r in fake_kube.requests[refused + 1:] if r.path == "/api/v1/pods")
+    assert "resourceVersion" not in retry.query, f"retried the same resourceVersion: {retry.query}"
+    fake_kube.put(gpu_pod("a", "gpu-1", gpus=5))
+    wait_for(lambda: marks(fake_kube, "gpu-1") == ("3", "busy"), what="labels after the relist")
+    assert sample(running.balancer, "gpugate_balancer_relists_total", resource="pods") >= 1
+
+
+def test_readyz_waits_for_the_first_full_list(fake_kube: FakeKube, start_balancer) -> None:
+    """Item 6: /healthz is alive at once; /readyz is 503 until both caches listed, then 200."""
+    fake_kube.put(gpu_node("gpu-1"))
+    fake_kube.fail_next("GET", r"^/api/v1/pods$", 500, count=1_000_000)
+    running = start_balancer(serve_health=True)
+    wait_for(lambda: running.balancer.health is not None, what="the health server")
+    base = f"http://127.0.0.1:{running.balancer.health.port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    wait_for(lambda: running.balancer.nodes.synced.is_set(), what="nodes listed")
+    assert opener.open(f"{base}/healthz", timeout=5).status == 200
+    with pytest.raises(urllib.error.HTTPError) as err:
+        opener.open(f"{base}/readyz", timeout=5)
+    assert err.value.code == 503
+    fake_kube.clear_faults()
+    wait_for(lambda: running.balancer.synced, timeout=5, what="pods listed")
+    assert opener.open(f"{base}/readyz", timeout=5).status == 200
+
+
+def test_a_terminating_pod_holds_its_gpus_until_it_is_gone(fake_kube: FakeKube, start_balancer) -> None:
+    """Item 9: graceful deletion. kube-scheduler counts a terminating pod until it is deleted; so do we."""
+    fake_kube.put(gpu_node("gpu-1"))
+    fake_kube.put(gpu_pod("a", "gpu-1", gpus=6))
+    start_balancer()
+    wait_for(lambda: marks(fake_kube, "gpu-1") == ("2", "busy"), what="labels")
+    core = client.CoreV1Api(api_client(fake_kube.url))
+    core.delete_namespaced_pod("a", "ml")  # graceful: deletionTimestamp, the pod stays
+    time.sleep(0.5)
+    assert marks(fake_kube, "gpu-1") == ("2", "busy")
+    core.delete_namespaced_pod("a", "ml", grace_period_seconds=0)  # what the kubelet does once it stopped
+    wait_for(lambda: marks(fake_kube, "gpu-1") == ("8", "idle"), what="labels once the pod is gone")

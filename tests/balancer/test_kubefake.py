@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -240,3 +241,121 @@ def test_custom_kinds_are_served_after_register(fake_kube: FakeKube) -> None:
     assert got["metadata"]["name"] == "w"
     custom.patch_namespaced_custom_object("example.com", "v1", "d", "widgets", "w", {"spec": {"size": 2}})
     assert fake_kube.get("example.com/v1", "Widget", "w", "d")["spec"] == {"size": 2}
+
+
+# ---- what the balancer's tests need from the fake (issue 13, item 9) ---------------------------------
+def watch_lines(fk: FakeKube, path: str, **query: str) -> list[dict]:
+    """Every line of one watch on ``path`` with ``query``, read until the server ends it."""
+    from urllib.parse import urlencode
+    request = urllib.request.Request(f"{fk.url}{path}?{urlencode({'watch': 'true', **query})}")
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10) as response:
+        return [json.loads(line) for line in response.read().splitlines() if line.strip()]
+
+
+def test_watches_that_allow_bookmarks_get_them_with_the_current_revision(core) -> None:
+    fk = FakeKube(bookmark_interval=0.3).start()
+    try:
+        fk.put(node("gpu-1"))
+        rv = client.CoreV1Api(api_client(fk.url)).list_node().metadata.resource_version
+        fk.put(pod("p", node_name="gpu-1"))  # pods change, nodes do not
+        lines = watch_lines(fk, "/api/v1/nodes", resourceVersion=rv, allowWatchBookmarks="true",
+                            timeoutSeconds="1")
+        assert lines and all(e["type"] == "BOOKMARK" for e in lines)
+        assert len(lines) >= 3  # every 0.3 s, and one as the watch times out
+        assert lines[-1]["object"]["metadata"]["resourceVersion"] == str(fk.resource_version) != rv
+        assert lines[-1]["object"]["kind"] == "Node"
+        assert all(e["type"] != "BOOKMARK" for e in watch_lines(fk, "/api/v1/nodes", resourceVersion=rv,
+                                                                 timeoutSeconds="1"))
+    finally:
+        fk.stop()
+
+
+def test_a_patch_that_changes_nothing_is_no_write(fake_kube: FakeKube, core) -> None:
+    stored = fake_kube.put(node("gpu-1", labels={"a": "1"}))
+    rv = stored["metadata"]["resourceVersion"]
+    core.patch_node("gpu-1", {"metadata": {"labels": {"a": "1"}}})
+    replaced = core.replace_node("gpu-1", core.read_node("gpu-1"))
+    assert replaced.metadata.resource_version == rv
+    assert fake_kube.get("v1", "Node", "gpu-1")["metadata"]["resourceVersion"] == rv
+    lines = watch_lines(fake_kube, "/api/v1/nodes", resourceVersion=str(int(rv) - 1), timeoutSeconds="1")
+    assert [e["type"] for e in lines] == ["ADDED"]  # the put only: no MODIFIED for the no-ops
+    core.patch_node("gpu-1", {"metadata": {"labels": {"a": "2"}}})
+    assert fake_kube.get("v1", "Node", "gpu-1")["metadata"]["resourceVersion"] != rv
+
+
+def test_a_bound_pod_is_deleted_gracefully_and_finalizers_hold_deletion(fake_kube: FakeKube, core) -> None:
+    bound = pod("bound", node_name="gpu-1")
+    bound["spec"]["terminationGracePeriodSeconds"] = 45
+    fake_kube.put(bound)
+    fake_kube.put(pod("unbound"))
+    core.delete_namespaced_pod("unbound", "ml")
+    assert fake_kube.get("v1", "Pod", "unbound", "ml") is None     # nothing runs it: gone at once
+    core.delete_namespaced_pod("bound", "ml")
+    terminating = fake_kube.get("v1", "Pod", "bound", "ml")
+    assert terminating["metadata"]["deletionGracePeriodSeconds"] == 45
+    assert terminating["metadata"]["deletionTimestamp"]
+    core.patch_namespaced_pod("bound", "ml", {"metadata": {"labels": {"x": "1"}}})  # still there, still writable
+    assert fake_kube.get("v1", "Pod", "bound", "ml")["metadata"]["deletionGracePeriodSeconds"] == 45
+    core.delete_namespaced_pod("bound", "ml", grace_period_seconds=0)  # the kubelet confirms
+    assert fake_kube.get("v1", "Pod", "bound", "ml") is None
+    held = node("gpu-9")
+    held["metadata"]["finalizers"] = ["example.com/keep"]
+    fake_kube.put(held)
+    core.delete_node("gpu-9")
+    assert fake_kube.get("v1", "Node", "gpu-9")["metadata"]["deletionTimestamp"]
+    core.patch_node("gpu-9", {"metadata": {"finalizers": None}})
+    assert fake_kube.get("v1", "Node", "gpu-9") is None
+
+
+def test_a_429_carries_retry_after_as_header_and_status(fake_kube: FakeKube, core) -> None:
+    fake_kube.put(node("gpu-1"))
+    fake_kube.fail_next("PATCH", r"^/api/v1/nodes/gpu-1$", 429, retry_after=3, reason="TooManyRequests",
+                        message="too many requests, please try again later")
+    with pytest.raises(ApiException) as err:
+        core.patch_node("gpu-1", {"metadata": {"labels": {"a": "1"}}})
+    assert err.value.status == 429 and err.value.headers["Retry-After"] == "3"
+    assert json.loads(err.value.body)["details"]["retryAfterSeconds"] == 3
+    assert fake_kube.requests[-1].status == 429
+
+
+def test_faults_match_query_and_user_agent_and_delays_hold_requests(fake_kube: FakeKube) -> None:
+    api = api_client(fake_kube.url)
+    api.user_agent = "gpugate-balancer (replica-a)"
+    core = client.CoreV1Api(api)
+    fake_kube.fail_next("GET", r"^/api/v1/nodes$", 410, query={"watch": "true", "resourceVersion": "*"},
+                        user_agent="replica-a")
+    assert core.list_node().items == []  # not a watch: not matched
+    with pytest.raises(ApiException) as err:
+        core.list_node(watch=True, resource_version="1", _preload_content=False)
+    assert err.value.status == 410
+    fake_kube.delay("GET", r"^/api/v1/nodes$", 0.3, count=1)
+    started = time.monotonic()
+    core.list_node()
+    assert time.monotonic() - started >= 0.3
+    assert fake_kube.requests[-1].user_agent == "gpugate-balancer (replica-a)"
+    assert fake_kube.requests[-1].at - started >= 0.3
+
+
+def test_a_streaming_list_sends_every_object_then_the_initial_events_end_bookmark(core) -> None:
+    fk = FakeKube(bookmark_interval=60).start()
+    try:
+        fk.put(node("gpu-1"))
+        fk.put(node("gpu-2"))
+        lines = watch_lines(fk, "/api/v1/nodes", sendInitialEvents="true", resourceVersionMatch="NotOlderThan",
+                            allowWatchBookmarks="true", timeoutSeconds="1")
+        assert [(e["type"], e["object"]["metadata"].get("name")) for e in lines[:2]] == \
+            [("ADDED", "gpu-1"), ("ADDED", "gpu-2")]
+        end = lines[2]
+        assert end["type"] == "BOOKMARK"
+        assert end["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+        assert end["object"]["metadata"]["resourceVersion"] == str(fk.resource_version)
+    finally:
+        fk.stop()
+    old = FakeKube(watch_list=False).start()
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            watch_lines(old, "/api/v1/nodes", sendInitialEvents="true", resourceVersionMatch="NotOlderThan",
+                        allowWatchBookmarks="true")
+        assert err.value.code == 422
+    finally:
+        old.stop()

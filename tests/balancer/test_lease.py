@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 
@@ -72,3 +74,39 @@ def test_backoff_doubles_up_to_the_cap_with_jitter_in_the_upper_half() -> None:
     assert len(set(delays)) == 6               # jittered, not lockstep
     backoff.reset()
     assert backoff.next() <= 0.5
+
+
+LEASE_PATH = r"^/apis/coordination.k8s.io/v1/namespaces/ns/leases/l$"
+REAL = dict(name="l", namespace="ns", duration=1.0, renew_deadline=0.7, retry_period=0.15)
+
+
+def test_the_renew_deadline_counts_from_the_renewal_sent_not_from_its_slow_answer(fake_kube: FakeKube) -> None:
+    """Item 3: the API server stores the renewal long before a slow answer returns; a standby counts
+    from then, so the leader must too, or both lead for as long as the answer took."""
+    a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **REAL))
+    assert a.try_acquire_or_renew()
+    fake_kube.delay("PUT", LEASE_PATH, 0.5, count=1)
+    started = time.monotonic()
+    assert a.try_acquire_or_renew()
+    answered = time.monotonic()
+    assert answered - started >= 0.5
+    # Sent at least 0.5 s before the answer: the 0.7 s deadline ends at most 0.2 s after it.
+    time.sleep(max(0.0, answered + 0.45 - time.monotonic()))
+    assert not a.is_leader(), "still leading 0.45 s after a renewal answered 0.5 s after it was sent (deadline 0.7 s)"
+
+
+def test_release_waits_for_a_renewal_in_flight_which_then_cannot_take_the_lease_back(
+        fake_kube: FakeKube) -> None:
+    """Item 3: a renewal that read the lease slowly must not write it back after release."""
+    a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **REAL))
+    assert a.try_acquire_or_renew()
+    fake_kube.delay("GET", LEASE_PATH, 0.5, count=1)  # the renewal's read is slow
+    renewal = threading.Thread(target=a.try_acquire_or_renew)
+    renewal.start()
+    time.sleep(0.1)
+    a.release()                                        # SIGTERM arrives while it is in flight
+    renewal.join(5)
+    lease = fake_kube.get("coordination.k8s.io/v1", "Lease", "l", "ns")
+    assert not lease["spec"].get("holderIdentity"), "the lease was taken back after release"
+    assert not a.is_leader()
+    assert not a.try_acquire_or_renew()                # no round after release

@@ -79,16 +79,74 @@ def test_state_sums_requests_per_node_and_marks_dirty() -> None:
     assert state.take_dirty() == []
 
 
-def test_free_gpus_and_allocation_share() -> None:
-    load = marks.node_load(node_info(node()), {"nvidia.com/gpu": 6}, None)
-    assert (load.free_gpus, load.allocated) == (2, 0.75)
-    sliced = node_info(node(alloc={"nvidia.com/gpu": "16"}, labels={"nvidia.com/gpu.replicas": "4"}))
-    assert marks.node_load(sliced, {"nvidia.com/gpu": 5}, None).free_gpus == 2  # 11 slots / 4 per GPU
-    mig = node_info(node(alloc={"nvidia.com/mig-1g.10gb": "7"}))
-    load = marks.node_load(mig, {"nvidia.com/mig-1g.10gb": 7}, None)
-    assert (load.free_gpus, load.allocated) == (0, 1.0)
+SRIOV = "nvidia.com/cx7_sriov_rdma"
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@pytest.mark.parametrize(("alloc", "labels", "requested", "free", "allocated"), [
+    # whole GPUs: allocatable minus requested
+    ({"nvidia.com/gpu": "8"}, H100, {"nvidia.com/gpu": 6}, 2, 0.75),
+    # time-slicing, 4 replicas, not renamed: the plugin spreads shares, one per GPU first, so 5
+    # shares leave no whole GPU of 4 (free slots // replicas said 11 // 4 = 2)
+    ({"nvidia.com/gpu": "16"}, {"nvidia.com/gpu.replicas": "4"}, {"nvidia.com/gpu": 5}, 0, 5 / 16),
+    ({"nvidia.com/gpu": "32"}, {"nvidia.com/gpu.replicas": "4"}, {"nvidia.com/gpu": 3}, 5, 3 / 32),
+    # renamed shares (nvidia.com/gpu.shared): a pod asking nvidia.com/gpu cannot get them
+    ({"nvidia.com/gpu.shared": "32"}, {"nvidia.com/gpu.replicas": "4"}, {}, 0, 0.0),
+    # single MIG strategy: nvidia.com/gpu counts slices, which are not GPUs
+    ({"nvidia.com/gpu": "56"}, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb",
+                                "nvidia.com/mig.strategy": "single"}, {"nvidia.com/gpu": 14}, 0, 0.25),
+    # mixed MIG: 4 whole GPUs taken next to 4 GPUs cut into 28 idle 1g slices is half the node
+    ({"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "28"}, {"nvidia.com/gpu.replicas": "0"},
+     {"nvidia.com/gpu": 4}, 0, 0.5),
+    ({"nvidia.com/gpu": "4", "nvidia.com/mig-3g.40gb": "8"}, {}, {"nvidia.com/mig-3g.40gb": 4}, 4, 12 / 52),
+    # SR-IOV virtual functions are not GPUs (issue 13, item 1)
+    ({"nvidia.com/gpu": "8", SRIOV: "16"}, H100, {"nvidia.com/gpu": 8, SRIOV: 1}, 0, 1.0),
+], ids=["whole", "sliced-spread", "sliced-room", "renamed-shared", "mig-single", "mig-mixed-gpus",
+        "mig-mixed-slices", "sriov-vfs"])
+def test_gpu_free_counts_whole_gpus_a_gpu_pod_could_get_and_allocation_weighs_gpus(
+        alloc, labels, requested, free, allocated) -> None:
+    load = marks.node_load(node_info(node(alloc=alloc, labels=labels)), requested, None)
+    assert load.free_gpus == free
+    assert load.allocated == pytest.approx(allocated)
+
+
+def test_a_gpu_node_without_room_is_congested_whatever_its_nics_offer() -> None:
+    """8 GPUs taken, 16 SR-IOV VFs idle: congested, not idle (they used to count as 24 "GPUs")."""
+    info = node_info(node(alloc={"nvidia.com/gpu": "8", SRIOV: "16"}))
+    assert info.allocatable == (("nvidia.com/gpu", 8),)
+    want = marks.desired(info, marks.node_load(info, {"nvidia.com/gpu": 8}, None), thresholds=T,
+                         taint_congested=False)
+    assert (want.free, want.load) == ("0", "congested")
+    nic_only = node_info(node(alloc={SRIOV: "16", "nvidia.com/bf3_sf": "4"}))
+    assert not nic_only.is_gpu_node
+    assert marks.node_patch(nic_only, marks.desired(nic_only, None, thresholds=T, taint_congested=True)) is None
+
+
+def test_an_empty_gpu_node_has_nothing_free() -> None:
     empty = node_info(node(alloc={"nvidia.com/gpu": "0"}))
     assert marks.node_load(empty, {}, None).allocated == 1.0
+
+
+@pytest.mark.parametrize(("labels", "want", "expected"), [
+    ({GPU_FREE_LABEL: "6", GPU_LOAD_LABEL: "idle"}, ("5", "idle", False), False),   # gpu-free only: may wait
+    ({GPU_FREE_LABEL: "6", GPU_LOAD_LABEL: "idle"}, ("3", "busy", False), True),    # a tier change
+    ({GPU_FREE_LABEL: "0", GPU_LOAD_LABEL: "congested"}, ("0", "congested", True), True),  # the taint
+    ({}, ("8", "idle", False), True),                                              # first marks
+    ({GPU_FREE_LABEL: "8", GPU_LOAD_LABEL: "idle"}, (None, None, False), True),     # marks removed
+])
+def test_a_write_is_urgent_when_the_tier_the_taint_or_the_marks_presence_changes(labels, want, expected) -> None:
+    info = node_info(node(labels=labels))
+    assert marks.urgent(info, marks.Marks(*want)) is expected
+
+
+def test_after_patch_is_the_node_as_the_patch_leaves_it() -> None:
+    theirs = {"key": "x", "effect": "NoSchedule"}
+    info = node_info(node(labels={"team": "a", GPU_FREE_LABEL: "8"}, taints=[theirs]))
+    want = marks.Marks(free="0", load="congested", tainted=True)
+    after = marks.after_patch(info, want)
+    assert after.owned_labels == ((GPU_FREE_LABEL, "0"), (GPU_LOAD_LABEL, "congested"))
+    assert after.taints == (theirs, {"key": CONGESTED_TAINT_KEY, "effect": "PreferNoSchedule"})
+    assert marks.node_patch(after, want) is None and after.resource_version == info.resource_version
 
 
 def desired_for(info, requested, util=None, taint=False):

@@ -51,6 +51,10 @@ def test_defaults_without_a_file(monkeypatch) -> None:
     ("prometheus: {window: five}\n", "prometheus.window"),
     ("- a list\n", "must be a mapping"),
     ("health_bind: nope\n", "HOST:PORT"),
+    ("write_qps: 0\n", "write_qps must be > 0"),
+    ("write_burst: 0\n", "write_burst"),
+    ("write_interval: -1\n", "write_interval >= 0"),
+    ("stream_lists: maybe\n", "stream_lists must be a bool"),
 ])
 def test_bad_files_are_refused_with_the_key_named(tmp_path: Path, text: str, message: str) -> None:
     config = tmp_path / "bad.yaml"
@@ -76,3 +80,20 @@ def test_cli_help_and_bad_config_exit_codes(tmp_path: Path) -> None:
     result = runner.invoke(main, ["balance", "--config", str(bad)])
     assert result.exit_code == 1 and "unknown key 'nope'" in result.output
     assert runner.invoke(main, ["balance", "--config", str(tmp_path / "missing.yaml")]).exit_code == 2
+
+
+def test_write_pacing_comes_from_the_file_and_flags_win(tmp_path: Path) -> None:
+    config = tmp_path / "balancer.yaml"
+    config.write_text("write_qps: 50\nwrite_burst: 100\nwrite_interval: 30\nstream_lists: false\n")
+    settings = settings_from(config, write_qps=20.0, write_burst=None, write_interval=None)
+    assert (settings.write_qps, settings.write_burst, settings.write_interval) == (20.0, 100, 30.0)
+    assert settings.stream_lists is False
+    defaults = settings_from(None)
+    assert (defaults.write_qps, defaults.write_burst, defaults.write_interval) == (200.0, 400, 10.0)
+
+
+def test_credentials_flags_need_a_server(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("abc")
+    result = CliRunner().invoke(main, ["balance", "--token-file", str(token)])
+    assert result.exit_code == 2 and "--server" in result.output

@@ -1,4 +1,5 @@
-"""manifests/balancer: two replicas, leader election, and RBAC that grants exactly must 3."""
+"""manifests/balancer: two replicas, leader election, RBAC that grants exactly must 3 (its own Lease by
+name), a disruption budget, a priority class and a readiness that waits for the caches (issue 13, item 6)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def test_balancer_rbac_grants_exactly_nodes_pods_and_its_lease() -> None:
     role = one(objs, "Role", "gpugate-balancer")
     assert role["metadata"]["namespace"] == NAMESPACE
     assert _grants(role["rules"]) == {
-        ("coordination.k8s.io", "leases", "get", ()), ("coordination.k8s.io", "leases", "create", ()),
-        ("coordination.k8s.io", "leases", "update", ()),
+        ("coordination.k8s.io", "leases", "get", ("gpugate-balancer",)),
+        ("coordination.k8s.io", "leases", "update", ("gpugate-balancer",)),
+        ("coordination.k8s.io", "leases", "create", ()),  # a create names no object when authorized
     }
     # ...and nothing else: no other role or binding in the balancer's render.
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] in RBAC_KINDS) == [
@@ -73,7 +75,51 @@ def test_balancer_deployment_runs_two_replicas_with_leader_election_inputs() -> 
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
     for probe in ("readinessProbe", "livenessProbe"):
         target = container[probe]["httpGet"]["port"]
-        assert named.get(target, target) == port and container[probe]["httpGet"]["path"] == "/healthz"
+        assert named.get(target, target) == port
     service = one(objs, "Service", "gpugate-balancer")
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert not find(objs, "Namespace"), "the namespace belongs to manifests/webhook"
+
+
+def test_balancer_may_read_and_renew_only_the_lease_its_deployment_names() -> None:
+    objs = render_variant("balancer")
+    container = one(objs, "Deployment", "gpugate-balancer")["spec"]["template"]["spec"]["containers"][0]
+    lease = arg_value(container, "--lease-name")
+    rules = one(objs, "Role", "gpugate-balancer")["rules"]
+    for verb in ("get", "update"):
+        assert rule_allows(rules, verb=verb, group="coordination.k8s.io", resource="leases", name=lease)
+        assert not rule_allows(rules, verb=verb, group="coordination.k8s.io", resource="leases",
+                               name="kube-controller-manager"), verb
+    assert rule_allows(rules, verb="create", group="coordination.k8s.io", resource="leases", name=None)
+    assert not rule_allows(rules, verb="delete", group="coordination.k8s.io", resource="leases", name=lease)
+
+
+def test_balancer_disruption_budget_keeps_one_replica_and_covers_only_the_balancer() -> None:
+    objs = render_variant("all")
+    budget = one(objs, "PodDisruptionBudget", "gpugate-balancer")
+    deployment = one(objs, "Deployment", "gpugate-balancer")
+    assert budget["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert budget["spec"]["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # an unsynced replica never blocks a drain
+    chosen = budget["spec"]["selector"]["matchLabels"].items()
+    matching = [f"{o['kind']}/{o['metadata']['name']}" for o in objs
+                if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job")
+                and chosen <= o["spec"]["template"]["metadata"].get("labels", {}).items()]
+    assert matching == ["Deployment/gpugate-balancer"]
+
+
+def test_balancer_priority_class_is_shipped_below_the_webhook_and_the_system_classes() -> None:
+    objs = render_variant("all")
+    name = one(objs, "Deployment", "gpugate-balancer")["spec"]["template"]["spec"]["priorityClassName"]
+    assert find(render_variant("balancer"), "PriorityClass", name), "the balancer ships its own class"
+    balancer = one(objs, "PriorityClass", name)
+    webhook_class = one(objs, "Deployment", "gpugate-webhook")["spec"]["template"]["spec"]["priorityClassName"]
+    assert 0 < balancer["value"] < one(objs, "PriorityClass", webhook_class)["value"] < 1_000_000_000
+    assert balancer.get("globalDefault") is not True
+
+
+def test_balancer_is_ready_only_once_its_caches_synced_and_alive_while_its_loop_turns() -> None:
+    container = one(render_variant("balancer"), "Deployment", "gpugate-balancer")["spec"]["template"]["spec"][
+        "containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"

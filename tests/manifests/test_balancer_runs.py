@@ -44,7 +44,11 @@ def _parse(path: str) -> tuple[str, str | None, str, str | None]:
     return group, namespace, rest[0], rest[1] if len(rest) > 1 else None
 
 
-def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, tmp_path: Path) -> None:
+@pytest.mark.parametrize("watch_list", [True, False], ids=["streamed-lists", "paged-lists"])
+def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, tmp_path: Path,
+                                                           watch_list: bool) -> None:
+    """Both list paths: streamed (a watch with sendInitialEvents) and, on a server without them, pages."""
+    fake_kube.watch_list = watch_list
     objs = render_variant("balancer")
     deployment = one(objs, "Deployment", "gpugate-balancer")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
@@ -73,9 +77,10 @@ def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, 
         else:
             pytest.fail(f"the balancer neither took its Lease nor labelled the node: "
                         f"{(tmp_path / 'balance.log').read_text()}")
-        probe = container["livenessProbe"]["httpGet"]["path"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{health_port}{probe}", timeout=5) as response:
-            assert response.status == 200
+        for kind in ("livenessProbe", "readinessProbe"):
+            probe = container[kind]["httpGet"]["path"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}{probe}", timeout=5) as response:
+                assert response.status == 200, kind
     finally:
         process.terminate()
         try:
@@ -96,5 +101,7 @@ def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, 
             and rule_allows(role["rules"], verb=verb, group=group, resource=resource, name=name))
         assert allowed, f"{request.method} {request.path} ({verb} {resource}) is not granted"
         checked.add((verb, resource))
-    assert {("list", "nodes"), ("watch", "nodes"), ("list", "pods"), ("watch", "pods"), ("patch", "nodes"),
-            ("create", "leases")} <= checked
+    # Lists are streamed (a watch with sendInitialEvents) where the server allows it; else paged.
+    assert {("watch", "nodes"), ("watch", "pods"), ("patch", "nodes"), ("create", "leases")} <= checked
+    if not watch_list:
+        assert {("list", "nodes"), ("list", "pods")} <= checked

@@ -80,6 +80,12 @@ class Balancer:
         self._write_backoff = Backoff(settings.backoff_initial, settings.backoff_max,
                                       random.Random(self._rng.random()))
 
+        # Children of labelled series, looked up once: labels() costs more than the event it counts.
+        self._pod_events = self.metrics.watch_events.labels("pods")
+        self._node_events = self.metrics.watch_events.labels("nodes")
+        self._writes_ok = self.metrics.label_writes.labels("ok")
+        self._tier_gauges = {tier: self.metrics.nodes.labels(tier) for tier in LOAD_TIERS}
+
         def api() -> client.ApiClient:
             made = client_factory()
             # The API server's audit log (and our fake's request log) then tells replicas apart.
@@ -94,7 +100,7 @@ class Balancer:
             name="pods", list_call=client.CoreV1Api(api()).list_pod_for_all_namespaces,
             reduce=lambda obj: (pod_key(obj), pod_usage(obj)),
             on_replace=self._replace_pods, on_event=self._pod_event, prefilter=may_hold_gpus,
-            on_skip=lambda: self.metrics.watch_events.labels("pods").inc(),
+            on_skip=self._pod_events.inc,
             field_selector=POD_FIELD_SELECTOR, **self._informer_args())
         self._writer = NodeWriter(api())
         self.elector: LeaderElector | None = None
@@ -132,7 +138,7 @@ class Balancer:
                 self._schedule.forget(name)
             else:
                 self.state.set_node(info)
-        self.metrics.watch_events.labels("nodes").inc()
+        self._node_events.inc()
         self._wake.set()
 
     def _replace_pods(self, usages: dict[str, PodUsage | None]) -> None:
@@ -145,7 +151,7 @@ class Balancer:
         with self._lock:
             self.state.set_pod(key, usage)
             wake = bool(self.state.dirty)
-        self.metrics.watch_events.labels("pods").inc()
+        self._pod_events.inc()
         if wake:
             self._wake.set()
 
@@ -291,8 +297,8 @@ class Balancer:
                     self._schedule.want(name, want, urgent=marks_mod.urgent(node, want))
             counts = dict(self._tier_counts)
             pending, coalesced = self._schedule.pending(), self._schedule.coalesced
-        for tier in LOAD_TIERS:
-            self.metrics.nodes.labels(tier).set(counts.get(tier, 0))
+        for tier, gauge in self._tier_gauges.items():
+            gauge.set(counts.get(tier, 0))
         self.metrics.pending_writes.set(pending)
         self.metrics.set_coalesced(coalesced)
         for node, want, patch in logged:
@@ -388,7 +394,7 @@ class Balancer:
                 self.state.nodes[name] = marks_mod.after_patch(current, want)
             self._schedule.written(name, want, now)
         self._write_backoff.reset()
-        self.metrics.label_writes.labels("ok").inc()
+        self._writes_ok.inc()
         log.info("node marks updated", extra={"fields": {"node": name, "changes": marks_mod.describe(node, want)}})
 
     def _write_refused(self, node: NodeInfo, err: ApiException) -> None:
