@@ -12,7 +12,7 @@ import click
 from webhook.errors import InputError
 from webhook.policy import loading
 
-ALL_ARMS = "stock,gpugate,binpack-profile,random,bestfit,fgd"
+ALL_ARMS = "stock,gpugate,binpack-profile,extender,random,bestfit,fgd"
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -53,11 +53,25 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-out"),
               show_default=True, help="Folder for summary.json, per-run CSVs and the plot.")
 @click.option("--label-lag", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Recompute the balancer's node labels every K placements (stale labels in between).")
+              help="Recompute the balancer's node labels every K placements (stale labels in between); "
+                   "the extender sees bound pods K placements late too.")
 @click.option("--taint-congested", is_flag=True, help="Model the balancer's optional congested PreferNoSchedule taint.")
 @click.option("--device-allocation", type=click.Choice(["distributed", "packed"]), default="distributed",
               show_default=True, help="How the NVIDIA device plugin picks the GPU for a time-sliced share "
-                                      "(distributed is its default; packed is --allocation-policy packed).")
+                                      "(distributed is its default; packed is its "
+                                      "--shared-devices-allocation-policy packed, config key "
+                                      "flags.plugin.sharedDevicesAllocationPolicy, from v0.20.0).")
+@click.option("--extender-weight", type=click.IntRange(min=1), default=25, show_default=True,
+              help="The extender's weight in the gpugate profile (its 0..10 score counts x weight x 10).")
+@click.option("--extender-nodes-percentage", type=click.IntRange(min=0, max=100), default=100, show_default=True,
+              help="percentageOfNodesToScore of the extender's profile (0: kube-scheduler's adaptive default).")
+@click.option("--extender-mix", type=click.Choice(["history", "window", "trace"]), default="history",
+              show_default=True, help="The extender's pod-shape mix: learned from pods created, its window starting "
+                                      "full (history) or empty (window), or configured from the pod list (trace).")
+@click.option("--extender-levels", type=click.Choice(["rank", "linear"]), default="rank", show_default=True,
+              help="How the extender's keys become 0..10: by rank (served) or rescaled linearly (to compare).")
+@click.option("--extender-assume/--no-extender-assume", default=True, show_default=True,
+              help="The extender counts the pods it scored as placed on its best node until it sees them bound.")
 @click.option("--tune", type=click.FloatRange(min=0.1, max=3.0), default=1.3, show_default=True,
               help="Inflate (or cut) the pod list to this multiple of GPU capacity.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -65,8 +79,9 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--synthetic-nodes", type=click.IntRange(min=4), default=120, show_default=True,
               help="Nodes of the synthetic cluster (only without --trace).")
 def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, seeds: str, out: Path,
-           label_lag: int, taint_congested: bool, device_allocation: str, tune: float,
-           workers: int | None, synthetic_nodes: int) -> None:
+           label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
+           extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
+           tune: float, workers: int | None, synthetic_nodes: int) -> None:
     """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
 
     Prints arm by metric (GPU allocation at 100% and 130% arrived GPU request, fragmentation),
@@ -82,14 +97,16 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
         loaded = trace.load_trace(trace_dir, pods_file)
     else:
         loaded = trace.synthetic(seed_list[0], nodes=synthetic_nodes)
-    if "gpugate" in arm_list:
+    if "gpugate" in arm_list or "gpugate-extender" in arm_list:
 
         if not policies.is_dir():
             raise InputError(f"{policies}: no such policy folder (give --policies DIR, or leave out the gpugate arm)")
         loading.load_dir(policies)  # refuse a bad folder before starting any run
     specs = [runner.RunSpec(arm=arm, seed=seed, label_lag=label_lag, tune=tune, taint_congested=taint_congested,
-                            device_policy=device_allocation,
-                            policies=str(policies) if arm == "gpugate" else None)
+                            device_policy=device_allocation, extender_weight=extender_weight,
+                            extender_percentage=extender_nodes_percentage, extender_mix=extender_mix,
+                            extender_levels=extender_levels, extender_assume=extender_assume,
+                            policies=str(policies) if arm in ("gpugate", "gpugate-extender") else None)
              for arm in arm_list for seed in seed_list]
     progress = report.Progress(len(specs), sys.stderr)
     results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)

@@ -11,7 +11,7 @@ as device counts; a time-sliced share as the thousandths of one GPU it stands fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook import names
@@ -120,8 +120,10 @@ class Bound:
 class NodeView:
     """A node's allocatable and what its bound pods take; ``bind`` and ``release`` return new views.
 
-    ``left`` is thousandths left per physical GPU (the device model); ``signature`` the same
-    with empty GPUs dropped, sorted high to low: all the fragment measure reads, and its memo key.
+    ``left`` is thousandths left per physical GPU (the device model). The derived fields are
+    computed once per view, since the extender reads them for every candidate of every call:
+    ``signature`` is ``left`` without empty GPUs, sorted high to low (all the fragment measure
+    reads of the GPUs, and its memo key), ``gpu_free`` its sum.
     """
 
     name: str
@@ -134,24 +136,24 @@ class NodeView:
     memory_requested: int = 0
     mig_requested: Counts = ()
     left: tuple[int, ...] = ()
-    signature: tuple[int, ...] = ()
     pods: tuple[Bound, ...] = ()
+    cpu_left: int = field(init=False)
+    memory_left: int = field(init=False)
+    gpu_free: int = field(init=False)
+    signature: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cpu_left", self.cpu - self.cpu_requested)
+        object.__setattr__(self, "memory_left", self.memory - self.memory_requested)
+        object.__setattr__(self, "gpu_free", sum(self.left))
+        object.__setattr__(self, "signature", devices.signature(self.left))
 
     @classmethod
     def empty(cls, name: str, *, cpu: int, memory: int = 0, product: str = "", gpus: int = 0,
               mig: Counts = ()) -> NodeView:
         """A node with nothing bound."""
-        left = (MILLI,) * gpus
         return cls(name=name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=tuple(sorted(mig)),
-                   left=left, signature=left)
-
-    @property
-    def cpu_left(self) -> int:
-        return self.cpu - self.cpu_requested
-
-    @property
-    def gpu_left_milli(self) -> int:
-        return sum(self.left)
+                   left=(MILLI,) * gpus)
 
     def mig_free(self, resource: str) -> int:
         return dict(self.mig).get(resource, 0) - dict(self.mig_requested).get(resource, 0)
@@ -162,7 +164,8 @@ class NodeView:
         A pod whose GPUs the model cannot place (the view is behind the cluster) is kept with
         none, so its cpu and memory still count and a later release stays exact.
         """
-        taken, left = (), self.left
+        taken: tuple[int, ...] = ()
+        left = self.left
         if demand.uses_devices:
             found = devices.allocate(self.left, demand.gpus, demand.share_milli, policy)
             if found is not None:
@@ -175,8 +178,7 @@ class NodeView:
             mig = tuple(sorted(merged.items()))
         return replace(self, cpu_requested=self.cpu_requested + demand.cpu,
                        memory_requested=self.memory_requested + demand.memory, mig_requested=mig,
-                       left=left, signature=left if left is self.left else devices.signature(left),
-                       pods=self.pods + (Bound(key, demand, taken),))
+                       left=left, pods=self.pods + (Bound(key, demand, taken),))
 
     def release(self, key: str) -> NodeView:
         """The node without the pod ``key`` (unchanged when it is not here): its GPUs are free again."""
@@ -193,8 +195,7 @@ class NodeView:
         return replace(self, cpu_requested=self.cpu_requested - demand.cpu,
                        memory_requested=self.memory_requested - demand.memory,
                        mig_requested=tuple(sorted((r, n) for r, n in mig.items() if n > 0)),
-                       left=tuple(left), signature=devices.signature(left),
-                       pods=tuple(bound for bound in self.pods if bound.key != key))
+                       left=tuple(left), pods=tuple(bound for bound in self.pods if bound.key != key))
 
     def resized(self, *, cpu: int, memory: int, product: str, gpus: int, mig: Counts = (),
                 policy: DevicePolicy = "distributed") -> NodeView:

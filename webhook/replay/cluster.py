@@ -119,10 +119,3 @@ def best_fit_gpu(state: ClusterState, node: int, milli: int) -> int:
     left = state.gpu_left[node]
     candidates = np.where(left >= milli, left, MILLI + 1)
     return int(np.argmin(candidates))
-
-
-def worst_fit_gpu(state: ClusterState, node: int, milli: int) -> int:
-    """The fitting GPU with the most left (lowest index on ties): the device plugin's "distributed"."""
-    left = state.gpu_left[node]
-    candidates = np.where(left >= milli, left, -1)
-    return int(np.argmax(candidates))

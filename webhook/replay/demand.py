@@ -13,8 +13,9 @@ from typing import Any
 
 from webhook import names
 from webhook.kube import pods
-from webhook.kube.quantity import QuantityError, bytes_, millicores, whole_count
+from webhook.kube.quantity import QuantityError, whole_count
 from webhook.kube.resources import is_gpu_resource, is_mig_resource
+from webhook.placement.inputs import request_amount
 from webhook.replay.cluster import Demand
 from webhook.replay.model import PodView, PreferredTerm, Requirement, SelectorTerm, Toleration
 from webhook.replay.records import MILLI
@@ -26,14 +27,6 @@ DEFAULT_MEMORY_BYTES = 200 * 10**6
 DEFAULT_SLOT_MILLI = MILLI // 4
 
 
-def _amount(resource: str, value: Any) -> int:
-    if resource == "cpu":
-        return millicores(value)
-    if resource == "memory":
-        return bytes_(value)
-    return pods.gpu_amount(resource, value)
-
-
 def _scheduled(resource: str) -> bool:
     return resource in ("cpu", "memory") or is_gpu_resource(resource)
 
@@ -43,8 +36,8 @@ def _pod_amounts(pod: dict[str, Any]) -> tuple[dict[str, int], int, int]:
 
     Raises QuantityError for a quantity that is not valid.
     """
-    amounts = pods.effective_requests(pod, include=_scheduled, amount=_amount)
-    scored = pods.effective_requests(pod, include=lambda r: r in ("cpu", "memory"), amount=_amount,
+    amounts = pods.effective_requests(pod, include=_scheduled, amount=request_amount)
+    scored = pods.effective_requests(pod, include=lambda r: r in ("cpu", "memory"), amount=request_amount,
                                      defaults={"cpu": DEFAULT_CPU_MILLI, "memory": DEFAULT_MEMORY_BYTES})
     return amounts, scored.get("cpu", 0), scored.get("memory", 0)
 

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from webhook import names
-from webhook.replay.cluster import ClusterState, Demand, best_fit_gpu, worst_fit_gpu
+from webhook.placement import devices as device_plugin
+from webhook.placement.scoring import MAX_EXTENDER_PRIORITY
+from webhook.replay.cluster import ClusterState, Demand
 from webhook.replay.records import MILLI
 
 MAX_NODE_SCORE = 100
@@ -214,6 +216,8 @@ class KubeCluster:
 
 Filter = Callable[[KubeCluster, PodView], np.ndarray]
 Score = Callable[[KubeCluster, PodView, np.ndarray], np.ndarray]
+Extender = Callable[[KubeCluster, PodView, np.ndarray], "list[int] | None"]
+"""An extender's prioritize call: 0..10 per candidate node, or None when it fails (ignorable)."""
 
 
 def _untolerated(cluster: KubeCluster, pod: PodView, effects: tuple[str, ...]) -> np.ndarray:
@@ -346,6 +350,8 @@ class Profile:
     filters: tuple[Filter, ...]
     scores: tuple[tuple[Score, int], ...]
     percentage_of_nodes_to_score: int = 0
+    extenders: tuple[tuple[Extender, int], ...] = ()
+    """Prioritize extenders and their weights: score x weight x MaxNodeScore/MaxExtenderPriority."""
 
 
 DEFAULT_FILTERS: tuple[Filter, ...] = (fit_filter, node_affinity_filter, taint_filter)
@@ -419,22 +425,27 @@ class KubeScheduler:
         total = np.zeros(len(nodes), dtype=np.int64)
         for plugin, weight in profile.scores:
             total += weight * plugin(cluster, pod, nodes)
+        # schedule_one.go prioritizeNodes: extender scores are added unclipped, scaled by weight x 100/10.
+        for extender, weight in profile.extenders:
+            priorities = extender(cluster, pod, nodes)
+            if priorities is not None:  # an error: ignorable extenders are skipped
+                total += np.asarray(priorities, dtype=np.int64) * weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
         best = np.flatnonzero(total == total.max())
         return int(nodes[best[self.rng.integers(len(best))]])
 
     @staticmethod
     def devices(cluster: KubeCluster, node: int, demand: Demand, policy: str = "distributed") -> tuple[int, ...]:
-        """GPUs the device plugin hands the pod on the chosen node.
+        """GPUs the device plugin hands the pod on the chosen node: ``webhook.placement.devices``.
 
         Whole GPUs: the first free ones. A time-sliced share: NVIDIA's device plugin defaults to
         its ``distributed`` allocation policy (the GPU with the fewest replicas taken, here the most
-        left that fits); ``packed`` (``--allocation-policy packed``, k8s-device-plugin PR #1621)
-        takes the fullest GPU that fits.
+        left that fits); ``packed`` (k8s-device-plugin PR #1621) takes the fullest GPU that fits.
+        The extender models the same rule, from the same module.
         """
         if not demand.num_gpu:
             return ()
+        left = cluster.state.gpu_left[node].tolist()
         if demand.shares_gpu:
-            if policy == "packed":
-                return (best_fit_gpu(cluster.state, node, demand.gpu_milli),)
-            return (worst_fit_gpu(cluster.state, node, demand.gpu_milli),)
-        return cluster.state.first_free(node, demand.num_gpu)
+            return (device_plugin.share_device(left, demand.gpu_milli, "packed" if policy == "packed"
+                                               else "distributed"),)
+        return device_plugin.whole_devices(left, demand.num_gpu)

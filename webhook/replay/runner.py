@@ -5,6 +5,11 @@ Arms:
   gpugate          the same Pods admitted through gpugate's mutation and validation under
                    ``--policies``; each Pod goes to the profile its schedulerName names
   binpack-profile  the trace's Pods on gpugate's second profile (MostAllocated, GPU weight 5)
+  extender         the trace's Pods on the ``gpugate`` profile: the default plugins, weights and
+                   normalization plus gpugate's scheduler extender (``webhook.placement``), its
+                   score x weight x 10, computed from the blind view (node allocatable, bound pod
+                   requests, the modelled device allocation) delivered every ``label_lag`` placements
+  gpugate-extender the gpugate arm, where a policy's schedulerName ``gpugate`` reaches that profile
   random, bestfit, fgd   the published schedulers, on the trace records directly
 Every arm of one seed sees the same arrival order. Pods are submitted once and never deleted; a
 pod that fits nowhere (or is denied) is counted as arrived and failed.
@@ -24,6 +29,10 @@ from typing import Any
 import numpy as np
 
 from webhook.errors import InputError
+from webhook.placement import scoring
+from webhook.placement.extender import ExtenderSettings, ExtenderState
+from webhook.placement.inputs import PodDemand, demand_from_pod
+from webhook.placement.shapes import ShapeMix
 from webhook.policy import loading
 from webhook.replay import demand as demand_reading
 from webhook.replay import workload
@@ -31,13 +40,24 @@ from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState, Demand
 from webhook.replay.labels import Relabeler
 from webhook.replay.metrics import FragmentTracker, typical_pods
-from webhook.replay.model import DEFAULT_PROFILE, KubeCluster, KubeScheduler, NodeLabels, PodView, binpack_profile
+from webhook.replay.model import (
+    DEFAULT_PROFILE,
+    KubeCluster,
+    KubeScheduler,
+    NodeLabels,
+    PodView,
+    Profile,
+    binpack_profile,
+)
 from webhook.replay.records import PodRecord, Trace
 from webhook.replay.reference import REFERENCE_SCHEDULERS
 
-KUBE_ARMS = ("stock", "gpugate", "binpack-profile")
+KUBE_ARMS = ("stock", "gpugate", "binpack-profile", "extender", "gpugate-extender")
 ARMS = KUBE_ARMS + tuple(REFERENCE_SCHEDULERS)
 BINPACK = "gpugate-binpack"
+EXTENDER_PROFILE = "gpugate"
+"""schedulerName of the second scheduler's profile that calls the extender (manifests/scheduler, phase 2)."""
+EXTENDER_ARMS = ("extender", "gpugate-extender")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +71,20 @@ class RunSpec:
     taint_congested: bool = False
     device_policy: str = "distributed"
     """How the device plugin picks a GPU for a time-sliced share: distributed (its default) or packed."""
+    extender_weight: int = scoring.RECOMMENDED_WEIGHT
+    extender_percentage: int = 100
+    """percentageOfNodesToScore of the extender's profile: 100 (proposed), 0 for the adaptive default."""
+    extender_levels: str = "rank"
+    extender_mix: str = "history"
+    """Where the extender's pod-shape mix comes from: history (default) learns from the pods created,
+    its window starting full of earlier pods, as a balancer restarted on a running cluster finds it
+    (a seeded draw from the pod list, the cluster's history); window learns from the pods created
+    in this replay only (a new, empty cluster); trace is a configured mix, the pod list's."""
+    extender_assume: bool = True
+    extender_window: int = 2000
+    extender_tolerance: float = 0.05
+    extender_cpu_pods: bool = True
+    """The extender arm sends CPU-only pods to the extender's profile too (else to default-scheduler)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +115,14 @@ class RunResult:
 
     def frag_at(self, arrived_percent: int) -> float:
         return self.at(self.fragment, arrived_percent)
+
+
+def demand_from_trace(records: Iterable[PodRecord]) -> list[PodDemand]:
+    """The pod list as the extender would read its pods (a configured mix: what FGD's typical pods use)."""
+    return [PodDemand(cpu=r.cpu_milli, memory=r.memory_mib * demand_reading.MIB,
+                      gpus=r.num_gpu if r.num_gpu and not r.shares_gpu else 0,
+                      share_milli=r.gpu_milli if r.shares_gpu else 0,
+                      products=frozenset(workload.product_of(m) for m in r.gpu_spec)) for r in records]
 
 
 def record_demand(record: PodRecord) -> Demand:
@@ -132,6 +174,70 @@ class Admission:
         return out
 
 
+def placement_demand(pod: dict[str, Any], view: PodView) -> PodDemand:
+    """The extender's reading of an admitted Pod; a share's size from the replay's annotation (via the view)."""
+    found = demand_from_pod(pod)
+    if view.demand.shares_gpu:
+        found = PodDemand(cpu=found.cpu, memory=found.memory, share_milli=view.demand.gpu_milli,
+                          products=found.products)
+    return found
+
+
+class BlindExtender:
+    """gpugate's extender as the scheduler's profile calls it, fed as the balancer's watch would be.
+
+    The state is ``webhook.placement.extender.ExtenderState``, the code the balancer serves. It
+    learns nodes from the trace (allocatable and GPU product label), pod shapes as pods arrive
+    (created, before scheduling) and bound pods in batches every ``lag`` placements: the watch's
+    delay. The real mutation of the kube cluster stays in ClusterState; this sees only the API.
+    """
+
+    def __init__(self, trace: Trace, spec: RunSpec, mix: ShapeMix | None) -> None:
+        settings = ExtenderSettings(device_policy="packed" if spec.device_policy == "packed" else "distributed",
+                                    levels=spec.extender_levels, mix=mix, assume=spec.extender_assume,
+                                    assume_ttl=float(4 * max(1, spec.label_lag)), warm_keys=False,
+                                    window=spec.extender_window, tolerance=spec.extender_tolerance)
+        self.state = ExtenderState(settings)
+        for node in trace.nodes:
+            self.state.set_node(node.name, cpu=node.cpu_milli, memory=node.memory_mib * demand_reading.MIB,
+                                product=workload.product_of(node.model) if node.gpus else "", gpus=node.gpus)
+        if spec.extender_mix == "history":
+            # The window as a balancer restarted on a running cluster finds it: full of pods created
+            # before, here a seeded draw from the pod list (the trace is that cluster's history).
+            history = np.random.default_rng((spec.seed, 3)).integers(len(trace.pods), size=spec.extender_window)
+            demands = demand_from_trace(trace.pods)
+            for index in history.tolist():
+                self.state.seen(demands[index])
+        self.names = [node.name for node in trace.nodes]
+        self.lag = max(1, spec.label_lag)
+        self.pending: list[tuple[str, str, PodDemand]] = []
+        self.step = 0
+        self.demand = PodDemand()
+
+    def arrive(self, step: int, demand: PodDemand) -> None:
+        self.step, self.demand = step, demand
+        self.state.seen(demand)
+
+    def prioritize(self, cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> list[int]:
+        return self.state.prioritize(f"pod-{self.step}", self.demand, [self.names[n] for n in nodes.tolist()],
+                                     now=float(self.step))
+
+    def bound(self, node: int) -> None:
+        """The pod of this step was bound; the watch delivers binds every ``lag`` placements."""
+        self.pending.append((f"pod-{self.step}", self.names[node], self.demand))
+        if len(self.pending) >= self.lag:
+            for key, name, demand in self.pending:
+                self.state.bind(key, name, demand)
+            self.pending.clear()
+
+
+def extender_profile(extender: BlindExtender, spec: RunSpec) -> Profile:
+    """The second scheduler's ``gpugate`` profile: the default plugins plus the extender."""
+    return Profile(name=EXTENDER_PROFILE, filters=DEFAULT_PROFILE.filters, scores=DEFAULT_PROFILE.scores,
+                   percentage_of_nodes_to_score=spec.extender_percentage,
+                   extenders=((extender.prioritize, spec.extender_weight),))
+
+
 def kube_cluster(trace: Trace) -> KubeCluster:
     state = ClusterState(trace.nodes)
     labels = NodeLabels(state.names, [workload.node_labels(node) for node in trace.nodes])
@@ -153,6 +259,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     place: Callable[[int], tuple[int, tuple[int, ...]] | None]
     relabeler: Relabeler | None = None
     denied = 0
+    arrivals = [0]  # the current arrival step, read by the extender's closure
     if spec.arm in REFERENCE_SCHEDULERS:
         scheduler = REFERENCE_SCHEDULERS[spec.arm](np.random.default_rng((spec.seed, 2)).permutation(state.size))
 
@@ -162,11 +269,18 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
                 return None
             return scheduler.place(state, demands[index], feasible, rng, tracker)
     else:
-        kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), rng)
+        profiles = [DEFAULT_PROFILE, binpack_profile()]
+        extender: BlindExtender | None = None
+        if spec.arm in EXTENDER_ARMS:
+            mix = ShapeMix.from_demands(demand_from_trace(records)) if spec.extender_mix == "trace" else None
+            extender = BlindExtender(trace, spec, mix)
+            profiles.append(extender_profile(extender, spec))
+        kube = KubeScheduler(tuple(profiles), rng)
         relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
         relabeler.start(cluster)
-        admission = Admission(spec.policies) if spec.arm == "gpugate" else None
+        admission = Admission(spec.policies) if spec.arm in ("gpugate", "gpugate-extender") else None
         views: dict[int, PodView | None] = {}
+        placement_demands: dict[int, PodDemand] = {}
 
         def view_of(index: int) -> PodView | None:
             if index not in views:
@@ -177,10 +291,14 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
                     views[index] = None
                 else:
                     found = demand_reading.view(pod)
-                    if spec.arm == "binpack-profile":
+                    routed = {"binpack-profile": BINPACK}.get(spec.arm)
+                    if spec.arm == "extender" and (spec.extender_cpu_pods or found.demand.num_gpu):
+                        routed = EXTENDER_PROFILE
+                    if routed:
                         found = PodView(**{**{f: getattr(found, f) for f in PodView.__slots__},
-                                           "scheduler_name": BINPACK})
+                                           "scheduler_name": routed})
                     views[index] = found
+                    placement_demands[index] = placement_demand(pod, found)
             return views[index]
 
         def place(index: int) -> tuple[int, tuple[int, ...]] | None:
@@ -189,9 +307,13 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
             if pod_view is None:
                 denied += 1
                 return None
+            if extender is not None:
+                extender.arrive(arrivals[0], placement_demands[index])
             node = kube.schedule(cluster, pod_view)
             if node is None:
                 return None
+            if extender is not None:
+                extender.bound(node)
             return node, kube.devices(cluster, node, pod_view.demand, spec.device_policy)
 
     arrived = np.empty(len(order))
@@ -201,6 +323,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     total = 0
     capacity = state.capacity_milli
     for step, index in enumerate(order):
+        arrivals[0] = step
         total += records[index].gpu_request_milli
         placement = place(index)
         if placement is not None:

@@ -1,0 +1,90 @@
+"""The extender's fragment measure is FGD's: the same numbers as the replay's reference (numpy) measure."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from webhook.placement.fragment import Fragmenter, fgd_points
+from webhook.placement.inputs import NodeView, PodDemand
+from webhook.placement.shapes import Shape, ShapeMix, ShapeWindow, distance
+from webhook.replay import workload
+from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.metrics import node_fragment, shape_stats, typical_pods
+from webhook.replay.records import NodeRecord
+
+NODES = (NodeRecord("g2", 96_000, 393_216, 8, "G2"), NodeRecord("t4", 104_000, 524_288, 2, "T4"),
+         NodeRecord("p100", 16_000, 122_880, 2, "P100"), NodeRecord("v100", 32_000, 131_072, 4, "V100M16"))
+# (cpu, milli, gpus, models) rows with repeats, so the 95% cut keeps some and drops others.
+ROWS = ([(4000, 1000, 1, ())] * 30 + [(8000, 470, 1, ())] * 20 + [(2000, 0, 0, ())] * 15
+        + [(16_000, 1000, 2, ("T4",))] * 10 + [(6000, 810, 1, ("P100", "V100M16"))] * 10
+        + [(64_000, 1000, 8, ())] * 3 + [(1000, 250, 1, ())] * 1)
+
+
+def replay_demand(cpu: int, milli: int, gpus: int, models: tuple[str, ...]) -> Demand:
+    return Demand(cpu=cpu, memory=0, num_gpu=gpus, gpu_milli=milli, models=frozenset(models), cpu_score=cpu)
+
+
+def placement_demand(cpu: int, milli: int, gpus: int, models: tuple[str, ...]) -> PodDemand:
+    products = frozenset(workload.product_of(m) for m in models)
+    if gpus == 1 and milli < 1000:
+        return PodDemand(cpu=cpu, share_milli=milli, products=products)
+    return PodDemand(cpu=cpu, gpus=gpus, products=products)
+
+
+def test_the_mix_is_fgds_typical_pods() -> None:
+    state = ClusterState(NODES)
+    typical = typical_pods([replay_demand(*row) for row in ROWS], state)
+    mix = ShapeMix.from_demands([placement_demand(*row) for row in ROWS])
+    assert [(s.cpu, s.milli, s.gpus) for s in mix.shapes] == list(zip(typical.cpu.tolist(), typical.milli.tolist(),
+                                                                      typical.num.tolist(), strict=True))
+    assert mix.weights == pytest.approx(typical.prob.tolist())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fragment_and_delta_equal_the_replays_reference_measure(seed: int) -> None:
+    rng = random.Random(seed)
+    state = ClusterState(NODES)
+    typical = typical_pods([replay_demand(*row) for row in ROWS], state)
+    fragmenter = Fragmenter(ShapeMix.from_demands([placement_demand(*row) for row in ROWS]))
+    for index, node in enumerate(NODES):
+        left = [rng.choice([0, 30, 190, 500, 530, 1000, 1000]) for _ in range(node.gpus)]
+        state.gpu_left[index, :node.gpus] = left
+        cpu_left = rng.choice([0, 1000, 4000, 7000, 16_000, node.cpu_milli])
+        state.cpu_used[index] = node.cpu_milli - cpu_left
+        view = NodeView(name=node.name, cpu=node.cpu_milli, product=workload.product_of(node.model), gpus=node.gpus,
+                        cpu_requested=node.cpu_milli - cpu_left, left=tuple(left))
+        count, small = shape_stats(state.gpu_left[index:index + 1], typical)
+        expected = node_fragment(count, small, state.gpu_left[index:index + 1].sum(axis=1),
+                                 state.cpu_left[index:index + 1], typical.access[index:index + 1], typical)[0]
+        got = fragmenter.fragment(view.product, view.signature, fragmenter.cpu_class(view.cpu_left))
+        assert got == pytest.approx(expected)
+        for cpu, milli, gpus, _ in ROWS[::7]:
+            demand = placement_demand(cpu, milli, gpus, ())
+            after = view.bind("pod", demand)
+            if after.left == view.left and demand.uses_devices or after.cpu_left < 0:
+                assert fragmenter.delta(view.product, view.signature, view.cpu_left, cpu, demand.gpus,
+                                        demand.share_milli) is None
+                continue
+            delta = fragmenter.delta(view.product, view.signature, view.cpu_left, cpu, demand.gpus,
+                                     demand.share_milli)
+            assert delta == pytest.approx(fragmenter.fragment(after.product, after.signature,
+                                                              fragmenter.cpu_class(after.cpu_left)) - got)
+
+
+def test_fgd_points_are_the_artifacts_sigmoid() -> None:
+    for delta in (-8000.0, -470.0, 0.0, 250.0, 5000.0, 10**9):
+        assert fgd_points(delta) == int(np.trunc(100.0 / (1.0 + np.exp(min(delta, 700_000) / 1000.0))))
+    assert fgd_points(0.0) == 50 and fgd_points(-10_000.0) == 99 and fgd_points(10_000.0) == 0
+
+
+def test_the_window_takes_a_new_mix_only_when_it_moved() -> None:
+    window = ShapeWindow(size=100, refresh=10, tolerance=0.1)
+    a, b = Shape(1000), Shape(2000, 1000, 1)
+    rebuilt = [window.add(a) for _ in range(50)]
+    assert rebuilt[0] and not any(rebuilt[1:])          # the same single shape: no new mix
+    rebuilt = [window.add(b) for _ in range(50)]
+    assert any(rebuilt) and distance(window.mix(), ShapeMix((a, b), (0.5, 0.5))) <= 0.1
+    assert len(window) == 100 and window.add(None) is False

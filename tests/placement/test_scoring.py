@@ -1,0 +1,91 @@
+"""The extender's 0..10 scores: bounded, deterministic, monotone in FGD's order, and packing on ties."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.placement import scoring
+from webhook.placement.fragment import NO_FIT, Fragmenter
+from webhook.placement.inputs import NodeView, PodDemand
+from webhook.placement.shapes import Shape, ShapeMix
+
+# Half the pods take a 0.5 share, a quarter one whole GPU, a quarter are CPU-only.
+MIX = ShapeMix((Shape(2000, 500, 1), Shape(4000, 1000, 1), Shape(1000)), (0.5, 0.25, 0.25))
+
+
+def node(name: str, left: tuple[int, ...], cpu_left: int = 32_000, cpu: int = 64_000) -> NodeView:
+    return NodeView(name=name, cpu=cpu, memory=2**40, product="X", gpus=len(left), cpu_requested=cpu - cpu_left,
+                    left=left)
+
+
+def test_a_node_where_the_share_fills_a_fragment_scores_above_one_where_it_creates_one() -> None:
+    share = PodDemand(cpu=2000, share_milli=500)
+    fills = node("fills", (500, 0, 0, 0))      # its half GPU is useless to whole-GPU pods now
+    creates = node("creates", (1000, 1000, 1000, 1000))
+    scores = scoring.prioritize(share, [fills, creates], Fragmenter(MIX))
+    assert scores[0] > scores[1]
+
+
+def test_a_whole_gpu_pod_keeps_an_empty_node_whole_when_a_started_one_fits() -> None:
+    """The 8-GPU shape keeps its node; the tie between started nodes goes to the fuller one (best fit)."""
+    mix = ShapeMix((Shape(4000, 1000, 1), Shape(8000, 1000, 8)), (0.9, 0.1))
+    pod = PodDemand(cpu=4000, gpus=1)
+    empty = node("empty", (1000,) * 8)
+    started = node("started", (1000,) * 4 + (0,) * 4)
+    fuller = node("fuller", (1000,) * 2 + (0,) * 6)
+    scores = scoring.prioritize(pod, [empty, started, fuller], Fragmenter(mix))
+    assert scores[2] > scores[1] > scores[0]
+    assert scores[2] == scoring.MAX_EXTENDER_PRIORITY
+
+
+nodes_strategy = st.lists(
+    st.tuples(st.lists(st.sampled_from([0, 250, 500, 750, 1000]), min_size=1, max_size=8),
+              st.integers(0, 64_000)), min_size=1, max_size=30)
+pods_strategy = st.sampled_from([PodDemand(cpu=2000, share_milli=500), PodDemand(cpu=4000, gpus=1), PodDemand(cpu=1000),
+                                 PodDemand(cpu=16_000, gpus=2), PodDemand(cpu=500, share_milli=250)])
+
+
+@settings(max_examples=60)
+@given(nodes_strategy, pods_strategy)
+def test_scores_are_bounded_deterministic_and_monotone_in_the_key(raw, pod) -> None:
+    views = [node(f"n{i}", tuple(left), cpu_left) for i, (left, cpu_left) in enumerate(raw)]
+    fragmenter = Fragmenter(MIX)
+    scores = scoring.prioritize(pod, views, fragmenter)
+    assert all(0 <= s <= scoring.MAX_EXTENDER_PRIORITY for s in scores)
+    assert scores == scoring.prioritize(pod, views, Fragmenter(MIX))          # same inputs, same scores
+    keys = scoring.node_keys(fragmenter, pod, views)
+    for a, b in zip(keys, scores, strict=True):
+        for c, d in zip(keys, scores, strict=True):
+            if a > c:
+                assert b >= d                                                # monotone in the key
+            if a == c:
+                assert b == d
+    fitting = [k for k in keys if k != NO_FIT]
+    if fitting:                                                              # the best fitting node gets 10
+        assert scores[keys.index(max(fitting))] == scoring.MAX_EXTENDER_PRIORITY
+    assert all(s == 0 for k, s in zip(keys, scores, strict=True) if k == NO_FIT)
+
+
+def test_the_rank_keeps_the_argmax_where_a_linear_rescaling_lumps_it() -> None:
+    keys = [5_000_000, 4_999_999, 10, 0]
+    assert scoring.levels(keys) == [10, 9, 8, 7]
+    assert scoring.levels(keys, "linear") == [10, 10, 0, 0]
+    assert scoring.levels([NO_FIT, 3, 3]) == [0, 10, 10]
+    assert scoring.levels(list(range(20)))[:9] == [0] * 9 and scoring.levels(list(range(20)))[-1] == 10
+
+
+def test_a_weight_of_25_lets_one_level_outweigh_the_default_resource_scorers() -> None:
+    """kube-scheduler adds score x weight x 100/10: one level is 250 points, more than the 200 that
+    NodeResourcesFit (LeastAllocated) and BalancedAllocation can add together, less than a 300-point taint."""
+    step = scoring.RECOMMENDED_WEIGHT * scoring.MAX_NODE_SCORE // scoring.MAX_EXTENDER_PRIORITY
+    assert 200 < step < 300
+
+
+def test_mig_pods_pack_on_slices_and_never_go_where_they_do_not_fit() -> None:
+    mig = (("nvidia.com/mig-1g.10gb", 7),)
+    full = NodeView(name="a", cpu=8000, mig=mig, mig_requested=(("nvidia.com/mig-1g.10gb", 7),))
+    busy = NodeView(name="b", cpu=8000, mig=mig, mig_requested=(("nvidia.com/mig-1g.10gb", 5),))
+    idle = NodeView(name="c", cpu=8000, mig=mig)
+    pod = PodDemand(cpu=1000, mig=(("nvidia.com/mig-1g.10gb", 1),))
+    assert scoring.prioritize(pod, [full, busy, idle], Fragmenter(MIX)) == [0, 10, 9]

@@ -1,0 +1,273 @@
+"""What the extender keeps between calls, and the wire shapes of kube-scheduler's extender API.
+
+``ExtenderState`` is the state the balancer feeds from the watches it already runs: nodes
+(allocatable, GPU product), pods as they are bound or go away, and pod shapes as pods are created.
+``prioritize`` answers one ExtenderArgs. Pure: no I/O, no clock (``now`` is an argument in the
+caller's unit, seconds for the balancer, placements for the replay), so the replay runs exactly
+the code the balancer serves.
+
+The scheduler's view runs ahead of the watch's: it assumes a pod on its node at once and binds it
+asynchronously, so a pod the extender just scored is not yet bound when the next pod arrives.
+Scoring the next pod against the stale view would send it to the same node, again and again. So
+the state assumes each pod it scores on its best node (the scheduler's choice whenever the
+extender's weight decides and that node is the only best), until the watch shows the pod bound
+(wherever it went) or ``assume_ttl`` passes. docs/placement.md measures what this buys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypedDict
+
+from webhook.placement import scoring
+from webhook.placement.devices import MILLI, DevicePolicy
+from webhook.placement.fragment import NO_FIT, Fragmenter
+from webhook.placement.inputs import Counts, NodeView, PodDemand
+from webhook.placement.shapes import POPULARITY, ShapeMix, ShapeWindow, shape_of
+
+
+class ExtenderArgs(TypedDict, total=False):
+    """k8s.io/kube-scheduler/extender/v1 ExtenderArgs: only the keys read here."""
+
+    Pod: dict[str, Any]
+    Nodes: dict[str, Any] | None
+    """A NodeList when the extender is not nodeCacheCapable."""
+    NodeNames: list[str] | None
+    """Node names when it is (``nodeCacheCapable: true``, what gpugate configures)."""
+
+
+class HostPriority(TypedDict):
+    """k8s.io/kube-scheduler/extender/v1 HostPriority; a HostPriorityList is a JSON list of these."""
+
+    Host: str
+    Score: int
+
+
+def candidate_names(args: ExtenderArgs) -> list[str]:
+    """The candidate nodes of a call: NodeNames, or the names in Nodes.items."""
+    found = args.get("NodeNames")
+    if isinstance(found, list):
+        return [str(name) for name in found]
+    items = (args.get("Nodes") or {}).get("items") or []
+    return [str((item.get("metadata") or {}).get("name", "")) for item in items if isinstance(item, dict)]
+
+
+def host_priorities(names: Sequence[str], scores: Sequence[int]) -> list[HostPriority]:
+    return [HostPriority(Host=name, Score=score) for name, score in zip(names, scores, strict=True)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtenderSettings:
+    """How the extender models the cluster and learns the pod mix."""
+
+    device_policy: DevicePolicy = "distributed"
+    """The device plugin's allocation policy for time-sliced shares, as the cluster runs it
+    (distributed is its default; a wrong model misplaces shares in the measure, never a pod)."""
+    levels: str = "rank"
+    """How keys become 0..10: rank (served) or linear (measured for comparison)."""
+    mix: ShapeMix | None = None
+    """A configured pod-shape mix; None learns it from the last ``window`` pods created."""
+    window: int = 2000
+    refresh: int = 100
+    """Look at the learned mix every this many pods (the measure's memos live as long as a mix)."""
+    tolerance: float = 0.05
+    """Take a new mix only when it moved this far (total variation distance) from the current one."""
+    popularity: float = POPULARITY
+    assume_ttl: float = 30.0
+    """Forget an assumption not confirmed by a bind after this long (``now`` units): the pod went
+    unschedulable or its binding failed."""
+    assume: bool = True
+    warm_keys: bool = True
+    """Precompute each node's key for the mix's shapes when the mix changes (off the request path);
+    the replay turns it off: same scores, less work when latency is not measured."""
+
+
+class ExtenderState:
+    """Nodes, bound and assumed pods, the shape window, and the measure for the current mix."""
+
+    def __init__(self, settings: ExtenderSettings | None = None) -> None:
+        self.settings = settings or ExtenderSettings()
+        self.nodes: dict[str, NodeView] = {}
+        self.window = ShapeWindow(size=self.settings.window, refresh=self.settings.refresh,
+                                  popularity=self.settings.popularity, tolerance=self.settings.tolerance)
+        self._where: dict[str, str] = {}
+        self._assumed: dict[str, tuple[str, PodDemand, float]] = {}
+        self._fragmenter = Fragmenter(self.settings.mix or ShapeMix(), self.settings.device_policy)
+        self._score = scoring.ScoreSettings(levels=self.settings.levels)
+        self._context = scoring.Context()
+        # Per node: the view as scored (bound pods plus assumed ones) and its key per pod shape
+        # (cpu, gpus, share). A bind or an assumption makes a new view and an empty memo; a new mix
+        # or a new largest node empties every memo.
+        self._entries: dict[str, tuple[NodeView, dict[tuple[int, int, int], int]]] = {}
+
+    # --- what the watches report -----------------------------------------------------------
+
+    def set_node(self, name: str, *, cpu: int, memory: int = 0, product: str = "", gpus: int = 0,
+                 mig: Counts = ()) -> None:
+        """A node appeared or its allocatable changed; its bound pods stay, in their order."""
+        node = self.nodes.get(name)
+        policy = self.settings.device_policy
+        if node is None:
+            self.nodes[name] = NodeView.empty(name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig)
+        elif (node.cpu, node.memory, node.product, node.gpus, node.mig) != (cpu, memory, product, gpus, tuple(mig)):
+            self.nodes[name] = node.resized(cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig,
+                                            policy=policy)
+        self._update(name)
+        self._rescale()
+
+    def remove_node(self, name: str) -> None:
+        node = self.nodes.pop(name, None)
+        for bound in node.pods if node else ():
+            self._where.pop(bound.key, None)
+        self._entries.pop(name, None)
+        self._rescale()
+
+    def _rescale(self) -> None:
+        """Recompute the tie-breaks' context (largest node, type pressure); a change empties the key memos."""
+        found = scoring.context(self.nodes.values(), self._fragmenter.mix)
+        if found != self._context:
+            self._context = found
+            self._forget_keys()
+
+    def _forget_keys(self) -> None:
+        self._entries = {name: (view, {}) for name, (view, _) in self._entries.items()}
+
+    def bind(self, key: str, node: str, demand: PodDemand) -> None:
+        """The watch shows pod ``key`` bound to ``node`` (again is harmless): it counts there from now on."""
+        if self._where.get(key) == node:
+            return
+        self.unbind(key)
+        assumed = self._assumed.pop(key, None)
+        view = self.nodes.get(node)
+        if view is not None:
+            self.nodes[node] = view.bind(key, demand, self.settings.device_policy)
+            self._where[key] = node
+            self._update(node)
+        if assumed is not None and assumed[0] != node:
+            self._update(assumed[0])
+
+    def unbind(self, key: str) -> None:
+        """Pod ``key`` was deleted or finished (Succeeded, Failed): its resources are free."""
+        node = self._where.pop(key, None)
+        if node is not None and node in self.nodes:
+            self.nodes[node] = self.nodes[node].release(key)
+            self._update(node)
+
+    def seen(self, demand: PodDemand) -> None:
+        """A pod was created: its shape joins the learned mix (pending pods count: they are the demand).
+
+        When the window rebuilds the mix, the measure is rebuilt and warmed for every node here, in
+        the watch's thread, so a prioritize call never pays for it.
+        """
+        if self.settings.mix is None and self.window.add(shape_of(demand)):
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Take the current mix and warm the measure for every node as it is now.
+
+        Tables for every (product, GPUs left), and with ``warm_keys`` each node's key for every
+        shape of the mix (95% of pods), so a prioritize call mostly reads memos.
+        """
+        mix = self.settings.mix or self.window.mix()
+        if mix != self._fragmenter.mix:
+            self._fragmenter = Fragmenter(mix, self.settings.device_policy)
+            self._forget_keys()
+            self._rescale()
+        self._fragmenter.warm({(view.product, view.signature) for view in self.nodes.values()})
+        if self.settings.warm_keys:
+            names = list(self.nodes)
+            for shape in mix.shapes:
+                milli = shape.milli if shape.gpus == 1 and shape.milli < MILLI else 0
+                self.keys(PodDemand(cpu=shape.cpu, gpus=0 if milli else shape.gpus, share_milli=milli), names)
+
+    # --- the extender's call --------------------------------------------------------------
+
+    def view(self, name: str) -> NodeView | None:
+        """The node as scored: bound pods plus the pods assumed there."""
+        entry = self._entries.get(name)
+        return entry[0] if entry else None
+
+    @property
+    def fragmenter(self) -> Fragmenter:
+        return self._fragmenter
+
+    @property
+    def context(self) -> scoring.Context:
+        return self._context
+
+    def keys(self, demand: PodDemand, names: Sequence[str]) -> list[int]:
+        """``scoring.node_keys`` per name (``NO_FIT`` for unknown nodes).
+
+        Cached per (node view, pod cpu and GPUs): between two binds a node's key for a pod shape
+        cannot change. Memory only has to fit, so it is checked here and left out of the cache's
+        key. The nodes missing from the cache are computed in one batch.
+        """
+        entries = self._entries
+        wanted = (demand.cpu, demand.gpus, demand.share_milli)
+        memory = demand.memory
+        keys: list[int] = []
+        append = keys.append
+        missing: list[tuple[int, NodeView, dict[tuple[int, int, int], int]]] = []
+        for name in names:
+            entry = entries.get(name)
+            if entry is None or entry[0].memory_left < memory:
+                append(NO_FIT)
+                continue
+            found = entry[1].get(wanted)
+            if found is None:
+                missing.append((len(keys), entry[0], entry[1]))
+                found = NO_FIT
+            append(found)
+        if missing:
+            computed = scoring.node_keys(self._fragmenter, replace(demand, memory=0), [view for _, view, _ in missing],
+                                         self._context)
+            for (index, _, memo), value in zip(missing, computed, strict=True):
+                keys[index] = memo[wanted] = value
+        return keys
+
+    def prioritize(self, key: str, demand: PodDemand, names: Sequence[str], *, now: float = 0.0) -> list[int]:
+        """0..10 per name (unknown nodes 0); assumes the pod on its best node until it is bound."""
+        self.expire(now)
+        if demand.mig:  # MIG slices are not in the memo's key
+            keys = [NO_FIT if view is None else scoring.node_key(self._fragmenter, demand, view, self._context)
+                    for view in map(self.view, names)]
+        else:
+            keys = self.keys(demand, names)
+        scores = scoring.levels(keys, self._score.levels)
+        if self.settings.assume and names and key not in self._where:
+            top = max(scores)
+            if top > 0:
+                self._assume(key, names[scores.index(top)], demand, now)
+        return scores
+
+    def expire(self, now: float) -> None:
+        stale = [key for key, (_, _, since) in self._assumed.items() if now - since > self.settings.assume_ttl]
+        for key in stale:
+            node, _, _ = self._assumed.pop(key)
+            self._update(node)
+
+    @property
+    def assumed(self) -> int:
+        """Pods scored and not yet seen bound (a gauge for the balancer's metrics)."""
+        return len(self._assumed)
+
+    def _assume(self, key: str, node: str, demand: PodDemand, now: float) -> None:
+        previous = self._assumed.get(key)
+        self._assumed[key] = (node, demand, now)
+        if previous is not None and previous[0] != node:
+            self._update(previous[0])
+        self._update(node)
+
+    def _update(self, name: str) -> None:
+        """Recompute the node's view as scored (bound plus assumed); a changed view starts an empty memo."""
+        view = self.nodes.get(name)
+        if view is None:
+            self._entries.pop(name, None)
+            return
+        for key, (node, demand, _) in self._assumed.items():
+            if node == name:
+                view = view.bind(key, demand, self.settings.device_policy)
+        entry = self._entries.get(name)
+        if entry is None or entry[0] is not view:
+            self._entries[name] = (view, {})
