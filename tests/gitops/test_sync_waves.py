@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import shutil
 from functools import cache
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import yaml
 from tests.gitops.argosync import Obj, label, simulate
 from tests.gitops.gitopsdata import ARGOCD, REPO, SHARED, kustomize
 from tests.gitops.luasandbox import run_health
+from tests.helmtool import helm_binary
 from webhook.stack import chartrender, manifests
 
 HEALTH = ARGOCD / "health"
@@ -36,18 +36,10 @@ CHILD_HEALTHS = ("Healthy", "Progressing", "Degraded", "Suspended", "Missing", "
 
 
 def helm_or_skip() -> Path:
-    try:
-        from tests.e2e import gitops_binaries
-
-        found = gitops_binaries.paths()
-    except Exception:
-        found = None
-    helm = (found or {}).get("helm") or (Path(p) if (p := shutil.which("helm")) else None)
-    if helm is None:
-        pytest.skip("no helm: build it with `python -m tests.e2e.gitops_binaries build` (or put helm on PATH)")
+    helm = helm_binary()
     if not CHARTS.is_dir():
         pytest.skip(f"{CHARTS} is absent: NVIDIA's chart packages are needed to render the chart")
-    return Path(helm)
+    return helm
 
 
 @cache

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from tests.helmtool import helm_binary
 from tests.stack.conftest import ROOT, SHARED, commit_all, git
 from webhook.cli import main
 from webhook.stack import chartcheck, chartrender, manifests
@@ -25,18 +26,10 @@ CHARTS = SHARED / "upstream" / "charts"
 
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    try:
-        from tests.e2e import gitops_binaries
-
-        found = (gitops_binaries.paths() or {}).get("helm")
-    except Exception:
-        found = None
-    path = found or (Path(p) if (p := shutil.which("helm")) else None)
-    if path is None:
-        pytest.skip("no helm: `python -m tests.e2e.gitops_binaries build` builds one from helm.sh/helm/v3")
+    path = helm_binary()
     if not CHARTS.is_dir():
         pytest.skip(f"{CHARTS} is absent (NVIDIA's chart packages)")
-    return Path(path)
+    return path
 
 
 def render(helm: Path, stack: Stack, values: bytes) -> list[dict]:
