@@ -62,7 +62,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import jsonpatch
 import orjson
-import pytest
+
+try:
+    import pytest
+except ImportError:  # benchmarks/balancer_scale.py runs the fake without the test extra
+    pytest = None  # type: ignore[assignment]
 
 Obj = dict[str, Any]
 
@@ -1184,12 +1188,13 @@ def iter_objects(fk: FakeKube, api_version: str, kind: str) -> Iterator[Obj]:
     yield from fk.list(api_version, kind)
 
 
-@pytest.fixture
-def fake_kube() -> Iterator[FakeKube]:
-    """A started :class:`FakeKube`, stopped after the test."""
-    fk = FakeKube()
-    fk.start()
-    try:
-        yield fk
-    finally:
-        fk.stop()
+if pytest is not None:
+    @pytest.fixture
+    def fake_kube() -> Iterator[FakeKube]:
+        """A started :class:`FakeKube`, stopped after the test."""
+        fk = FakeKube()
+        fk.start()
+        try:
+            yield fk
+        finally:
+            fk.stop()
