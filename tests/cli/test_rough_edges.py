@@ -129,3 +129,20 @@ def test_replay_device_allocation_names_the_device_plugins_real_option() -> None
     assert "flags.plugin.sharedDevicesAllocationPolicy" in text
     doc = (REPO / "docs" / "placement.md").read_text(encoding="utf-8")
     assert "--shared-devices-allocation-policy" in doc and "sharedDevicesAllocationPolicy" in doc
+
+
+def test_certs_out_help_says_a_valid_bundle_is_kept() -> None:
+    certs = main.get_command(click.Context(main), "certs")
+    assert certs is not None
+    text = next(p for p in certs.params if p.name == "out").help or ""
+    assert "valid bundle already there is kept" in text and "--renew-within" in text
+
+
+def test_certs_out_keeps_a_valid_bundle_and_replaces_one_for_another_service(tmp_path: Path) -> None:
+    first = run("certs", "--out", str(tmp_path))
+    assert first.exit_code == 0 and "created" in first.output
+    kept = (tmp_path / "tls.crt").read_bytes()
+    again = run("certs", "--out", str(tmp_path))
+    assert again.exit_code == 0 and "unchanged" in again.output and (tmp_path / "tls.crt").read_bytes() == kept
+    other = run("certs", "--out", str(tmp_path), "--service", "other")
+    assert other.exit_code == 0 and "renewed" in other.output and (tmp_path / "tls.crt").read_bytes() != kept

@@ -42,7 +42,9 @@ def _secret_ref(ctx: click.Context, param: click.Parameter, value: str | None) -
               help="Service the certificate is for (SANs <svc>, <svc>.<ns>, <svc>.<ns>.svc).")
 @click.option("--namespace", default="gpugate-system", show_default=True, help="Namespace of that Service.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Write ca.crt, ca.key, tls.crt, tls.key here (a bundle made in this run).")
+              help="Folder for ca.crt, ca.key, tls.crt, tls.key. A valid bundle already there is kept; "
+                   "one missing, expiring within --renew-within or for another Service is replaced. "
+                   "With --secret: a copy of the bundle this run made.")
 @click.option("--days", type=click.IntRange(1, 3650), default=365, show_default=True,
               help="Lifetime of a new certificate.")
 @click.option("--renew-within", type=click.FloatRange(0, 3650), default=30.0, show_default=True,
