@@ -146,3 +146,12 @@ def test_certs_out_keeps_a_valid_bundle_and_replaces_one_for_another_service(tmp
     assert again.exit_code == 0 and "unchanged" in again.output and (tmp_path / "tls.crt").read_bytes() == kept
     other = run("certs", "--out", str(tmp_path), "--service", "other")
     assert other.exit_code == 0 and "renewed" in other.output and (tmp_path / "tls.crt").read_bytes() != kept
+
+
+@pytest.mark.parametrize("figure", ["92.91", "95.23"])
+def test_the_readme_says_which_allocation_figures_are_published(figure: str) -> None:
+    """The FGD paper's figures appear beside measured ones; each mention says it is the published one."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    sentences = [s for s in readme.replace("\n", " ").split(". ") if figure in s]
+    assert sentences, f"{figure} is no longer quoted; drop this case"
+    assert all("publish" in s for s in sentences), sentences
