@@ -11,17 +11,20 @@ import pytest
 
 from tests.kubefake import FakeKube, fake_kube  # noqa: F401 - re-exported fixture
 from webhook.balancer.controller import Balancer
-from webhook.balancer.settings import BalancerSettings, LeaseSettings
+from webhook.balancer.settings import BalancerSettings, InventorySettings, LeaseSettings
 from webhook.kubeclient import api_client
 
 
 def fast_settings(**changes: Any) -> BalancerSettings:
-    """Settings scaled down from seconds-to-minutes to tenths of a second, so tests stay fast."""
+    """Settings scaled down from seconds-to-minutes to tenths of a second, so tests stay fast; the
+    inventory is off (tests/balancer/test_inventory.py turns it on)."""
     lease = changes.pop("lease", {})
     base = BalancerSettings(
         lease=LeaseSettings(**{"name": "gpugate-balancer", "namespace": "gpugate-system", "identity": "replica-a",
                                "duration": 1.0, "renew_deadline": 0.7, "retry_period": 0.15, **lease}),
         resync_interval=30.0, watch_timeout=5, backoff_initial=0.05, backoff_max=0.2, health_bind="127.0.0.1:0",
+        # Off unless a test is about it: the fake serves no PriorityClasses until a test registers them.
+        inventory=InventorySettings(enabled=False),
     )
     import dataclasses
     return dataclasses.replace(base, **changes)

@@ -15,12 +15,13 @@ def _grants(rules: list[dict]) -> set[tuple[str, str, str, tuple[str, ...]]]:
             for verb in rule["verbs"]}
 
 
-def test_balancer_rbac_grants_exactly_nodes_pods_and_its_lease() -> None:
+def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_its_lease_and_its_inventory() -> None:
     objs = render_variant("balancer")
     cluster_role = one(objs, "ClusterRole", "gpugate-balancer")
     assert _grants(cluster_role["rules"]) == {
         ("", "nodes", "get", ()), ("", "nodes", "list", ()), ("", "nodes", "watch", ()), ("", "nodes", "patch", ()),
         ("", "pods", "list", ()), ("", "pods", "watch", ()),
+        ("scheduling.k8s.io", "priorityclasses", "list", ()), ("scheduling.k8s.io", "priorityclasses", "watch", ()),
     }
     role = one(objs, "Role", "gpugate-balancer")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -28,6 +29,9 @@ def test_balancer_rbac_grants_exactly_nodes_pods_and_its_lease() -> None:
         ("coordination.k8s.io", "leases", "get", ("gpugate-balancer",)),
         ("coordination.k8s.io", "leases", "update", ("gpugate-balancer",)),
         ("coordination.k8s.io", "leases", "create", ()),  # a create names no object when authorized
+        ("", "configmaps", "get", ("gpugate-inventory",)),
+        ("", "configmaps", "update", ("gpugate-inventory",)),
+        ("", "configmaps", "create", ()),
     }
     # ...and nothing else: no other role or binding in the balancer's render.
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] in RBAC_KINDS) == [
@@ -123,3 +127,24 @@ def test_balancer_is_ready_only_once_its_caches_synced_and_alive_while_its_loop_
         "containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_the_inventory_the_balancer_may_write_is_the_configmap_and_file_the_webhook_reads() -> None:
+    from webhook.balancer.settings import InventorySettings
+
+    objs = render_variant("all")
+    balancer = one(objs, "Deployment", "gpugate-balancer")
+    webhook = one(objs, "Deployment", "gpugate-webhook")
+    assert balancer["metadata"]["namespace"] == webhook["metadata"]["namespace"]  # $POD_NAMESPACE is the webhook's
+    defaults = InventorySettings()
+    pod = webhook["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == defaults.name)
+    assert volume["configMap"]["optional"] is True  # the webhook starts before the first inventory
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+    assert arg_value(pod["containers"][0], "--inventory") == f"{mount['mountPath']}/{defaults.key}"
+    rules = one(objs, "Role", "gpugate-balancer")["rules"]
+    for verb in ("get", "update"):
+        assert rule_allows(rules, verb=verb, group="", resource="configmaps", name=defaults.name)
+        assert not rule_allows(rules, verb=verb, group="", resource="configmaps", name="gpugate-policies"), verb
+    assert not rule_allows(rules, verb="list", group="", resource="configmaps", name=None)
+    assert not rule_allows(rules, verb="delete", group="", resource="configmaps", name=defaults.name)

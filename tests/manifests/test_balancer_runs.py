@@ -49,6 +49,7 @@ def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, 
                                                            watch_list: bool) -> None:
     """Both list paths: streamed (a watch with sendInitialEvents) and, on a server without them, pages."""
     fake_kube.watch_list = watch_list
+    fake_kube.register("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", namespaced=False)
     objs = render_variant("balancer")
     deployment = one(objs, "Deployment", "gpugate-balancer")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
@@ -70,12 +71,13 @@ def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, 
         while time.monotonic() < deadline:
             node = fake_kube.get("v1", "Node", "gpu-1")
             lease = fake_kube.get("coordination.k8s.io/v1", "Lease", arg_value(container, "--lease-name"), namespace)
-            if lease is not None and GPU_FREE_LABEL in (node["metadata"].get("labels") or {}):
+            inventory = fake_kube.get("v1", "ConfigMap", "gpugate-inventory", namespace)
+            if lease is not None and GPU_FREE_LABEL in (node["metadata"].get("labels") or {}) and inventory:
                 break
             assert process.poll() is None, (tmp_path / "balance.log").read_text()
             time.sleep(0.1)
         else:
-            pytest.fail(f"the balancer neither took its Lease nor labelled the node: "
+            pytest.fail(f"the balancer did not take its Lease, label the node and publish its inventory: "
                         f"{(tmp_path / 'balance.log').read_text()}")
         for kind in ("livenessProbe", "readinessProbe"):
             probe = container[kind]["httpGet"]["path"]
@@ -102,6 +104,7 @@ def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, 
         assert allowed, f"{request.method} {request.path} ({verb} {resource}) is not granted"
         checked.add((verb, resource))
     # Lists are streamed (a watch with sendInitialEvents) where the server allows it; else paged.
-    assert {("watch", "nodes"), ("watch", "pods"), ("patch", "nodes"), ("create", "leases")} <= checked
+    assert {("watch", "nodes"), ("watch", "pods"), ("watch", "priorityclasses"), ("patch", "nodes"),
+            ("create", "leases"), ("get", "configmaps"), ("create", "configmaps")} <= checked
     if not watch_list:
-        assert {("list", "nodes"), ("list", "pods")} <= checked
+        assert {("list", "nodes"), ("list", "pods"), ("list", "priorityclasses")} <= checked

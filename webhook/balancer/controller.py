@@ -28,6 +28,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook.balancer import inventory as inventory_mod
 from webhook.balancer import marks as marks_mod
 from webhook.balancer.backoff import Backoff, TokenBucket, WriteSchedule
 from webhook.balancer.cluster import Informer, NodeWriter, retry_after
@@ -35,6 +36,7 @@ from webhook.balancer.health import HealthServer
 from webhook.balancer.lease import LeaderElector
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.prometheus import PrometheusClient, PrometheusError
+from webhook.balancer.publisher import InventoryPublisher
 from webhook.balancer.settings import BalancerSettings, parse_bind
 from webhook.balancer.state import ClusterState, NodeInfo, PodUsage, may_hold_gpus, node_info, pod_key, pod_usage
 from webhook.errors import GpugateError
@@ -103,6 +105,20 @@ class Balancer:
             on_skip=self._pod_events.inc,
             field_selector=POD_FIELD_SELECTOR, **self._informer_args())
         self._writer = NodeWriter(api())
+        self._global_defaults: dict[str, bool] = {}
+        self.priority_classes: Informer[bool] | None = None
+        self.publisher: InventoryPublisher | None = None
+        if settings.inventory.enabled:
+            # PriorityClasses change rarely and are few: a watch (list + watch verbs) costs nothing.
+            self.priority_classes = Informer[bool](
+                name="priorityclasses", list_call=client.SchedulingV1Api(api()).list_priority_class,
+                reduce=lambda obj: ((obj.get("metadata") or {}).get("name", ""), bool(obj.get("globalDefault"))),
+                on_replace=self._replace_priority_classes, on_event=self._priority_class_event,
+                **self._informer_args())
+            self.publisher = InventoryPublisher(
+                api(), settings.inventory, namespace=settings.inventory.namespace or settings.lease.namespace,
+                content=self.inventory_content, may_write=self.writes, metrics=self.metrics,
+                on_error=self._api_error, clock=clock)
         self.elector: LeaderElector | None = None
         if settings.lease.enabled and not settings.dry_run:
             self.elector = LeaderElector(api(), settings.lease, clock=clock,
@@ -128,6 +144,7 @@ class Balancer:
                 if name not in infos:
                     self._schedule.forget(name)
         self._wake.set()
+        self._inventory_changed()
 
     def _node_event(self, etype: str, name: str, info: NodeInfo | None) -> None:
         with self._lock:
@@ -140,12 +157,14 @@ class Balancer:
                 self.state.set_node(info)
         self._node_events.inc()
         self._wake.set()
+        self._inventory_changed()
 
     def _replace_pods(self, usages: dict[str, PodUsage | None]) -> None:
         held = {k: v for k, v in usages.items() if v is not None}
         with self._lock:
             self.state.replace_pods(held)
         self._wake.set()
+        self._inventory_changed()
 
     def _pod_event(self, etype: str, key: str, usage: PodUsage | None) -> None:
         with self._lock:
@@ -154,6 +173,34 @@ class Balancer:
         self._pod_events.inc()
         if wake:
             self._wake.set()
+            self._inventory_changed()
+
+    def _replace_priority_classes(self, marked: dict[str, bool]) -> None:
+        with self._lock:
+            self._global_defaults = dict(marked)
+        self._inventory_changed()
+
+    def _priority_class_event(self, etype: str, name: str, is_default: bool | None) -> None:
+        with self._lock:
+            if is_default is None:
+                self._global_defaults.pop(name, None)
+            else:
+                self._global_defaults[name] = is_default
+        self._inventory_changed()
+
+    def _inventory_changed(self) -> None:
+        if self.publisher is not None:
+            self.publisher.changed.set()
+
+    def inventory_content(self) -> inventory_mod.Content | None:
+        """What the GPUInventory says now, or None until every cache it reads holds a full list."""
+        if not self.synced or (self.priority_classes is not None and not self.priority_classes.synced.is_set()):
+            return None
+        with self._lock:  # a snapshot under the lock, the sums outside it
+            nodes = list(self.state.nodes.values())
+            requested = {name: dict(sums) for name, sums in self.state.requested.items()}
+            defaults = dict(self._global_defaults)
+        return inventory_mod.content(nodes, requested, defaults)
 
     def _api_error(self, operation: str, err: BaseException) -> None:
         self.metrics.api_errors.labels(operation).inc()
@@ -219,6 +266,11 @@ class Balancer:
             threads.append(lease_thread)
         else:
             self.metrics.leader.set(0 if self.settings.dry_run else 1)
+        if self.priority_classes is not None and self.publisher is not None:
+            threads.append(threading.Thread(target=self.priority_classes.run, args=(stop,),
+                                            name="informer-priorityclasses", daemon=True))
+            threads.append(threading.Thread(target=self.publisher.run, args=(stop,), name="inventory",
+                                            daemon=True))
         if self._prometheus is not None:
             threads.append(threading.Thread(target=self._poll_prometheus, args=(stop,), name="prometheus",
                                             daemon=True))
@@ -252,8 +304,9 @@ class Balancer:
                     last_full = now
                     self.metrics.full_sync_done()
         finally:
-            for informer in (self.nodes, self.pods):
-                informer.close()
+            for informer in (self.nodes, self.pods, self.priority_classes):
+                if informer is not None:
+                    informer.close()
             pool.shutdown(wait=True, cancel_futures=True)
             if self.elector is not None:
                 if lease_thread is not None:

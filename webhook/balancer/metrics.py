@@ -57,6 +57,13 @@ class Metrics:
         self.last_full_sync = Gauge("gpugate_balancer_last_full_sync_timestamp_seconds",
                                     "Unix time of the last pass over every node.", registry=r)
         self._last_full_sync: float | None = None
+        self.inventory_writes = Counter("gpugate_balancer_inventory_writes",
+                                        "Writes of the gpugate-inventory ConfigMap (result=ok|error).", ["result"],
+                                        registry=r)
+        self.inventory_last_write = Gauge("gpugate_balancer_inventory_last_write_timestamp_seconds",
+                                          "Unix time of the last GPUInventory this replica wrote (0 before the "
+                                          "first): the webhook ignores one older than maxInventoryAgeSeconds.",
+                                          registry=r)
         since = Gauge("gpugate_balancer_seconds_since_last_full_sync",
                       "Seconds since the last pass over every node (-1 before the first).", registry=r)
         since.set_function(self.seconds_since_full_sync)

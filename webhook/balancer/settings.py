@@ -62,6 +62,27 @@ class LeaseSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class InventorySettings:
+    """The GPUInventory ConfigMap the leader writes for the webhook's right-sizing."""
+
+    enabled: bool = True
+    """Off: no PriorityClass watch and no ConfigMap (the webhook then right-sizes by the ladder's order)."""
+    name: str = "gpugate-inventory"
+    """The ConfigMap manifests/webhook mounts (optional volume) and manifests/balancer's Role names."""
+    namespace: str = ""
+    """Empty: the Lease's namespace (``$POD_NAMESPACE``), where the webhook runs too."""
+    key: str = "inventory.json"
+    """The data key: the file name the webhook's ``--inventory`` reads in the mounted folder."""
+    min_interval: float = 5.0
+    """Seconds between two writes of a changed inventory: a burst of binds costs one write, and
+    the kubelet refreshes ConfigMap volumes only every minute or so anyway."""
+    refresh: float = 60.0
+    """Seconds after which an unchanged inventory is written again with a new ``generatedAt``. The
+    webhook ignores an inventory older than the policy's ``maxInventoryAgeSeconds`` (300 by
+    default); 60 s plus the kubelet's ConfigMap sync delay (up to about 90 s) stays well inside it."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class BalancerSettings:
     """Everything ``gpugate balance`` needs, parsed once."""
 
@@ -71,6 +92,7 @@ class BalancerSettings:
     taint weighs on every pod (CPU pods too) with TaintToleration weight 3, so it is opt-in."""
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     lease: LeaseSettings = field(default_factory=LeaseSettings)
+    inventory: InventorySettings = field(default_factory=InventorySettings)
     server: str | None = None
     """API server URL; unset means in-cluster service account, else kubeconfig."""
     dry_run: bool = False
@@ -124,6 +146,12 @@ class BalancerSettings:
             raise SettingsError(f"prometheus.window must be a Prometheus duration like 5m, got "
                                 f"{self.prometheus.window!r}")
         parse_bind(self.health_bind)
+        inventory = self.inventory
+        if not 0 <= inventory.min_interval <= inventory.refresh or inventory.refresh <= 0:
+            raise SettingsError("inventory: need 0 <= min_interval <= refresh and refresh > 0 "
+                                f"(got {inventory.min_interval}, {inventory.refresh})")
+        if inventory.enabled and not (inventory.name and inventory.key):
+            raise SettingsError("inventory: name and key must not be empty")
 
     @classmethod
     def from_file(cls, path: Path) -> BalancerSettings:
@@ -193,9 +221,10 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
         if fld is None:
             raise SettingsError(f"{source}: unknown key {where!r}; known keys here: {', '.join(sorted(fields))}")
         kind = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
-        if kind in ("TierThresholds", "PrometheusSettings", "LeaseSettings"):
-            section = {"TierThresholds": TierThresholds, "PrometheusSettings": PrometheusSettings,
-                       "LeaseSettings": LeaseSettings}[kind]
+        sections: dict[str, type] = {"TierThresholds": TierThresholds, "PrometheusSettings": PrometheusSettings,
+                                     "LeaseSettings": LeaseSettings, "InventorySettings": InventorySettings}
+        if kind in sections:
+            section = sections[kind]
             values[key] = _build(section, value if value is not None else {}, source, f"{where}.")
             continue
         allowed = _TYPES.get(kind)

@@ -20,8 +20,10 @@ from webhook.names import (
     GPU_LOAD_LABEL,
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
+    NVIDIA_MEMORY_LABEL,
     NVIDIA_PRODUCT_LABEL,
     NVIDIA_REPLICAS_LABEL,
+    SHARED_GPU_RESOURCE,
 )
 
 Obj = dict[str, Any]
@@ -69,6 +71,14 @@ class NodeInfo:
     """GFD's single MIG strategy is in force: ``nvidia.com/gpu`` counts MIG slices, not GPUs."""
     mig_replicas: tuple[tuple[str, int], ...] = ()
     """``nvidia.com/mig-<profile>.replicas`` per MIG resource (time-sliced MIG slices)."""
+    product: str = ""
+    """``nvidia.com/gpu.product`` (GPU Feature Discovery), for the published inventory."""
+    unit_memory_mib: tuple[tuple[str, int], ...] = ()
+    """Memory of one unit per GPU resource, from GFD's labels (absent when GFD does not say):
+    ``nvidia.com/gpu.memory`` for whole GPUs and time-sliced shares (a share has no memory of its
+    own: it may use the whole GPU's), ``nvidia.com/mig-<profile>.memory`` for a MIG slice."""
+    unschedulable: bool = False
+    """Cordoned (``spec.unschedulable``): its free GPUs are not offered to new pods."""
 
     @property
     def is_gpu_node(self) -> bool:
@@ -99,6 +109,13 @@ def node_info(node: Obj) -> NodeInfo:
             replicas = _replicas(labels.get(base + ".replicas"))
             if replicas > 1:
                 mig_replicas.add((base, replicas))
+    memory = []
+    for resource, _ in nvidia:
+        label = (NVIDIA_MEMORY_LABEL if resource in (GPU_RESOURCE, SHARED_GPU_RESOURCE)
+                 else resource.removesuffix(".shared") + ".memory")
+        mib = _mebibytes(labels.get(label))
+        if mib is not None:
+            memory.append((resource, mib))
     return NodeInfo(
         name=name,
         resource_version=str(meta.get("resourceVersion", "")),
@@ -109,7 +126,17 @@ def node_info(node: Obj) -> NodeInfo:
         hostnames=hostnames,
         mig_single=MIG_SINGLE_PRODUCT_MARK in str(labels.get(NVIDIA_PRODUCT_LABEL, "")),
         mig_replicas=tuple(sorted(mig_replicas)),
+        product=str(labels.get(NVIDIA_PRODUCT_LABEL) or ""),
+        unit_memory_mib=tuple(memory),
+        unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
     )
+
+
+def _mebibytes(value: Any) -> int | None:
+    """A GFD memory label (MiB, a plain integer) or None when absent or not a whole number."""
+    if not isinstance(value, str) or not value.isdigit():
+        return None
+    return int(value)
 
 
 _count = functools.lru_cache(maxsize=1024)(whole_count)

@@ -42,16 +42,21 @@ def _env_default(name: str, fallback: str) -> str:
 @click.option("--health-bind", metavar="HOST:PORT", help="Plaintext /healthz and /metrics [default: 0.0.0.0:8080].")
 @click.option("--taint-congested/--no-taint-congested", default=None,
               help="Also taint congested nodes gpugate.io/congested:PreferNoSchedule [default: off].")
+@click.option("--inventory/--no-inventory", "publish_inventory", default=None,
+              help="Publish the GPUInventory ConfigMap (gpugate-inventory) the webhook right-sizes by "
+              "[default: on; the leader writes it].")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | None, server: str | None,
             token_file: Path | None, ca_file: Path | None, write_qps: float | None, write_burst: int | None,
             write_interval: float | None, lease_name: str | None, lease_namespace: str | None,
-            identity: str | None, health_bind: str | None, taint_congested: bool | None, log_level: str) -> None:
+            identity: str | None, health_bind: str | None, taint_congested: bool | None,
+            publish_inventory: bool | None, log_level: str) -> None:
     """Label GPU nodes gpugate.io/gpu-free and gpugate.io/gpu-load from live load.
 
     Lists and watches nodes and pods, optionally reads DCGM utilization from Prometheus, and
-    patches each GPU node's labels (and optional PreferNoSchedule taint) when they change. One
+    patches each GPU node's labels (and optional PreferNoSchedule taint) when they change, and
+    publishes the GPUInventory (ConfigMap gpugate-inventory) the webhook right-sizes by. One
     replica writes, chosen by a coordination.k8s.io Lease; SIGTERM releases it.
     """
     from kubernetes.config import ConfigException
@@ -63,7 +68,8 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
     settings = settings_from(config_file, prometheus=prometheus, dry_run=dry_run, server=server,
                              lease_name=lease_name, lease_namespace=lease_namespace, identity=identity,
                              health_bind=health_bind, taint_congested=taint_congested, write_qps=write_qps,
-                             write_burst=write_burst, write_interval=write_interval)
+                             write_burst=write_burst, write_interval=write_interval,
+                             publish_inventory=publish_inventory)
     if (token_file or ca_file) and not settings.server:
         raise click.UsageError("--token-file and --certificate-authority go with --server")
     logs.configure(log_level)
@@ -107,6 +113,7 @@ def settings_from(config_file: Path | None, **flags: Any) -> BalancerSettings:
         write_qps=flags.get("write_qps"),
         write_burst=flags.get("write_burst"),
         write_interval=flags.get("write_interval"),
+        inventory__enabled=flags.get("publish_inventory"),
     )
     return settings.with_overrides(
         lease__namespace=settings.lease.namespace or _env_default("POD_NAMESPACE", "gpugate-system"),
