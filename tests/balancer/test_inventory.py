@@ -227,10 +227,13 @@ def test_a_configmap_left_by_someone_else_is_replaced_keeping_its_labels(cluster
 
 
 def test_only_the_lease_holder_writes_the_inventory(cluster: FakeKube, start_balancer) -> None:
-    a = start_balancer(publishing())
+    # client-go's lease timing, not the tests' tenths of a second: a loaded machine must not hand over.
+    settings = publishing()
+    settings = dataclasses.replace(settings, lease=dataclasses.replace(
+        settings.lease, duration=15.0, renew_deadline=10.0, retry_period=0.5))
+    a = start_balancer(settings)
     wait_for(lambda: a.balancer.writes(), what="replica-a to lead")
-    b = start_balancer(dataclasses.replace(publishing(), lease=dataclasses.replace(
-        publishing().lease, identity="replica-b")))
+    b = start_balancer(dataclasses.replace(settings, lease=dataclasses.replace(settings.lease, identity="replica-b")))
     wait_for(lambda: b.balancer.synced, what="replica-b's caches")
     cluster.put(bound("train", "gpu-1", "nvidia.com/gpu", 2))
     wait_for(lambda: (free(cluster) or {}).get("nvidia.com/gpu") == 6, what="the leader's update")

@@ -36,8 +36,15 @@ def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_its_lease_and_
     # ...and nothing else: no other role or binding in the balancer's render.
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] in RBAC_KINDS) == [
         ("ClusterRole", "gpugate-balancer"), ("ClusterRoleBinding", "gpugate-balancer"),
-        ("Role", "gpugate-balancer"), ("RoleBinding", "gpugate-balancer"),
+        ("Role", "gpugate-balancer"), ("Role", "gpugate-balancer-certs"),
+        ("RoleBinding", "gpugate-balancer"), ("RoleBinding", "gpugate-balancer-certs"),
     ]
+    # The certificate Job's own account may touch its one Secret (and create it), nothing else.
+    certs = one(objs, "Role", "gpugate-balancer-certs")
+    assert _grants(certs["rules"]) == {
+        ("", "secrets", "get", ("gpugate-balancer-tls",)), ("", "secrets", "update", ("gpugate-balancer-tls",)),
+        ("", "secrets", "patch", ("gpugate-balancer-tls",)), ("", "secrets", "create", ()),
+    }
 
 
 def test_balancer_bindings_give_those_rules_to_its_service_account_only() -> None:

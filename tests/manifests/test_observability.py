@@ -115,6 +115,12 @@ def test_nodes_per_tier_reads_the_leaders_series_only() -> None:
     ("writes/s", "gpugate_balancer_pending_writes"),
     ("freshness", "gpugate_balancer_prometheus_last_success_timestamp_seconds"),
     ("freshness", "gpugate_balancer_allocation_only"),
+    # Issue 16: the scheduler extender's calls, latency, and whether any replica serves it.
+    ("extender", "gpugate_balancer_extender_requests_total"),
+    ("extender", "gpugate_balancer_extender_request_duration_seconds_bucket"),
+    ("extender down", "gpugate_balancer_extender_serving"),
+    # Issue 17: how old the GPUInventory the webhook right-sizes by is.
+    ("inventory", "gpugate_balancer_inventory_last_write_timestamp_seconds"),
 ])
 def test_dashboard_shows_the_balancers_health(title_word: str, metric: str) -> None:
     _, dashboard = _dashboard()
@@ -130,6 +136,8 @@ def test_every_balancer_series_the_dashboard_reads_exists() -> None:
     registry = CollectorRegistry()
     Metrics(registry)
     known = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
+    known |= {family.name + suffix for family in registry.collect() if family.type == "histogram"
+              for suffix in ("_bucket", "_count", "_sum")}
     _, dashboard = _dashboard()
     used = set(re.findall(r"gpugate_balancer_[a-z_]+", "\n".join(_exprs(p) for p in _panels(dashboard))))
     assert used and used <= known, sorted(used - known)

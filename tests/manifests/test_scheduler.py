@@ -121,3 +121,57 @@ def test_leader_election_lease_is_granted_where_the_config_puts_it() -> None:
     binding = _binding(objs, "RoleBinding", role["metadata"]["name"])
     assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
     assert binding["subjects"][0]["name"] == "gpugate-scheduler"
+
+
+# --- issue 16: the balancer's extender ---------------------------------------------------------------
+
+EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
+                   "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable"}
+
+
+def test_the_scheduler_calls_the_balancers_extender_to_prioritize_only() -> None:
+    from webhook.balancer.settings import ExtenderServing
+    from webhook.placement.scoring import RECOMMENDED_WEIGHT
+
+    config, _, _ = _config()
+    [extender] = config["extenders"]
+    assert set(extender) <= EXTENDER_FIELDS, set(extender) - EXTENDER_FIELDS
+    assert extender["prioritizeVerb"] == "prioritize"
+    assert not {"filterVerb", "bindVerb", "preemptVerb"} & set(extender)  # it scores; it never filters or binds
+    assert extender["weight"] == RECOMMENDED_WEIGHT
+    assert extender["nodeCacheCapable"] is True  # names in: the balancer keeps its own node cache
+    assert extender["ignorable"] is True
+    assert re.fullmatch(r"[0-9]+(ms|s)", extender["httpTimeout"])
+    # The balancer's Service, its extender port, and the path the balancer serves.
+    balancer = render_variant("balancer")
+    service = one(balancer, "Service", "gpugate-balancer")
+    port = next(p for p in service["spec"]["ports"] if p["name"] == "extender")
+    assert extender["urlPrefix"] == (f"https://gpugate-balancer.{NAMESPACE}.svc:{port['port']}"
+                                     f"{ExtenderServing().path}")
+    container = one(balancer, "Deployment", "gpugate-balancer")["spec"]["template"]["spec"]["containers"][0]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named[port["targetPort"]] == int(arg_value(container, "--extender-bind").rpartition(":")[2])
+
+
+def test_the_extenders_ca_is_the_balancers_certificate_secret_mounted_alone() -> None:
+    config, _, deployment = _config()
+    [extender] = config["extenders"]
+    assert extender["enableHTTPS"] is True and "insecure" not in extender["tlsConfig"]
+    ca_file = extender["tlsConfig"]["caFile"]
+    pod = deployment["spec"]["template"]["spec"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if ca_file.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["items"] == [{"key": "ca.crt", "path": ca_file[len(mount["mountPath"]) + 1:]}]
+    assert not volume["secret"].get("optional"), "kube-scheduler refuses to start without the CA file"
+    # The Secret is the one the balancer's certificate Job writes, for the Service the urlPrefix names.
+    balancer = render_variant("balancer")
+    job = one(balancer, "Job", "gpugate-balancer-certs")["spec"]["template"]["spec"]["containers"][0]
+    assert arg_value(job, "--secret") == f"{NAMESPACE}/{volume['secret']['secretName']}"
+    host = f"{arg_value(job, '--service')}.{arg_value(job, '--namespace')}.svc"
+    assert extender["urlPrefix"].startswith(f"https://{host}:")
+    balancer_pod = one(balancer, "Deployment", "gpugate-balancer")["spec"]["template"]["spec"]
+    secret = volume["secret"]["secretName"]
+    [tls] = [v for v in balancer_pod["volumes"] if v.get("secret", {}).get("secretName") == secret]
+    tls_mount = next(m for m in balancer_pod["containers"][0]["volumeMounts"] if m["name"] == tls["name"])
+    assert arg_value(balancer_pod["containers"][0], "--extender-cert") == f"{tls_mount['mountPath']}/tls.crt"
+    assert arg_value(balancer_pod["containers"][0], "--extender-key") == f"{tls_mount['mountPath']}/tls.key"

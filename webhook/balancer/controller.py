@@ -18,20 +18,24 @@ from __future__ import annotations
 import json
 import logging
 import random
+import ssl
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook.balancer import inventory as inventory_mod
 from webhook.balancer import marks as marks_mod
+from webhook.balancer import placementfeed
 from webhook.balancer.backoff import Backoff, TokenBucket, WriteSchedule
 from webhook.balancer.cluster import Informer, NodeWriter, retry_after
+from webhook.balancer.extenderserver import BadRequest, ExtenderServer
 from webhook.balancer.health import HealthServer
 from webhook.balancer.lease import LeaderElector
 from webhook.balancer.metrics import Metrics
@@ -41,6 +45,8 @@ from webhook.balancer.settings import BalancerSettings, parse_bind
 from webhook.balancer.state import ClusterState, NodeInfo, PodUsage, may_hold_gpus, node_info, pod_key, pod_usage
 from webhook.errors import GpugateError
 from webhook.names import LOAD_TIERS
+from webhook.placement.devices import DevicePolicy
+from webhook.placement.extender import ExtenderSettings, ExtenderState
 
 log = logging.getLogger("gpugate.balancer")
 
@@ -48,6 +54,8 @@ LIVENESS_SECONDS = 60.0  # a loop silent this long is stuck: /healthz turns 503 
 POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 """Only pods that can hold devices: bound and not finished. A pod that finishes leaves the selection,
 which the API server reports as DELETED; completed Job pods that linger are never listed."""
+EXTENDER_RETRY_SECONDS = 5.0
+"""Wait between attempts to start the extender's listener (certificate not mounted yet, port taken)."""
 RETRY_AFTER_DEFAULT = 1.0  # a 429 without Retry-After: wait this long before the next write
 
 
@@ -98,12 +106,29 @@ class Balancer:
             name="nodes", list_call=client.CoreV1Api(api()).list_node,
             reduce=lambda obj: (obj["metadata"]["name"], node_info(obj)),
             on_replace=self._replace_nodes, on_event=self._node_event, **self._informer_args())
-        self.pods = Informer[PodUsage | None](
-            name="pods", list_call=client.CoreV1Api(api()).list_pod_for_all_namespaces,
-            reduce=lambda obj: (pod_key(obj), pod_usage(obj)),
-            on_replace=self._replace_pods, on_event=self._pod_event, prefilter=may_hold_gpus,
-            on_skip=self._pod_events.inc,
-            field_selector=POD_FIELD_SELECTOR, **self._informer_args())
+        self.feed: placementfeed.Feed | None = None
+        self._feed_lock = threading.Lock()  # never held together with self._lock
+        self.pods: Informer[Any]
+        self.extender: ExtenderServer | None = None
+        if settings.extender.bind:
+            # The extender weighs every bound pod's cpu and memory, not only GPU pods: no prefilter,
+            # and each pod is reduced to both records (what the labels count, what the measure counts).
+            self.feed = placementfeed.Feed(ExtenderState(ExtenderSettings(
+                device_policy=cast(DevicePolicy, settings.extender.device_policy),
+                assume_ttl=settings.extender.assume_ttl)))
+            self.metrics.extender_serving.set(0)
+            self.pods = Informer[placementfeed.PodRecord](
+                name="pods", list_call=client.CoreV1Api(api()).list_pod_for_all_namespaces,
+                reduce=lambda obj: (pod_key(obj), placementfeed.pod_record(obj)),
+                on_replace=self._replace_pod_records, on_event=self._pod_record_event,
+                field_selector=POD_FIELD_SELECTOR, **self._informer_args())
+        else:
+            self.pods = Informer[PodUsage | None](
+                name="pods", list_call=client.CoreV1Api(api()).list_pod_for_all_namespaces,
+                reduce=lambda obj: (pod_key(obj), pod_usage(obj)),
+                on_replace=self._replace_pods, on_event=self._pod_event, prefilter=may_hold_gpus,
+                on_skip=self._pod_events.inc,
+                field_selector=POD_FIELD_SELECTOR, **self._informer_args())
         self._writer = NodeWriter(api())
         self._global_defaults: dict[str, bool] = {}
         self.priority_classes: Informer[bool] | None = None
@@ -136,6 +161,9 @@ class Balancer:
 
     # ---- informer callbacks (informer threads) --------------------------------------------------
     def _replace_nodes(self, infos: dict[str, NodeInfo]) -> None:
+        if self.feed is not None:
+            with self._feed_lock:
+                self.feed.replace_nodes(infos)
         with self._lock:
             self.state.replace_nodes(infos)
             for name in [k for k in self._tiers if k not in infos]:
@@ -147,6 +175,9 @@ class Balancer:
         self._inventory_changed()
 
     def _node_event(self, etype: str, name: str, info: NodeInfo | None) -> None:
+        if self.feed is not None:
+            with self._feed_lock:
+                self.feed.node(name, info)
         with self._lock:
             if info is None:
                 self.state.delete_node(name)
@@ -174,6 +205,55 @@ class Balancer:
         if wake:
             self._wake.set()
             self._inventory_changed()
+
+    def _replace_pod_records(self, records: dict[str, placementfeed.PodRecord]) -> None:
+        assert self.feed is not None
+        with self._feed_lock:
+            self.feed.replace_pods(records)
+        self._replace_pods({key: record.usage for key, record in records.items()})
+
+    def _pod_record_event(self, etype: str, key: str, record: placementfeed.PodRecord | None) -> None:
+        assert self.feed is not None
+        with self._feed_lock:
+            self.feed.pod(key, record)
+        self._pod_event(etype, key, None if record is None else record.usage)
+
+    def extender_answer(self, args: Any) -> list[Any]:
+        """kube-scheduler's prioritize: a HostPriorityList from the caches (every replica answers)."""
+        assert self.feed is not None
+        with self._feed_lock:
+            try:
+                return cast(list[Any], self.feed.prioritize(args, now=self._clock()))
+            except placementfeed.ArgsError as err:
+                raise BadRequest(str(err)) from err
+            finally:
+                self.metrics.extender_assumed.set(self.feed.state.assumed)
+
+    def _serve_extender(self, stop: threading.Event) -> None:
+        """Start the HTTPS listener, retrying until the certificate is there (the Secret may come later).
+
+        The labels and the inventory go on meanwhile; ``gpugate_balancer_extender_serving`` says 0.
+        """
+        e = self.settings.extender
+        host, port = parse_bind(e.bind, what="extender.bind")
+        reported = ""
+        while not stop.is_set():
+            try:
+                self.extender = ExtenderServer(host, port, path=e.path, certfile=Path(e.cert_file),
+                                               keyfile=Path(e.key_file), answer=self.extender_answer,
+                                               ready=self.ready, metrics=self.metrics).start()
+            except (OSError, ssl.SSLError) as err:
+                problem = f"{type(err).__name__}: {err}"[:300]
+                if problem != reported:
+                    log.error("scheduler extender not served; retrying", extra={"fields": {
+                        "bind": e.bind, "cert_file": e.cert_file, "error": problem}})
+                    reported = problem
+                stop.wait(EXTENDER_RETRY_SECONDS)
+                continue
+            self.metrics.extender_serving.set(1)
+            log.info("scheduler extender serving", extra={"fields": {
+                "bind": e.bind, "port": self.extender.port, "path": f"{e.path.rstrip('/')}/prioritize"}})
+            return
 
     def _replace_priority_classes(self, marked: dict[str, bool]) -> None:
         with self._lock:
@@ -271,6 +351,9 @@ class Balancer:
                                             name="informer-priorityclasses", daemon=True))
             threads.append(threading.Thread(target=self.publisher.run, args=(stop,), name="inventory",
                                             daemon=True))
+        if self.feed is not None:
+            threads.append(threading.Thread(target=self._serve_extender, args=(stop,), name="extender-start",
+                                            daemon=True))
         if self._prometheus is not None:
             threads.append(threading.Thread(target=self._poll_prometheus, args=(stop,), name="prometheus",
                                             daemon=True))
@@ -314,6 +397,9 @@ class Balancer:
                 self.elector.release()
             if self.health is not None:
                 self.health.stop()
+            if self.extender is not None:
+                self.extender.stop()
+                self.metrics.extender_serving.set(0)
             log.info("balancer stopped", extra={"fields": {"identity": self.settings.lease.identity}})
 
     def _sleep_for(self) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from webhook.names import LOAD_TIERS
 
@@ -64,6 +64,25 @@ class Metrics:
                                           "Unix time of the last GPUInventory this replica wrote (0 before the "
                                           "first): the webhook ignores one older than maxInventoryAgeSeconds.",
                                           registry=r)
+        self.extender_requests = Counter(
+            "gpugate_balancer_extender_requests",
+            "kube-scheduler extender calls answered, by verb and result (ok|bad_request|not_ready|error|not_found). "
+            "Any answer but ok costs the pod the extender's score, never its scheduling.", ["verb", "result"],
+            registry=r)
+        self.extender_requests.labels("prioritize", "ok")
+        self.extender_duration = Histogram(
+            "gpugate_balancer_extender_request_duration_seconds",
+            "Time to answer an extender call that succeeded, from the body read to the answer built.", ["verb"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=r)
+        self.extender_serving = Gauge(
+            "gpugate_balancer_extender_serving",
+            "1 while this replica serves the scheduler extender, 0 when it cannot (no valid certificate, the "
+            "port taken), -1 when not configured. A replica that is gone shows in up{} instead.", registry=r)
+        self.extender_serving.set(-1)
+        self.extender_assumed = Gauge(
+            "gpugate_balancer_extender_assumed_pods",
+            "Pods the extender scored and assumed on their best node, not yet seen bound by the watch.",
+            registry=r)
         since = Gauge("gpugate_balancer_seconds_since_last_full_sync",
                       "Seconds since the last pass over every node (-1 before the first).", registry=r)
         since.set_function(self.seconds_since_full_sync)

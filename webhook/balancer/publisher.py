@@ -95,7 +95,9 @@ class InventoryPublisher:
                 self._written = None
                 self.changed.set()
                 continue
-            self._written, self._written_at = found, now
+            # From when the write is done, not when it was decided: a slow API server must not
+            # bring the next refresh closer.
+            self._written, self._written_at = found, self._clock()
 
     def _sleep_for(self) -> float:
         if self._written_at is None:

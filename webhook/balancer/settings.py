@@ -83,6 +83,27 @@ class InventorySettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExtenderServing:
+    """kube-scheduler's extender ``prioritize`` call, served over HTTPS from the caches by every replica."""
+
+    bind: str = ""
+    """``HOST:PORT`` of the HTTPS listener; empty: not served (and pods are reduced to their GPU
+    requests only, which is cheaper: the extender also needs every bound pod's cpu and memory)."""
+    cert_file: str = ""
+    key_file: str = ""
+    """The serving certificate and key (the ``kubernetes.io/tls`` Secret, mounted); re-read when
+    they change, as the webhook's are."""
+    path: str = "/extender"
+    """The ``urlPrefix`` path of the scheduler's configuration: it POSTs ``<path>/prioritize``."""
+    device_policy: str = "distributed"
+    """The device plugin's allocation policy for time-sliced shares, as the cluster runs it
+    (``distributed``, its default, or ``packed``): the measure models which GPU a share got."""
+    assume_ttl: float = 30.0
+    """Seconds a scored pod counts on its best node before the watch shows it bound; then forgotten
+    (it went unschedulable or its binding failed)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class BalancerSettings:
     """Everything ``gpugate balance`` needs, parsed once."""
 
@@ -93,6 +114,7 @@ class BalancerSettings:
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     inventory: InventorySettings = field(default_factory=InventorySettings)
+    extender: ExtenderServing = field(default_factory=ExtenderServing)
     server: str | None = None
     """API server URL; unset means in-cluster service account, else kubeconfig."""
     dry_run: bool = False
@@ -152,6 +174,16 @@ class BalancerSettings:
                                 f"(got {inventory.min_interval}, {inventory.refresh})")
         if inventory.enabled and not (inventory.name and inventory.key):
             raise SettingsError("inventory: name and key must not be empty")
+        extender = self.extender
+        if extender.bind:
+            parse_bind(extender.bind, what="extender.bind")
+            if not (extender.cert_file and extender.key_file):
+                raise SettingsError("extender: serving on extender.bind needs cert_file and key_file (HTTPS only: "
+                                    "kube-scheduler's tlsConfig trusts the CA of manifests/balancer's certificate)")
+        if extender.device_policy not in ("distributed", "packed"):
+            raise SettingsError(f"extender.device_policy must be distributed or packed, got {extender.device_policy!r}")
+        if not extender.path.startswith("/") or extender.assume_ttl <= 0:
+            raise SettingsError("extender: path must start with / and assume_ttl must be > 0")
 
     @classmethod
     def from_file(cls, path: Path) -> BalancerSettings:
@@ -196,11 +228,11 @@ class BalancerSettings:
         return dataclasses.replace(self, **top)
 
 
-def parse_bind(bind: str) -> tuple[str, int]:
+def parse_bind(bind: str, *, what: str = "health_bind") -> tuple[str, int]:
     """``HOST:PORT`` (``[::]:8080`` for IPv6) as a tuple; SettingsError names the bad value."""
     host, sep, port = bind.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(f"health_bind must be HOST:PORT, got {bind!r}")
+        raise SettingsError(f"{what} must be HOST:PORT, got {bind!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -222,7 +254,8 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
             raise SettingsError(f"{source}: unknown key {where!r}; known keys here: {', '.join(sorted(fields))}")
         kind = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
         sections: dict[str, type] = {"TierThresholds": TierThresholds, "PrometheusSettings": PrometheusSettings,
-                                     "LeaseSettings": LeaseSettings, "InventorySettings": InventorySettings}
+                                     "LeaseSettings": LeaseSettings, "InventorySettings": InventorySettings,
+                                     "ExtenderServing": ExtenderServing}
         if kind in sections:
             section = sections[kind]
             values[key] = _build(section, value if value is not None else {}, source, f"{where}.")

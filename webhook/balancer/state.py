@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.kube import pods
-from webhook.kube.quantity import QuantityError, whole_count
+from webhook.kube.quantity import QuantityError, bytes_, millicores, whole_count
 from webhook.kube.resources import is_gpu_resource
 from webhook.names import (
     CONGESTED_TAINT_KEY,
@@ -79,6 +79,9 @@ class NodeInfo:
     own: it may use the whole GPU's), ``nvidia.com/mig-<profile>.memory`` for a MIG slice."""
     unschedulable: bool = False
     """Cordoned (``spec.unschedulable``): its free GPUs are not offered to new pods."""
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+    """Allocatable cpu and memory: the scheduler extender's fragmentation measure weighs them."""
 
     @property
     def is_gpu_node(self) -> bool:
@@ -129,7 +132,23 @@ def node_info(node: Obj) -> NodeInfo:
         product=str(labels.get(NVIDIA_PRODUCT_LABEL) or ""),
         unit_memory_mib=tuple(memory),
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        cpu_milli=_amount(_cpu, allocatable.get("cpu")),
+        memory_bytes=_amount(_memory, allocatable.get("memory")),
     )
+
+
+_cpu = functools.lru_cache(maxsize=256)(millicores)
+_memory = functools.lru_cache(maxsize=256)(bytes_)
+
+
+def _amount(parse: Any, value: Any) -> int:
+    """A cpu or memory quantity (0 when absent; the API server validated what it stored)."""
+    if value is None:
+        return 0
+    try:
+        return int(parse(value))
+    except QuantityError:
+        return 0
 
 
 def _mebibytes(value: Any) -> int | None:

@@ -45,19 +45,25 @@ def _env_default(name: str, fallback: str) -> str:
 @click.option("--inventory/--no-inventory", "publish_inventory", default=None,
               help="Publish the GPUInventory ConfigMap (gpugate-inventory) the webhook right-sizes by "
               "[default: on; the leader writes it].")
+@click.option("--extender-bind", metavar="HOST:PORT",
+              help="Serve kube-scheduler's extender prioritize call over HTTPS here [default: not served].")
+@click.option("--extender-cert", metavar="FILE", help="With --extender-bind: the serving certificate (PEM).")
+@click.option("--extender-key", metavar="FILE", help="With --extender-bind: its private key (PEM).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | None, server: str | None,
             token_file: Path | None, ca_file: Path | None, write_qps: float | None, write_burst: int | None,
             write_interval: float | None, lease_name: str | None, lease_namespace: str | None,
             identity: str | None, health_bind: str | None, taint_congested: bool | None,
-            publish_inventory: bool | None, log_level: str) -> None:
+            publish_inventory: bool | None, extender_bind: str | None, extender_cert: str | None,
+            extender_key: str | None, log_level: str) -> None:
     """Label GPU nodes gpugate.io/gpu-free and gpugate.io/gpu-load from live load.
 
     Lists and watches nodes and pods, optionally reads DCGM utilization from Prometheus, and
     patches each GPU node's labels (and optional PreferNoSchedule taint) when they change, and
     publishes the GPUInventory (ConfigMap gpugate-inventory) the webhook right-sizes by. One
-    replica writes, chosen by a coordination.k8s.io Lease; SIGTERM releases it.
+    replica writes, chosen by a coordination.k8s.io Lease; SIGTERM releases it. With
+    --extender-bind every replica also answers kube-scheduler's extender prioritize call.
     """
     from kubernetes.config import ConfigException
 
@@ -69,7 +75,8 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
                              lease_name=lease_name, lease_namespace=lease_namespace, identity=identity,
                              health_bind=health_bind, taint_congested=taint_congested, write_qps=write_qps,
                              write_burst=write_burst, write_interval=write_interval,
-                             publish_inventory=publish_inventory)
+                             publish_inventory=publish_inventory, extender_bind=extender_bind,
+                             extender_cert=extender_cert, extender_key=extender_key)
     if (token_file or ca_file) and not settings.server:
         raise click.UsageError("--token-file and --certificate-authority go with --server")
     logs.configure(log_level)
@@ -114,6 +121,9 @@ def settings_from(config_file: Path | None, **flags: Any) -> BalancerSettings:
         write_burst=flags.get("write_burst"),
         write_interval=flags.get("write_interval"),
         inventory__enabled=flags.get("publish_inventory"),
+        extender__bind=flags.get("extender_bind"),
+        extender__cert_file=flags.get("extender_cert"),
+        extender__key_file=flags.get("extender_key"),
     )
     return settings.with_overrides(
         lease__namespace=settings.lease.namespace or _env_default("POD_NAMESPACE", "gpugate-system"),

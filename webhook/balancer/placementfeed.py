@@ -1,0 +1,179 @@
+"""What the scheduler extender's state (``webhook.placement.extender.ExtenderState``) learns from the
+balancer's node and pod caches (pure: no I/O, no clock).
+
+The extender needs no watch of its own: the balancer already lists and watches every node and the
+bound, unfinished pods (issue 16). Here a node's record becomes the shape the fragmentation measure
+reads, and a pod's JSON becomes both what the node labels count (``state.PodUsage``) and what the
+measure counts (``placement.inputs.PodDemand``: cpu, memory and GPUs, not only GPUs).
+
+Physical GPUs from what the device plugin advertises (gpu-operator.md, section 4):
+
+- ``nvidia.com/gpu.shared`` (time-slicing or MPS with ``renameByDefault``): slots / replicas, plus
+  any whole ``nvidia.com/gpu`` the node also advertises;
+- ``nvidia.com/gpu`` under time-slicing without the rename: slots / replicas;
+- otherwise ``nvidia.com/gpu`` as it is (under the single MIG strategy these are slices, each
+  counted as a GPU: that is what a pod asking ``nvidia.com/gpu: 1`` gets there);
+- MIG slices (mixed strategy) by resource, outside the measure's GPU thousandths.
+
+A time-sliced slot counts as ``placement.inputs.DEFAULT_SLOT_MILLI`` of its GPU (4 replicas, the
+``time-slicing-4`` config of manifests/gpu-operator); a node with another replica count is measured
+as if its slots were that size (a coarser model there, never a misplaced pod: the scheduler's
+filters decide fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.balancer import marks
+from webhook.balancer.state import TERMINAL_PHASES, NodeInfo, PodUsage, pod_usage
+from webhook.kube.quantity import QuantityError
+from webhook.kube.resources import is_mig_resource
+from webhook.names import GPU_RESOURCE, SHARED_GPU_RESOURCE
+from webhook.placement.extender import ExtenderArgs, ExtenderState, HostPriority, candidate_names, host_priorities
+from webhook.placement.inputs import Counts, PodDemand, demand_from_pod
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    """The arguments of ``ExtenderState.set_node`` for one node; equal shapes need no update."""
+
+    cpu: int
+    memory: int
+    product: str
+    gpus: int
+    mig: Counts
+
+
+def node_shape(info: NodeInfo) -> NodeShape:
+    """The node as the fragmentation measure sees it (CPU-only nodes too: CPU pods are placed as well)."""
+    allocatable = dict(info.allocatable)
+    replicas = max(1, info.replicas)
+    if SHARED_GPU_RESOURCE in allocatable:
+        gpus = allocatable[SHARED_GPU_RESOURCE] // replicas + allocatable.get(GPU_RESOURCE, 0)
+    elif marks.time_sliced(info):
+        gpus = allocatable.get(GPU_RESOURCE, 0) // replicas
+    else:
+        gpus = allocatable.get(GPU_RESOURCE, 0)
+    mig = tuple(sorted((resource, count) for resource, count in info.allocatable if is_mig_resource(resource)))
+    return NodeShape(cpu=info.cpu_milli, memory=info.memory_bytes, product=info.product, gpus=gpus, mig=mig)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """One pod as both caches keep it: the GPUs the labels count, and the demand the measure counts."""
+
+    usage: PodUsage | None
+    """None when the pod holds no GPU (the node labels ignore it)."""
+    node: str
+    """The node it is bound to; empty when unbound or finished (it then holds nothing)."""
+    demand: PodDemand | None
+    """None when unbound or finished, or when a quantity is unreadable (the API server would not
+    have stored it)."""
+
+
+def pod_record(pod: dict[str, Any]) -> PodRecord:
+    node = (pod.get("spec") or {}).get("nodeName") or ""
+    if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+        node = ""
+    demand = None
+    if node:
+        try:
+            demand = demand_from_pod(pod)
+        except QuantityError:
+            demand = None
+    return PodRecord(usage=pod_usage(pod), node=node, demand=demand)
+
+
+class ArgsError(ValueError):
+    """An ExtenderArgs the scorer cannot read (no pod, an unreadable quantity)."""
+
+
+class Feed:
+    """Keeps an ``ExtenderState`` in step with the balancer's caches, and answers prioritize from it.
+
+    Not thread-safe: the controller holds one lock around every call. The watches deliver nodes
+    and pods independently, so a pod may arrive before its node: it is kept by node and bound when
+    the node appears. A node event that changes nothing the measure reads (a heartbeat, a label)
+    costs a comparison, not a state update.
+    """
+
+    def __init__(self, state: ExtenderState) -> None:
+        self.state = state
+        self._shapes: dict[str, NodeShape] = {}
+        self._pods: dict[str, tuple[str, PodDemand]] = {}
+        self._on_node: dict[str, set[str]] = {}
+
+    # --- nodes -------------------------------------------------------------------------------
+    def replace_nodes(self, infos: Mapping[str, NodeInfo]) -> None:
+        for name in [n for n in self._shapes if n not in infos]:
+            self.node(name, None)
+        for name, info in infos.items():
+            self.node(name, info)
+
+    def node(self, name: str, info: NodeInfo | None) -> None:
+        if info is None:
+            if self._shapes.pop(name, None) is not None:
+                self.state.remove_node(name)
+            return
+        shape = node_shape(info)
+        if self._shapes.get(name) == shape:
+            return
+        new = name not in self._shapes
+        self._shapes[name] = shape
+        self.state.set_node(name, cpu=shape.cpu, memory=shape.memory, product=shape.product, gpus=shape.gpus,
+                            mig=shape.mig)
+        if new:  # pods the watch delivered before their node
+            for key in sorted(self._on_node.get(name, ())):
+                self.state.bind(key, name, self._pods[key][1])
+
+    # --- pods --------------------------------------------------------------------------------
+    def replace_pods(self, records: Mapping[str, PodRecord]) -> None:
+        """A (re)list: pods gone are released, the others bound; the newest ``window`` join the shape mix."""
+        for key in [k for k in self._pods if k not in records]:
+            self.pod(key, None)
+        fresh: list[PodDemand] = []
+        for key, record in records.items():
+            if key not in self._pods and record.demand is not None:
+                fresh.append(record.demand)
+            self._set(key, record)
+        # Only the last ``window`` shapes count in the mix: feeding more would only rebuild it more often.
+        for demand in fresh[-self.state.settings.window:]:
+            self.state.seen(demand)
+
+    def pod(self, key: str, record: PodRecord | None) -> None:
+        """A watch event: bound or changed (``record``), or gone (None, also for a pod that finished)."""
+        if record is not None and key not in self._pods and record.demand is not None and record.node:
+            self.state.seen(record.demand)
+        self._set(key, record)
+
+    def _set(self, key: str, record: PodRecord | None) -> None:
+        old = self._pods.get(key)
+        if record is None or not record.node or record.demand is None:
+            if old is not None:
+                del self._pods[key]
+                self._on_node.get(old[0], set()).discard(key)
+                self.state.unbind(key)
+            return
+        if old is not None and old[0] != record.node:
+            self._on_node.get(old[0], set()).discard(key)
+        self._pods[key] = (record.node, record.demand)
+        self._on_node.setdefault(record.node, set()).add(key)
+        self.state.bind(key, record.node, record.demand)
+
+    # --- the call ----------------------------------------------------------------------------
+    def prioritize(self, args: ExtenderArgs, *, now: float) -> list[HostPriority]:
+        """The HostPriorityList for one ExtenderArgs; ArgsError when the pod cannot be read."""
+        pod = args.get("Pod")
+        if not isinstance(pod, dict):
+            raise ArgsError("ExtenderArgs without a Pod")
+        try:
+            demand = demand_from_pod(pod)
+        except QuantityError as err:
+            raise ArgsError(f"the pod's requests cannot be read: {err}") from err
+        names = candidate_names(args)
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        return host_priorities(names, self.state.prioritize(key, demand, names, now=now))
