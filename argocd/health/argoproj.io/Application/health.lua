@@ -13,11 +13,27 @@
 -- ignoreDifferences and source or sources), on values as the controller writes them: it decodes
 -- the spec into Go structs and writes comparedTo back as JSON, where every omitempty field that
 -- is false, 0, "" or empty is dropped. A spec saying `helm: {skipCrds: false}` is compared to a
--- comparedTo without skipCrds; a literal comparison would call it stale forever.
+-- comparedTo without skipCrds; a literal comparison would call it stale forever. A struct field
+-- is never dropped (omitempty does not apply to Go structs): a multi-source app's comparedTo
+-- always carries `source: {repoURL: ""}` (ComparedTo.Source is a struct; ApplicationSource.RepoURL
+-- has no omitempty; pkg/apis/application/v1alpha1/types.go), the zero ApplicationSource, which the
+-- spec does not have. A real Argo CD v3.2.11 showed it (tests/e2e/test_argocd.py): so a table
+-- whose every value is a zero value is a zero value too.
 
--- Deep equality where nil, false, 0, "" and {} mean the same (Go's zero values, omitted).
+-- Deep equality where nil, false, 0, "" and tables of those mean the same (Go's zero values).
 local function empty(v)
-  return v == nil or v == "" or v == false or v == 0 or (type(v) == "table" and next(v) == nil)
+  if v == nil or v == "" or v == false or v == 0 then
+    return true
+  end
+  if type(v) ~= "table" then
+    return false
+  end
+  for _, item in pairs(v) do
+    if not empty(item) then
+      return false
+    end
+  end
+  return true
 end
 
 local function same(a, b)
