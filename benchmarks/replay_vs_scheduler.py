@@ -1,0 +1,67 @@
+"""The replay model against the real kube-scheduler on one slice of the openb trace (issue 11, item 6).
+
+    python benchmarks/replay_vs_scheduler.py [--nodes 32] [--pods 250] [--seed 42] [--model-seeds 10]
+                                             [--pod-files all|NAME,...] [--arms gpugate,stock] [--repeats 1]
+
+Starts a local control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+v1.36.3 from tests/e2e's cached binaries; builds them when missing), the real webhook with the
+starter policies/ and the real balancer, and sends the slice's pods one at a time through it;
+then runs `gpugate replay`'s model on the same nodes and pods in the same order
+(tests/e2e/trace_slice.py says how the two are kept comparable). Prints, per arm: both GPU
+allocations, their difference, how many pods landed on the same node and on the same node class,
+and how often the real choice is one the model would make from the same state (lockstep), as
+shipped and with kube-scheduler v1.36's BalancedAllocation; with several pod lists, lockstep per list.
+``--pod-files all`` takes an equal share of pods from every pod list of the trace (what
+tests/e2e/test_replay_fidelity.py runs: ``--pods 288 --pod-files all``). Asserts nothing;
+the test holds the bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    sys.path.insert(0, str(ROOT))
+    from tests.e2e.cluster import Cluster, ensure_binaries
+    from tests.e2e.trace_slice import ARMS, TRACE, SliceSpec, every_pod_file, fidelity
+
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=SliceSpec.nodes)
+    parser.add_argument("--pods", type=int, default=SliceSpec.pods)
+    parser.add_argument("--seed", type=int, default=SliceSpec.seed)
+    parser.add_argument("--model-seeds", type=int, default=SliceSpec.model_seeds)
+    parser.add_argument("--pod-files", default=",".join(SliceSpec.pod_files),
+                        help="pod lists to draw from, comma-separated, or 'all' (default: the default list)")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--repeats", type=int, default=1, help="real runs per arm (the model runs --model-seeds)")
+    parser.add_argument("--disagreements", type=int, default=5, help="examples of lockstep disagreements to print")
+    args = parser.parse_args()
+    if not TRACE.is_dir():
+        print(f"skipped: {TRACE} is absent (../shared beside the clone holds the trace)")
+        return 0
+    pod_files = every_pod_file() if args.pod_files == "all" else tuple(args.pod_files.split(","))
+    spec = SliceSpec(nodes=args.nodes, pods=args.pods, seed=args.seed, pod_files=pod_files,
+                     model_seeds=args.model_seeds)
+    started = time.monotonic()
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {message}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="gpugate-fidelity-") as scratch, \
+            Cluster.local(ensure_binaries(log)) as cluster:
+        log("control plane up")
+        report = fidelity(cluster, Path(scratch), spec, arms=args.arms.split(","), repeats=args.repeats,
+                          log=log)
+    print(report.text(examples=args.disagreements))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
