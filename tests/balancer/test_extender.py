@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.balancer.conftest import fast_settings, wait_for
+from tests.balancer import conftest
+from tests.balancer.conftest import fast_settings
 from tests.kubefake import FakeKube
 from webhook.balancer import controller, placementfeed
 from webhook.balancer.settings import BalancerSettings, ExtenderServing, SettingsError
@@ -27,6 +28,13 @@ from webhook.balancer.state import node_info
 from webhook.certs import pki
 from webhook.placement.extender import ExtenderState
 from webhook.placement.inputs import PodDemand
+
+
+def wait_for(predicate: Any, *, what: str, timeout: float = 30.0) -> Any:
+    """``conftest.wait_for`` with room for a loaded machine: a balancer starting (caches, TLS, a
+    lease) on 2 shared cores can take seconds; the wait still ends at the event."""
+    return conftest.wait_for(predicate, timeout=timeout, what=what)
+
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -131,6 +139,13 @@ class TestFeed:
         scores = {h["Host"]: h["Score"] for h in answer}
         assert scores["ghost"] == 0 and all(0 <= s <= 10 for s in scores.values())
         assert scores["full"] > scores["empty"], "two GPUs fill the fuller node exactly: the tightest fit"
+
+    def test_a_first_list_teaches_the_shape_mix_at_once(self) -> None:
+        feed = feed_with(node("n1", {"nvidia.com/gpu": "8"}, cpu="1000"))
+        feed.replace_pods({f"ml/p{i}": placementfeed.pod_record(pod(f"p{i}", "n1", cpu="2", gpus=1 + i % 2))
+                           for i in range(150)})
+        mix = feed.state.fragmenter.mix
+        assert sorted((s.cpu, s.gpus) for s in mix.shapes) == [(2000, 1), (2000, 2)]
 
     def test_args_without_a_pod_are_refused(self) -> None:
         with pytest.raises(placementfeed.ArgsError):

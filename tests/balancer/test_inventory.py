@@ -13,13 +13,21 @@ from typing import Any
 
 import pytest
 
-from tests.balancer.conftest import fast_settings, wait_for
+from tests.balancer import conftest
+from tests.balancer.conftest import fast_settings
 from tests.kubefake import FakeKube
 from webhook.balancer import inventory
 from webhook.balancer.settings import InventorySettings
 from webhook.balancer.state import node_info
 from webhook.kube import inventory as webhook_inventory
 from webhook.kube.inventory import Offer
+
+
+def wait_for(predicate: Any, *, what: str, timeout: float = 30.0) -> Any:
+    """``conftest.wait_for`` with room for a loaded machine: a balancer starting (caches, TLS, a
+    lease) on 2 shared cores can take seconds; the wait still ends at the event."""
+    return conftest.wait_for(predicate, timeout=timeout, what=what)
+
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-40GB"
@@ -207,7 +215,7 @@ def test_an_unchanged_inventory_is_written_again_only_to_refresh_generated_at(cl
     # Node events that change nothing the inventory says (a label of someone else's) cost no write...
     for index in range(5):
         cluster.put(node("gpu-1", {"nvidia.com/gpu": "8"}, labels={"team": f"t{index}"}))
-    wait_for(lambda: len(configmap_writes(cluster)) >= 2, timeout=10, what="the refresh")
+    wait_for(lambda: len(configmap_writes(cluster)) >= 2, timeout=30, what="the refresh")
     writes = configmap_writes(cluster)
     assert writes[1].at - writes[0].at >= 0.9, "a write before the refresh was due"
     assert first is not None and published(cluster) is not None

@@ -7,11 +7,13 @@ kube-proxy), and ``tlsConfig.caFile`` at this test's CA instead of the Secret mo
 Weight, verb, nodeCacheCapable, httpTimeout and ignorable are the manifest's. The balancer is the
 real ``gpugate balance`` command with ``--extender-bind``.
 
-The cluster: a GPU node ``g`` whose cpu and memory are two-thirds taken by a CPU-only pod, and an
-empty CPU node ``c``; the test pods are CPU-only pods of the gpugate-binpack profile, limited to
-these two nodes. The profile's own plugins (NodeResourcesFit MostAllocated) prefer ``g``, the
-fuller node. The extender prefers ``c``: a CPU pod on a GPU node strands GPUs it cannot use (FGD's
-first lesson), and with an empty shape mix its best-fit tie-break counts the idle GPUs as waste.
+The cluster: a GPU node ``g`` whose cpu and memory are two-thirds taken by a CPU-only pod, an
+empty CPU node ``c``, and a third GPU node running 2-GPU jobs (8 cpu each), which the balancer has
+listed before it starts, so the pod-shape mix it learns is that of a cluster running GPU jobs. The
+test pods are CPU-only pods of the gpugate-binpack profile, limited to ``g`` and ``c``. The
+profile's own plugins (NodeResourcesFit MostAllocated) prefer ``g``, the fuller node. The extender
+prefers ``c``: a CPU pod on a GPU node takes the cpu the GPU jobs of the mix would need there and
+leaves its GPUs stranded (FGD's first lesson). The test asks the extender before it relies on that.
 
 1. With the extender down (its listener not started: no certificate yet, so the scheduler's calls
    are refused), the pod still schedules, by the plugins alone, onto ``g``; the balancer's
@@ -152,7 +154,7 @@ def _has_default_account(local: Cluster, namespace: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def extender(local: Cluster, workdir: Path, namespace: str) -> Iterator[Extender]:
+def extender(local: Cluster, workdir: Path, namespace: str, pool: Pool) -> Iterator[Extender]:
     tls, scheduler_side = workdir / "balancer-tls", workdir / "scheduler-ca"
     tls.mkdir()
     scheduler_side.mkdir()
@@ -213,21 +215,31 @@ def pool(local: Cluster, namespace: str) -> Iterator[Pool]:
     tag = namespace
     gpu = made.gpu(gpus=8, labels={POOL: tag})
     cpu = made.cpu(labels={POOL: tag})
+    jobs = made.gpu(gpus=8, labels={POOL: f"{tag}-jobs"})  # never a candidate: the test pods' affinity
+    core = local.core()
+    for index in range(4):
+        core.create_namespaced_pod(namespace, pod(f"job-{index}", f"{tag}-jobs", cpu="8", memory="64Gi", gpus=2,
+                                                  node=jobs))
     # Two thirds of g's cpu and memory taken by a CPU-only pod: the plugins' MostAllocated prefers g.
-    local.core().create_namespaced_pod(namespace, pod("filler", tag, cpu="40", memory="320Gi", node=gpu))
+    core.create_namespaced_pod(namespace, pod("filler", tag, cpu="40", memory="320Gi", node=gpu))
+    wait_until(lambda: all(p.status.phase == "Running" for p in core.list_namespaced_pod(namespace).items),
+               what="the jobs and the filler to run")
     try:
         yield Pool(gpu=gpu, cpu=cpu, tag=tag)
     finally:
         made.remove_all()
 
 
-def pod(name: str, tag: str, *, cpu: str = "4", memory: str = "16Gi", node: str | None = None) -> dict[str, Any]:
+def pod(name: str, tag: str, *, cpu: str = "4", memory: str = "16Gi", gpus: int = 0,
+        node: str | None = None) -> dict[str, Any]:
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}}
+    if gpus:
+        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
     spec: dict[str, Any] = {
         "schedulerName": BINPACK,
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": POOL, "operator": "In", "values": [tag]}]}]}}},
-        "containers": [{"name": "main", "image": "registry.example/tool:1",
-                        "resources": {"requests": {"cpu": cpu, "memory": memory}}}],
+        "containers": [{"name": "main", "image": "registry.example/tool:1", "resources": resources}],
     }
     if node:
         spec["nodeName"] = node

@@ -35,7 +35,6 @@ from webhook.balancer import marks as marks_mod
 from webhook.balancer import placementfeed
 from webhook.balancer.backoff import Backoff, TokenBucket, WriteSchedule
 from webhook.balancer.cluster import Informer, NodeWriter, retry_after
-from webhook.balancer.extenderserver import BadRequest, ExtenderServer
 from webhook.balancer.health import HealthServer
 from webhook.balancer.lease import LeaderElector
 from webhook.balancer.metrics import Metrics
@@ -109,7 +108,9 @@ class Balancer:
         self.feed: placementfeed.Feed | None = None
         self._feed_lock = threading.Lock()  # never held together with self._lock
         self.pods: Informer[Any]
-        self.extender: ExtenderServer | None = None
+        self.extender: Any = None
+        """The ``extenderserver.ExtenderServer`` once it listens (imported only when configured: it
+        brings the webhook's TLS machinery, whose imports cost a second on a busy node)."""
         if settings.extender.bind:
             # The extender weighs every bound pod's cpu and memory, not only GPU pods: no prefilter,
             # and each pod is reduced to both records (what the labels count, what the measure counts).
@@ -225,6 +226,7 @@ class Balancer:
             try:
                 return cast(list[Any], self.feed.prioritize(args, now=self._clock()))
             except placementfeed.ArgsError as err:
+                from webhook.balancer.extenderserver import BadRequest
                 raise BadRequest(str(err)) from err
             finally:
                 self.metrics.extender_assumed.set(self.feed.state.assumed)
@@ -234,6 +236,8 @@ class Balancer:
 
         The labels and the inventory go on meanwhile; ``gpugate_balancer_extender_serving`` says 0.
         """
+        from webhook.balancer.extenderserver import ExtenderServer
+
         e = self.settings.extender
         host, port = parse_bind(e.bind, what="extender.bind")
         reported = ""

@@ -34,6 +34,7 @@ from webhook.kube.resources import is_mig_resource
 from webhook.names import GPU_RESOURCE, SHARED_GPU_RESOURCE
 from webhook.placement.extender import ExtenderArgs, ExtenderState, HostPriority, candidate_names, host_priorities
 from webhook.placement.inputs import Counts, PodDemand, demand_from_pod
+from webhook.placement.shapes import shape_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +137,18 @@ class Feed:
             self.pod(key, None)
         fresh: list[PodDemand] = []
         for key, record in records.items():
-            if key not in self._pods and record.demand is not None:
+            if key not in self._pods and record.demand is not None and record.node:
                 fresh.append(record.demand)
             self._set(key, record)
-        # Only the last ``window`` shapes count in the mix: feeding more would only rebuild it more often.
+        if not fresh or self.state.settings.mix is not None:
+            return
+        # The shapes go into the window without ``seen``'s rebuild per 100 pods (and per pod while the
+        # window is young), then the mix is taken and the measure warmed once: a first list of
+        # thousands of pods would otherwise rebuild and warm it dozens of times. Only the last
+        # ``window`` shapes can count, so only those are added.
         for demand in fresh[-self.state.settings.window:]:
-            self.state.seen(demand)
+            self.state.window.add(shape_of(demand))
+        self.state.refresh()
 
     def pod(self, key: str, record: PodRecord | None) -> None:
         """A watch event: bound or changed (``record``), or gone (None, also for a pod that finished)."""
