@@ -9,6 +9,7 @@ scheduler from the project's own KubeSchedulerConfiguration places pods that nam
 from __future__ import annotations
 
 import json
+import socket
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from kubernetes import client
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.fakekubelet import COMPLETE_AFTER, FAKE_NODE, LEASE_RENEW_SECONDS
 from tests.e2e.waiting import wait_until
+from tests.e2e.webhook_fixture import ServingCerts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,10 +182,19 @@ def test_default_admission_chain_mutates_pods(cluster: Cluster, namespace: str) 
 @pytest.mark.skipif(not (ROOT / "manifests/scheduler/scheduler-config.yaml").is_file(),
                     reason="manifests/scheduler/scheduler-config.yaml is absent")
 def test_project_scheduler_profile_runs_as_a_second_scheduler(cluster: Cluster, nodes: Nodes,
-                                                              namespace: str) -> None:
+                                                              namespace: str, tmp_path: Path) -> None:
+    """The shipped configuration as it is, but for where the extender is: its balancer Service is
+    not here, so it points at a closed loopback port, and its CA file at a fresh CA. The extender is
+    ignorable, so its outage must not stop the profile from scheduling (tests/e2e/test_extender.py
+    shows its choice winning when it is up)."""
     if cluster.plane is None:
         pytest.skip("attached to an existing cluster: its schedulers are its own")
     config = yaml.safe_load((ROOT / "manifests/scheduler/scheduler-config.yaml").read_text())
+    for extender in config.get("extenders") or []:
+        assert extender.get("ignorable") is True, extender
+        extender["urlPrefix"] = f"https://127.0.0.1:{closed_port()}/extender"
+        if (extender.get("tlsConfig") or {}).get("caFile"):
+            extender["tlsConfig"]["caFile"] = str(ServingCerts(tmp_path / "extender-ca").ca)
     profile = config["profiles"][0]["schedulerName"]
     scheduler = cluster.start_scheduler(config, name="gpugate-scheduler", leader_elect=False)
     try:
@@ -194,3 +205,10 @@ def test_project_scheduler_profile_runs_as_a_second_scheduler(cluster: Cluster, 
     finally:
         scheduler.stop()
     assert pod["spec"]["nodeName"] == gpu_node
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
