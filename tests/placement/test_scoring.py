@@ -89,3 +89,42 @@ def test_mig_pods_pack_on_slices_and_never_go_where_they_do_not_fit() -> None:
     idle = NodeView(name="c", cpu=8000, mig=mig)
     pod = PodDemand(cpu=1000, mig=(("nvidia.com/mig-1g.10gb", 1),))
     assert scoring.prioritize(pod, [full, busy, idle], Fragmenter(MIX)) == [0, 10, 9]
+
+
+def test_a_gpu_pod_leaves_the_product_that_constrained_pods_need_even_when_fgd_prefers_it() -> None:
+    """Type pressure comes before FGD's score for GPU pods: FGD counts a node few shapes may use as
+    fragment already, so it would fill the scarce product first (docs/placement.md, gpuspec lists)."""
+    mix = ShapeMix((Shape(4000, 1000, 1), Shape(4000, 1000, 1, ("G2",)), Shape(4000, 1000, 1, ("G3",))),
+                   (0.5, 0.3, 0.2))
+    scarce = NodeView.empty("g3", cpu=64_000, memory=2**40, product="G3", gpus=2)
+    plenty = [NodeView.empty(f"g2-{i}", cpu=64_000, memory=2**40, product="G2", gpus=8) for i in range(4)]
+    fragmenter = Fragmenter(mix)
+    pod = PodDemand(cpu=4000, gpus=1)
+    where = scoring.context([scarce, *plenty], mix)
+    assert where.pressure["G3"] > where.pressure["G2"]
+    fgd = [fragmenter.points(n.product, n.signature, n.cpu_left, pod.cpu, pod.gpus, 0) for n in (scarce, plenty[0])]
+    assert fgd[0] > fgd[1]                                     # FGD alone would take the G3
+    assert scoring.prioritize(pod, [scarce, plenty[0]], fragmenter, where=where) == [9, 10]
+    # Without constrained shapes there is no pressure and FGD's order stands.
+    plain = ShapeMix((Shape(4000, 1000, 1),), (1.0,))
+    assert scoring.context([scarce, *plenty], plain).pressure == {}
+
+
+def test_a_cpu_pod_takes_cpu_that_idle_gpus_will_not_need_and_the_tightest_such_node() -> None:
+    """Equal FGD scores (no typical shape stops fitting anywhere): the cpu surplus decides."""
+    mix = ShapeMix((Shape(8000, 1000, 1), Shape(4000)), (0.5, 0.5))     # 8 cores per GPU
+    eight = NodeView.empty("eight", cpu=80_000, memory=2**40, product="X", gpus=8)     # 16 cores spare
+    two = NodeView.empty("two", cpu=104_000, memory=2**40, product="X", gpus=2)       # 88 cores spare
+    tight = NodeView.empty("tight", cpu=72_000, memory=2**40, product="X", gpus=8)    # 8 cores spare
+    short = NodeView.empty("short", cpu=64_000, memory=2**40, product="X", gpus=8)    # none spare
+    nodes = [eight, two, tight, short]
+    fragmenter = Fragmenter(mix)
+    pod = PodDemand(cpu=4000)
+    where = scoring.context(nodes, mix)
+    assert where.cpu_per_milli == 8.0
+    fgd = {fragmenter.points(n.product, n.signature, n.cpu_left, pod.cpu, 0, 0) for n in nodes}
+    assert len(fgd) == 1                                         # FGD cannot tell them apart
+    scores = scoring.prioritize(pod, nodes, fragmenter, where=where)
+    # Tightest node that keeps the GPUs' cpu first, then the others that keep it, the one that
+    # must give up GPU cpu last.
+    assert scores == [9, 8, 10, 7]

@@ -1,4 +1,4 @@
-"""The extender's answer: a 0..10 priority per candidate node, from FGD's measure and two tie-breaks.
+"""The extender's answer: a 0..10 priority per candidate node, from FGD's measure, type pressure and cpu.
 
 How kube-scheduler v1.36 uses it (``pkg/scheduler/schedule_one.go``, ``prioritizeNodes``): each
 node's extender score is multiplied by the extender's ``weight`` and by MaxNodeScore /
@@ -8,16 +8,25 @@ every node an extender scored). The extender is called only when more than one n
 The documented range is ``MinExtenderPriority`` 0 .. ``MaxExtenderPriority`` 10
 (``k8s.io/kube-scheduler/extender/v1/types.go``); the scores here stay in it.
 
-Each candidate gets a key, compared as a tuple:
+Each candidate gets a key, compared as a tuple. For a pod that uses GPUs (whole or a share):
 
-1. FGD's own score, ``int(100 * sigmoid(-dF / 1000))`` (``fragment.fgd_points``). Its coarseness is
+1. Type pressure: prefer a node whose GPU product the mix's type-constrained pods need least
+   (``pressures``, in steps of ``PRESSURE_STEP``). FGD's measure is per node and cannot see that an
+   unconstrained pod on the last free T4 strands a T4-only pod later; worse, it counts a node that
+   few shapes may use as fragment already, so it prefers to fill exactly the scarce products. On
+   lists without constraints the pressure is 0 everywhere and this changes nothing.
+2. FGD's own score, ``int(100 * sigmoid(-dF / 1000))`` (``fragment.fgd_points``). Its coarseness is
    part of why FGD works: every large drop scores 99, and the tie-break decides among them.
-2. Type pressure: prefer a node whose GPU product the mix's type-constrained pods need least
-   (``pressures``). FGD's measure is per node and cannot see that an unconstrained pod on the
-   last free T4 strands a T4-only pod later; on lists without constraints this is 0 everywhere.
 3. Best fit: the least cpu and GPU left after the pod, half weight each, over the largest node
    (the artifact's BestFit normaliser). The FGD artifact breaks its ties in a fixed node order,
    which packs; kube-scheduler would break them with LeastAllocated, which spreads.
+
+For a CPU-only pod: FGD's score, then cpu surplus, then best fit. The surplus is the cpu the
+node has left after the pod beyond what its idle GPUs will ask (idle thousandths times the mix's
+cpu per GPU thousandth, ``Context.cpu_per_milli``); the largest wins. FGD scores a CPU pod 50 on
+every node where no typical shape's cpu stops fitting, so without it CPU pods filled the cpu of
+8-GPU nodes while 2-GPU nodes with 104 cores stayed at a third of their cpu, and GPU pods later
+found GPUs without cpu (docs/placement.md).
 
 Eleven levels are coarse for such a key, so the levels are a rank, not a rescaling: the best
 distinct key gets 10, the next 9, and so on; the 11th and later get 0. With a weight whose level
@@ -52,6 +61,7 @@ level, so the balancer's congested taint keeps its meaning; preferred node affin
 default spreading plugins break ties among the nodes the extender ranks equal."""
 
 _FIT_BITS = 20                       # best fit: leftover in 2^20 steps
+_POINT_BITS = 7                      # FGD's score: 0..100
 _PRESSURE_LEVELS = 1 << 10           # type pressure: 0..1023, in steps of PRESSURE_STEP
 PRESSURE_STEP = 0.1
 """Type pressures closer than this count as equal, so best fit still orders nodes whose products
@@ -79,6 +89,9 @@ class Context:
     per_cpu: float = 0.0
     per_milli: float = 0.0
     pressure: dict[str, int] = field(default_factory=dict)
+    cpu_per_milli: float = 0.0
+    """Millicores the mix's GPU shapes ask per GPU thousandth: what a node's idle GPUs will want of its cpu."""
+    surplus_scale: float = 0.0
 
 
 def pressures(nodes: Iterable[NodeView], mix: ShapeMix) -> dict[str, int]:
@@ -116,13 +129,17 @@ def context(nodes: Iterable[NodeView], mix: ShapeMix) -> Context:
     cpu = max((node.cpu for node in listed), default=1)
     gpus = max((node.gpus for node in listed), default=1)
     half = 0.5 * (1 << _FIT_BITS)
+    gpu_weight = sum(w * s.gpus * s.milli for s, w in zip(mix.shapes, mix.weights, strict=True) if s.wants_gpu)
+    gpu_cpu = sum(w * s.cpu for s, w in zip(mix.shapes, mix.weights, strict=True) if s.wants_gpu)
     return Context(per_cpu=half / max(1, cpu), per_milli=half / (max(1, gpus) * MILLI),
-                   pressure=pressures(listed, mix))
+                   pressure=pressures(listed, mix), cpu_per_milli=gpu_cpu / gpu_weight if gpu_weight else 0.0,
+                   surplus_scale=(_PRESSURE_LEVELS // 2) / max(1, cpu))
 
 
 def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeView],
               where: Context | None = None) -> list[int]:
-    """Per node, higher is better: (FGD's score, low type pressure, best fit) packed into one int.
+    """Per node, higher is better, packed into one int: (low type pressure, FGD's score, best fit) for a
+    GPU pod, (FGD's score, cpu surplus, best fit) for a CPU pod (the module docstring says why).
 
     ``NO_FIT`` where the pod does not fit the view (memory only has to fit: FGD ignores it).
     ``where`` defaults to the context of ``nodes`` themselves. The loop is the extender's hot
@@ -132,10 +149,12 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
     if demand.mig:
         return [_mig_key(demand, node, where) for node in nodes]
     per_cpu, per_milli, pressure = where.per_cpu, where.per_milli, where.pressure
+    cpu_per_milli, scale = where.cpu_per_milli, where.surplus_scale
     cpu, gpus, share, memory, milli = demand.cpu, demand.gpus, demand.share_milli, demand.memory, demand.gpu_milli
     thresholds, memo, points = fragmenter.thresholds, fragmenter.memo, fragmenter.points
     top = (1 << _FIT_BITS) - 1
     calm = _PRESSURE_LEVELS - 1
+    middle = _PRESSURE_LEVELS // 2
     keys: list[int] = []
     append = keys.append
     for node in nodes:
@@ -152,8 +171,17 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
             append(NO_FIT)
             continue
         waste = int((left - cpu) * per_cpu + (node.gpu_free - milli) * per_milli)
-        append((((found << 10) | (calm - pressure.get(product, 0))) << _FIT_BITS)
-               | (top - (top if waste > top else waste if waste > 0 else 0)))
+        fit = top - (top if waste > top else waste if waste > 0 else 0)
+        if milli:
+            # A GPU pod: low type pressure first, then FGD's score, then best fit.
+            append((((((calm - pressure.get(product, 0)) << _POINT_BITS) | found)) << _FIT_BITS) | fit)
+        else:
+            # A CPU pod: FGD's score, then a node whose idle GPUs keep the cpu they will need (the
+            # tightest such node), else the one that takes least of it; then best fit.
+            spare = (left - cpu - node.gpu_free * cpu_per_milli) * scale
+            level = (calm - int(spare) if spare < middle else middle) if spare >= 0 else \
+                (middle - 1 + int(spare) if spare > -middle else 0)
+            append((((found << 10) | level) << _FIT_BITS) | fit)
     return keys
 
 

@@ -1,0 +1,169 @@
+"""docs/placement.md's table: every pod list of the openb trace, every arm, medians over seeds.
+
+    python benchmarks/placement_table.py run [--lists default,cpu050,...] [--arms stock,...]
+                                             [--seeds 42-44] [--tag NAME] [--workers 1]
+    python benchmarks/placement_table.py table [--seeds 42-44] [--tags extender=extender-v2,...]
+
+``run`` replays each (list, arm, seed) not yet in OUT/results.jsonl (default
+replay-out/table/, git-ignored) with ``webhook.replay.runner`` and appends one JSON line per run:
+list, arm, tag, seed, allocation at 100% and 130% arrival, fragment at 100%, failed pods up to
+100%, seconds. It resumes where it stopped. ``--tag`` names a variant of an arm (a different
+policy folder or extender setting) so variants sit next to each other in the same file.
+``table`` prints the markdown table of medians (allocation at 100% arrival) and the goal check.
+The lists default to every ``openb_pod_list_*.csv`` in the trace folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
+OUT = ROOT / "replay-out" / "table"
+ARMS = ("stock", "gpugate", "extender", "bestfit", "fgd", "random")
+ORDER = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80",
+         "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30",
+         "multigpu40", "multigpu50")
+"""The issue's lists first (default, cpu050-250, gpushare40-100, gpuspec10-33, multigpu20-50)."""
+
+
+def seeds_of(text: str) -> list[int]:
+    found: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        found.extend(range(int(low), int(high or low) + 1))
+    return found
+
+
+def all_lists(trace: Path) -> list[str]:
+    present = sorted(p.stem.removeprefix("openb_pod_list_") for p in trace.glob("openb_pod_list_*.csv"))
+    return [n for n in ORDER if n in present] + [n for n in present if n not in ORDER]
+
+
+def done_keys(path: Path) -> set[tuple[str, str, int]]:
+    if not path.exists():
+        return set()
+    keys = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            keys.add((row["list"], row["tag"], row["seed"]))
+    return keys
+
+
+def run(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(ROOT))
+    from webhook.replay import runner, trace
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    done = done_keys(results)
+    lists = args.lists.split(",") if args.lists else all_lists(Path(args.trace))
+    arms = args.arms.split(",")
+    seeds = seeds_of(args.seeds)
+    extra = json.loads(args.spec) if args.spec else {}
+    for name in lists:
+        specs = []
+        for arm in arms:
+            tag = args.tag or arm
+            for seed in seeds:
+                if (name, tag, seed) in done:
+                    continue
+                specs.append(runner.RunSpec(arm=arm, seed=seed, policies=args.policies if "gpugate" in arm else None,
+                                            **extra))
+        if not specs:
+            continue
+        loaded = trace.load_trace(Path(args.trace), f"openb_pod_list_{name}.csv")
+
+        def record(result: runner.RunResult, name: str = name) -> None:
+            row = {"list": name, "arm": result.arm, "tag": args.tag or result.arm, "seed": result.seed,
+                   "alloc_100": round(result.alloc_at(100), 3), "alloc_130": round(result.alloc_at(130), 3),
+                   "frag_100": round(result.frag_at(100), 3),
+                   "failed_100": int((~result.placed[result.arrived <= 100.0]).sum()),
+                   "seconds": round(result.seconds, 1), "spec": extra, "policies": args.policies,
+                   "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            with results.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+            print(f"{name:12} {row['tag']:24} seed {result.seed}: {row['alloc_100']:.2f} ({row['seconds']}s)",
+                  flush=True)
+
+        runner.run_many(loaded, specs, workers=args.workers, progress=record)
+    return 0
+
+
+def medians(path: Path, seeds: list[int]) -> dict[tuple[str, str], tuple[float, int]]:
+    values: dict[tuple[str, str], list[float]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if row["seed"] in seeds:
+                values.setdefault((row["list"], row["tag"]), []).append(row["alloc_100"])
+    return {key: (statistics.median(v), len(v)) for key, v in values.items()}
+
+
+def table(args: argparse.Namespace) -> int:
+    path = Path(args.out) / "results.jsonl"
+    seeds = seeds_of(args.seeds)
+    found = medians(path, seeds)
+    columns = dict(pair.split("=", 1) for pair in args.tags.split(",")) if args.tags else {}
+    arms = [a for a in args.arms.split(",")]
+    tags = [columns.get(arm, arm) for arm in arms]
+    lists = [n for n in all_lists(Path(args.trace)) if any((n, t) in found for t in tags)]
+    print("| list | " + " | ".join(arms) + " | goals (extender) |")
+    print("|---|" + "---:|" * len(arms) + "---|")
+    for name in lists:
+        cells = []
+        for tag in tags:
+            value = found.get((name, tag))
+            cells.append("" if value is None else f"{value[0]:.2f}" + ("" if value[1] == len(seeds) else
+                                                                        f" ({value[1]})"))
+        got = {arm: found.get((name, tag), (None, 0))[0] for arm, tag in zip(arms, tags, strict=True)}
+        print(f"| {name} | " + " | ".join(cells) + f" | {goals(name, got)} |")
+    return 0
+
+
+def goals(name: str, got: dict[str, float | None]) -> str:
+    """The issue's goals for the extender on one list (and the starter policies against stock)."""
+    ext, stock, best, fgd = (got.get(k) for k in ("extender", "stock", "bestfit", "fgd"))
+    if ext is None or stock is None or best is None or fgd is None:
+        return "incomplete"
+    misses = []
+    if name == "default" and ext < 95.2:
+        misses.append("< 95.2")
+    if ext < best:
+        misses.append("< bestfit")
+    if ext < fgd - 0.5:
+        misses.append(f"fgd {ext - fgd:+.2f}")
+    if ext < stock:
+        misses.append("< stock")
+    starter = got.get("gpugate")
+    if starter is not None and starter < stock:
+        misses.append("gpugate < stock")
+    return ", ".join(misses) or "met"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("run", "table"))
+    parser.add_argument("--trace", default=str(TRACE))
+    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--lists", default="")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--seeds", default="42-44")
+    parser.add_argument("--tag", default="", help="run: name this variant (default: the arm)")
+    parser.add_argument("--tags", default="", help="table: arm=tag pairs, which variant fills an arm's column")
+    parser.add_argument("--policies", default=str(ROOT / "policies"))
+    parser.add_argument("--spec", default="", help='run: extra RunSpec fields as JSON, e.g. {"label_lag": 100}')
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    return run(args) if args.command == "run" else table(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
