@@ -10,14 +10,20 @@ What only a real API server can show (issue 11, item 3; issue 13 items 1, 3 and 
    ``watch`` with ``sendInitialEvents``) in the others, which the API server must serve (no fallback);
 2. nodes get ``gpugate.io/gpu-free`` and ``gpugate.io/gpu-load`` as real pods are bound by the real
    scheduler and finish, written under the field manager ``gpugate-balancer`` (the node's
-   managedFields); a CPU node whose NICs advertise ``nvidia.com/*`` SR-IOV functions gets none;
+   managedFields); a CPU node whose NICs advertise ``nvidia.com/*`` SR-IOV functions gets none,
+   and the GPUInventory ConfigMap the leader writes for the webhook (created, then read and
+   updated by name, as the Role allows) offers the GPU node's GPUs and nothing of the NICs;
 3. two replicas share the real Lease and only its holder patches nodes (each replica's own count
    of patches in /metrics); SIGKILL of the holder hands over one lease duration after its last
    renewal: never earlier (the Lease's own acquireTime against the old holder's renewTime), and
    not much later (within two retry periods plus slack for a busy machine);
 4. fencing (issue 13 item 3): while another identity holds the Lease, neither replica writes,
    although both see a pod bind and want a node relabelled (``gpugate_balancer_pending_writes``):
-   the node's labels, as the API server stores them, do not move until the Lease is free again.
+   the node's labels, as the API server stores them, do not move until the Lease is free again;
+5. readiness (issue 13 item 6): a replica whose pod list the API server refuses (403: its own
+   ServiceAccount, bound to the manifests' ClusterRole without the pods rule) is alive, holds the
+   Lease, but is not ready and writes nothing from its half view; bound to the manifests' ClusterRole,
+   it lists the pods, turns ready and labels the node.
 """
 
 from __future__ import annotations
@@ -43,11 +49,13 @@ from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.fakekubelet import COMPLETE_AFTER
 from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
+from webhook.kube import inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpugate-system"
 ACCOUNT = "gpugate-balancer"
 LEASE = "gpugate-balancer"  # the Deployment's --lease-name: the only Lease the Role lets it read and renew
+INVENTORY = "gpugate-inventory"  # the only ConfigMap the Role lets it read and update
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 LEASE_SECONDS = 4
 FREE, LOAD = "gpugate.io/gpu-free", "gpugate.io/gpu-load"
@@ -120,6 +128,13 @@ class Replica:
     def api_errors(self) -> float:
         return self.metric("gpugate_balancer_api_errors_total")
 
+    def healthy(self) -> bool:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            return opener.open(f"http://127.0.0.1:{self.port}/healthz", timeout=2).status == 200
+        except OSError:
+            return False
+
     def ready(self) -> bool:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
@@ -155,10 +170,10 @@ def replicas(cluster: Cluster, balancer_rbac: str, tmp_path: Path) -> Iterator[A
         coordination.delete_namespaced_lease(LEASE, NAMESPACE)  # a clean start: no holder left by an earlier run
     except client.ApiException as error:
         assert error.status == 404
-    token = core.create_namespaced_service_account_token(ACCOUNT, NAMESPACE, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-    token_file = tmp_path / "token"
-    token_file.write_text(token)
+    try:
+        core.delete_namespaced_config_map(INVENTORY, NAMESPACE)  # ...and no inventory written before
+    except client.ApiException as error:
+        assert error.status == 404
     kubeconfig = yaml.safe_load(Path(cluster.kubeconfig).read_text())
     server_entry = kubeconfig["clusters"][0]["cluster"]
     ca_file = tmp_path / "ca.crt"
@@ -168,7 +183,11 @@ def replicas(cluster: Cluster, balancer_rbac: str, tmp_path: Path) -> Iterator[A
         ca_file.write_bytes(Path(server_entry["certificate-authority"]).read_bytes())
     started: list[Replica] = []
 
-    def start(identity: str, *, stream_lists: bool = True) -> Replica:
+    def start(identity: str, *, stream_lists: bool = True, account: str = ACCOUNT) -> Replica:
+        token = core.create_namespaced_service_account_token(account, NAMESPACE, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+        token_file = tmp_path / f"{identity}.token"
+        token_file.write_text(token)
         port = free_port()
         log = tmp_path / f"{identity}.log"
         config = tmp_path / f"{identity}.yaml"
@@ -187,6 +206,10 @@ def replicas(cluster: Cluster, balancer_rbac: str, tmp_path: Path) -> Iterator[A
     yield start
     for replica in started:
         replica.stop()
+    try:
+        core.delete_namespaced_config_map(INVENTORY, NAMESPACE)
+    except client.ApiException as error:
+        assert error.status == 404, error
 
 
 def node_labels(cluster: Cluster, name: str) -> dict[str, str]:
@@ -215,6 +238,16 @@ def lease_spec(cluster: Cluster) -> dict[str, Any] | None:
         assert error.status == 404, error
         return None
     return dict(json.loads(response.data).get("spec") or {})
+
+
+def inventory_of(cluster: Cluster) -> inventory.Inventory | None:
+    """The GPUInventory in the ConfigMap the balancer's leader writes (None while there is none)."""
+    try:
+        config_map = cluster.core().read_namespaced_config_map(INVENTORY, NAMESPACE)
+    except client.ApiException as error:
+        assert error.status == 404, error
+        return None
+    return inventory.parse((config_map.data or {})["inventory.json"])
 
 
 def micro(value: str) -> datetime:
@@ -257,6 +290,11 @@ def test_labels_follow_pods_as_they_bind_and_finish_with_only_the_manifests_rbac
     node = json.loads(core.read_node(gpu, _preload_content=False).data)
     managers = {(m["manager"], m["operation"]) for m in node["metadata"].get("managedFields") or []}
     assert ("gpugate-balancer", "Update") in managers, managers
+    found = wait_until(lambda: inventory_of(cluster), timeout=60, what="the leader's GPUInventory ConfigMap",
+                       explain=why)
+    resources = {offer.resource for offer in found.offers}
+    assert ("nvidia.com/gpu", "NVIDIA-H100-80GB-HBM3") in {(o.resource, o.product) for o in found.offers}, found
+    assert "nvidia.com/cx7_sriov_rdma" not in resources, found
     assert a.api_errors() == 0, why()  # a verb short in the manifests' RBAC is a 403 here
     assert a.metric("gpugate_balancer_relists_total") == 0
 
@@ -362,3 +400,52 @@ def test_a_replica_without_the_lease_writes_nothing_even_when_labels_are_due(
     wait_until(lambda: marks(cluster, gpu) == ("2", "busy"), timeout=30, what="the new holder's labels",
                explain=why)
     assert a.api_errors() == 0 and b.api_errors() == 0, why()
+
+
+def test_not_ready_and_silent_until_the_first_full_list_of_pods(
+        cluster: Cluster, nodes: Nodes, balancer_rbac: str, replicas: Any) -> None:
+    """Readiness (issue 13 item 6): a replica whose pod list the API server refuses is alive but not
+    ready, and writes nothing from its half view; once the manifests' ClusterRole is bound to it,
+    the list succeeds, it turns ready and labels the node."""
+    gpu = nodes.gpu(gpus=8)
+    documents = list(yaml.safe_load_all(balancer_rbac))
+    cluster_role = next(d for d in documents if d["kind"] == "ClusterRole")
+    role = next(d for d in documents if d["kind"] == "Role" and d["metadata"]["name"] == LEASE)
+    account = "e2e-balancer-no-pods"
+    subject = [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    no_pods = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": account},
+               "rules": [rule for rule in cluster_role["rules"] if "pods" not in rule["resources"]]}
+    assert len(no_pods["rules"]) == len(cluster_role["rules"]) - 1
+    objects = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": NAMESPACE}},
+        no_pods,
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": account},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
+         "subjects": subject},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": account, "namespace": NAMESPACE},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
+         "subjects": subject},
+    ]
+    granted = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": f"{account}-granted"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": cluster_role["metadata"]["name"]},
+               "subjects": subject}
+    _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    try:
+        r = replicas("e2e-no-pods", account=account)
+        why = explain(cluster, r)
+        wait_until(lambda: holder(cluster) == r.identity, timeout=60, what="the replica holding the Lease",
+                   explain=why)
+        wait_until(lambda: r.api_errors() >= 2, timeout=60, what="its pod list refused twice", explain=why)
+        assert r.healthy(), why()
+        assert not r.ready(), "ready although it never listed a pod"
+        assert marks(cluster, gpu) == (None, None), "labels written from a view without pods"
+        assert r.writes() == 0
+
+        _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(granted))
+        wait_until(r.ready, timeout=60, what="ready once it may list pods", explain=why)
+        wait_until(lambda: marks(cluster, gpu) == ("8", "idle"), timeout=60, what="its first labels", explain=why)
+    finally:
+        _kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=yaml.safe_dump_all([*objects, granted]))
