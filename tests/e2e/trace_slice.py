@@ -388,6 +388,15 @@ class Lockstep:
     disagreements: list[str] = field(default_factory=list)
     by_source: dict[str, list[int]] = field(default_factory=dict)
     """Per pod list: [agreed, decisions]."""
+    best_shares: list[float] = field(default_factory=list)
+    """Per decision with more than one feasible node: the model's best nodes / feasible nodes. The
+    smaller, the more a real choice among the best says (a scheduler picking any feasible node
+    would agree this often by chance)."""
+
+    @property
+    def chance(self) -> float:
+        """How often a random feasible node would be among the model's best, in %."""
+        return 100.0 * statistics.mean(self.best_shares) if self.best_shares else 100.0
 
     def count(self, source: str, agreed: bool) -> None:
         self.decisions += 1
@@ -400,6 +409,7 @@ class Lockstep:
         self.decisions += other.decisions
         self.agreed += other.agreed
         self.disagreements += other.disagreements
+        self.best_shares += other.best_shares
         for source, (agreed, decisions) in other.by_source.items():
             tally = self.by_source.setdefault(source, [0, 0])
             tally[0] += agreed
@@ -427,6 +437,8 @@ def lockstep(slice_: Slice, views: Sequence[PodView | None], real: Sequence[Outc
         best = set(nodes[total == total.max()].tolist()) if len(nodes) else set()
         chosen = None if outcome.node is None else index[outcome.node]
         agreed = (chosen is None and not best) or (chosen is not None and chosen in best)
+        if len(nodes) > 1:
+            result.best_shares.append(len(best) / len(nodes))
         result.count(source, agreed)
         if not agreed:
             result.disagreements.append(_explain(cluster, outcome, chosen, nodes, parts, best))
@@ -525,7 +537,8 @@ class Report:
                 f"[{arm.arm}] lockstep (model scoring the real state before each pod): real choice among the "
                 f"model's best in {arm.lockstep.agreed}/{arm.lockstep.decisions} ({arm.lockstep.percent:.1f}%); "
                 f"with v1.36 BalancedAllocation {arm.lockstep_v136.agreed}/{arm.lockstep_v136.decisions} "
-                f"({arm.lockstep_v136.percent:.1f}%)",
+                f"({arm.lockstep_v136.percent:.1f}%; a random feasible node would be among its best "
+                f"{arm.lockstep_v136.chance:.0f}% of the time)",
                 f"[{arm.arm}] model with v1.36 BalancedAllocation ({len(arm.model_v136_allocs)} seeds): "
                 f"alloc {_spread(arm.model_v136_allocs)}; "
                 f"difference real - model {arm.real_alloc - statistics.median(arm.model_v136_allocs):+.2f} points",
