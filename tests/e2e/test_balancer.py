@@ -104,6 +104,17 @@ def balancer_rbac(cluster: Cluster) -> Iterator[str]:
         _kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=text)
         if created_namespace:
             core.delete_namespace(NAMESPACE)
+            # Gone before the next module may create it again (a terminating namespace refuses objects).
+            wait_until(lambda: _namespace_gone(core), timeout=120, what=f"namespace {NAMESPACE} to be deleted")
+
+
+def _namespace_gone(core: client.CoreV1Api) -> bool:
+    try:
+        core.read_namespace(NAMESPACE)
+    except client.ApiException as error:
+        assert error.status == 404, error
+        return True
+    return False
 
 
 class Replica:
