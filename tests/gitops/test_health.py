@@ -20,7 +20,8 @@ from webhook.commands import argocd as argocd_cmd
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_DIR = REPO / "argocd" / "health"
 PATCH_FILE = REPO / "argocd" / "install" / "argocd-cm-health.yaml"
-REQUIRED_KINDS = ("nvidia.com/ClusterPolicy", "nvidia.com/NVIDIADriver", "argoproj.io/Application")
+REQUIRED_KINDS = ("nvidia.com/ClusterPolicy", "nvidia.com/NVIDIADriver", "argoproj.io/Application",
+                  "apiextensions.k8s.io/CustomResourceDefinition")
 
 
 def _patch_data() -> dict[str, str]:
@@ -45,7 +46,7 @@ CASES = _cases()
 
 
 def test_every_required_kind_has_a_tested_check():
-    """ClusterPolicy, NVIDIADriver and Application each have a script and test cases."""
+    """ClusterPolicy, NVIDIADriver, Application and CustomResourceDefinition each have a script and cases."""
     for group_kind in REQUIRED_KINDS:
         kind_dir = HEALTH_DIR / group_kind
         assert (kind_dir / "health.lua").is_file(), group_kind
@@ -92,6 +93,103 @@ def test_clusterpolicy_error_condition_false_does_not_degrade():
     obj = {"status": {"state": "notReady", "conditions": [
         {"type": "Error", "status": "False", "reason": "ReconcileFailed", "message": "old"}]}}
     assert run_health(script, obj, open_libs=False)["status"] == "Progressing"
+
+
+# --- CustomResourceDefinition: what the apiextensions-apiserver writes ----------------------
+
+CRD_DIR = HEALTH_DIR / "apiextensions.k8s.io" / "CustomResourceDefinition"
+APIEXTENSIONS = "staging/src/k8s.io/apiextensions-apiserver/pkg/"
+CRD_WRITES = {
+    # controller/status/naming_controller.go calculateNamesAndConditions
+    ("NamesAccepted", "True", "NoConflicts"),
+    *{("NamesAccepted", "False", reason) for reason in (
+        "PluralConflict", "SingularConflict", "ShortNamesConflict", "KindConflict", "ListKindConflict")},
+    ("Established", "False", "NotAccepted"),
+    ("Established", "False", "Installing"),
+    # controller/establish/establishing_controller.go sync
+    ("Established", "True", "InitialNamesAccepted"),
+    ("Established", "False", "InvalidCABundle"),
+    # controller/nonstructuralschema/nonstructuralschema_controller.go calculateCondition
+    ("NonStructuralSchema", "True", "Violations"),
+    ("NonStructuralSchema", "Unknown", "StructuralError"),
+    # registry/customresourcedefinition/etcd.go Delete; controller/finalizer/crd_finalizer.go sync
+    ("Terminating", "True", "InstanceDeletionPending"),
+    ("Terminating", "True", "InstanceDeletionInProgress"),
+    ("Terminating", "True", "InstanceDeletionFailed"),
+    ("Terminating", "True", "InstanceDeletionCheck"),
+    ("Terminating", "False", "InstanceDeletionCompleted"),
+    ("Terminating", "False", "NeverEstablished"),
+    ("Terminating", "False", "OverlappingBuiltInResource"),
+}
+"""(type, status, reason) of every CRD condition the apiextensions-apiserver writes, transcribed
+from kubernetes/kubernetes ``staging/src/k8s.io/apiextensions-apiserver/pkg/``: the naming
+controller (``controller/status``), the establishing controller (``controller/establish``), the
+NonStructuralSchema controller, the registry's Delete and the CRD finalizer."""
+
+
+def _crd(name: str) -> dict:
+    return yaml.safe_load((CRD_DIR / "testdata" / name).read_text())
+
+
+def _crd_health(obj: dict) -> dict:
+    return run_health((CRD_DIR / "health.lua").read_text(), obj, open_libs=False)
+
+
+@pytest.mark.parametrize("path", sorted((CRD_DIR / "testdata").glob("*.yaml")), ids=lambda p: p.name)
+def test_crd_fixtures_are_what_the_apiextensions_apiserver_writes(path):
+    """Each fixture names the apiextensions-apiserver code that writes it (``# Written by:``, a path
+    under staging/src/k8s.io/apiextensions-apiserver/pkg/) and carries only conditions it writes."""
+    header = path.read_text().split("\napiVersion:")[0]
+    assert header.startswith(f"# Written by: {APIEXTENSIONS}"), path.name
+    cited = header.split()[3].removeprefix(APIEXTENSIONS)
+    assert cited.startswith(("controller/status/", "controller/establish/", "controller/nonstructuralschema/",
+                             "controller/finalizer/", "registry/customresourcedefinition/")), cited
+    conditions = yaml.safe_load(path.read_text())["status"].get("conditions") or []
+    for c in conditions:
+        assert (c["type"], c["status"], c["reason"]) in CRD_WRITES, (path.name, c)
+    assert len({c["type"] for c in conditions}) == len(conditions), "one condition per type (SetCRDCondition)"
+
+
+def test_a_new_crd_goes_progressing_then_healthy_and_is_never_degraded():
+    """The API server's writes for a new CRD, in order: the empty status of PrepareForCreate
+    (registry/customresourcedefinition/strategy.go), the naming controller's NamesAccepted=True
+    with Established=False/Installing (controller/status/naming_controller.go), the establishing
+    controller's Established=True (controller/establish/establishing_controller.go). Argo CD
+    v3.2.11's built-in check is Degraded on the second; ours is Progressing until the third."""
+    seen = [_crd_health(_crd(name))["status"] for name in
+            ("progressing_noConditions.yaml", "progressing_installing.yaml", "healthy_established.yaml")]
+    assert seen == ["Progressing", "Progressing", "Healthy"]
+
+
+@pytest.mark.parametrize("status", [
+    None,
+    {},
+    {"conditions": []},
+    {"conditions": [{"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"}]},
+    {"conditions": [{"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"},
+                    {"type": "Established", "status": "Unknown"}]},
+    {"conditions": [{"type": "NamesAccepted", "status": "Unknown"},
+                    {"type": "Established", "status": "False", "reason": "Installing"}]},
+    {"conditions": [{"type": "Established", "status": "False", "reason": "Installing"}]},
+], ids=["no status", "empty status", "no conditions", "names only", "Established Unknown",
+        "NamesAccepted Unknown", "Established only"])
+def test_a_crd_not_established_yet_is_progressing(status):
+    """Not Established (yet) and no condition saying why it never will be: Progressing, never
+    Degraded, whatever part of the status is written (also states the API server does not write)."""
+    obj = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": "nvidiadrivers.nvidia.com"}}
+    if status is not None:
+        obj["status"] = status
+    assert _crd_health(obj)["status"] == "Progressing"
+
+
+def test_a_crd_marked_for_deletion_is_progressing_before_any_condition_says_so():
+    """A deletionTimestamp alone is enough (Argo CD's built-in check does the same): the registry's
+    Delete writes it with Terminating=True (registry/customresourcedefinition/etcd.go), and an
+    object may show only the former; an Established=True does not make a terminating CRD Healthy."""
+    obj = _crd("healthy_established.yaml")
+    obj["metadata"]["deletionTimestamp"] = "2026-08-29T14:20:05Z"
+    assert _crd_health(obj) == {"status": "Progressing", "message": "CRD is terminating"}
 
 
 # --- the sandbox itself: it must be as strict as argocd-cm ------------------------------
@@ -141,7 +239,7 @@ def test_patch_installs_each_script_verbatim_and_no_open_libs():
     """Each data entry is the file's text; none of our scripts needs string/math."""
     data = _patch_data()
     scripts = sorted(HEALTH_DIR.glob("*/*/health.lua"))
-    assert len(scripts) == 3
+    assert len(scripts) == 4
     for path in scripts:
         key = f"{path.parent.parent.name}_{path.parent.name}"
         assert data[f"resource.customizations.health.{key}"] == path.read_text()
