@@ -69,9 +69,10 @@ SERVICE_MONITOR_CRD: Obj = {
 }
 CONTROLLER_ARGS = (
     # Every push is followed by the refresh a Git webhook makes, so the resync only matters for
-    # health Argo CD does not recompute on its own: a CRD's "CRD is not established" (Degraded,
-    # built-in health) right after its creation was seen sticking on the app until the next
-    # resync (default 120 s + up to 60 s jitter); 15 s without jitter keeps the module short.
+    # health Argo CD does not recompute on its own: a CRD's health right after its creation (then
+    # Degraded by Argo CD's built-in check, now Progressing by ours) was seen sticking on the app
+    # until the next resync (default 120 s + up to 60 s jitter); 15 s without jitter keeps the
+    # module short.
     "--app-resync", "15", "--app-resync-jitter", "0",
     # Self-heal as soon as drift is seen (defaults: 2 s, x3, capped at 300 s).
     "--self-heal-backoff-timeout-seconds", "1", "--self-heal-backoff-factor", "1",
