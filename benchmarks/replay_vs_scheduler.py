@@ -9,8 +9,8 @@ starter policies/ and the real balancer, and sends the slice's pods one at a tim
 then runs `gpugate replay`'s model on the same nodes and pods in the same order
 (tests/e2e/trace_slice.py says how the two are kept comparable). Prints, per arm: both GPU
 allocations, their difference, how many pods landed on the same node and on the same node class,
-and how often the real choice is one the model would make from the same state (lockstep), as
-shipped and with kube-scheduler v1.36's BalancedAllocation; with several pod lists, lockstep per list.
+and how often the real choice is one the model would make from the same state (lockstep); with
+several pod lists, lockstep per list.
 ``--pod-files all`` takes an equal share of pods from every pod list of the trace (what
 tests/e2e/test_replay_fidelity.py runs: ``--pods 288 --pod-files all``). Asserts nothing;
 the test holds the bounds.

@@ -91,9 +91,6 @@ from webhook.replay.model import (
     PodView,
     Profile,
     binpack_profile,
-    node_affinity_score,
-    resources_fit_score,
-    taint_toleration_score,
 )
 from webhook.replay.records import MILLI, NodeRecord, PodRecord
 from webhook.replay.runner import Admission
@@ -102,8 +99,6 @@ from webhook.replay.trace import DEFAULT_POD_FILE, NODE_FILE, load_nodes, load_p
 TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
 NODE_PODS = 500
 ARMS = ("gpugate", "stock")
-SHIPPED_SEEDS = 10
-"""Seeds of the model as shipped (reported, not bounded); the v1.36 what-if runs every seed asked."""
 
 
 # --- the slice -----------------------------------------------------------------------------------
@@ -334,37 +329,6 @@ def run_model(slice_: Slice, views: Sequence[PodView | None], seed: int,
     return placed
 
 
-def balanced_allocation_v136(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
-    """NodeResourcesBalancedAllocation as kube-scheduler v1.36.3 scores it: the change in balance.
-
-    framework/plugins/noderesources/balanced_allocation.go, ``balancedResourceScorer``:
-    ``MaxNodeScore/2 + (MaxNodeScore/2 + scoreWithPod - scoreWithoutPod)/2``, each score
-    ``int64((1 - std) * 100)`` over cpu and memory fractions (capped at 1) of actual requests,
-    without and with the pod. Best-effort pods are skipped (PreScore returns Skip).
-    """
-    demand, state = pod.demand, cluster.state
-    if demand.cpu == 0 and demand.memory == 0:
-        return np.zeros(len(nodes), dtype=np.int64)
-    cpu_cap = np.maximum(state.cpu_cap[nodes], 1)
-    mem_cap = np.maximum(state.mem_cap[nodes], 1)
-
-    def balance(cpu: np.ndarray, memory: np.ndarray) -> np.ndarray:
-        std = np.abs(np.minimum(cpu / cpu_cap, 1.0) - np.minimum(memory / mem_cap, 1.0)) / 2
-        return ((1.0 - std) * 100).astype(np.int64)
-
-    with_pod = balance(state.cpu_used[nodes] + demand.cpu, state.mem_used[nodes] + demand.memory)
-    without = balance(state.cpu_used[nodes], state.mem_used[nodes])
-    return 50 + (50 + with_pod - without) // 2
-
-
-PROFILE_V136 = Profile(
-    name=DEFAULT_PROFILE.name,
-    filters=DEFAULT_PROFILE.filters,
-    scores=((taint_toleration_score, 3), (node_affinity_score, 2),
-            (resources_fit_score("LeastAllocated", (("cpu", 1), ("memory", 1))), 1),
-            (balanced_allocation_v136, 1)),
-)
-"""The model's default profile with only BalancedAllocation replaced by v1.36's (a what-if, here only)."""
 
 
 def scores(profile: Profile, cluster: KubeCluster, view: PodView) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -485,8 +449,6 @@ class ArmReport:
     """Per (model seed, real run): pods placed on the very node the real scheduler chose."""
     same_class: list[int]
     lockstep: Lockstep
-    lockstep_v136: Lockstep
-    model_v136_allocs: list[float]
 
     @property
     def real_alloc(self) -> float:
@@ -535,24 +497,15 @@ class Report:
                 f"[{arm.arm}] same node as the real run: median {statistics.median(arm.same_node):.0f}/{m} pods; "
                 f"same node class: median {statistics.median(arm.same_class):.0f}/{m}",
                 f"[{arm.arm}] lockstep (model scoring the real state before each pod): real choice among the "
-                f"model's best in {arm.lockstep.agreed}/{arm.lockstep.decisions} ({arm.lockstep.percent:.1f}%); "
-                f"with v1.36 BalancedAllocation {arm.lockstep_v136.agreed}/{arm.lockstep_v136.decisions} "
-                f"({arm.lockstep_v136.percent:.1f}%; a random feasible node would be among its best "
-                f"{arm.lockstep_v136.chance:.0f}% of the time)",
-                f"[{arm.arm}] model with v1.36 BalancedAllocation ({len(arm.model_v136_allocs)} seeds): "
-                f"alloc {_spread(arm.model_v136_allocs)}; "
-                f"difference real - model {arm.real_alloc - statistics.median(arm.model_v136_allocs):+.2f} points",
+                f"model's best in {arm.lockstep.agreed}/{arm.lockstep.decisions} ({arm.lockstep.percent:.1f}%; "
+                f"a random feasible node would be among its best {arm.lockstep.chance:.0f}% of the time)",
             ]
             if len(self.spec.pod_files) > 1:
-                lines.append(f"[{arm.arm}] lockstep per pod list (as shipped | v1.36 BalancedAllocation): " + ", ".join(
-                    f"{source.removeprefix('openb_pod_list_').removesuffix('.csv')} {a}/{d} | {b}/{e}"
-                    for source, ((a, d), (b, e)) in sorted(
-                        (source, (tally, arm.lockstep_v136.by_source.get(source, [0, 0])))
-                        for source, tally in arm.lockstep.by_source.items())))
+                lines.append(f"[{arm.arm}] lockstep per pod list: " + ", ".join(
+                    f"{source.removeprefix('openb_pod_list_').removesuffix('.csv')} {a}/{d}"
+                    for source, (a, d) in sorted(arm.lockstep.by_source.items())))
             for example in arm.lockstep.disagreements[:examples]:
                 lines.append(f"[{arm.arm}]   e.g. {example}")
-            for example in arm.lockstep_v136.disagreements[:examples]:
-                lines.append(f"[{arm.arm}]   with v1.36 BalancedAllocation: {example}")
         lines.append(f"wall time {self.seconds:.0f} s")
         return "\n".join(lines)
 
@@ -562,11 +515,8 @@ def compare(arm: str, slice_: Slice, views: Sequence[PodView | None], reals: Seq
     """The model over ``seeds`` seeds against the real run(s) of one arm."""
     gpus = [o.gpus for o in reals[0]]
     real_nodes = [[o.node for o in real] for real in reals]
-    allocs, failed, same, same_class, v136 = [], [], [], [], []
+    allocs, failed, same, same_class = [], [], [], []
     for seed in range(seeds):
-        v136.append(allocation(slice_, run_model(slice_, views, seed, PROFILE_V136), gpus))
-        if seed >= SHIPPED_SEEDS:
-            continue
         placed = run_model(slice_, views, seed)
         allocs.append(allocation(slice_, placed, gpus))
         failed.append(sum(1 for node in placed if node is None))
@@ -574,14 +524,13 @@ def compare(arm: str, slice_: Slice, views: Sequence[PodView | None], reals: Seq
             pairs = [(a, b) for a, b in zip(placed, nodes_, strict=True) if a is not None]
             same.append(sum(1 for a, b in pairs if a == b))
             same_class.append(sum(1 for a, b in pairs if slice_.node_class(a) == slice_.node_class(b)))
-    steps, steps_v136 = Lockstep(), Lockstep()
+    steps = Lockstep()
     for real in reals:
         steps.add(lockstep(slice_, views, real))
-        steps_v136.add(lockstep(slice_, views, real, PROFILE_V136))
     return ArmReport(arm=arm, real_allocs=[allocation(slice_, nodes_, gpus) for nodes_ in real_nodes],
                      real_failed=[sum(1 for node in nodes_ if node is None) for nodes_ in real_nodes],
                      real_seconds=real_seconds, model_allocs=allocs, model_failed=failed, same_node=same,
-                     same_class=same_class, lockstep=steps, lockstep_v136=steps_v136, model_v136_allocs=v136)
+                     same_class=same_class, lockstep=steps)
 
 
 def fidelity(cluster: Cluster, workdir: Path, spec: SliceSpec, *, arms: Sequence[str] = ARMS, repeats: int = 1,

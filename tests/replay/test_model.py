@@ -112,11 +112,28 @@ def test_least_allocated_and_balanced_allocation_use_kube_scheduler_arithmetic()
     nodes = np.array([0, 1])
     # cpu (32-8)/32 -> 75, memory (64-16)/64 -> 75; node 1 cpu (32-24)/32 -> 25: (25+75)//2 = 50
     assert model.LEAST_ALLOCATED(kc, view, nodes).tolist() == [75, 50]
-    # fractions 0.25/0.25 -> 100; 0.75/0.25 -> std 0.25 -> 75
-    assert model.balanced_allocation_score(kc, view, nodes).tolist() == [100, 75]
+    # v1.36 scores the change in balance: 50 + (50 + with - without) // 2. Node 0 is balanced before
+    # (100) and after (0.25/0.25 -> 100), node 1 unbalanced before (0.5/0 -> 75) and after
+    # (0.75/0.25 -> 75): both 75, where the pre-v1.36 score (balance after only) said 100 and 75.
+    assert model.balanced_allocation_score(kc, view, nodes).tolist() == [75, 75]
     # A container without requests counts as 100m / 200MB in the fit score.
     bare = demand.view({"spec": {"containers": [{"name": "c"}]}})
     assert (bare.demand.cpu, bare.demand.cpu_score) == (0, 100)
+
+
+def test_balanced_allocation_rewards_the_node_whose_balance_the_pod_improves() -> None:
+    """kube-scheduler v1.36 (noderesources/balanced_allocation.go, balancedResourceScorer) scores
+    the change: a node the pod brings into balance 87, an empty node it unbalances 62 (the
+    pre-v1.36 balance-after score gave 100 and 75, and 100 to every already balanced node)."""
+    kc = cluster(nodes=2)
+    kc.state.mem_used[1] = 32 * 2**30                      # node 1: memory 0.5, cpu 0
+    view = demand.view(pod(cpu="16", memory="0"))           # cpu 0.5
+    scores = model.balanced_allocation_score(kc, view, np.array([0, 1])).tolist()
+    # node 0: 100 -> 75 (0.5/0): 50 + 25 // 2 = 62; node 1: 75 -> 100 (0.5/0.5): 50 + 75 // 2 = 87
+    assert scores == [62, 87]
+    # A best-effort pod is skipped (PreScore returns Skip): no score on any node.
+    empty = demand.view({"spec": {"containers": [{"name": "c"}]}})
+    assert model.balanced_allocation_score(kc, empty, np.array([0, 1])).tolist() == [0, 0]
 
 
 def test_most_allocated_weighs_gpus_only_for_pods_that_request_them() -> None:
