@@ -110,21 +110,20 @@ def test_a_gpu_pod_leaves_the_product_that_constrained_pods_need_even_when_fgd_p
     assert scoring.context([scarce, *plenty], plain).pressure == {}
 
 
-def test_a_cpu_pod_takes_cpu_that_idle_gpus_will_not_need_and_the_tightest_such_node() -> None:
-    """Equal FGD scores (no typical shape stops fitting anywhere): the cpu surplus decides."""
-    mix = ShapeMix((Shape(8000, 1000, 1), Shape(4000)), (0.5, 0.5))     # 8 cores per GPU
-    eight = NodeView.empty("eight", cpu=80_000, memory=2**40, product="X", gpus=8)     # 16 cores spare
-    two = NodeView.empty("two", cpu=104_000, memory=2**40, product="X", gpus=2)       # 88 cores spare
-    tight = NodeView.empty("tight", cpu=72_000, memory=2**40, product="X", gpus=8)    # 8 cores spare
-    short = NodeView.empty("short", cpu=64_000, memory=2**40, product="X", gpus=8)    # none spare
-    nodes = [eight, two, tight, short]
+def test_a_cpu_pod_takes_the_cpu_of_the_product_gpu_pods_are_steered_away_from() -> None:
+    """Among equal FGD scores a CPU pod prefers the product with the most type pressure: GPU pods
+    leave it to the constrained pods, which take few of its cores; without constraints, best fit."""
+    mix = ShapeMix((Shape(4000, 1000, 1), Shape(4000, 1000, 1, ("T4",)), Shape(4000)), (0.4, 0.3, 0.3))
+    t4 = NodeView.empty("t4", cpu=104_000, memory=2**40, product="T4", gpus=2)
+    g2 = NodeView.empty("g2", cpu=96_000, memory=2**40, product="G2", gpus=8)
+    g2_fuller = NodeView(name="g2-fuller", cpu=96_000, memory=2**40, product="G2", gpus=8, cpu_requested=8000,
+                         left=(1000,) + (0,) * 7)
+    nodes = [t4, g2, g2_fuller]
     fragmenter = Fragmenter(mix)
     pod = PodDemand(cpu=4000)
     where = scoring.context(nodes, mix)
-    assert where.cpu_per_milli == 8.0
-    fgd = {fragmenter.points(n.product, n.signature, n.cpu_left, pod.cpu, 0, 0) for n in nodes}
-    assert len(fgd) == 1                                         # FGD cannot tell them apart
-    scores = scoring.prioritize(pod, nodes, fragmenter, where=where)
-    # Tightest node that keeps the GPUs' cpu first, then the others that keep it, the one that
-    # must give up GPU cpu last.
-    assert scores == [9, 8, 10, 7]
+    assert where.pressure["T4"] > where.pressure.get("G2", 0)
+    assert len({fragmenter.points(n.product, n.signature, n.cpu_left, pod.cpu, 0, 0) for n in nodes}) == 1
+    assert scoring.prioritize(pod, nodes, fragmenter, where=where) == [10, 8, 9]
+    plain = ShapeMix((Shape(4000, 1000, 1), Shape(4000)), (0.7, 0.3))
+    assert scoring.prioritize(pod, nodes, Fragmenter(plain), where=scoring.context(nodes, plain)) == [9, 8, 10]

@@ -89,9 +89,6 @@ class Context:
     per_cpu: float = 0.0
     per_milli: float = 0.0
     pressure: dict[str, int] = field(default_factory=dict)
-    cpu_per_milli: float = 0.0
-    """Millicores the mix's GPU shapes ask per GPU thousandth: what a node's idle GPUs will want of its cpu."""
-    surplus_scale: float = 0.0
 
 
 def pressures(nodes: Iterable[NodeView], mix: ShapeMix) -> dict[str, int]:
@@ -129,11 +126,8 @@ def context(nodes: Iterable[NodeView], mix: ShapeMix) -> Context:
     cpu = max((node.cpu for node in listed), default=1)
     gpus = max((node.gpus for node in listed), default=1)
     half = 0.5 * (1 << _FIT_BITS)
-    gpu_weight = sum(w * s.gpus * s.milli for s, w in zip(mix.shapes, mix.weights, strict=True) if s.wants_gpu)
-    gpu_cpu = sum(w * s.cpu for s, w in zip(mix.shapes, mix.weights, strict=True) if s.wants_gpu)
     return Context(per_cpu=half / max(1, cpu), per_milli=half / (max(1, gpus) * MILLI),
-                   pressure=pressures(listed, mix), cpu_per_milli=gpu_cpu / gpu_weight if gpu_weight else 0.0,
-                   surplus_scale=(_PRESSURE_LEVELS // 2) / max(1, cpu))
+                   pressure=pressures(listed, mix))
 
 
 def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeView],
@@ -149,12 +143,10 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
     if demand.mig:
         return [_mig_key(demand, node, where) for node in nodes]
     per_cpu, per_milli, pressure = where.per_cpu, where.per_milli, where.pressure
-    cpu_per_milli, scale = where.cpu_per_milli, where.surplus_scale
     cpu, gpus, share, memory, milli = demand.cpu, demand.gpus, demand.share_milli, demand.memory, demand.gpu_milli
     thresholds, memo, points = fragmenter.thresholds, fragmenter.memo, fragmenter.points
     top = (1 << _FIT_BITS) - 1
     calm = _PRESSURE_LEVELS - 1
-    middle = _PRESSURE_LEVELS // 2
     keys: list[int] = []
     append = keys.append
     for node in nodes:
@@ -176,12 +168,9 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
             # A GPU pod: low type pressure first, then FGD's score, then best fit.
             append((((((calm - pressure.get(product, 0)) << _POINT_BITS) | found)) << _FIT_BITS) | fit)
         else:
-            # A CPU pod: FGD's score, then a node whose idle GPUs keep the cpu they will need (the
-            # tightest such node), else the one that takes least of it; then best fit.
-            spare = (left - cpu - node.gpu_free * cpu_per_milli) * scale
-            level = (calm - int(spare) if spare < middle else middle) if spare >= 0 else \
-                (middle - 1 + int(spare) if spare > -middle else 0)
-            append((((found << 10) | level) << _FIT_BITS) | fit)
+            # A CPU pod: FGD's score, then the product constrained GPU pods need most (the cpu that GPU
+            # pods steered away from it leave idle), then best fit.
+            append((((found << 10) | pressure.get(product, 0)) << _FIT_BITS) | fit)
     return keys
 
 
