@@ -47,6 +47,7 @@ from kubernetes import client
 
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.fakekubelet import COMPLETE_AFTER
+from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 from webhook.kube import inventory
@@ -90,31 +91,12 @@ def balancer_rbac(cluster: Cluster) -> Iterator[str]:
     assert {d["kind"] for d in docs} == set(RBAC_KINDS)
     text = yaml.safe_dump_all(docs)
     core = cluster.core()
-    created_namespace = False
-    try:
-        core.read_namespace(NAMESPACE)
-    except client.ApiException as error:
-        assert error.status == 404
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
-        created_namespace = True
-    _kubectl(cluster, "apply", "-f", "-", stdin=text)
-    try:
-        yield text
-    finally:
-        _kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=text)
-        if created_namespace:
-            core.delete_namespace(NAMESPACE)
-            # Gone before the next module may create it again (a terminating namespace refuses objects).
-            wait_until(lambda: _namespace_gone(core), timeout=120, what=f"namespace {NAMESPACE} to be deleted")
-
-
-def _namespace_gone(core: client.CoreV1Api) -> bool:
-    try:
-        core.read_namespace(NAMESPACE)
-    except client.ApiException as error:
-        assert error.status == 404, error
-        return True
-    return False
+    with shared_namespace(core, NAMESPACE):
+        _kubectl(cluster, "apply", "-f", "-", stdin=text)
+        try:
+            yield text
+        finally:
+            _kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=text)
 
 
 class Replica:

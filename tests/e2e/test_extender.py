@@ -46,6 +46,7 @@ from cryptography import x509
 from kubernetes import client
 
 from tests.e2e.cluster import Cluster, Nodes
+from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import find, kustomize
@@ -307,60 +308,52 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
     rbac = [d for d in documents if d["kind"] in CERTS_KINDS and d["metadata"]["name"] == account]
     assert {d["kind"] for d in rbac} == set(CERTS_KINDS)
     core = local.core()
-    created_namespace = False
-    try:
-        core.read_namespace(SYSTEM)
-    except client.ApiException as error:
-        assert error.status == 404
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=SYSTEM)))
-        created_namespace = True
     text = yaml.safe_dump_all(rbac)
-    subprocess.run(["kubectl", "--kubeconfig", str(local.kubeconfig), "apply", "-f", "-"], input=text, text=True,
-                   check=True, capture_output=True, timeout=60)
-    try:
-        [container] = job["spec"]["template"]["spec"]["containers"]
-        secret_ref = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--secret="))
-        secret_namespace, secret_name = secret_ref.split("/")
+    with shared_namespace(core, SYSTEM):
+        subprocess.run(["kubectl", "--kubeconfig", str(local.kubeconfig), "apply", "-f", "-"], input=text, text=True,
+                       check=True, capture_output=True, timeout=60)
         try:
-            core.delete_namespaced_secret(secret_name, secret_namespace)
-        except client.ApiException as error:
-            assert error.status == 404
-        token = core.create_namespaced_service_account_token(account, SYSTEM, client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
-        admin = yaml.safe_load(Path(local.kubeconfig).read_text())
-        kubeconfig = workdir / "certs-job.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
-            "users": [{"name": account, "user": {"token": token}}],
-            "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
-            "current-context": account}))
-        gpugate = Path(sys.executable).with_name("gpugate")
-        assert container["command"][0] == "gpugate"
+            [container] = job["spec"]["template"]["spec"]["containers"]
+            secret_ref = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--secret="))
+            secret_namespace, secret_name = secret_ref.split("/")
+            try:
+                core.delete_namespaced_secret(secret_name, secret_namespace)
+            except client.ApiException as error:
+                assert error.status == 404
+            token = core.create_namespaced_service_account_token(account, SYSTEM, client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
+            admin = yaml.safe_load(Path(local.kubeconfig).read_text())
+            kubeconfig = workdir / "certs-job.kubeconfig"
+            kubeconfig.write_text(yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+                "users": [{"name": account, "user": {"token": token}}],
+                "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
+                "current-context": account}))
+            gpugate = Path(sys.executable).with_name("gpugate")
+            assert container["command"][0] == "gpugate"
 
-        def run() -> subprocess.CompletedProcess[str]:
-            return subprocess.run([str(gpugate), *container["command"][1:], *container["args"]], text=True,
-                                  capture_output=True, timeout=120,
-                                  env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+            def run() -> subprocess.CompletedProcess[str]:
+                return subprocess.run([str(gpugate), *container["command"][1:], *container["args"]], text=True,
+                                      capture_output=True, timeout=120,
+                                      env={**os.environ, "KUBECONFIG": str(kubeconfig)})
 
-        first = run()
-        assert first.returncode == 0, first.stderr + first.stdout
-        stored = core.read_namespaced_secret(secret_name, secret_namespace)
-        assert stored.type == "kubernetes.io/tls" and {"ca.crt", "tls.crt", "tls.key"} <= set(stored.data)
-        cert = x509.load_pem_x509_certificate(base64.b64decode(stored.data["tls.crt"]))
-        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-            x509.DNSName)
-        config = scheduler_configuration()
-        assert urlsplit(config["extenders"][0]["urlPrefix"]).hostname in names, names
-        second = run()
-        assert second.returncode == 0, second.stderr + second.stdout
-        again = core.read_namespaced_secret(secret_name, secret_namespace)
-        assert again.metadata.resource_version == stored.metadata.resource_version, "a valid certificate is kept"
-    finally:
-        subprocess.run(["kubectl", "--kubeconfig", str(local.kubeconfig), "delete", "--ignore-not-found", "-f", "-"],
-                       input=text, text=True, capture_output=True, timeout=60)
-        try:
-            core.delete_namespaced_secret("gpugate-balancer-tls", SYSTEM)
-        except client.ApiException:
-            pass
-        if created_namespace:
-            core.delete_namespace(SYSTEM)
+            first = run()
+            assert first.returncode == 0, first.stderr + first.stdout
+            stored = core.read_namespaced_secret(secret_name, secret_namespace)
+            assert stored.type == "kubernetes.io/tls" and {"ca.crt", "tls.crt", "tls.key"} <= set(stored.data)
+            cert = x509.load_pem_x509_certificate(base64.b64decode(stored.data["tls.crt"]))
+            names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+                x509.DNSName)
+            config = scheduler_configuration()
+            assert urlsplit(config["extenders"][0]["urlPrefix"]).hostname in names, names
+            second = run()
+            assert second.returncode == 0, second.stderr + second.stdout
+            again = core.read_namespaced_secret(secret_name, secret_namespace)
+            assert again.metadata.resource_version == stored.metadata.resource_version, "a valid certificate is kept"
+        finally:
+            subprocess.run(["kubectl", "--kubeconfig", str(local.kubeconfig), "delete", "--ignore-not-found",
+                            "-f", "-"], input=text, text=True, capture_output=True, timeout=60)
+            try:
+                core.delete_namespaced_secret("gpugate-balancer-tls", SYSTEM)
+            except client.ApiException:
+                pass

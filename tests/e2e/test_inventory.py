@@ -33,6 +33,7 @@ import yaml
 from kubernetes import client
 
 from tests.e2e.cluster import Cluster, Nodes
+from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
@@ -112,20 +113,12 @@ def balancer_rbac(local: Cluster) -> Iterator[None]:
     assert {d["kind"] for d in docs} == set(RBAC_KINDS)
     text = yaml.safe_dump_all(docs)
     core = local.core()
-    created_namespace = False
-    try:
-        core.read_namespace(NAMESPACE)
-    except client.ApiException as error:
-        assert error.status == 404
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
-        created_namespace = True
-    _kubectl(local, "apply", "-f", "-", stdin=text)
-    try:
-        yield
-    finally:
-        _kubectl(local, "delete", "--ignore-not-found", "-f", "-", stdin=text)
-        if created_namespace:
-            core.delete_namespace(NAMESPACE)
+    with shared_namespace(core, NAMESPACE):
+        _kubectl(local, "apply", "-f", "-", stdin=text)
+        try:
+            yield
+        finally:
+            _kubectl(local, "delete", "--ignore-not-found", "-f", "-", stdin=text)
 
 
 class Balancer:
