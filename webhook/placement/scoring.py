@@ -21,12 +21,12 @@ Each candidate gets a key, compared as a tuple. For a pod that uses GPUs (whole 
    (the artifact's BestFit normaliser). The FGD artifact breaks its ties in a fixed node order,
    which packs; kube-scheduler would break them with LeastAllocated, which spreads.
 
-For a CPU-only pod: FGD's score, then cpu surplus, then best fit. The surplus is the cpu the
-node has left after the pod beyond what its idle GPUs will ask (idle thousandths times the mix's
-cpu per GPU thousandth, ``Context.cpu_per_milli``); the largest wins. FGD scores a CPU pod 50 on
-every node where no typical shape's cpu stops fitting, so without it CPU pods filled the cpu of
-8-GPU nodes while 2-GPU nodes with 104 cores stayed at a third of their cpu, and GPU pods later
-found GPUs without cpu (docs/placement.md).
+For a CPU-only pod: FGD's score, then the type pressure of the node's product (the highest
+first), then best fit. FGD scores a CPU pod alike on every node where no typical shape's cpu stops
+fitting; among those, the nodes of a product that unconstrained GPU pods are steered away from
+(point 1) are where cpu stays idle, since only the few pods pinned to that product will ask for it.
+Without a constrained product it is best fit. (An earlier key, the cpu a node has beyond what its
+idle GPUs will ask, did worse on every pod list measured: docs/placement.md.)
 
 Eleven levels are coarse for such a key, so the levels are a rank, not a rescaling: the best
 distinct key gets 10, the next 9, and so on; the 11th and later get 0. With a weight whose level
