@@ -63,6 +63,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import jsonpatch
 import orjson
 
+from tests.kubeversion import KUBERNETES_MINOR
+
 try:
     import pytest
 except ImportError:  # benchmarks/balancer_scale.py runs the fake without the test extra
@@ -871,7 +873,9 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.fake
         parts = [p for p in path.split("/") if p]
         if parts == ["version"]:
-            self._send(200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-kubefake"})
+            # The cluster gpugate targets (stack.yaml cluster.kubernetesVersion).
+            self._send(200, {"major": "1", "minor": str(KUBERNETES_MINOR),
+                             "gitVersion": f"v1.{KUBERNETES_MINOR}.0-kubefake"})
         elif parts == ["api"]:
             self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
         elif parts == ["apis"]:

@@ -18,12 +18,13 @@ import yaml
 from hypothesis import HealthCheck, Phase, assume, find, given, settings
 from hypothesis import strategies as st
 
+from tests.kubeversion import KUBERNETES_VERSION
 from webhook import names
 from webhook.admission import mutation, patches, validation
 from webhook.kube import pods
 from webhook.policy import PolicySet, matching, parsing
 
-K8S = "1.33"
+K8S = KUBERNETES_VERSION  # the target cluster: stack.yaml cluster.kubernetesVersion
 
 NAMESPACES = ["ml-a", "ml-b", "web-a", "research-x", "other"]
 NS_GLOBS = ["*", "ml-*", "web-*", "ml-a", "research-?", "*-a"]
@@ -361,7 +362,7 @@ def test_mutation_properties_over_generated_pods_and_policies(case):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases)
 def test_the_desired_pod_passes_kubernetes_validation(case):
-    """(2) A valid pod stays valid for the 1.33 Pod schema in strict mode (no unknown or mistyped field)."""
+    """(2) A valid pod stays valid for the target cluster's Pod schema in strict mode (no unknown or mistyped field)."""
     p, policies, namespace = case
     assume(valid_pod(p))
     result = mutation.mutate(p, namespace=namespace, policies=policies)

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.kubeversion import KUBERNETES_VERSION
 from tests.policy.kit import container, load, node_feasible, pod, policy
 from webhook import names
 from webhook.admission import mutation, rightsizing, validation
@@ -33,7 +34,7 @@ rightsizing:
     - {resource: nvidia.com/gpu, memory: 80Gi}
 """
 POLICIES = load(policy("serving", LADDER))
-K8S = "1.33"
+K8S = KUBERNETES_VERSION  # the target cluster: stack.yaml cluster.kubernetesVersion
 
 
 def offers(*items: tuple[str, str, int], age: float = 0) -> Inventory:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import kubeversion
 from webhook.stack import manifestcheck
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +27,8 @@ POLICIES = REPO / "policies"
 SHARED = REPO.parent / "shared"
 SCHEMA_ROOT = SHARED / "schemas"
 
-KUBERNETES_VERSION = "1.33"
+# The cluster the manifests target: stack.yaml cluster.kubernetesVersion (tests/kubeversion.py).
+KUBERNETES_VERSION = kubeversion.KUBERNETES_VERSION
 NAMESPACE = "gpugate-system"
 OWN_ROOTS = ("webhook", "webhook-builtin-tls", "balancer", "scheduler", "observability")
 

@@ -1,7 +1,8 @@
 """Every kustomization and component renders with the real kubectl, and what it renders is valid.
 
-Built-in kinds go through kubernetes-validate in strict mode for Kubernetes 1.33 (unknown or
-misspelt fields fail); custom resources through the strict JSON schemas in ../shared/schemas.
+Built-in kinds go through kubernetes-validate in strict mode for the cluster's Kubernetes version
+(stack.yaml's cluster.kubernetesVersion; unknown or misspelt fields fail); custom resources through
+the strict JSON schemas in ../shared/schemas.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.manifests.helpers import KUBERNETES_VERSION, MANIFESTS, NAMESPACE, arg_value, find, one, render_variant
+from tests.e2e import binaries
+from tests.kubeversion import KUBERNETES_MINOR
+from tests.manifests.helpers import KUBERNETES_VERSION, NAMESPACE, arg_value, find, one, render_variant
 from webhook.names import GPU_RESOURCE
 
 # KubeSchedulerConfiguration v1 top-level fields (kubescheduler.config.k8s.io/v1 reference).
@@ -76,16 +78,21 @@ def test_deployment_reads_the_config_from_the_generated_configmap() -> None:
 
 
 def test_image_is_kube_scheduler_pinned_to_the_clusters_minor() -> None:
+    """The Kubernetes version skew policy (https://kubernetes.io/releases/version-skew-policy/, "kube-controller-
+    manager, kube-scheduler, and cloud-controller-manager"): kube-scheduler must not be newer than kube-apiserver
+    and may be at most one minor older. gpugate keeps it at the cluster's own minor (stack.yaml
+    cluster.kubernetesVersion), at the release the e2e control plane builds and runs it as
+    (tests/e2e/toolchain/kubernetes/go.mod), so the e2e tests judge the scheduler that ships."""
     _, _, deployment = _config()
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     match = re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v(\d+)\.(\d+)\.(\d+)", image)
     assert match, image
-    assert f"{match[1]}.{match[2]}" == KUBERNETES_VERSION
-    stack = MANIFESTS / "gpu-operator/stack.yaml"
-    if stack.is_file():
-        cluster = (yaml.safe_load(stack.read_text()) or {}).get("cluster", {})
-        if cluster.get("kubernetesVersion"):
-            assert f"{match[1]}.{match[2]}" == str(cluster["kubernetesVersion"])
+    major, minor = int(match[1]), int(match[2])
+    assert major == 1 and KUBERNETES_MINOR - 1 <= minor <= KUBERNETES_MINOR, (
+        f"{image} is outside the version skew policy for a {KUBERNETES_VERSION} API server")
+    assert f"{major}.{minor}" == KUBERNETES_VERSION, f"{image}: keep the scheduler at the cluster's minor"
+    assert image.rpartition(":")[2] == binaries.version(binaries.KUBERNETES), (
+        "the shipped kube-scheduler and the one the e2e tests build differ")
 
 
 def _binding(objs, kind: str, role: str) -> dict:

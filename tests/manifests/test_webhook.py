@@ -10,6 +10,7 @@ import yaml
 from flask import Flask
 
 from tests.manifests.helpers import (
+    KUBERNETES_VERSION,
     MANIFESTS,
     NAMESPACE,
     POLICIES,
@@ -340,6 +341,8 @@ def test_namespace_is_skipped_and_enforces_restricted_pod_security() -> None:
     labels = namespace["metadata"]["labels"]
     assert labels["gpugate.io/skip"] == "true"
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    # The standard as the target cluster's minor defines it (stack.yaml cluster.kubernetesVersion).
+    assert labels["pod-security.kubernetes.io/enforce-version"] == f"v{KUBERNETES_VERSION}"
 
 
 def test_validation_update_decision_is_written_down() -> None:

@@ -146,7 +146,7 @@ def image_problem(image: str) -> str | None:
     ("ghcr.io/gpugate/gpugate:latest", "uses latest"),
     ("ghcr.io/gpugate/gpugate:stable", "tag 'stable' names no version"),
     ("ghcr.io/gpugate/gpugate:0.1.0", None),
-    ("registry.k8s.io/kube-scheduler:v1.33.4", None),
+    ("registry.k8s.io/kube-scheduler:v1.36.3", None),
     ("localhost:5000/gpugate:1.2", None),
     ("ghcr.io/x/y@sha256:" + "0" * 64, None),
 ])

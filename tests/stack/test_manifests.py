@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -21,7 +22,8 @@ STACK_TEXT = (ROOT / manifests.STACK_FILE).read_text()
 def test_stack_yaml_pins_the_release_the_cluster_and_a_default_and_canary_pool():
     data = yaml.safe_load(STACK_TEXT)
     assert data["operator"]["version"] == "v26.7.0"
-    assert data["cluster"]["kubernetesVersion"] == "1.33"
+    # which minor: tests/stack/test_kubernetes_version.py (the e2e control plane's, inside the operator's range)
+    assert re.fullmatch(r"1\.\d+", data["cluster"]["kubernetesVersion"])
     pools = {p["name"]: p for p in data["pools"]}
     assert pools["default"]["default"] is True and "nodeSelector" not in pools["default"]
     assert pools["canary"]["nodeSelector"] and pools["canary"]["default"] is False
@@ -86,7 +88,7 @@ def test_drivers_render_one_nvidiadriver_per_pool_valid_against_the_v26_7_0_crd(
         assert [e.message for e in validator.iter_errors(obj)] == []
         # the CRD's CEL rule, which jsonschema cannot run: a default CR has no nodeSelector
         assert not (obj["spec"]["default"] and obj["spec"].get("nodeSelector"))
-    checks = verify.rendered_drivers(manifests.read_files(ROOT), kubernetes_minor=33,
+    checks = verify.rendered_drivers(manifests.read_files(ROOT), kubernetes_minor=stack.kubernetes_minor,
                                      schema_root=require_shared / "schemas")
     assert all(c.ok for c in checks), checks
 

@@ -11,6 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
+from tests.kubeversion import KUBERNETES_VERSION
 from tests.stack.conftest import git, snapshot
 from webhook.cli import main
 from webhook.stack import chartvalues, manifestcheck, manifests, upgrade, verify
@@ -85,8 +86,8 @@ def test_operator_upgrade_commits_exactly_the_pinned_files_with_a_structured_mes
     for name in ("kubernetes:", "driver-validated[default]:", "driver-mig-mixed[default]:", "values-keys:",
                  "drivers-render:", "drivers-valid:"):
         assert f"\n  {name}" in text, name
-    assert text.rstrip().endswith("Gpugate-Stack-To: operator=v26.7.0 kubernetes=1.33 management=clusterpolicy "
-                                  "default=595.91.07")
+    assert text.rstrip().endswith(f"Gpugate-Stack-To: operator=v26.7.0 kubernetes={KUBERNETES_VERSION} "
+                                  "management=clusterpolicy default=595.91.07")
     trailers = git(stack_repo, "log", "-n1", "--format=%(trailers:key=Gpugate-Stack,valueonly)").strip()
     assert trailers == "upgrade"
     diff = git(stack_repo, "diff", "HEAD~1", "--", manifests.VALUES_FILE)

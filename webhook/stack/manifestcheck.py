@@ -70,9 +70,13 @@ def kustomize(path: Path) -> list[KubeObject]:
 
 
 def validate_objects(
-    objs: list[KubeObject], *, kubernetes_version: str = "1.33", schema_root: Path | None
+    objs: list[KubeObject], *, kubernetes_version: str, schema_root: Path | None
 ) -> list[str]:
     """Return every problem found in ``objs``, each as ``"Kind/name: message"``; empty means valid.
+
+    ``kubernetes_version`` (``"1.NN"``) has no default on purpose: it is the cluster's, and its one
+    home is ``cluster.kubernetesVersion`` in manifests/gpu-operator/stack.yaml (``gpugate stack``
+    passes the stack's; the tests read it through tests/kubeversion.py).
 
     Custom resources whose schema file is absent are reported as "no schema" only when
     ``schema_root`` is given and exists: without the shared schemas (a fresh clone) they
