@@ -40,7 +40,7 @@ LAYERS: dict[str, dict[str, str]] = {
               "verify": EDGE, "chartvalues": EDGE, "manifestcheck": EDGE},
     "replay": {"__init__": CORE, "records": CORE, "model": CORE, "cluster": CORE, "metrics": CORE, "reference": CORE,
                "arrival": CORE, "demand": CORE, "workload": CORE, "labels": CORE,
-               "trace": EDGE, "report": EDGE, "runner": EDGE},
+               "migcluster": CORE, "trace": EDGE, "report": EDGE, "runner": EDGE, "sizing": EDGE},
     "placement": {"__init__": CORE, "devices": CORE, "inputs": CORE, "shapes": CORE, "fragment": CORE,
                   "scoring": CORE, "extender": CORE},
     "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,

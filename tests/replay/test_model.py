@@ -186,8 +186,8 @@ def test_gpus_fit_at_per_gpu_thousandths_and_unknown_profiles_or_resources_never
     assert model.fit_filter(kc, share).tolist() == [True, True]
     assert model.fit_filter(kc, demand.view(pod(gpus=2))).tolist() == [False, False]
     assert model.fit_filter(kc, demand.view(pod(gpus=1))).tolist() == [False, True]
-    mig = demand.view(pod(extra={"nvidia.com/mig-1g.10gb": "1"}))
-    assert mig.unsupported and not model.fit_filter(kc, mig).any()
+    mig = demand.view(pod(extra={"nvidia.com/mig-1g.10gb": "1"}))  # an integer resource no node here has
+    assert mig.demand.extended == (("nvidia.com/mig-1g.10gb", 1),) and not model.fit_filter(kc, mig).any()
     elsewhere = demand.view(pod(spec={"schedulerName": "volcano"}))
     assert model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(0)).schedule(kc, elsewhere) is None
 

@@ -76,12 +76,18 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
               help="Inflate (or cut) the pod list to this multiple of GPU capacity.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for independent runs (default: the CPUs available).")
+@click.option("--mig-mix", default=None, show_default=False,
+              help="Right-sizing arms (whole-gpu, shares-only, rightsized): the share of GPU nodes partitioned, "
+                   "per MIG layout, e.g. all-balanced=0.15 (the default) or all-1g.10gb=0.05,all-balanced=0.2; "
+                   "layouts all-1g.10gb, all-2g.20gb, all-3g.40gb, all-balanced (docs/rightsizing.md).")
+@click.option("--share-replicas", type=click.IntRange(min=1, max=64), default=4, show_default=True,
+              help="shares-only arm: time-sliced slots per GPU on the partitioned nodes.")
 @click.option("--synthetic-nodes", type=click.IntRange(min=4), default=120, show_default=True,
               help="Nodes of the synthetic cluster (only without --trace).")
 def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, seeds: str, out: Path,
            label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
            extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
-           tune: float, workers: int | None, synthetic_nodes: int) -> None:
+           tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int) -> None:
     """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
 
     Prints arm by metric (GPU allocation at 100% and 130% arrived GPU request, fragmentation),
@@ -97,16 +103,25 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
         loaded = trace.load_trace(trace_dir, pods_file)
     else:
         loaded = trace.synthetic(seed_list[0], nodes=synthetic_nodes)
-    if "gpugate" in arm_list or "gpugate-extender" in arm_list:
+    from webhook.replay import migcluster
+
+    mix = mig_mix if mig_mix is not None else migcluster.DEFAULT_MIX
+    try:
+        migcluster.parse_mix(mix)
+    except migcluster.MixError as err:
+        raise click.BadParameter(str(err), param_hint="--mig-mix") from None
+    if any(arm in runner.POLICY_ARMS for arm in arm_list):
 
         if not policies.is_dir():
-            raise InputError(f"{policies}: no such policy folder (give --policies DIR, or leave out the gpugate arm)")
+            raise InputError(f"{policies}: no such policy folder (give --policies DIR, or leave out the arms "
+                             f"that admit pods: {', '.join(runner.POLICY_ARMS)})")
         loading.load_dir(policies)  # refuse a bad folder before starting any run
     specs = [runner.RunSpec(arm=arm, seed=seed, label_lag=label_lag, tune=tune, taint_congested=taint_congested,
                             device_policy=device_allocation, extender_weight=extender_weight,
                             extender_percentage=extender_nodes_percentage, extender_mix=extender_mix,
                             extender_levels=extender_levels, extender_assume=extender_assume,
-                            policies=str(policies) if arm in ("gpugate", "gpugate-extender") else None)
+                            mig_mix=mix, share_replicas=share_replicas,
+                            policies=str(policies) if arm in runner.POLICY_ARMS else None)
              for arm in arm_list for seed in seed_list]
     progress = report.Progress(len(specs), sys.stderr)
     results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
@@ -116,6 +131,9 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     report.write_summary(data, out)
     report.plot(results, out / "allocation.png", title=f"GPU allocation vs arrival: {loaded.workload}")
     click.echo(report.table(results, workload=loaded.workload, seeds=seed_list))
+    sized = report.sizing_table(results)
+    if sized:
+        click.echo(f"{sized}\n(MIG mix {mix}; docs/rightsizing.md)")
     click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'} and {len(results)} CSV file(s) "
                f"in {out / 'runs'}")
 

@@ -1,12 +1,17 @@
 """The replayed cluster's state as numpy arrays, one row per node: what every scheduler reads.
 
 GPUs are accounted per device in thousandths (``gpu_left[n, g]``; absent devices are padded with 0
-left, which no request fits and no sum notices), as the published simulator does. The state is an
-explicit argument everywhere: mutable, but never global.
+left, which no request fits and no sum notices), as the published simulator does. Other extended
+resources (MIG slices ``nvidia.com/mig-<profile>``; time-sliced slots when a run counts them as
+integers) are accounted as kube-scheduler's NodeResourcesFit does: an integer allocatable per node
+and resource, requests summed, a pod fits where ``allocatable - requested >= its request`` for
+every resource it asks (a node without the resource has 0). The state is an explicit argument
+everywhere: mutable, but never global.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +26,7 @@ class Demand:
     ``gpu_milli`` is per GPU; ``num_gpu`` GPUs of it (a sharing pod: 1 GPU, milli < 1000).
     ``cpu_score``/``memory_score`` are kube-scheduler's non-zero requests (100m / 200MB defaults).
     ``models`` is the set of GPU models the pod accepts (empty: any).
+    ``extended`` holds integer requests of other extended resources, (resource, count) sorted by name.
     """
 
     cpu: int
@@ -30,6 +36,7 @@ class Demand:
     models: frozenset[str] = frozenset()
     cpu_score: int = 0
     memory_score: int = 0
+    extended: tuple[tuple[str, int], ...] = ()
 
     @property
     def gpu_request_milli(self) -> int:
@@ -41,9 +48,12 @@ class Demand:
 
 
 class ClusterState:
-    """Capacities and what is bound so far; ``bind`` is the only mutation."""
+    """Capacities and what is bound so far; ``bind`` is the only mutation.
 
-    def __init__(self, nodes: tuple[NodeRecord, ...]) -> None:
+    ``extended`` maps an extended resource to its allocatable on each node (in node order).
+    """
+
+    def __init__(self, nodes: tuple[NodeRecord, ...], extended: Mapping[str, Sequence[int]] | None = None) -> None:
         self.nodes = nodes
         self.names = [node.name for node in nodes]
         self.size = len(nodes)
@@ -61,6 +71,11 @@ class ClusterState:
         self.gpu_left = np.where(present, MILLI, 0).astype(np.int64)
         self.used_milli = 0
         self.capacity_milli = int(self.gpu_count.sum()) * MILLI
+        self.extended_names = tuple(sorted(extended or {}))
+        self.extended_cap = np.zeros((self.size, len(self.extended_names)), dtype=np.int64)
+        for column, resource in enumerate(self.extended_names):
+            self.extended_cap[:, column] = np.asarray((extended or {})[resource], dtype=np.int64)
+        self.extended_used = np.zeros_like(self.extended_cap)
 
     @property
     def cpu_left(self) -> np.ndarray:
@@ -88,7 +103,19 @@ class ClusterState:
                 mask &= (self.gpu_left >= demand.gpu_milli).any(axis=1)
             else:
                 mask &= (self.gpu_left >= MILLI).sum(axis=1) >= demand.num_gpu
+        for resource, count in demand.extended:
+            if resource not in self.extended_names:
+                return np.zeros(self.size, dtype=bool)  # no node has it: allocatable 0 everywhere
+            column = self.extended_names.index(resource)
+            mask &= self.extended_cap[:, column] - self.extended_used[:, column] >= count
         return mask
+
+    def extended_left(self, resource: str) -> np.ndarray:
+        """Allocatable minus requested of one extended resource, per node (0 where absent)."""
+        if resource not in self.extended_names:
+            return np.zeros(self.size, dtype=np.int64)
+        column = self.extended_names.index(resource)
+        return self.extended_cap[:, column] - self.extended_used[:, column]
 
     def capacity_per_node_milli(self) -> np.ndarray:
         return self.gpu_count * MILLI
@@ -112,6 +139,11 @@ class ClusterState:
                 raise AssertionError(f"GPU {gpu} of node {self.names[node]} cannot take {demand.gpu_milli}")
             self.gpu_left[node, gpu] -= demand.gpu_milli
         self.used_milli += demand.gpu_milli * len(gpus)
+        for resource, count in demand.extended:
+            column = self.extended_names.index(resource)
+            if self.extended_cap[node, column] - self.extended_used[node, column] < count:  # pragma: no cover
+                raise AssertionError(f"node {self.names[node]} cannot take {count} {resource}")
+            self.extended_used[node, column] += count
 
 
 def best_fit_gpu(state: ClusterState, node: int, milli: int) -> int:

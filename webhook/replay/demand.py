@@ -4,7 +4,9 @@ Resources follow kube-scheduler's rules: the pod request is the larger of the re
 sum and any single init container; for scoring, a container without a cpu or memory request counts
 as 100m / 200MB. GPUs: ``nvidia.com/gpu: N`` takes N whole GPUs on one node; ``nvidia.com/gpu.shared``
 takes part of one GPU, its size read from the replay annotation (default: a quarter of a GPU per slot,
-i.e. time-slicing with 4 replicas). MIG resources are not modelled: such pods fail, with the reason.
+i.e. time-slicing with 4 replicas), unless ``shared_slots`` asks for kube-scheduler's own accounting:
+then a slot is an integer extended resource like any other. MIG slices (``nvidia.com/mig-<profile>``)
+are integer extended resources (``Demand.extended``): a node fits when it has enough of them left.
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ def _term(raw: Any) -> SelectorTerm:
     return SelectorTerm(_requirements(raw.get("matchExpressions")), _requirements(raw.get("matchFields")))
 
 
-def view(pod: dict[str, Any]) -> PodView:
-    """The scheduling-relevant reading of a Pod."""
+def view(pod: dict[str, Any], *, shared_slots: bool = False) -> PodView:
+    """The scheduling-relevant reading of a Pod (``shared_slots``: count ``nvidia.com/gpu.shared`` as integers)."""
     spec = pods.spec(pod)
     unsupported = None
     try:
@@ -68,10 +70,11 @@ def view(pod: dict[str, Any]) -> PodView:
     whole = amounts.get(names.GPU_RESOURCE, 0)
     slots = amounts.get(names.SHARED_GPU_RESOURCE, 0)
     num_gpu, milli = 0, 0
+    extended = {r: v for r, v in amounts.items() if is_mig_resource(r) and v > 0}
+    if shared_slots and slots:
+        extended[names.SHARED_GPU_RESOURCE], slots = slots, 0
     if unsupported:
         pass
-    elif any(is_mig_resource(r) for r in amounts):
-        unsupported = "MIG resources are not modelled"
     elif whole and slots:
         unsupported = "asks for whole and shared GPUs at once"
     elif whole:
@@ -80,7 +83,8 @@ def view(pod: dict[str, Any]) -> PodView:
         per_slot = whole_count(pods.annotations_of(pod).get(GPU_MILLI_ANNOTATION, "")) or DEFAULT_SLOT_MILLI
         num_gpu, milli = 1, min(MILLI, per_slot * slots)
     demand = Demand(cpu=amounts.get("cpu", 0), memory=-(-amounts.get("memory", 0) // MIB), num_gpu=num_gpu,
-                    gpu_milli=milli, cpu_score=cpu_nz, memory_score=-(-mem_nz // MIB))
+                    gpu_milli=milli, cpu_score=cpu_nz, memory_score=-(-mem_nz // MIB),
+                    extended=tuple(sorted(extended.items())))
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
     required_raw = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     required = None

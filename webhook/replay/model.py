@@ -30,7 +30,8 @@ from webhook.replay.cluster import ClusterState, Demand
 from webhook.replay.records import MILLI
 
 MAX_NODE_SCORE = 100
-# The GPU resources the model accounts for (MIG slices are not modelled: demand.view refuses them).
+# The GPU resources scoring may weigh (the per-device pool); MIG slices are integer extended resources,
+# checked by the fit filter (ClusterState.fits) and weighed by no profile here.
 MODELLED_GPU_RESOURCES = (names.GPU_RESOURCE, names.SHARED_GPU_RESOURCE)
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 

@@ -37,6 +37,8 @@ def summary(results: list[RunResult], *, workload: str, seeds: list[int]) -> dic
                      "alloc_at_130": _median([r.alloc_at(130) for r in runs]),
                      "frag_at_100": _median([r.frag_at(100) for r in runs]),
                      "runs": len(runs)}
+    for row in sizing_rows(results):
+        arms[row["arm"]].update({k: v for k, v in row.items() if k not in ("arm", "alloc_at_100", "runs")})
     return {"workload": workload, "seeds": list(seeds), "arms": arms}
 
 
@@ -57,6 +59,57 @@ def table(results: list[RunResult], *, workload: str, seeds: list[int]) -> str:
     for number, row in enumerate(rows):
         cells = (cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
         lines.append("  ".join(cells))
+        if number == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def sizing_rows(results: list[RunResult]) -> list[dict[str, Any]]:
+    """Per right-sizing arm, medians over seeds: allocation and served GPU request at 100% arrival,
+    pods failed up to 100% and placed over the whole run, shares placed beyond their slot, and
+    per GPU resource the fractional pods got, placed/failed (over the whole run)."""
+    rows = []
+    for arm, runs in by_arm(results).items():
+        if runs[0].served is None:
+            continue
+        rungs: dict[str, tuple[list[int], list[int]]] = {}
+        for run in runs:
+            for resource, placed, failed in run.rungs:
+                got = rungs.setdefault(resource, ([], []))
+                got[0].append(placed)
+                got[1].append(failed)
+        rows.append({"arm": arm, "alloc_at_100": _median([r.alloc_at(100) for r in runs]),
+                     "served_at_100": _median([r.at(r.served, 100) for r in runs if r.served is not None]),
+                     "failed_at_100": statistics.median([int((~r.placed[r.arrived <= 100.0]).sum()) for r in runs]),
+                     "placed": statistics.median([int(r.placed.sum()) for r in runs]),
+                     "arrived": statistics.median([len(r.placed) for r in runs]),
+                     "denied": statistics.median([r.denied for r in runs]),
+                     "oversubscribed": statistics.median([r.oversubscribed for r in runs]),
+                     "rungs": {resource: (statistics.median(p), statistics.median(f))
+                               for resource, (p, f) in sorted(rungs.items())},
+                     "runs": len(runs)})
+    return rows
+
+
+def sizing_table(results: list[RunResult]) -> str:
+    """The right-sizing arms side by side (empty when none ran)."""
+    rows = sizing_rows(results)
+    if not rows:
+        return ""
+    header = ("arm", "alloc@100%", "served@100%", "failed@100%", "placed", "beyond slot", "fractional pods: "
+              "resource placed/failed")
+    cells: list[tuple[str, ...]] = [header]
+    for found in rows:
+        rungs = ", ".join(f"{r.removeprefix('nvidia.com/')} {p:g}/{f:g}" for r, (p, f) in found["rungs"].items())
+        cells.append((found["arm"], _fmt(found["alloc_at_100"]), _fmt(found["served_at_100"]),
+                      f"{found['failed_at_100']:g}", f"{found['placed']:g} of {found['arrived']:g}",
+                      f"{found['oversubscribed']:g}", rungs))
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    lines = ["right-sizing arms (medians): alloc = physical GPU capacity taken, served = the trace's GPU "
+             "request of the placed pods, both % of GPUs at 100% arrival; placed over the whole run"]
+    for number, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(widths[i]) if i in (0, len(header) - 1) else c.rjust(widths[i])
+                               for i, c in enumerate(row)).rstrip())
         if number == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

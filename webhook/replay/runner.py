@@ -11,6 +11,9 @@ Arms:
                    requests, the modelled device allocation) delivered every ``label_lag`` placements
   gpugate-extender the gpugate arm, where a policy's schedulerName ``gpugate`` reaches that profile
   random, bestfit, fgd   the published schedulers, on the trace records directly
+  whole-gpu, shares-only, rightsized   the trace on an H100 twin whose partitioned nodes are whole,
+                   time-sliced or MIG; fractional pods ask a whole GPU, a slot, or memory that
+                   right-sizing turns into a rung (``webhook.replay.sizing``)
 Every arm of one seed sees the same arrival order. Pods are submitted once and never deleted; a
 pod that fits nowhere (or is denied) is counted as arrived and failed.
 """
@@ -29,13 +32,15 @@ from typing import Any
 import numpy as np
 
 from webhook.errors import InputError
+from webhook.kube.inventory import EMPTY as EMPTY_INVENTORY
+from webhook.kube.inventory import Inventory
 from webhook.placement import scoring
 from webhook.placement.extender import ExtenderSettings, ExtenderState
 from webhook.placement.inputs import PodDemand, demand_from_pod
 from webhook.placement.shapes import ShapeMix
 from webhook.policy import loading
 from webhook.replay import demand as demand_reading
-from webhook.replay import workload
+from webhook.replay import migcluster, workload
 from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState, Demand
 from webhook.replay.labels import Relabeler
@@ -53,7 +58,11 @@ from webhook.replay.records import PodRecord, Trace
 from webhook.replay.reference import REFERENCE_SCHEDULERS
 
 KUBE_ARMS = ("stock", "gpugate", "binpack-profile", "extender", "gpugate-extender")
-ARMS = KUBE_ARMS + tuple(REFERENCE_SCHEDULERS)
+SIZING_ARMS = migcluster.ARMS
+"""On the trace's MIG-capable twin (webhook.replay.migcluster), through ``--policies``: webhook.replay.sizing."""
+ARMS = KUBE_ARMS + tuple(REFERENCE_SCHEDULERS) + SIZING_ARMS
+POLICY_ARMS = ("gpugate", "gpugate-extender") + SIZING_ARMS
+"""Arms that admit pods through the policy folder."""
 BINPACK = "gpugate-binpack"
 EXTENDER_PROFILE = "gpugate"
 """schedulerName of the second scheduler's profile that calls the extender (manifests/scheduler, phase 2)."""
@@ -85,6 +94,10 @@ class RunSpec:
     extender_tolerance: float = 0.05
     extender_cpu_pods: bool = True
     """The extender arm sends CPU-only pods to the extender's profile too (else to default-scheduler)."""
+    mig_mix: str = migcluster.DEFAULT_MIX
+    """The right-sizing arms: which share of the GPU nodes is partitioned, with which MIG layout."""
+    share_replicas: int = migcluster.DEFAULT_REPLICAS
+    """The shares-only arm: time-sliced slots per GPU on the partitioned nodes."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,12 @@ class RunResult:
     failed: int
     denied: int
     seconds: float
+    served: np.ndarray | None = None
+    """The right-sizing arms: the trace's GPU request of the pods placed so far (% of GPU capacity)."""
+    rungs: tuple[tuple[str, int, int], ...] = ()
+    """The right-sizing arms: per GPU resource the fractional pods asked, (resource, placed, failed)."""
+    oversubscribed: int = 0
+    """Placed fractional pods whose trace share is larger than the capacity their resource reserves."""
 
     def at(self, values: np.ndarray, arrived_percent: int) -> float:
         """The published binning: mean over pods whose arrived % rounds to the point (else +-1)."""
@@ -149,15 +168,21 @@ class Admission:
         self.cache: dict[str, dict[str, Any] | None] = {}
         self.applied: dict[str, int] = {}
 
-    def admit(self, pod: dict[str, Any]) -> dict[str, Any] | None:
-        """The stored Pod, or None when the validating webhook denies it."""
+    def admit(self, pod: dict[str, Any], inventory: Inventory = EMPTY_INVENTORY,
+              inventory_key: str = "") -> dict[str, Any] | None:
+        """The stored Pod, or None when the validating webhook denies it.
+
+        ``inventory`` is the balancer's GPUInventory the webhook reads; ``inventory_key`` names
+        what in it can change the answer (equal keys, equal answers), so the cache stays exact.
+        """
         template = copy.deepcopy(pod)
         name = template["metadata"].pop("name")
-        key = json.dumps(template, sort_keys=True)
+        key = json.dumps(template, sort_keys=True) + inventory_key
         if key not in self.cache:
             namespace = pod["metadata"]["namespace"]
             # The API server's order: mutate, then validate the mutated pod.
-            outcome = self.chain.admit(copy.deepcopy(pod), namespace=namespace, policies=self.policies)
+            outcome = self.chain.admit(copy.deepcopy(pod), namespace=namespace, policies=self.policies,
+                                       inventory=inventory)
             if outcome.stored is None:
                 self.cache[key] = None
             else:
@@ -248,6 +273,10 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     """Replay one arm with one seed; pure apart from loading the policy folder named in ``spec``."""
     if spec.arm not in ARMS:
         raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
+    if spec.arm in SIZING_ARMS:
+        from webhook.replay import sizing  # it builds on this module's Admission and RunResult
+
+        return sizing.run(trace, spec)
     started = time.perf_counter()
     records = trace.pods
     demands = [record_demand(record) for record in records]
