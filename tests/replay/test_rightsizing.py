@@ -129,3 +129,18 @@ def test_on_a_synthetic_cluster_right_sizing_serves_more_pods_than_whole_gpus(re
     assert sized.denied == 0 and all(0 < r.alloc_at(100) <= 100 for r in results)
     table = report.sizing_table(results)
     assert "rightsized" in table and "mig-3g.40gb" in table
+
+
+def test_the_command_prints_the_three_arms_side_by_side_and_refuses_a_bad_mix(tmp_path: Path, repo_root: Path) -> None:
+    from click.testing import CliRunner
+
+    from webhook.cli import main
+
+    args = ["replay", "--arms", "whole-gpu,shares-only,rightsized", "--seeds", "7", "--synthetic-nodes", "20",
+            "--policies", str(repo_root / "policies"), "--out", str(tmp_path), "--workers", "1"]
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0, done.stderr
+    assert "served@100%" in done.stdout and "(MIG mix all-balanced=0.15" in done.stdout
+    assert all(arm in done.stdout for arm in migcluster.ARMS)
+    bad = CliRunner().invoke(main, [*args, "--mig-mix", "all-7g.80gb=0.1"])
+    assert bad.exit_code == 2 and "unknown MIG layout" in bad.stderr
