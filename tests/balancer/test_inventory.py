@@ -170,6 +170,13 @@ def publishing(**inventory_settings: Any) -> Any:
                                                         **inventory_settings}))
 
 
+def steady(settings: Any) -> Any:
+    """client-go's lease timing, not the tests' tenths of a second: a loaded machine must not hand over
+    (a new leader writes at once, which a test of write timing would read as a write too early)."""
+    return dataclasses.replace(settings, lease=dataclasses.replace(
+        settings.lease, duration=15.0, renew_deadline=10.0, retry_period=0.5))
+
+
 @pytest.fixture
 def cluster(fake_kube: FakeKube) -> FakeKube:
     fake_kube.register("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", namespaced=False)
@@ -209,7 +216,7 @@ def test_the_default_priority_class_follows_the_watch(cluster: FakeKube, start_b
 
 def test_an_unchanged_inventory_is_written_again_only_to_refresh_generated_at(cluster: FakeKube,
                                                                                 start_balancer) -> None:
-    running = start_balancer(publishing(refresh=1.0))
+    running = start_balancer(steady(publishing(refresh=1.0)))
     wait_for(lambda: len(configmap_writes(cluster)) >= 1, what="the first write")
     first = cluster.get("v1", "ConfigMap", "gpugate-inventory", NS)
     # Node events that change nothing the inventory says (a label of someone else's) cost no write...
@@ -235,10 +242,7 @@ def test_a_configmap_left_by_someone_else_is_replaced_keeping_its_labels(cluster
 
 
 def test_only_the_lease_holder_writes_the_inventory(cluster: FakeKube, start_balancer) -> None:
-    # client-go's lease timing, not the tests' tenths of a second: a loaded machine must not hand over.
-    settings = publishing()
-    settings = dataclasses.replace(settings, lease=dataclasses.replace(
-        settings.lease, duration=15.0, renew_deadline=10.0, retry_period=0.5))
+    settings = steady(publishing())
     a = start_balancer(settings)
     wait_for(lambda: a.balancer.writes(), what="replica-a to lead")
     b = start_balancer(dataclasses.replace(settings, lease=dataclasses.replace(settings.lease, identity="replica-b")))

@@ -97,3 +97,13 @@ def test_credentials_flags_need_a_server(tmp_path: Path) -> None:
     token.write_text("abc")
     result = CliRunner().invoke(main, ["balance", "--token-file", str(token)])
     assert result.exit_code == 2 and "--server" in result.output
+
+
+def test_the_extender_device_policy_comes_from_the_flag_else_the_file_else_distributed(tmp_path: Path) -> None:
+    assert settings_from(None).extender.device_policy == "distributed"
+    config = tmp_path / "balancer.yaml"
+    config.write_text("extender:\n  device_policy: packed\n")
+    assert settings_from(config).extender.device_policy == "packed"
+    assert settings_from(config, extender_device_policy="distributed").extender.device_policy == "distributed"
+    result = CliRunner().invoke(main, ["balance", "--extender-device-policy", "spread"])
+    assert result.exit_code == 2 and "'spread' is not one of 'distributed', 'packed'" in result.output

@@ -3,7 +3,14 @@ name), a disruption budget, a priority class and a readiness that waits for the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
 from tests.manifests.helpers import NAMESPACE, arg_value, find, one, render_variant, rule_allows
+from webhook.stack import matrix
+
+ROOT = Path(__file__).resolve().parents[2]
 
 RBAC_KINDS = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
 
@@ -155,3 +162,41 @@ def test_the_inventory_the_balancer_may_write_is_the_configmap_and_file_the_webh
         assert not rule_allows(rules, verb=verb, group="", resource="configmaps", name="gpugate-policies"), verb
     assert not rule_allows(rules, verb="list", group="", resource="configmaps", name=None)
     assert not rule_allows(rules, verb="delete", group="", resource="configmaps", name=defaults.name)
+
+
+def _device_plugin_policies() -> dict[str, str]:
+    """Each device plugin config that shares GPUs -> its sharedDevicesAllocationPolicy (the device
+    plugin's default, distributed, when unset: cmd/nvidia-device-plugin/main.go at v0.20.0)."""
+    values = yaml.safe_load((ROOT / "manifests" / "gpu-operator" / "values.yaml").read_text(encoding="utf-8"))
+    found = {}
+    for name, text in values["devicePlugin"]["config"]["data"].items():
+        config = yaml.safe_load(text)
+        if config.get("sharing"):
+            plugin = (config.get("flags") or {}).get("plugin") or {}
+            found[name] = plugin.get("sharedDevicesAllocationPolicy", "distributed")
+    return found
+
+
+def test_the_extender_models_the_allocation_policy_the_device_plugin_runs() -> None:
+    """The extender cannot see which GPU a time-sliced share got (the device plugin picks it at
+    Allocate); it models the policy it is told. Told another than the cluster runs, its measure
+    would count the shares on the wrong GPUs: one policy for every sharing config, and the same
+    on the balancer's command line."""
+    policies = _device_plugin_policies()
+    assert policies, "no device plugin config shares GPUs: the notebooks policy's gpu.shared is never offered"
+    assert len(set(policies.values())) == 1, policies
+    [container] = one(render_variant("balancer"), "Deployment", "gpugate-balancer")["spec"]["template"]["spec"][
+        "containers"]
+    assert arg_value(container, "--extender-device-policy") == next(iter(policies.values()))
+
+
+def test_the_pinned_device_plugin_knows_the_allocation_policy_key() -> None:
+    """flags.plugin.sharedDevicesAllocationPolicy exists from k8s-device-plugin v0.20.0
+    (api/config/v1/flags.go); the device plugin the pinned GPU Operator release runs (matrix
+    defaults, or a stack.yaml override) must be at least that when a config sets it."""
+    stack = yaml.safe_load((ROOT / "manifests" / "gpu-operator" / "stack.yaml").read_text(encoding="utf-8"))
+    release = matrix.load().release(stack["operator"]["version"])
+    version = (stack.get("components") or {}).get("devicePlugin") or release.defaults["devicePlugin"]
+    numbers = tuple(int(part) for part in version.lstrip("v").split("-")[0].split("."))
+    if any(policy != "distributed" for policy in _device_plugin_policies().values()):
+        assert numbers >= (0, 20, 0), f"device plugin {version} has no sharedDevicesAllocationPolicy"

@@ -49,6 +49,10 @@ def _env_default(name: str, fallback: str) -> str:
               help="Serve kube-scheduler's extender prioritize call over HTTPS here [default: not served].")
 @click.option("--extender-cert", metavar="FILE", help="With --extender-bind: the serving certificate (PEM).")
 @click.option("--extender-key", metavar="FILE", help="With --extender-bind: its private key (PEM).")
+@click.option("--extender-device-policy", type=click.Choice(["distributed", "packed"]),
+              help="The device plugin's allocation policy for time-sliced shares, as the cluster runs it "
+              "(its flags.plugin.sharedDevicesAllocationPolicy): which GPU the extender assumes a share got "
+              "[default: distributed, the device plugin's default].")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | None, server: str | None,
@@ -56,7 +60,7 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
             write_interval: float | None, lease_name: str | None, lease_namespace: str | None,
             identity: str | None, health_bind: str | None, taint_congested: bool | None,
             publish_inventory: bool | None, extender_bind: str | None, extender_cert: str | None,
-            extender_key: str | None, log_level: str) -> None:
+            extender_key: str | None, extender_device_policy: str | None, log_level: str) -> None:
     """Label GPU nodes gpugate.io/gpu-free and gpugate.io/gpu-load from live load.
 
     Lists and watches nodes and pods, optionally reads DCGM utilization from Prometheus, and
@@ -76,7 +80,8 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
                              health_bind=health_bind, taint_congested=taint_congested, write_qps=write_qps,
                              write_burst=write_burst, write_interval=write_interval,
                              publish_inventory=publish_inventory, extender_bind=extender_bind,
-                             extender_cert=extender_cert, extender_key=extender_key)
+                             extender_cert=extender_cert, extender_key=extender_key,
+                             extender_device_policy=extender_device_policy)
     if (token_file or ca_file) and not settings.server:
         raise click.UsageError("--token-file and --certificate-authority go with --server")
     logs.configure(log_level)
@@ -124,6 +129,7 @@ def settings_from(config_file: Path | None, **flags: Any) -> BalancerSettings:
         extender__bind=flags.get("extender_bind"),
         extender__cert_file=flags.get("extender_cert"),
         extender__key_file=flags.get("extender_key"),
+        extender__device_policy=flags.get("extender_device_policy"),
     )
     return settings.with_overrides(
         lease__namespace=settings.lease.namespace or _env_default("POD_NAMESPACE", "gpugate-system"),
