@@ -276,3 +276,32 @@ def test_a_standby_serves_the_extender_too(fake_kube: FakeKube, start_balancer, 
     status, answer = Scheduler(standby.balancer.extender.port, certs / pki.CA_CERT_FILE).prioritize(
         args(pod("new", gpus=1), "n1", "n2"))
     assert status == 200 and {h["Host"] for h in answer} == {"n1", "n2"}
+
+
+def test_the_inventory_publishes_the_type_pressure_the_extender_learned(fake_kube: FakeKube, start_balancer,
+                                                                         certs: Path) -> None:
+    """The webhook has no API access: the products that pods pinned to a product need most reach
+    its placement step through the GPUInventory (typePressure), from the shape window the extender
+    learns from the pods it sees bind. Here the pinned pods ask for the T4 node's GPUs alone."""
+    from webhook.balancer.settings import InventorySettings
+    from webhook.kube import inventory as webhook_inventory
+
+    fake_kube.register("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", namespaced=False)
+    fake_kube.put(node("t4", {"nvidia.com/gpu": "2"}, labels={"nvidia.com/gpu.product": "Tesla-T4"}))
+    for name in ("g2-a", "g2-b"):
+        fake_kube.put(node(name, {"nvidia.com/gpu": "8"}, labels={"nvidia.com/gpu.product": "ALIBABA-G2"}))
+    pinned = pod("pinned", "t4", gpus=1)
+    pinned["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "Tesla-T4"}
+    fake_kube.put(pinned)
+    fake_kube.put(pod("free", "g2-a", gpus=1))
+    settings = dataclasses.replace(serving(certs), inventory=InventorySettings(min_interval=0.1, refresh=30.0))
+    start_balancer(settings)
+
+    def pressure() -> dict[str, float]:
+        stored = fake_kube.get("v1", "ConfigMap", "gpugate-inventory", settings.lease.namespace or "gpugate-system")
+        if stored is None:
+            return {}
+        return dict(webhook_inventory.parse(stored["data"]["inventory.json"]).type_pressure)
+
+    found = wait_for(lambda: pressure().get("Tesla-T4"), what="the T4's type pressure in the inventory")
+    assert found >= 0.5 and "ALIBABA-G2" not in pressure()

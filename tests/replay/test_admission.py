@@ -14,6 +14,7 @@ from webhook.replay.records import NodeRecord, PodRecord, Trace
 WHOLE = PodRecord("train", 8000, 32768, 2, 1000, (), "BE")
 SHARE = PodRecord("share", 4000, 8192, 1, 470, ("T4", "V100M32"), "LS")
 CPU = PodRecord("cpu", 4000, 8192, 0, 0)
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
 NODES = (NodeRecord("t4", 104_000, 524_288, 2, "T4"), NodeRecord("v100", 48_000, 376_832, 4, "V100M32"),
          NodeRecord("g2", 96_000, 393_216, 8, "G2"))
 
@@ -120,3 +121,19 @@ def test_every_arm_runs_and_never_allocates_more_than_arrived(arm: str, repo_roo
     assert np.all(np.diff(result.allocated) >= -1e-9)
     assert result.failed == int((~result.placed).sum()) and 0 < result.alloc_at(100) <= 100
 
+
+
+def test_the_gpugate_arm_reads_the_type_pressure_the_balancer_would_publish() -> None:
+    """The balancer's extender state, filled from the pod list's history, says which products pinned
+    pods need most; the gpugate arm's webhook reads that inventory, so an unpinned whole-GPU pod is
+    told to stay off the T4 the pinned pods need, and a list without pins says nothing."""
+    pinned = PodRecord("pinned", 4000, 8192, 1, 1000, ("T4",), "LS")
+    spec = runner.RunSpec(arm="gpugate", seed=42, policies=str(POLICIES))
+    published = runner.balancer_inventory(Trace("t", NODES, (pinned, WHOLE) * 10), spec)
+    assert dict(published.type_pressure)["Tesla-T4"] >= 0.5 and "ALIBABA-G2" not in dict(published.type_pressure)
+    assert runner.balancer_inventory(Trace("t", NODES, (WHOLE, CPU) * 10), spec).type_pressure == ()
+    admitted = runner.Admission(str(POLICIES)).admit(workload.pod_for(WHOLE), published, "k")
+    assert admitted is not None
+    terms = admitted["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": ["Tesla-T4"]} in [
+        t["preference"]["matchExpressions"][0] for t in terms]

@@ -118,6 +118,32 @@ def terms_of(pod_spec: dict[str, Any]) -> list[Term] | None:
     return [t for t in terms if isinstance(t, dict)] if isinstance(terms, list) else None
 
 
+def constrains(pod_spec: dict[str, Any], key: str) -> bool:
+    """The pod's nodeSelector or one of its required node-affinity terms names ``key``."""
+    selector = pod_spec.get("nodeSelector")
+    if isinstance(selector, dict) and key in selector:
+        return True
+    for term in terms_of(pod_spec) or []:
+        expressions = term.get("matchExpressions")
+        if isinstance(expressions, list) and any(isinstance(e, dict) and e.get("key") == key for e in expressions):
+            return True
+    return False
+
+
+def prefers(pod_spec: dict[str, Any], key: str) -> bool:
+    """One of the pod's preferred node-affinity terms names ``key``."""
+    affinity = pod_spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") \
+        if isinstance(node_affinity, dict) else None
+    for item in preferred if isinstance(preferred, list) else []:
+        term = item.get("preference") if isinstance(item, dict) else None
+        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+        if isinstance(expressions, list) and any(isinstance(e, dict) and e.get("key") == key for e in expressions):
+            return True
+    return False
+
+
 def unmet(pod_spec: dict[str, Any], wanted: Expression) -> list[str]:
     """Where the pod's node selection lets it escape ``wanted``: 'nodeSelector' or 'term N'."""
     found = pod_spec.get("nodeSelector")

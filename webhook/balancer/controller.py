@@ -280,11 +280,15 @@ class Balancer:
         """What the GPUInventory says now, or None until every cache it reads holds a full list."""
         if not self.synced or (self.priority_classes is not None and not self.priority_classes.synced.is_set()):
             return None
+        pressure: dict[str, float] = {}
+        if self.feed is not None:
+            with self._feed_lock:
+                pressure = self.feed.state.type_pressure()
         with self._lock:  # a snapshot under the lock, the sums outside it
             nodes = list(self.state.nodes.values())
             requested = {name: dict(sums) for name, sums in self.state.requested.items()}
             defaults = dict(self._global_defaults)
-        return inventory_mod.content(nodes, requested, defaults)
+        return inventory_mod.content(nodes, requested, defaults, pressure)
 
     def _api_error(self, operation: str, err: BaseException) -> None:
         self.metrics.api_errors.labels(operation).inc()

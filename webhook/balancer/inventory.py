@@ -51,6 +51,7 @@ class InventoryDocument(TypedDict):
     generatedAt: str
     defaultPriorityClass: str | None
     offers: list[OfferDocument]
+    typePressure: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,8 @@ class Content:
 
     offers: tuple[Offer, ...]
     default_priority_class: str | None
+    type_pressure: tuple[tuple[str, float], ...] = ()
+    """Per GPU product, as ``webhook.kube.inventory.Inventory.type_pressure`` (from the extender's mix)."""
 
 
 def offers(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]]) -> tuple[Offer, ...]:
@@ -96,8 +99,9 @@ def default_priority_class(global_defaults: Mapping[str, bool]) -> str | None:
 
 
 def content(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]],
-            global_defaults: Mapping[str, bool]) -> Content:
-    return Content(offers=offers(nodes, requested), default_priority_class=default_priority_class(global_defaults))
+            global_defaults: Mapping[str, bool], type_pressure: Mapping[str, float] | None = None) -> Content:
+    return Content(offers=offers(nodes, requested), default_priority_class=default_priority_class(global_defaults),
+                   type_pressure=tuple(sorted((type_pressure or {}).items())))
 
 
 def document(found: Content, *, generated_at: datetime) -> InventoryDocument:
@@ -107,7 +111,8 @@ def document(found: Content, *, generated_at: datetime) -> InventoryDocument:
         apiVersion=inventory.API_VERSION, kind=inventory.KIND, generatedAt=stamp,
         defaultPriorityClass=found.default_priority_class,
         offers=[OfferDocument(resource=o.resource, product=o.product, memoryMiB=o.memory_mib,
-                              allocatable=o.allocatable, free=o.free, nodes=o.nodes) for o in found.offers])
+                              allocatable=o.allocatable, free=o.free, nodes=o.nodes) for o in found.offers],
+        typePressure=dict(found.type_pressure))
 
 
 def serialize(doc: InventoryDocument) -> str:

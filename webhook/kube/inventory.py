@@ -43,6 +43,14 @@ class Inventory:
     into every pod that names none, before any webhook runs, so a pod carrying it did not choose it."""
     generated_at: datetime | None = None
     offers: tuple[Offer, ...] = ()
+    type_pressure: tuple[tuple[str, float], ...] = ()
+    """(GPU product, pressure) sorted by product: how much the pods pinned to GPU products need each,
+    relative to its GPUs (``webhook.placement.scoring.pressures``; 1.0: pinned pods alone would take
+    all of it). Learned by the balancer from the pods it sees bind; absent without its extender."""
+
+    def pressured(self, at_least: float) -> tuple[str, ...]:
+        """The GPU products whose type pressure is ``at_least`` or more, sorted."""
+        return tuple(product for product, value in self.type_pressure if value >= at_least)
 
     def fresh(self, now: datetime | None, max_age_seconds: float) -> bool:
         """Recent enough to steer by: written, and (when the caller has a clock) not older than the bound."""
@@ -73,7 +81,20 @@ def parse(data: bytes | str) -> Inventory:
         when = datetime.fromisoformat(generated.replace("Z", "+00:00")) if isinstance(generated, str) else None
     except ValueError as err:
         raise InventoryError(f"generatedAt: {err}") from err
-    return Inventory(default_priority_class=default or None, generated_at=when, offers=_offers(document))
+    return Inventory(default_priority_class=default or None, generated_at=when, offers=_offers(document),
+                     type_pressure=_pressure(document))
+
+
+def _pressure(document: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    raw = document.get("typePressure") or {}
+    if not isinstance(raw, dict):
+        raise InventoryError("typePressure: expected an object of GPU product -> number")
+    out = []
+    for product, value in raw.items():
+        if not product or not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+            raise InventoryError(f"typePressure[{product!r}]: expected a number >= 0")
+        out.append((product, float(value)))
+    return tuple(sorted(out))
 
 
 def _offers(document: dict[str, Any]) -> tuple[Offer, ...]:

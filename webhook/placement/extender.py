@@ -196,6 +196,12 @@ class ExtenderState:
     def context(self) -> scoring.Context:
         return self._context
 
+    def type_pressure(self) -> dict[str, float]:
+        """Per GPU product with any, its type pressure in the current mix (1.0: the pinned pods alone
+        would take all of it), as the GPUInventory publishes it for the webhook."""
+        return {product: round(level * scoring.PRESSURE_STEP, 3)
+                for product, level in sorted(self._context.pressure.items()) if level > 0}
+
     def keys(self, demand: PodDemand, names: Sequence[str]) -> list[int]:
         """``scoring.node_keys`` per name (``NO_FIT`` for unknown nodes).
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +270,20 @@ def kube_cluster(trace: Trace) -> KubeCluster:
     return KubeCluster(state=state, labels=labels)
 
 
+def balancer_inventory(trace: Trace, spec: RunSpec) -> Inventory:
+    """The GPUInventory's type pressure as the balancer publishes it for the webhook: from the shape
+    window of its extender state (``ExtenderState.type_pressure``, the code it serves), filled as a
+    balancer restarted on a running cluster finds it (``BlindExtender``'s history draw). Held for the
+    whole run: the window's mix changes slowly once full. Dated at the epoch and judged without a
+    clock (``now`` None), so it counts as fresh; without history (``--extender-mix window``) it
+    says nothing, as a new balancer on an empty cluster would."""
+    if spec.extender_mix != "history":
+        return EMPTY_INVENTORY
+    state = BlindExtender(trace, spec, None).state
+    return Inventory(generated_at=datetime.fromtimestamp(0, UTC),
+                     type_pressure=tuple(sorted(state.type_pressure().items())))
+
+
 def run(trace: Trace, spec: RunSpec) -> RunResult:
     """Replay one arm with one seed; pure apart from loading the policy folder named in ``spec``."""
     if spec.arm not in ARMS:
@@ -308,6 +323,8 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
         relabeler.start(cluster)
         admission = Admission(spec.policies) if spec.arm in ("gpugate", "gpugate-extender") else None
+        published = balancer_inventory(trace, spec) if admission is not None else EMPTY_INVENTORY
+        published_key = json.dumps(published.type_pressure)
         views: dict[int, PodView | None] = {}
         placement_demands: dict[int, PodDemand] = {}
 
@@ -315,7 +332,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
             if index not in views:
                 pod: dict[str, Any] | None = workload.pod_for(records[index])
                 if admission is not None and pod is not None:
-                    pod = admission.admit(pod)
+                    pod = admission.admit(pod, published, published_key)
                 if pod is None:
                     views[index] = None
                 else:
