@@ -36,6 +36,10 @@ GPU_LOAD_LABEL = "gpugate.io/gpu-load"
 CONGESTED_TAINT_KEY = "gpugate.io/congested"
 LOAD_TIERS: tuple[str, ...] = ("idle", "busy", "congested")
 
+# Profiles of the second scheduler (manifests/scheduler/scheduler-config.yaml).
+EXTENDER_SCHEDULER_NAME = "gpugate"
+"""The profile with kube-scheduler's default plugins plus the balancer's extender."""
+
 # Labels NVIDIA's GPU feature discovery writes on nodes.
 NVIDIA_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NVIDIA_MEMORY_LABEL = "nvidia.com/gpu.memory"

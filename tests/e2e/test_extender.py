@@ -50,6 +50,7 @@ from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import find, kustomize
+from webhook import names
 from webhook.certs import pki
 from webhook.placement.scoring import RECOMMENDED_WEIGHT
 
@@ -75,7 +76,7 @@ def scheduler_configuration() -> dict[str, Any]:
     volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
     config_map = find(documents, "ConfigMap", volume["configMap"]["name"])
     document = yaml.safe_load(config_map["data"][config_path[len(mount["mountPath"]) + 1:]])
-    assert [p["schedulerName"] for p in document["profiles"]] == [BINPACK]
+    assert [p["schedulerName"] for p in document["profiles"]] == [BINPACK, names.EXTENDER_SCHEDULER_NAME]
     return dict(document)
 
 
@@ -342,10 +343,10 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
             stored = core.read_namespaced_secret(secret_name, secret_namespace)
             assert stored.type == "kubernetes.io/tls" and {"ca.crt", "tls.crt", "tls.key"} <= set(stored.data)
             cert = x509.load_pem_x509_certificate(base64.b64decode(stored.data["tls.crt"]))
-            names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            dns_names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
                 x509.DNSName)
             config = scheduler_configuration()
-            assert urlsplit(config["extenders"][0]["urlPrefix"]).hostname in names, names
+            assert urlsplit(config["extenders"][0]["urlPrefix"]).hostname in dns_names, dns_names
             second = run()
             assert second.returncode == 0, second.stderr + second.stdout
             again = core.read_namespaced_secret(secret_name, secret_namespace)

@@ -79,6 +79,7 @@ from tests.e2e.webhook_fixture import (
     kustomize,
     policy_of,
 )
+from webhook import names
 
 SCHEDULER_MANIFESTS = ROOT / "manifests" / "scheduler"
 BINPACK = "gpugate-binpack"
@@ -442,7 +443,7 @@ def scheduler_configuration(workdir: Path) -> dict[str, Any]:
     config_map = find(documents, "ConfigMap", volume["configMap"]["name"])
     document = yaml.safe_load(config_map["data"][config_path[len(mount["mountPath"]) + 1:]])
     assert document["kind"] == "KubeSchedulerConfiguration"
-    assert [p["schedulerName"] for p in document["profiles"]] == [BINPACK]
+    assert [p["schedulerName"] for p in document["profiles"]] == [BINPACK, names.EXTENDER_SCHEDULER_NAME]
     for extender in document.get("extenders") or []:
         assert extender.get("ignorable") is True, extender  # else an outage of the balancer stops scheduling
         assert not extender.get("filterVerb") and not extender.get("bindVerb"), extender

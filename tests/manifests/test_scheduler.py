@@ -11,7 +11,7 @@ import yaml
 from tests.e2e import binaries
 from tests.kubeversion import KUBERNETES_MINOR
 from tests.manifests.helpers import KUBERNETES_VERSION, NAMESPACE, arg_value, find, one, render_variant
-from webhook.names import GPU_RESOURCE
+from webhook.names import EXTENDER_SCHEDULER_NAME, GPU_RESOURCE
 
 # KubeSchedulerConfiguration v1 top-level fields (kubescheduler.config.k8s.io/v1 reference).
 CONFIG_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
@@ -45,14 +45,17 @@ def test_config_is_a_v1_kube_scheduler_configuration_with_known_fields() -> None
     assert 0 <= config.get("percentageOfNodesToScore", 0) <= 100
 
 
-def test_the_only_profile_is_gpugate_binpack() -> None:
+def test_the_profiles_are_gpugate_binpack_and_the_extenders_default_profile() -> None:
+    """``gpugate``: kube-scheduler's defaults (no plugins, no pluginConfig) plus the extender, the
+    profile the replay's extender arm models under the same name."""
     config, _, _ = _config()
-    assert [p["schedulerName"] for p in config["profiles"]] == ["gpugate-binpack"]
+    assert [p["schedulerName"] for p in config["profiles"]] == ["gpugate-binpack", EXTENDER_SCHEDULER_NAME]
+    assert config["profiles"][1] == {"schedulerName": EXTENDER_SCHEDULER_NAME}
 
 
 def test_binpack_scores_most_allocated_with_gpu_weighted_above_cpu_and_memory() -> None:
     config, _, _ = _config()
-    [profile] = config["profiles"]
+    [profile] = [p for p in config["profiles"] if p["schedulerName"] == "gpugate-binpack"]
     [fit] = [c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit"]
     strategy = fit["scoringStrategy"]
     assert strategy["type"] == "MostAllocated" and strategy["type"] in SCORING_TYPES

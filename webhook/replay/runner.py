@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from webhook import names
 from webhook.errors import InputError
 from webhook.kube.inventory import EMPTY as EMPTY_INVENTORY
 from webhook.kube.inventory import Inventory
@@ -65,8 +66,8 @@ ARMS = KUBE_ARMS + tuple(REFERENCE_SCHEDULERS) + SIZING_ARMS
 POLICY_ARMS = ("gpugate", "gpugate-extender") + SIZING_ARMS
 """Arms that admit pods through the policy folder."""
 BINPACK = "gpugate-binpack"
-EXTENDER_PROFILE = "gpugate"
-"""schedulerName of the second scheduler's profile that calls the extender (manifests/scheduler, phase 2)."""
+EXTENDER_PROFILE = names.EXTENDER_SCHEDULER_NAME
+"""schedulerName of the second scheduler's profile with the default plugins and the extender (manifests/scheduler)."""
 EXTENDER_ARMS = ("extender", "gpugate-extender")
 
 
