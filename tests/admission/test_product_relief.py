@@ -30,7 +30,8 @@ match: {namespaces: ["ml-*"]}
 gpu: {resource: nvidia.com/gpu, default: 1}
 placement: {strategy: spread}
 """))
-PRESSURE = (("ALIBABA-G2", 0.0), ("Tesla-P100-PCIE-16GB", 0.6), ("Tesla-T4", 1.5), ("Tesla-V100-SXM2-16GB", 0.4))
+PRESSURE = (("ALIBABA-G2", 0.0), ("ALIBABA-G3", 0.2), ("Tesla-P100-PCIE-16GB", 0.6), ("Tesla-T4", 1.5),
+            ("Tesla-V100-SXM2-16GB", 0.4))
 
 
 def published(age: float = 0.0, pressure: tuple[tuple[str, float], ...] = PRESSURE) -> Inventory:
@@ -51,7 +52,8 @@ def relief(terms: list[dict]) -> list[dict]:
 def test_an_unpinned_gpu_pod_under_pack_stays_off_the_pressured_products() -> None:
     terms = preferred(pod(container(gpus=1)), published())
     assert relief(terms) == [{"weight": mutation.PRODUCT_RELIEF_WEIGHT, "preference": {"matchExpressions": [
-        {"key": names.NVIDIA_PRODUCT_LABEL, "operator": "NotIn", "values": ["Tesla-P100-PCIE-16GB", "Tesla-T4"]}]}}]
+        {"key": names.NVIDIA_PRODUCT_LABEL, "operator": "NotIn",
+         "values": ["Tesla-P100-PCIE-16GB", "Tesla-T4", "Tesla-V100-SXM2-16GB"]}]}}]
     # ...as much as the whole pack ladder, so an empty node of another product beats a tight pressured one.
     pack = [t["weight"] for t in terms if t not in relief(terms)]
     assert mutation.PRODUCT_RELIEF_WEIGHT >= sum(pack) - min(pack)
@@ -98,7 +100,8 @@ def test_mutating_the_result_again_changes_nothing_even_with_another_inventory()
 
 def test_the_warning_names_the_products() -> None:
     result = mutation.mutate(pod(container(gpus=1)), namespace="ml-a", policies=PACK, inventory=published(), now=NOW)
-    assert any("away from Tesla-P100-PCIE-16GB, Tesla-T4" in w for w in result.warnings), result.warnings
+    named = "away from Tesla-P100-PCIE-16GB, Tesla-T4, Tesla-V100-SXM2-16GB"
+    assert any(named in w for w in result.warnings), result.warnings
 
 
 def test_the_inventory_reads_type_pressure_and_refuses_what_is_not_a_number() -> None:
