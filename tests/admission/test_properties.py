@@ -9,6 +9,7 @@ the user's own tolerations, nodeSelector, affinity and resources, NVIDIA ones in
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 import jsonpatch
@@ -22,9 +23,14 @@ from tests.kubeversion import KUBERNETES_VERSION
 from webhook import names
 from webhook.admission import mutation, patches, validation
 from webhook.kube import pods
+from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, matching, parsing
 
 K8S = KUBERNETES_VERSION  # the target cluster: stack.yaml cluster.kubernetesVersion
+PRESSURED = Inventory(generated_at=datetime(2026, 12, 1, tzinfo=UTC),
+                      type_pressure=(("NVIDIA-A100-SXM4-80GB", 0.9), ("NVIDIA-H100-80GB-HBM3", 0.1), ("Tesla-T4", 1.5)))
+"""A GPUInventory whose type pressure makes the pack strategy add its product relief (judged fresh:
+mutate gets no clock here)."""
 
 NAMESPACES = ["ml-a", "ml-b", "web-a", "research-x", "other"]
 NS_GLOBS = ["*", "ml-*", "web-*", "ml-a", "research-?", "*-a"]
@@ -313,10 +319,10 @@ def check_patch_applies(p, result) -> None:
         assert patched == result.desired, "(1) patch applied to the input differs from desired"
 
 
-def check_idempotent(result, policies, namespace) -> None:
+def check_idempotent(result, policies, namespace, inventory: Inventory = EMPTY) -> None:
     """(3) Mutating the result again yields an empty patch (reinvocationPolicy: IfNeeded is safe),
     also when the shaped pod matches another policy than the input did (TestIdempotence)."""
-    second = mutation.mutate(result.desired, namespace=namespace, policies=policies)
+    second = mutation.mutate(result.desired, namespace=namespace, policies=policies, inventory=inventory)
     assert second.patch == (), f"(3) second mutation still patches: {second.patch}"
 
 
@@ -344,15 +350,16 @@ def check_requests_equal_limits(p, result) -> None:
 
 # One generated case feeds several properties: generating and loading policies costs more than checking.
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases)
-def test_mutation_properties_over_generated_pods_and_policies(case):
-    """(1) patch applies, (3) idempotent, (4) user fields kept, requests == limits, validation answers."""
+@given(cases, st.sampled_from([EMPTY, PRESSURED]))
+def test_mutation_properties_over_generated_pods_and_policies(case, inventory):
+    """(1) patch applies, (3) idempotent, (4) user fields kept, requests == limits, validation answers;
+    with and without a GPUInventory whose type pressure adds the pack strategy's product relief."""
     p, policies, namespace = case
     original = copy.deepcopy(p)
-    result = mutation.mutate(p, namespace=namespace, policies=policies)
+    result = mutation.mutate(p, namespace=namespace, policies=policies, inventory=inventory)
     assert p == original, "mutate edited its input"
     check_patch_applies(p, result)
-    check_idempotent(result, policies, namespace)
+    check_idempotent(result, policies, namespace, inventory)
     check_user_fields_kept(p, result, policies, namespace)
     check_requests_equal_limits(p, result)
     verdict = validation.validate(result.desired, namespace=namespace, policies=policies)
@@ -360,12 +367,12 @@ def test_mutation_properties_over_generated_pods_and_policies(case):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases)
-def test_the_desired_pod_passes_kubernetes_validation(case):
+@given(cases, st.sampled_from([EMPTY, PRESSURED]))
+def test_the_desired_pod_passes_kubernetes_validation(case, inventory):
     """(2) A valid pod stays valid for the target cluster's Pod schema in strict mode (no unknown or mistyped field)."""
     p, policies, namespace = case
     assume(valid_pod(p))
-    result = mutation.mutate(p, namespace=namespace, policies=policies)
+    result = mutation.mutate(p, namespace=namespace, policies=policies, inventory=inventory)
     kubernetes_validate.validate(copy.deepcopy(result.desired), K8S, strict=True)
 
 
@@ -379,6 +386,9 @@ def test_the_strategies_reach_the_interesting_cases():
     find(cases, lambda c: len(outcome(c).patch) >= 4, settings=quick)
     find(cases, lambda c: outcome(c).mode == "audit" and bool(outcome(c).warnings), settings=quick)
     find(cases, lambda c: any("kept the pod's" in w for w in outcome(c).warnings), settings=quick)
+    relieved = "pinned to a GPU product need most"
+    find(cases, lambda c: any(relieved in w for w in mutation.mutate(
+        c[0], namespace=c[2], policies=c[1], inventory=PRESSURED).warnings), settings=quick)
 
 
 # --- the patch helper on its own ------------------------------------------------------------------
