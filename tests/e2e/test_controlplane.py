@@ -179,8 +179,6 @@ def test_default_admission_chain_mutates_pods(cluster: Cluster, namespace: str) 
         "extended resources: requests default to limits"
 
 
-@pytest.mark.skipif(not (ROOT / "manifests/scheduler/scheduler-config.yaml").is_file(),
-                    reason="manifests/scheduler/scheduler-config.yaml is absent")
 def test_project_scheduler_profile_runs_as_a_second_scheduler(cluster: Cluster, nodes: Nodes,
                                                               namespace: str, tmp_path: Path) -> None:
     """The shipped configuration as it is, but for where the extender is: its balancer Service is

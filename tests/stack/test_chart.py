@@ -117,11 +117,16 @@ def test_upgrade_refuses_a_commit_whose_chart_says_something_else(stack_repo, he
     assert result.exit_code == 1 and "FAIL  chart-nvidiadriver" in result.output, result.output
 
 
-def test_without_helm_the_render_is_skipped_and_said(stack_repo, monkeypatch):
+def test_without_helm_the_render_is_skipped_and_said(stack_repo, monkeypatch, tmp_path):
     monkeypatch.delenv(chartrender.HELM_ENV, raising=False)
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # kubectl and git stay, no helm
-    if shutil.which("helm"):
-        pytest.skip("a helm is installed system-wide")
+    tools = tmp_path / "bin"  # kubectl and git stay, no helm (even where one is installed system-wide)
+    tools.mkdir()
+    for tool in ("kubectl", "git"):
+        found = shutil.which(tool)
+        assert found, f"{tool} is needed by the stack tool (the stack_repo fixture checks it)"
+        (tools / tool).symlink_to(found)
+    monkeypatch.setenv("PATH", str(tools))
+    assert shutil.which("helm") is None
     result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04")
     assert result.exit_code == 0, result.output
     assert "PASS  chart-render" in result.output and "not rendered: helm not found" in result.output
