@@ -78,7 +78,7 @@ def test_a_pod_with_a_say_about_products_is_left_as_it_is(pinned: dict) -> None:
 
 @pytest.mark.parametrize(("inventory", "why"), [
     (Inventory(), "no inventory"),
-    (published(age=mutation.PRESSURE_MAX_AGE_SECONDS + 1), "stale"),
+    (published(age=kube_inventory.MAX_AGE_SECONDS + 1), "stale"),
     (published(pressure=(("Tesla-T4", mutation.PRESSURE_AT_LEAST - 0.1),)), "below the threshold"),
 ])
 def test_no_relief_without_a_fresh_inventory_that_names_a_pressured_product(inventory: Inventory, why: str) -> None:

@@ -118,16 +118,18 @@ def terms_of(pod_spec: dict[str, Any]) -> list[Term] | None:
     return [t for t in terms if isinstance(t, dict)] if isinstance(terms, list) else None
 
 
+def _names_key(term: Any, key: str) -> bool:
+    """A node selector term (``matchExpressions``) with an expression on ``key``."""
+    expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+    return isinstance(expressions, list) and any(isinstance(e, dict) and e.get("key") == key for e in expressions)
+
+
 def constrains(pod_spec: dict[str, Any], key: str) -> bool:
     """The pod's nodeSelector or one of its required node-affinity terms names ``key``."""
     selector = pod_spec.get("nodeSelector")
     if isinstance(selector, dict) and key in selector:
         return True
-    for term in terms_of(pod_spec) or []:
-        expressions = term.get("matchExpressions")
-        if isinstance(expressions, list) and any(isinstance(e, dict) and e.get("key") == key for e in expressions):
-            return True
-    return False
+    return any(_names_key(term, key) for term in terms_of(pod_spec) or [])
 
 
 def prefers(pod_spec: dict[str, Any], key: str) -> bool:
@@ -136,12 +138,9 @@ def prefers(pod_spec: dict[str, Any], key: str) -> bool:
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
     preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") \
         if isinstance(node_affinity, dict) else None
-    for item in preferred if isinstance(preferred, list) else []:
-        term = item.get("preference") if isinstance(item, dict) else None
-        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
-        if isinstance(expressions, list) and any(isinstance(e, dict) and e.get("key") == key for e in expressions):
-            return True
-    return False
+    if not isinstance(preferred, list):
+        return False
+    return any(_names_key(item.get("preference"), key) for item in preferred if isinstance(item, dict))
 
 
 def unmet(pod_spec: dict[str, Any], wanted: Expression) -> list[str]:

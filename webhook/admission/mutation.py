@@ -18,7 +18,7 @@ from webhook import names
 from webhook.admission import affinity, patches, rightsizing
 from webhook.errors import InputError
 from webhook.kube import pods, resources
-from webhook.kube.inventory import EMPTY, Inventory
+from webhook.kube.inventory import EMPTY, MAX_AGE_SECONDS, Inventory
 from webhook.kube.quantity import out_of_range, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
@@ -57,8 +57,6 @@ PRESSURE_AT_LEAST = 0.25
 take all of it): a quarter of its supply. Chosen over 0.5 on the openb gpuspec lists, the only
 ones with pins (gpuspec10, 42-44 medians with packed shares: 94.03 against 91.50), checked on
 all five (docs/placement.md)."""
-PRESSURE_MAX_AGE_SECONDS = 300
-"""An older inventory says nothing about pressure (the right-sizing ladder's default age bound)."""
 
 
 MAX_GPUS_PER_POD = 64
@@ -538,7 +536,7 @@ def pressured_products(pod: Pod, inventory: Inventory, now: datetime | None) -> 
     need most (the fresh inventory's type pressure). None for a pod pinned itself, whatever to, or
     one that already states a preference about products (its author's, or ours from an earlier
     pass with another inventory: what is there is kept, so a second pass changes nothing)."""
-    if not inventory.fresh(now, PRESSURE_MAX_AGE_SECONDS):
+    if not inventory.fresh(now, MAX_AGE_SECONDS):
         return ()
     spec = pods.spec(pod)
     if affinity.constrains(spec, names.NVIDIA_PRODUCT_LABEL) or affinity.prefers(spec, names.NVIDIA_PRODUCT_LABEL):
@@ -572,9 +570,14 @@ def add_placement_preferences(pod: Pod, context: StepContext) -> None:
     node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = list(existing) + added
     context.note(f"prefer nodes for placement '{context.policy.placement.strategy}'"
                  + (" avoiding congested GPUs" if context.policy.placement.avoid_congested == "preferred" else "")
-                 + "".join(f" away from {', '.join(t['preference']['matchExpressions'][0]['values'])}, which pods "
-                           "pinned to a GPU product need most" for t in added
-                           if t["preference"]["matchExpressions"][0]["key"] == names.NVIDIA_PRODUCT_LABEL))
+                 + "".join(f" away from {', '.join(products)}, which pods pinned to a GPU product need most"
+                           for products in map(_relieved, added) if products))
+
+
+def _relieved(term: dict[str, Any]) -> list[str]:
+    """The products a preferred term of ours keeps the pod off (empty for any other term)."""
+    [expression] = term["preference"]["matchExpressions"]
+    return list(expression.get("values", ())) if expression["key"] == names.NVIDIA_PRODUCT_LABEL else []
 
 
 def add_topology_affinity(pod: Pod, context: StepContext) -> None:

@@ -15,6 +15,9 @@ from typing import Any
 
 API_VERSION = "gpugate.io/v1alpha1"
 KIND = "GPUInventory"
+MAX_AGE_SECONDS = 300
+"""How old an inventory may be and still steer (the balancer rewrites it every 60 s): the right-sizing
+ladder's default ``maxInventoryAgeSeconds`` and the pack strategy's product relief."""
 
 
 class InventoryError(ValueError):

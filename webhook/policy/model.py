@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
+from webhook.kube.inventory import MAX_AGE_SECONDS
+
 Mode = Literal["enforce", "audit", "off"]
 Strategy = Literal["pack", "spread", "none"]
 AvoidCongested = Literal["required", "preferred", "no"]
@@ -120,7 +122,7 @@ class RightSizing:
     ladder: tuple[Rung, ...]
     mig_strategy: MigStrategy = "single"
     """How MIG slices are advertised when the inventory does not say (the GPU Operator's default)."""
-    max_inventory_age_seconds: int = 300
+    max_inventory_age_seconds: int = MAX_AGE_SECONDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import yaml
 
 from webhook import names
 from webhook.errors import PolicyLoadError
-from webhook.kube import yamlload
+from webhook.kube import inventory, yamlload
 from webhook.kube.quantity import QuantityError, bytes_
 from webhook.policy import overlap
 from webhook.policy.model import (
@@ -319,4 +319,4 @@ def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
             rungs.append(Rung(name=item["resource"], resource=item["resource"], memory_bytes=bytes_(item["memory"]),
                               compute=float(item.get("compute", 1.0))))
     return RightSizing(ladder=tuple(rungs), mig_strategy=raw.get("migStrategy", "single"),
-                       max_inventory_age_seconds=int(raw.get("maxInventoryAgeSeconds", 300)))
+                       max_inventory_age_seconds=int(raw.get("maxInventoryAgeSeconds", inventory.MAX_AGE_SECONDS)))

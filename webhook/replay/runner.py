@@ -271,16 +271,17 @@ def kube_cluster(trace: Trace) -> KubeCluster:
     return KubeCluster(state=state, labels=labels)
 
 
-def balancer_inventory(trace: Trace, spec: RunSpec) -> Inventory:
+def balancer_inventory(trace: Trace, spec: RunSpec, extender: BlindExtender | None = None) -> Inventory:
     """The GPUInventory's type pressure as the balancer publishes it for the webhook: from the shape
     window of its extender state (``ExtenderState.type_pressure``, the code it serves), filled as a
     balancer restarted on a running cluster finds it (``BlindExtender``'s history draw). Held for the
     whole run: the window's mix changes slowly once full. Dated at the epoch and judged without a
     clock (``now`` None), so it counts as fresh; without history (``--extender-mix window``) it
-    says nothing, as a new balancer on an empty cluster would."""
+    says nothing, as a new balancer on an empty cluster would. ``extender``: the arm's own, read
+    before its first pod, instead of a second one built alike."""
     if spec.extender_mix != "history":
         return EMPTY_INVENTORY
-    state = BlindExtender(trace, spec, None).state
+    state = (extender or BlindExtender(trace, spec, None)).state
     return Inventory(generated_at=datetime.fromtimestamp(0, UTC),
                      type_pressure=tuple(sorted(state.type_pressure().items())))
 
@@ -324,7 +325,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
         relabeler.start(cluster)
         admission = Admission(spec.policies) if spec.arm in ("gpugate", "gpugate-extender") else None
-        published = balancer_inventory(trace, spec) if admission is not None else EMPTY_INVENTORY
+        published = balancer_inventory(trace, spec, extender) if admission is not None else EMPTY_INVENTORY
         published_key = json.dumps(published.type_pressure)
         views: dict[int, PodView | None] = {}
         placement_demands: dict[int, PodDemand] = {}
