@@ -42,10 +42,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(item.path).resolve().parents:
+            # pyproject's --dist loadfile keeps each module on one worker, in order; with `-n 2`
+            # each worker that gets e2e modules starts its own control plane (on free loopback ports).
             item.add_marker(pytest.mark.e2e)
-            # One xdist worker runs every e2e test (pyproject sets --dist loadgroup), so a
-            # `pytest -n 2` run starts one control plane, not one per worker.
-            item.add_marker(pytest.mark.xdist_group("e2e"))
 
 
 @pytest.fixture(scope="session")
