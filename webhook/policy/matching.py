@@ -61,17 +61,19 @@ def match_applies(match: Match, pod: pods.Pod, namespace: str, *, asks_for_gpus:
     return pods.asks_for_gpus(pod) if asks_for_gpus is None else asks_for_gpus
 
 
-def select(policies: PolicySet, pod: pods.Pod, *, namespace: str, honor_skip: bool = True) -> GPUPolicy | None:
+def select(policies: PolicySet, pod: pods.Pod, *, namespace: str, honor_skip: bool = True,
+           asks_for_gpus: bool | None = None) -> GPUPolicy | None:
     """The highest-priority policy whose match applies, or None (also for opted-out pods).
 
     Policies are kept sorted by descending priority, and equal priorities that could both
     match are refused at load, so the first hit is the only answer. A policy in mode ``off``
     is as if absent: switching one off never changes which other policy a pod gets.
     ``honor_skip=False`` is for validation: the opt-out label skips shaping, never the limits.
+    ``asks_for_gpus`` may be passed in by a caller that already knows it.
     """
     if honor_skip and pods.is_skipped(pod):
         return None
-    gpu_pod = pods.asks_for_gpus(pod)
+    gpu_pod = pods.asks_for_gpus(pod) if asks_for_gpus is None else asks_for_gpus
     return next((p for p in policies.policies
                  if p.mode != "off" and match_applies(p.match, pod, namespace, asks_for_gpus=gpu_pod)), None)
 
