@@ -13,7 +13,7 @@ Every request is ``POST /mutate``. By default the review is a realistic one
 service-account volume and managedFields, about 5.9 KB, as the API server sends it);
 ``--small`` uses the bundled example pod (webhook/examples/pod-training.yaml, about 1 KB).
 
-    python benchmarks/admission_load.py [--seconds 5] [--rate 500] [--connections 8] [--drivers 2] \
+    python benchmarks/admission_load.py [--seconds 5] [--rate 500] [--connections 8] [--drivers 2]
         [--rounds 3] [--small]
     python benchmarks/admission_load.py --profile   # where the app's CPU goes (in-process cProfile)
 """
