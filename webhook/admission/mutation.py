@@ -246,7 +246,9 @@ def _own_container(pod: Pod, container: dict[str, Any]) -> dict[str, Any]:
     spec = pods.spec(pod)
     for key in ("initContainers", "containers"):
         members = spec.get(key)
-        for index, member in enumerate(members if isinstance(members, list) else ()):
+        if not isinstance(members, list):
+            continue
+        for index, member in enumerate(members):
             if member is container:
                 copied = dict(container)
                 if "resources" in copied:
