@@ -107,3 +107,38 @@ def test_the_extender_device_policy_comes_from_the_flag_else_the_file_else_distr
     assert settings_from(config, extender_device_policy="distributed").extender.device_policy == "distributed"
     result = CliRunner().invoke(main, ["balance", "--extender-device-policy", "spread"])
     assert result.exit_code == 2 and "'spread' is not one of 'distributed', 'packed'" in result.output
+
+
+MIX = "- {cpu: 8000, gpus: 1, weight: 3}\n- {cpu: 4000, gpus: 1, gpuMilli: 500, weight: 1}\n"
+
+
+def test_the_extender_pod_mix_file_comes_from_the_flag_and_needs_the_extender(tmp_path: Path) -> None:
+    mix = tmp_path / "pod-mix.yaml"
+    mix.write_text(MIX)
+    config = tmp_path / "balancer.yaml"
+    config.write_text(f"extender: {{bind: '127.0.0.1:0', cert_file: c, key_file: k, mix_file: {mix}}}\n")
+    assert settings_from(config).extender.mix_file == str(mix)
+    assert settings_from(None).extender.mix_file == ""
+    with pytest.raises(SettingsError, match="extender.mix_file is for the extender's measure: set extender.bind"):
+        settings_from(None, extender_mix=str(mix))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "a mix is a non-empty list of pod shapes"),
+    ("[unclosed\n", "not valid YAML"),
+    ("- {cpu: 1000, weight: 0}\n", "[0]: weight must be a number above 0, got 0"),
+    ("- {cpu: 1000, gpus: 1, weight: 1}\n- {cpu: -5, weight: 1}\n", "[1]: cpu must be a whole number of at least 0"),
+    ("- {cpu: 1000, gpus: 2, gpuMilli: 500, weight: 1}\n", "a share (gpuMilli 500) is one GPU's; got gpus: 2"),
+    ("- {cpu: 1000, gpuMilli: 500, weight: 1}\n", "gpuMilli needs gpus"),
+    ("- {cpu: 1000, gpus: 1, memory: 5, weight: 1}\n", "unknown key 'memory'"),
+])
+def test_a_bad_pod_mix_file_is_refused_by_the_command_with_the_entry_named(tmp_path: Path, text: str,
+                                                                           message: str) -> None:
+    mix = tmp_path / "pod-mix.yaml"
+    mix.write_text(text)
+    args = ["balance", "--extender-bind", "127.0.0.1:0", "--extender-cert", "c", "--extender-key", "k",
+            "--extender-mix", str(mix)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and message in result.output and str(mix) in result.output
+    result = CliRunner().invoke(main, args[:-1] + [str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 1 and "cannot read it" in result.output

@@ -92,3 +92,12 @@ def test_the_wire_shapes_are_kube_schedulers() -> None:
     assert candidate_names({"NodeNames": ["a", "b"]}) == ["a", "b"]
     assert candidate_names({"Nodes": {"items": [{"metadata": {"name": "c"}}]}, "NodeNames": None}) == ["c"]
     assert host_priorities(["a", "b"], [10, 0]) == [{"Host": "a", "Score": 10}, {"Host": "b", "Score": 0}]
+
+
+def test_a_configured_mix_is_used_from_the_start_and_pods_seen_do_not_replace_it() -> None:
+    state = cluster(ExtenderSettings(mix=MIX, window=50, refresh=5))
+    assert state.fragmenter.mix == MIX
+    for _ in range(40):
+        state.seen(PodDemand(cpu=4000, gpus=1))
+    state.refresh()
+    assert state.fragmenter.mix == MIX

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from webhook.balancer.settings import load_mix
 from webhook.cli import main
 from webhook.commands.replay import parse_seeds
-from webhook.replay import report
+from webhook.placement.shapes import ShapeMix
+from webhook.replay import report, runner, trace
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -42,6 +44,10 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
                                     for arm in ("stock", "gpugate", "fgd"))
     combined = report.plot_curves(curves, tmp_path / "combined.png", title="t")
     assert combined.read_bytes()[:4] == b"\x89PNG"
+    # The pod list's shape mix, for gpugate balance --extender-mix: the mix --extender-mix trace uses.
+    assert "pod-mix.yaml" in stdout
+    loaded = trace.synthetic(5, nodes=24)
+    assert load_mix(str(out / "pod-mix.yaml")) == ShapeMix.from_demands(runner.demand_from_trace(loaded.pods))
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -40,7 +40,7 @@ from webhook.balancer.lease import LeaderElector
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.prometheus import PrometheusClient, PrometheusError
 from webhook.balancer.publisher import InventoryPublisher
-from webhook.balancer.settings import BalancerSettings, parse_bind
+from webhook.balancer.settings import BalancerSettings, load_mix, parse_bind
 from webhook.balancer.state import ClusterState, NodeInfo, PodUsage, may_hold_gpus, node_info, pod_key, pod_usage
 from webhook.errors import GpugateError
 from webhook.names import LOAD_TIERS
@@ -114,9 +114,10 @@ class Balancer:
         if settings.extender.bind:
             # The extender weighs every bound pod's cpu and memory, not only GPU pods: no prefilter,
             # and each pod is reduced to both records (what the labels count, what the measure counts).
+            mix = load_mix(settings.extender.mix_file) if settings.extender.mix_file else None
             self.feed = placementfeed.Feed(ExtenderState(ExtenderSettings(
                 device_policy=cast(DevicePolicy, settings.extender.device_policy),
-                assume_ttl=settings.extender.assume_ttl)))
+                assume_ttl=settings.extender.assume_ttl, mix=mix)))
             self.metrics.extender_serving.set(0)
             self.pods = Informer[placementfeed.PodRecord](
                 name="pods", list_call=client.CoreV1Api(api()).list_pod_for_all_namespaces,
@@ -256,7 +257,8 @@ class Balancer:
                 continue
             self.metrics.extender_serving.set(1)
             log.info("scheduler extender serving", extra={"fields": {
-                "bind": e.bind, "port": self.extender.port, "path": f"{e.path.rstrip('/')}/prioritize"}})
+                "bind": e.bind, "port": self.extender.port, "path": f"{e.path.rstrip('/')}/prioritize",
+                "pod_mix": e.mix_file or "learned from the last pods created"}})
             return
 
     def _replace_priority_classes(self, marked: dict[str, bool]) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from webhook.balancer.settings import BalancerSettings
+from webhook.balancer.settings import BalancerSettings, load_mix
 from webhook.errors import GpugateError
 
 
@@ -53,6 +53,9 @@ def _env_default(name: str, fallback: str) -> str:
               help="The device plugin's allocation policy for time-sliced shares, as the cluster runs it "
               "(its flags.plugin.sharedDevicesAllocationPolicy): which GPU the extender assumes a share got "
               "[default: distributed, the device plugin's default].")
+@click.option("--extender-mix", metavar="FILE",
+              help="The cluster's typical pod shapes for the extender's measure (YAML; gpugate replay writes "
+              "one from a pod list as pod-mix.yaml) [default: learned from the last 2,000 pods created].")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | None, server: str | None,
@@ -60,7 +63,8 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
             write_interval: float | None, lease_name: str | None, lease_namespace: str | None,
             identity: str | None, health_bind: str | None, taint_congested: bool | None,
             publish_inventory: bool | None, extender_bind: str | None, extender_cert: str | None,
-            extender_key: str | None, extender_device_policy: str | None, log_level: str) -> None:
+            extender_key: str | None, extender_device_policy: str | None, extender_mix: str | None,
+            log_level: str) -> None:
     """Label GPU nodes gpugate.io/gpu-free and gpugate.io/gpu-load from live load.
 
     Lists and watches nodes and pods, optionally reads DCGM utilization from Prometheus, and
@@ -81,9 +85,11 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
                              write_burst=write_burst, write_interval=write_interval,
                              publish_inventory=publish_inventory, extender_bind=extender_bind,
                              extender_cert=extender_cert, extender_key=extender_key,
-                             extender_device_policy=extender_device_policy)
+                             extender_device_policy=extender_device_policy, extender_mix=extender_mix)
     if (token_file or ca_file) and not settings.server:
         raise click.UsageError("--token-file and --certificate-authority go with --server")
+    if settings.extender.mix_file:
+        load_mix(settings.extender.mix_file)  # a bad file is refused before anything connects
     logs.configure(log_level)
     # Decoding lists allocates millions of short-lived, acyclic dicts: collecting cycles among them
     # every 700 allocations cost more CPU than the decoding itself. Objects that live (the state)
@@ -130,6 +136,7 @@ def settings_from(config_file: Path | None, **flags: Any) -> BalancerSettings:
         extender__cert_file=flags.get("extender_cert"),
         extender__key_file=flags.get("extender_key"),
         extender__device_policy=flags.get("extender_device_policy"),
+        extender__mix_file=flags.get("extender_mix"),
     )
     return settings.with_overrides(
         lease__namespace=settings.lease.namespace or _env_default("POD_NAMESPACE", "gpugate-system"),

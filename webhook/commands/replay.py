@@ -6,8 +6,10 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
+import yaml
 
 from webhook.errors import InputError
 from webhook.policy import loading
@@ -123,6 +125,7 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
                             mig_mix=mix, share_replicas=share_replicas,
                             policies=str(policies) if arm in runner.POLICY_ARMS else None)
              for arm in arm_list for seed in seed_list]
+    mix_file = write_pod_mix(loaded, out)
     progress = report.Progress(len(specs), sys.stderr)
     results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
     for result in results:
@@ -134,8 +137,26 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     sized = report.sizing_table(results)
     if sized:
         click.echo(f"{sized}\n(MIG mix {mix}; docs/rightsizing.md)")
-    click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'} and {len(results)} CSV file(s) "
-               f"in {out / 'runs'}")
+    click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'}, {mix_file} (the pod list's shape mix: "
+               f"gpugate balance --extender-mix) and {len(results)} CSV file(s) in {out / 'runs'}")
+
+
+POD_MIX_FILE = "pod-mix.yaml"
+
+
+def write_pod_mix(loaded: Any, out: Path) -> Path:
+    """Write the pod list's shape mix (what ``--extender-mix trace`` configures) where the balancer
+    can read it: replaying a cluster's own history is how an operator gets a mix worth pinning."""
+    from webhook.placement.shapes import ShapeMix, mix_entries
+    from webhook.replay.runner import demand_from_trace
+
+    mix = ShapeMix.from_demands(demand_from_trace(loaded.pods))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / POD_MIX_FILE
+    header = (f"# The typical pod shapes of {loaded.workload} (the most common, covering 95% of its pods),\n"
+              f"# for gpugate balance --extender-mix (cpu in millicores; gpuMilli: a share's thousandths).\n")
+    path.write_text(header + yaml.safe_dump(mix_entries(mix), sort_keys=False), encoding="utf-8")
+    return path
 
 
 def _cpus() -> int:

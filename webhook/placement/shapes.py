@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from webhook.placement.devices import MILLI
 from webhook.placement.inputs import PodDemand
@@ -127,3 +128,74 @@ class ShapeWindow:
 
     def mix(self) -> ShapeMix:
         return self._mix
+
+
+class MixError(ValueError):
+    """A configured pod-shape mix that cannot be used; ``str()`` names the entry and the field."""
+
+
+_ENTRY_KEYS = frozenset({"cpu", "gpus", "gpuMilli", "products", "weight"})
+
+
+def parse_mix(entries: Any, source: str = "mix") -> ShapeMix:
+    """A configured mix from its YAML form: a list of shapes, each with a positive ``weight``.
+
+    ``cpu`` in millicores; ``gpus`` whole devices (0 or absent: a CPU-only pod); ``gpuMilli`` the
+    thousandths of one GPU a time-sliced share asks (1-999, with ``gpus: 1``; absent: whole GPUs);
+    ``products`` the GPU products the pods are pinned to (absent: any). Weights are relative (they
+    are scaled to sum to 1), so counts of pods seen work as they are; a shape listed twice adds up.
+    The whole mix is used as given, in its order: the popularity cut applies to learned mixes only.
+    """
+    if not isinstance(entries, list) or not entries:
+        raise MixError(f"{source}: a mix is a non-empty list of pod shapes")
+    weights: dict[Shape, float] = {}
+    for index, entry in enumerate(entries):
+        where = f"{source}[{index}]"
+        if not isinstance(entry, dict):
+            raise MixError(f"{where}: a shape is a mapping with cpu, gpus, gpuMilli, products and weight")
+        unknown = sorted(set(entry) - _ENTRY_KEYS)
+        if unknown:
+            raise MixError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(sorted(_ENTRY_KEYS))}")
+        cpu, gpus = _count(entry, "cpu", where), _count(entry, "gpus", where)
+        milli = _count(entry, "gpuMilli", where) if "gpuMilli" in entry else (MILLI if gpus else 0)
+        if gpus and not 0 < milli <= MILLI:
+            raise MixError(f"{where}: gpuMilli must be 1-{MILLI} (thousandths of one GPU), got {milli}")
+        if milli and not gpus:
+            raise MixError(f"{where}: gpuMilli needs gpus (a share is gpus: 1)")
+        if milli < MILLI and gpus > 1:
+            raise MixError(f"{where}: a share (gpuMilli {milli}) is one GPU's; got gpus: {gpus}")
+        products = entry.get("products", [])
+        if not isinstance(products, list) or not all(isinstance(p, str) and p for p in products):
+            raise MixError(f"{where}: products must be a list of GPU product names")
+        weight = entry.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise MixError(f"{where}: weight must be a number above 0, got {weight!r}")
+        shape = Shape(cpu, milli, gpus, tuple(sorted(set(products))))
+        weights[shape] = weights.get(shape, 0.0) + float(weight)
+    total = sum(weights.values())
+    # A mix written by mix_entries already sums to 1 (to rounding): kept exactly, so it reads back equal.
+    scale = 1.0 if abs(total - 1.0) < 1e-9 else total
+    return ShapeMix(shapes=tuple(weights), weights=tuple(w / scale for w in weights.values()))
+
+
+def _count(entry: dict[str, Any], key: str, where: str) -> int:
+    value = entry.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MixError(f"{where}: {key} must be a whole number of at least 0, got {value!r}")
+    return value
+
+
+def mix_entries(mix: ShapeMix) -> list[dict[str, Any]]:
+    """The YAML form ``parse_mix`` reads, e.g. to pin a mix learned from a cluster's pods."""
+    out: list[dict[str, Any]] = []
+    for shape, weight in zip(mix.shapes, mix.weights, strict=True):
+        entry: dict[str, Any] = {"cpu": shape.cpu}
+        if shape.gpus:
+            entry["gpus"] = shape.gpus
+            if shape.milli != MILLI:
+                entry["gpuMilli"] = shape.milli
+        if shape.products:
+            entry["products"] = list(shape.products)
+        entry["weight"] = weight
+        out.append(entry)
+    return out
