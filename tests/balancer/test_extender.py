@@ -305,3 +305,18 @@ def test_the_inventory_publishes_the_type_pressure_the_extender_learned(fake_kub
 
     found = wait_for(lambda: pressure().get("Tesla-T4"), what="the T4's type pressure in the inventory")
     assert found >= 0.5 and "ALIBABA-G2" not in pressure()
+
+
+def test_a_configured_pod_mix_is_what_the_running_extender_measures_with(fake_kube: FakeKube, start_balancer,
+                                                                         certs: Path, tmp_path: Path) -> None:
+    mix_file = tmp_path / "pod-mix.yaml"
+    mix_file.write_text("- {cpu: 4000, gpus: 2, weight: 3}\n- {cpu: 1000, gpus: 1, gpuMilli: 250, weight: 1}\n")
+    fake_kube.put(node("n1", {"nvidia.com/gpu": "8"}))
+    fake_kube.put_many(pod(f"p{i}", "n1", cpu="2", gpus=1) for i in range(150))
+    running = start_balancer(serving(certs, mix_file=str(mix_file)))
+    wait_for(lambda: running.balancer.extender is not None and running.balancer.ready(), what="the extender")
+    assert running.balancer.feed is not None
+    mix = running.balancer.feed.state.fragmenter.mix
+    # The 150 one-GPU pods listed would have taught a mix of their own shape; the file wins.
+    assert [(s.cpu, s.gpus, s.milli) for s in mix.shapes] == [(4000, 2, 1000), (1000, 1, 250)]
+    assert mix.weights == (0.75, 0.25)
