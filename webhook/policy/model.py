@@ -28,11 +28,16 @@ class LabelSelector:
 
     match_labels: tuple[tuple[str, str], ...] = ()
     match_expressions: tuple[SelectorRequirement, ...] = ()
+    _folded: tuple[SelectorRequirement, ...] = field(init=False, repr=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        # Folded once: every admission asks every policy's selector.
+        folded = tuple(SelectorRequirement(k, "In", (v,)) for k, v in self.match_labels)
+        object.__setattr__(self, "_folded", folded + self.match_expressions)
 
     def requirements(self) -> tuple[SelectorRequirement, ...]:
         """matchLabels folded into In requirements, as the API server does."""
-        folded = tuple(SelectorRequirement(k, "In", (v,)) for k, v in self.match_labels)
-        return folded + self.match_expressions
+        return self._folded
 
 
 @dataclass(frozen=True, slots=True)
