@@ -3,6 +3,7 @@
     python benchmarks/placement_table.py run [--lists default,cpu050,...] [--arms stock,...]
                                              [--seeds 42-44] [--tag NAME] [--workers 1]
     python benchmarks/placement_table.py table [--seeds 42-44] [--tags extender=extender-v2,...]
+                                               [--arms stock,gpugate,extender,extender-mix,...]
 
 ``run`` replays each (list, arm, seed) not yet in OUT/results.jsonl (default
 replay-out/table/, git-ignored) with ``webhook.replay.runner`` and appends one JSON line per run:
@@ -132,12 +133,26 @@ def goals(name: str, got: dict[str, float | None]) -> str:
     """The issue's goals on one list: the extender as shipped (``extender-packed``, the device
     plugin's packed allocation, when that column is there; else ``extender``) at or above BestFit,
     within 0.5 of FGD, never below the stock scheduler under either device allocation, 95.2 on
-    the default list; and the starter policies never below stock under the same allocation."""
-    ext = got.get("extender-packed") if got.get("extender-packed") is not None else got.get("extender")
+    the default list; the same for an ``extender-mix`` column (the extender given the pod list's
+    shape mix, ``--extender-mix``), reported apart; and the starter policies never below stock
+    under the same allocation."""
     stocks = [v for v in (got.get("stock"), got.get("stock-packed")) if v is not None]
     best, fgd = got.get("bestfit"), got.get("fgd")
-    if ext is None or not stocks or best is None or fgd is None:
+    learned = got.get("extender-packed") if got.get("extender-packed") is not None else got.get("extender")
+    if learned is None or not stocks or best is None or fgd is None:
         return "incomplete"
+    misses = _extender_misses(name, learned, stocks, best, fgd)
+    configured = got.get("extender-mix")
+    if configured is not None:
+        misses += [f"{miss} (configured mix)" for miss in _extender_misses(name, configured, stocks, best, fgd)]
+    for suffix in ("", "-packed"):
+        starter, stock = got.get(f"gpugate{suffix}"), got.get(f"stock{suffix}")
+        if starter is not None and stock is not None and starter < stock:
+            misses.append(f"gpugate{suffix} {starter - stock:+.2f} vs stock{suffix}")
+    return ", ".join(misses) or "met"
+
+
+def _extender_misses(name: str, ext: float, stocks: list[float], best: float, fgd: float) -> list[str]:
     misses = []
     if name == "default" and ext < 95.2:
         misses.append("< 95.2")
@@ -147,11 +162,7 @@ def goals(name: str, got: dict[str, float | None]) -> str:
         misses.append(f"fgd {ext - fgd:+.2f}")
     if ext < max(stocks):
         misses.append("< stock")
-    for suffix in ("", "-packed"):
-        starter, stock = got.get(f"gpugate{suffix}"), got.get(f"stock{suffix}")
-        if starter is not None and stock is not None and starter < stock:
-            misses.append(f"gpugate{suffix} {starter - stock:+.2f} vs stock{suffix}")
-    return ", ".join(misses) or "met"
+    return misses
 
 
 def main() -> int:

@@ -1,0 +1,20 @@
+"""benchmarks/placement_table.py's goal check: each of issue 16's goals, for both extender columns."""
+
+from __future__ import annotations
+
+from benchmarks.placement_table import goals
+
+REFS = {"stock": 90.0, "stock-packed": 91.0, "bestfit": 92.0, "fgd": 95.0}
+
+
+def test_every_goal_met_reads_met() -> None:
+    assert goals("default", {**REFS, "extender-packed": 95.2, "extender-mix": 95.3, "gpugate": 93.0}) == "met"
+
+
+def test_each_miss_is_named_and_the_configured_mix_apart() -> None:
+    got = {**REFS, "extender-packed": 95.19, "extender-mix": 94.4, "gpugate": 89.0,
+           "gpugate-packed": 90.9}
+    assert goals("default", got) == ("< 95.2, < 95.2 (configured mix), fgd -0.60 (configured mix), "
+                                     "gpugate -1.00 vs stock, gpugate-packed -0.10 vs stock-packed")
+    assert goals("cpu300", {**REFS, "extender": 90.5}) == "< bestfit, fgd -4.50, < stock"
+    assert goals("cpu300", {"stock": 90.0, "extender": 99.0}) == "incomplete"
