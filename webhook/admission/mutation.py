@@ -135,11 +135,12 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventor
     ``inventory`` is what the cluster offers (the balancer's GPUInventory) and ``now`` the time to
     judge its age by (None: taken as fresh); both only refine choices, never cause a denial.
     """
-    gpu_pod = pods.asks_for_gpus(pod)
+    requested = frozenset(pods.requested_gpu_resources(pod))
+    gpu_pod = bool(requested) or pods.labels_ask_for_gpus(pod)
     policy = matching.select(policies, pod, namespace=namespace, asks_for_gpus=gpu_pod)
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
-    desired, context = _shape(pod, policy, namespace, policies, inventory, now, gpu_pod=gpu_pod)
+    desired, context = _shape(pod, policy, namespace, policies, inventory, now, requested=requested)
     ref = context.ref
     policy = context.policy
     if policy.mode == "audit":
@@ -263,7 +264,7 @@ class PolicyLoopError(RuntimeError):
 
 
 def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
-           inventory: Inventory, now: datetime | None, *, gpu_pod: bool) -> tuple[Pod, StepContext]:
+           inventory: Inventory, now: datetime | None, *, requested: frozenset[str]) -> tuple[Pod, StepContext]:
     """Run the steps, then again under whichever policy matches the shaped pod, until it is stable.
 
     A gpuOnly:false policy that injects a GPU can make a higher-priority gpuOnly policy match the
@@ -272,14 +273,16 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
     GPUs the first policy gave it, so the result is what the policy it is annotated with
     prescribes and nothing of the other. Each switch goes to a higher priority, so there are at
     most as many as policies; more is a bug, reported as PolicyLoopError (Gatekeeper's way).
+    ``requested`` is the GPU resources ``pod`` asks for, as ``mutate`` read them.
     """
     check_shape(pod)
+    gpu_pod = bool(requested) or pods.labels_ask_for_gpus(pod)
     carried: list[str] = []
     given: Pod | None = None
     for _ in range(len(policies.policies) + 1):
         desired = working_copy(pod)
         context = StepContext(policy=policy, ref=PolicyRef(policy.name, policies.revision), namespace=namespace,
-                              inventory=inventory, now=now)
+                              inventory=inventory, now=now, _requested=requested)
         if given is not None:
             _carry_gpu_requests(given, desired, context)
         for step in STEPS:

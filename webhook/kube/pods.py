@@ -191,8 +191,11 @@ def gpu_requests(pod: Pod) -> dict[str, int]:
 def asks_for_gpus(pod: Pod) -> bool:
     """True for a pod gpuOnly policies apply to: it requests a GPU resource, or asks with a gpugate label
     (a GPU count, or GPU memory or a GPU fraction to be right-sized)."""
-    if requested_gpu_resources(pod):
-        return True
+    return bool(requested_gpu_resources(pod)) or labels_ask_for_gpus(pod)
+
+
+def labels_ask_for_gpus(pod: Pod) -> bool:
+    """The label half of ``asks_for_gpus``, for a caller that has read the pod's GPU requests itself."""
     pod_labels = labels(pod)
     if pod_labels.get(names.GPU_MEMORY_LABEL) or pod_labels.get(names.GPU_FRACTION_LABEL):
         return True
