@@ -14,7 +14,7 @@ service-account volume and managedFields, about 5.9 KB, as the API server sends 
 ``--small`` uses the bundled example pod (webhook/examples/pod-training.yaml, about 1 KB).
 
     python benchmarks/admission_load.py [--seconds 5] [--rate 500] [--connections 8] [--drivers 2]
-        [--rounds 3] [--small]
+        [--rounds 5] [--small]
     python benchmarks/admission_load.py --profile   # where the app's CPU goes (in-process cProfile)
 """
 
@@ -338,7 +338,7 @@ def main() -> None:
     parser.add_argument("--drivers", type=int, default=2, help="driver processes")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating max-load rounds per server (median)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating max-load rounds per server (median)")
     parser.add_argument("--profile", action="store_true", help="profile the app in-process, then exit")
     parser.add_argument("--small", action="store_true", help="the 1 KB example pod instead of the realistic review")
     args = parser.parse_args()
