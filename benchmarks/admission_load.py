@@ -364,7 +364,7 @@ def main() -> None:
             print(f"{label + ' ' + q + ' ms':<24}{a[q]:>16.2f}{b[q]:>16.2f}{b[q] / a[q]:>9.2f}")
         print(f"{label + ' errors':<24}{a['errors']:>16}{b['errors']:>16}")
     per_round = "  ".join(f"{b['rps'] / a['rps']:.2f}" for a, b in zip(null["rounds"], real["rounds"], strict=True))
-    print(f"{'max req/s ratio by round':<24}{per_round:>41}")
+    print(f"{'max req/s ratio by round':<24}{per_round}")
     a_cpu, b_cpu = null["max"]["cpu_us"], real["max"]["cpu_us"]
     print(f"{'worker CPU us/review':<24}{a_cpu:>16.0f}{b_cpu:>16.0f}{b_cpu / a_cpu:>9.2f}")
     print(f"{'RSS per worker MiB':<24}{' / '.join(f'{r:.0f}' for r in null['rss']):>16}"
