@@ -13,6 +13,8 @@ import dataclasses
 import http.client
 import json
 import ssl
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from tests.balancer import conftest
 from tests.balancer.conftest import fast_settings
 from tests.kubefake import FakeKube
 from webhook.balancer import controller, placementfeed
-from webhook.balancer.settings import BalancerSettings, ExtenderServing, SettingsError
+from webhook.balancer.settings import BalancerSettings, ExtenderServing, SettingsError, load_mix
 from webhook.balancer.state import node_info
 from webhook.certs import pki
 from webhook.placement.extender import ExtenderState
@@ -320,3 +322,30 @@ def test_a_configured_pod_mix_is_what_the_running_extender_measures_with(fake_ku
     # The 150 one-GPU pods listed would have taught a mix of their own shape; the file wins.
     assert [(s.cpu, s.gpus, s.milli) for s in mix.shapes] == [(4000, 2, 1000), (1000, 1, 250)]
     assert mix.weights == (0.75, 0.25)
+
+
+def test_the_mix_in_use_is_served_as_the_yaml_that_pins_it(fake_kube: FakeKube, start_balancer, certs: Path,
+                                                           tmp_path: Path) -> None:
+    """Learned from the pods listed, shown on /extender/mix; that file given back configures the same mix."""
+    fake_kube.put(node("n1", {"nvidia.com/gpu": "8"}))
+    fake_kube.put_many(pod(f"p{i}", "n1", cpu="2", gpus=1 + i % 2) for i in range(150))
+    running = start_balancer(serving(certs), serve_health=True)
+    wait_for(lambda: running.balancer.health is not None and running.balancer.ready(), what="the caches")
+    assert running.balancer.health is not None and running.balancer.feed is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{running.balancer.health.port}/extender/mix", timeout=5) as got:
+        assert got.headers["Content-Type"] == "application/yaml"
+        text = got.read().decode()
+    learned = running.balancer.feed.state.fragmenter.mix
+    assert sorted((s.cpu, s.gpus) for s in learned.shapes) == [(2000, 1), (2000, 2)]
+    pinned = tmp_path / "pod-mix.yaml"
+    pinned.write_text(text)
+    assert load_mix(str(pinned)) == learned
+
+
+def test_without_the_extender_there_is_no_mix_to_show(start_balancer) -> None:
+    running = start_balancer(serve_health=True)
+    wait_for(lambda: running.balancer.health is not None, what="the health server")
+    assert running.balancer.health is not None
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"http://127.0.0.1:{running.balancer.health.port}/extender/mix", timeout=5)
+    assert err.value.code == 404 and b"not served" in err.value.read()

@@ -46,6 +46,7 @@ from webhook.errors import GpugateError
 from webhook.names import LOAD_TIERS
 from webhook.placement.devices import DevicePolicy
 from webhook.placement.extender import ExtenderSettings, ExtenderState
+from webhook.placement.shapes import mix_entries
 
 log = logging.getLogger("gpugate.balancer")
 
@@ -220,6 +221,15 @@ class Balancer:
             self.feed.pod(key, record)
         self._pod_event(etype, key, None if record is None else record.usage)
 
+    def extender_mix(self) -> list[dict[str, Any]] | None:
+        """The pod-shape mix the extender measures with (configured or learned), in the YAML form
+        ``--extender-mix`` reads; None when the extender is off."""
+        if self.feed is None:
+            return None
+        with self._feed_lock:
+            mix = self.feed.state.fragmenter.mix
+        return mix_entries(mix)
+
     def extender_answer(self, args: Any) -> list[Any]:
         """kube-scheduler's prioritize: a HostPriorityList from the caches (every replica answers)."""
         assert self.feed is not None
@@ -343,7 +353,7 @@ class Balancer:
             host, port = parse_bind(self.settings.health_bind)
             try:
                 self.health = HealthServer(host, port, metrics=self.metrics, status=self.status,
-                                           ready=self.ready).start()
+                                           ready=self.ready, mix=self.extender_mix).start()
             except OSError as err:
                 raise GpugateError(f"cannot serve /healthz and /metrics on {self.settings.health_bind}: "
                                    f"{err.strerror or err}; pick another --health-bind") from err

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.balancer.metrics import Metrics
@@ -15,10 +16,13 @@ from webhook.balancer.metrics import Metrics
 
 class HealthServer:
     """Serves ``/healthz`` from ``status()`` (``{"ok": bool, ...}``: alive), ``/readyz`` from
-    ``ready()`` (the caches hold a full list) and ``/metrics`` from ``metrics``."""
+    ``ready()`` (the caches hold a full list), ``/metrics`` from ``metrics``, and ``/extender/mix``
+    from ``mix()``: the pod-shape mix the extender measures with, as the YAML ``--extender-mix``
+    reads, so a mix the balancer learned can be pinned (404 when the extender is off)."""
 
     def __init__(self, host: str, port: int, *, metrics: Metrics, status: Callable[[], dict[str, Any]],
-                 ready: Callable[[], bool] = lambda: True) -> None:
+                 ready: Callable[[], bool] = lambda: True,
+                 mix: Callable[[], list[dict[str, Any]] | None] = lambda: None) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,6 +40,14 @@ class HealthServer:
                     self._send(200 if ok else 503, "text/plain", b"ok\n" if ok else b"caches not synced\n")
                 elif path == "/metrics":
                     self._send(200, CONTENT_TYPE_LATEST, generate_latest(outer.metrics.registry))
+                elif path == "/extender/mix":
+                    entries = mix()
+                    if entries is None:
+                        self._send(404, "text/plain", b"the scheduler extender is not served by this balancer\n")
+                    else:
+                        body = "# gpugate balance --extender-mix: the pod shapes the extender measures with\n"
+                        self._send(200, "application/yaml",
+                                   (body + yaml.safe_dump(entries, sort_keys=False)).encode())
                 else:
                     self._send(404, "text/plain", b"not found\n")
 
