@@ -14,7 +14,7 @@ service-account volume and managedFields, about 5.9 KB, as the API server sends 
 ``--small`` uses the bundled example pod (webhook/examples/pod-training.yaml, about 1 KB).
 
     python benchmarks/admission_load.py [--seconds 5] [--rate 500] [--connections 8] [--drivers 2]
-        [--rounds 5] [--small]
+        [--rounds 5] [--before REV] [--small]
     python benchmarks/admission_load.py --profile   # where the app's CPU goes (in-process cProfile)
 """
 
@@ -61,7 +61,8 @@ def free_port() -> int:
 
 
 class ServerUnderTest:
-    def __init__(self, workdir: Path, *, null: bool, workers: int, threads: int) -> None:
+    def __init__(self, workdir: Path, *, null: bool, workers: int, threads: int, code: Path = REPO) -> None:
+        """``code``: the checkout whose gpugate (and policies) this server runs (``--before``: an older one)."""
         self.port = free_port()
         self.state = workdir / "state"
         pki.write_bundle(pki.create_bundle(service="gpugate-webhook", namespace="gpugate-system",
@@ -73,9 +74,11 @@ class ServerUnderTest:
                     "--bind", f"127.0.0.1:{self.port}", *tls, *sizing]
         else:
             args = [sys.executable, "-m", "webhook.cli", "serve", "--bind", f"127.0.0.1:{self.port}",
-                    "--policies", str(REPO / "policies"), *tls, *sizing]
+                    "--policies", str(code / "policies"), *tls, *sizing]
         self.log_path = workdir / f"server-{'null' if null else 'gpugate'}.log"
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        if code != REPO:
+            env["PYTHONPATH"] = str(code)  # ahead of the editable install, which is this checkout
         self.log = open(self.log_path, "wb")
         # Admission log lines go to a file as they would to a container log.
         self.process = subprocess.Popen(args, cwd=workdir, stdout=self.log, stderr=subprocess.STDOUT, env=env,
@@ -299,16 +302,20 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     run = {"drivers": args.drivers, "connections": args.connections, "small": args.small}
     with tempfile.TemporaryDirectory(prefix="gpugate-bench-") as tmp:
         servers: dict[str, ServerUnderTest] = {}
+        kinds: list[tuple[str, bool, Path]] = [("null", True, REPO), ("gpugate", False, REPO)]
+        if args.before:
+            kinds.append(("before", False, checkout(args.before, Path(tmp) / "before-code")))
         try:
-            for name, null in (("null", True), ("gpugate", False)):
+            for name, null, code in kinds:
                 workdir = Path(tmp) / name
                 workdir.mkdir()
-                servers[name] = ServerUnderTest(workdir, null=null, workers=args.workers, threads=args.threads)
+                servers[name] = ServerUnderTest(workdir, null=null, workers=args.workers, threads=args.threads,
+                                                code=code)
             for name, server in servers.items():
                 load(server, **run, seconds=1.0, rate=None)  # warm-up
                 results[name] = {"fixed": load(server, **run, seconds=args.seconds, rate=args.rate), "rounds": []}
             for round_ in range(args.rounds):
-                for name in (("null", "gpugate") if round_ % 2 == 0 else ("gpugate", "null")):
+                for name in (list(servers) if round_ % 2 == 0 else list(reversed(servers))):
                     server = servers[name]
                     cpu_before = server.cpu_seconds()
                     peak = load(server, **run, seconds=args.seconds, rate=None)
@@ -327,7 +334,19 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         finally:
             for server in servers.values():
                 server.stop()
+            if args.before:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                                str(Path(tmp) / "before-code")], capture_output=True)
     return results
+
+
+def checkout(revision: str, where: Path) -> Path:
+    """A detached worktree of this repository at ``revision``, for ``--before``."""
+    done = subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(where), revision],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"--before {revision}: {done.stderr.strip()}")
+    return where
 
 
 def main() -> None:
@@ -339,6 +358,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="alternating max-load rounds per server (median)")
+    parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
     parser.add_argument("--profile", action="store_true", help="profile the app in-process, then exit")
     parser.add_argument("--small", action="store_true", help="the 1 KB example pod instead of the realistic review")
     args = parser.parse_args()
@@ -365,6 +385,14 @@ def main() -> None:
         print(f"{label + ' errors':<24}{a['errors']:>16}{b['errors']:>16}")
     per_round = "  ".join(f"{b['rps'] / a['rps']:.2f}" for a, b in zip(null["rounds"], real["rounds"], strict=True))
     print(f"{'max req/s ratio by round':<24}{per_round}")
+    if "before" in results:
+        old = results["before"]
+        ratios = "  ".join(f"{b['rps'] / a['rps']:.2f}" for a, b in zip(null["rounds"], old["rounds"], strict=True))
+        old_rps, old_cpu = old["max"]["rps"], old["max"]["cpu_us"]
+        print(f"{'before (' + args.before + ') max req/s':<24}{old_rps:>32.0f}{old_rps / null['max']['rps']:>9.2f}"
+              f"   gpugate/before {real['max']['rps'] / old_rps:.2f}")
+        print(f"{'before ratio by round':<24}{ratios}")
+        print(f"{'before CPU us/review':<24}{old_cpu:>32.0f}{old_cpu / null['max']['cpu_us']:>9.2f}")
     a_cpu, b_cpu = null["max"]["cpu_us"], real["max"]["cpu_us"]
     print(f"{'worker CPU us/review':<24}{a_cpu:>16.0f}{b_cpu:>16.0f}{b_cpu / a_cpu:>9.2f}")
     print(f"{'RSS per worker MiB':<24}{' / '.join(f'{r:.0f}' for r in null['rss']):>16}"
