@@ -69,6 +69,8 @@ READ_CHUNK = 65536
 _EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*(?=\r\n)", re.IGNORECASE)
 MAX_READ_PER_EVENT = 1024 * 1024
 IDLE_LINGER_SECONDS = 0.5
+HEARTBEAT_SECONDS = 1.0
+"""At most one heartbeat to the arbiter per second (its timeout is 30 s)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,8 +232,14 @@ class AdmissionWorker(ThreadWorker):
     def run(self) -> None:
         self.poller.register(self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks)
         self.set_accept_enabled(True)
+        beat = 0.0
         while self.alive:
-            self.notify()
+            now = time.monotonic()
+            if now - beat >= HEARTBEAT_SECONDS:
+                # The arbiter only needs a sign of life within its timeout (30 s); gunicorn's own
+                # loop sends one per turn, a file-metadata syscall for every burst of requests.
+                self.notify()
+                beat = now
             self._balance()
             self._dispatch(self._timeout())
             if not self.is_parent_alive():
