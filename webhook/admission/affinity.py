@@ -106,12 +106,16 @@ def selector_contradicts(node_selector: dict[str, Any], wanted: Expression) -> b
     return value is not None and not _value_satisfies(str(value), wanted)
 
 
-def terms_of(pod_spec: dict[str, Any]) -> list[Term] | None:
-    """The required nodeSelectorTerms, or None when the pod has no required node affinity."""
+def _node_affinity(pod_spec: dict[str, Any], field: str) -> Any:
+    """``affinity.nodeAffinity.<field>`` of the pod spec, or None where the path is missing or mistyped."""
     affinity = pod_spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") \
-        if isinstance(node_affinity, dict) else None
+    return node_affinity.get(field) if isinstance(node_affinity, dict) else None
+
+
+def terms_of(pod_spec: dict[str, Any]) -> list[Term] | None:
+    """The required nodeSelectorTerms, or None when the pod has no required node affinity."""
+    required = _node_affinity(pod_spec, "requiredDuringSchedulingIgnoredDuringExecution")
     if not isinstance(required, dict):
         return None
     terms = required.get("nodeSelectorTerms")
@@ -134,10 +138,7 @@ def constrains(pod_spec: dict[str, Any], key: str) -> bool:
 
 def prefers(pod_spec: dict[str, Any], key: str) -> bool:
     """One of the pod's preferred node-affinity terms names ``key``."""
-    affinity = pod_spec.get("affinity")
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
-    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") \
-        if isinstance(node_affinity, dict) else None
+    preferred = _node_affinity(pod_spec, "preferredDuringSchedulingIgnoredDuringExecution")
     if not isinstance(preferred, list):
         return False
     return any(_names_key(item.get("preference"), key) for item in preferred if isinstance(item, dict))

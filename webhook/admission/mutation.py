@@ -140,7 +140,7 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventor
     policy = matching.select(policies, pod, namespace=namespace, asks_for_gpus=gpu_pod)
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
-    desired, context = _shape(pod, policy, namespace, policies, inventory, now, requested=requested)
+    desired, context = _shape(pod, policy, namespace, policies, inventory, now, requested=requested, gpu_pod=gpu_pod)
     ref = context.ref
     policy = context.policy
     if policy.mode == "audit":
@@ -264,7 +264,8 @@ class PolicyLoopError(RuntimeError):
 
 
 def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
-           inventory: Inventory, now: datetime | None, *, requested: frozenset[str]) -> tuple[Pod, StepContext]:
+           inventory: Inventory, now: datetime | None, *, requested: frozenset[str],
+           gpu_pod: bool) -> tuple[Pod, StepContext]:
     """Run the steps, then again under whichever policy matches the shaped pod, until it is stable.
 
     A gpuOnly:false policy that injects a GPU can make a higher-priority gpuOnly policy match the
@@ -273,10 +274,10 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
     GPUs the first policy gave it, so the result is what the policy it is annotated with
     prescribes and nothing of the other. Each switch goes to a higher priority, so there are at
     most as many as policies; more is a bug, reported as PolicyLoopError (Gatekeeper's way).
-    ``requested`` is the GPU resources ``pod`` asks for, as ``mutate`` read them.
+    ``requested`` and ``gpu_pod`` are what ``mutate`` read of ``pod``: the GPU resources it asks
+    for, and whether it asks for GPUs at all (resources or labels).
     """
     check_shape(pod)
-    gpu_pod = bool(requested) or pods.labels_ask_for_gpus(pod)
     carried: list[str] = []
     given: Pod | None = None
     for _ in range(len(policies.policies) + 1):

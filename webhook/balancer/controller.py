@@ -66,6 +66,8 @@ class Balancer:
                  metrics: Metrics | None = None, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic, serve_health: bool = False) -> None:
         self.settings = settings
+        # First: a bad mix file is refused before anything reaches for a cluster.
+        mix = load_mix(settings.extender.mix_file) if settings.extender.mix_file else None
         self.metrics = metrics or Metrics()
         self.state = ClusterState()
         self._lock = threading.Lock()
@@ -115,7 +117,6 @@ class Balancer:
         if settings.extender.bind:
             # The extender weighs every bound pod's cpu and memory, not only GPU pods: no prefilter,
             # and each pod is reduced to both records (what the labels count, what the measure counts).
-            mix = load_mix(settings.extender.mix_file) if settings.extender.mix_file else None
             self.feed = placementfeed.Feed(ExtenderState(ExtenderSettings(
                 device_policy=cast(DevicePolicy, settings.extender.device_policy),
                 assume_ttl=settings.extender.assume_ttl, mix=mix)))

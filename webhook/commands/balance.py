@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from webhook.balancer.settings import BalancerSettings, load_mix
+from webhook.balancer.settings import BalancerSettings
 from webhook.errors import GpugateError
 
 
@@ -88,8 +88,6 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
                              extender_device_policy=extender_device_policy, extender_mix=extender_mix)
     if (token_file or ca_file) and not settings.server:
         raise click.UsageError("--token-file and --certificate-authority go with --server")
-    if settings.extender.mix_file:
-        load_mix(settings.extender.mix_file)  # a bad file is refused before anything connects
     logs.configure(log_level)
     # Decoding lists allocates millions of short-lived, acyclic dicts: collecting cycles among them
     # every 700 allocations cost more CPU than the decoding itself. Objects that live (the state)

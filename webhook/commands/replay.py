@@ -147,10 +147,10 @@ POD_MIX_FILE = "pod-mix.yaml"
 def write_pod_mix(loaded: Any, out: Path) -> Path:
     """Write the pod list's shape mix (what ``--extender-mix trace`` configures) where the balancer
     can read it: replaying a cluster's own history is how an operator gets a mix worth pinning."""
-    from webhook.placement.shapes import ShapeMix, mix_entries
-    from webhook.replay.runner import demand_from_trace
+    from webhook.placement.shapes import mix_entries
+    from webhook.replay.runner import trace_mix
 
-    mix = ShapeMix.from_demands(demand_from_trace(loaded.pods))
+    mix = trace_mix(loaded.pods)
     out.mkdir(parents=True, exist_ok=True)
     path = out / POD_MIX_FILE
     header = (f"# The typical pod shapes of {loaded.workload} (the most common, covering 95% of its pods),\n"

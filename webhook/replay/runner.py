@@ -271,6 +271,12 @@ def kube_cluster(trace: Trace) -> KubeCluster:
     return KubeCluster(state=state, labels=labels)
 
 
+def trace_mix(records: Iterable[PodRecord]) -> ShapeMix:
+    """The pod list's own shape mix: what ``--extender-mix trace`` configures, and what
+    ``gpugate replay`` writes as ``pod-mix.yaml`` for the balancer."""
+    return ShapeMix.from_demands(demand_from_trace(records))
+
+
 def balancer_inventory(trace: Trace, spec: RunSpec, extender: BlindExtender | None = None) -> Inventory:
     """The GPUInventory's type pressure as the balancer publishes it for the webhook: from the shape
     window of its extender state (``ExtenderState.type_pressure``, the code it serves), filled as a
@@ -318,7 +324,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         profiles = [DEFAULT_PROFILE, binpack_profile()]
         extender: BlindExtender | None = None
         if spec.arm in EXTENDER_ARMS:
-            mix = ShapeMix.from_demands(demand_from_trace(records)) if spec.extender_mix == "trace" else None
+            mix = trace_mix(records) if spec.extender_mix == "trace" else None
             extender = BlindExtender(trace, spec, mix)
             profiles.append(extender_profile(extender, spec))
         kube = KubeScheduler(tuple(profiles), rng)
