@@ -85,6 +85,14 @@ class Prometheus:
         assert status == 200 and answer["status"] == "success", answer
         return list(answer["data"]["result"])
 
+    def query_range(self, expr: str, *, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query's matrix (what a Grafana time series panel asks for)."""
+        params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
+        status, body = _get(f"{self.url}/api/v1/query_range?{params}", timeout=30)
+        answer = json.loads(body)
+        assert status == 200 and answer["status"] == "success", answer
+        return list(answer["data"]["result"])
+
     def value(self, expr: str, **labels: str) -> float | None:
         """The value of the one series of ``expr`` whose labels include ``labels`` (None: none)."""
         found = [s for s in self.query(expr) if labels.items() <= s["metric"].items()]
