@@ -1,7 +1,12 @@
-"""Regenerate docs/telemetry-tiers.png: the balancer's tiers against DCGM utilization, from a real run.
+"""Regenerate docs/telemetry-tiers.png and docs/argocd-health-states.png from real runs.
 
-    python -m tools.telemetry_pictures [--out docs]     # needs the e2e binaries and prometheus
+    python -m tools.telemetry_pictures [--out docs] [--only tiers|argocd]
 
+``argocd-health-states.png`` is the plain text ``argocd app list`` and ``argocd app get`` printed
+at each state of ``tests/e2e/test_argocd_health_states.py`` (run here with
+``GPUGATE_PICTURES_DIR``; needs the GitOps binaries), in a terminal's colours.
+
+``telemetry-tiers.png`` needs the e2e binaries and prometheus.
 What runs is ``tests/e2e/telemetry_env.py``'s stack on a local control plane: two dcgm-exporter
 pages (``tests/dcgmexporter.py``), Debian's Prometheus scraping them, ``gpugate balance
 --prometheus`` labelling two fake GPU nodes (8 whole H100s with 2 GPUs requested; 8 H100s in
@@ -192,13 +197,62 @@ def render(rec: Recording, out: Path) -> Path:
     return target
 
 
+HEALTH_COLORS = {"Healthy": "#73bf69", "Degraded": "#f2495c", "Progressing": "#5794f2", "Synced": "#73bf69",
+                 "OutOfSync": "#fade2a", "Missing": "#fade2a", "Suspended": "#b877d9"}
+
+
+def argocd_texts(work: Path) -> list[str]:
+    """Run the Argo CD health-states test with GPUGATE_PICTURES_DIR; the CLI text of each state."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/e2e/test_argocd_health_states.py"], cwd=root,
+                          env={**os.environ, "GPUGATE_PICTURES_DIR": str(work)}, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"the Argo CD health-states test failed (exit {done.returncode})")
+    return [p.read_text() for p in sorted(work.glob("*.txt"))]
+
+
+def render_terminal(texts: list[str], out: Path) -> Path:
+    """The texts as a terminal shows them: monospace on black, health and sync words coloured."""
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [line for text in texts for line in [*text.rstrip().splitlines(), ""]]
+    width = max(len(line) for line in lines)
+    fig = plt.figure(figsize=(0.08 * width + 0.5, 0.16 * len(lines) + 0.4), facecolor="#0c0c0c")
+    words = re.compile("|".join(sorted(HEALTH_COLORS, key=len, reverse=True)))
+    for row, line in enumerate(lines):
+        y = 1 - (row + 0.8) / (len(lines) + 0.5)
+        color = "#f9f9f9" if line.startswith("# ") else "#8ab8ff" if line.startswith("$ ") else "#cccccc"
+        fig.text(0.005, y, line, family="monospace", fontsize=9, color=color, va="baseline",
+                 weight="bold" if line.startswith("# ") else "normal")
+        for match in words.finditer(line):  # overdraw the word in its colour, same place
+            fig.text(0.005, y, " " * match.start() + match.group(), family="monospace", fontsize=9,
+                     color=HEALTH_COLORS[match.group()], va="baseline")
+    target = out / "argocd-health-states.png"
+    fig.savefig(target, dpi=100, facecolor="#0c0c0c")
+    plt.close(fig)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs")
+    parser.add_argument("--only", choices=("tiers", "argocd"))
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="gpugate-pictures-") as work:
-        rec = record(Path(work))
-    print(render(rec, args.out))
+        if args.only in (None, "tiers"):
+            print(render(record(Path(work) / "tiers"), args.out))
+        if args.only in (None, "argocd"):
+            print(render_terminal(argocd_texts(Path(work) / "argocd"), args.out))
     return 0
 
 
