@@ -11,7 +11,6 @@ and ``gpugate balance`` itself (a process, the CLI as deployed, admin kubeconfig
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -19,9 +18,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tests.dcgmexporter import Exporter
+from tests.e2e import processes
 from tests.e2e.cluster import Cluster
 from tests.e2e.processes import free_port
 from tests.promserver import Prometheus
@@ -91,15 +90,7 @@ def telemetry(cluster: Cluster, workdir: Path, *, lease_namespace: str) -> Itera
                  "--lease-namespace", lease_namespace, "--health-bind", f"127.0.0.1:{health_port}"],
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONPATH": str(ROOT), "KUBECONFIG": str(cluster.kubeconfig)})
-        stack.callback(_stop, balancer)
+        # Stopped like every harness process: SIGTERM (the balancer releases its Lease), then SIGKILL.
+        stack.callback(processes.Process("gpugate-balance", balancer, (health_port,), log).stop, 20.0)
         yield Telemetry(cluster, prometheus, released, upgraded, balancer, health_port, log)
 
-
-def _stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
