@@ -2,7 +2,7 @@
 
     python -m tools.telemetry_pictures [--out docs] [--only tiers|argocd]
 
-``argocd-health-states.png`` is the plain text ``argocd app list`` and ``argocd app get`` printed
+``argocd-health-states.png`` is the text ``argocd app list`` and ``argocd app get -o tree=detailed`` print
 at each state of ``tests/e2e/test_argocd_health_states.py`` (run here with
 ``GPUGATE_PICTURES_DIR``; needs the GitOps binaries), in a terminal's colours.
 

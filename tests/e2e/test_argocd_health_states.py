@@ -18,8 +18,9 @@ it), and Argo CD, whose gopher-lua runs our scripts, must then show the fixture'
 
 Each state is read twice: ``argocd app get -o json`` (the CLI, through argocd-server) and
 ``/api/v1/applications/<app>`` plus ``.../resource-tree`` (the API the web UI reads). With
-``GPUGATE_PICTURES_DIR`` set, the plain ``argocd app get`` and ``argocd app list`` text of each
-state is written there (``tools/telemetry_pictures.py --argocd`` renders it for docs/).
+``GPUGATE_PICTURES_DIR`` set, the ``argocd app list`` and ``argocd app get -o tree=detailed``
+text of each state (the tree view prints each resource's health message) is written there
+(``tools/telemetry_pictures.py --only argocd`` renders it for docs/).
 
 Kept apart from test_argocd.py (the full GitOps rig): this needs only one Application, so it
 runs in about a minute on a control plane of its own (no GPU node unless a step adds one).
@@ -258,9 +259,12 @@ def test_every_gpu_stack_health_state_shows_in_argocd_app_get_and_in_the_ui_api(
         listed = {a["metadata"]["name"]: a["status"]["health"]["status"]
                   for a in rig.argocd.api_json("/api/v1/applications").get("items") or []}
         assert listed == {APP: app_health}
+        # What a person reads: the tree view prints each resource's health message as its REASON.
+        detailed = rig.cli("app", "get", APP, "-o", "tree=detailed")
+        assert all(h["message"] in detailed for h in want.resources.values() if h.get("message")), detailed
         if pictures is not None:
             pictures.mkdir(parents=True, exist_ok=True)
             (pictures / f"{index}.txt").write_text(
-                f"# {state}\n$ argocd app list\n{rig.cli('app', 'list')}\n$ argocd app get {APP}\n"
-                f"{rig.cli('app', 'get', APP)}")
+                f"# {state}\n$ argocd app list\n{rig.cli('app', 'list')}\n"
+                f"$ argocd app get {APP} -o tree=detailed\n{detailed}")
     print(f"\nArgo CD showed each state this long after its status was written (s): {timings}")
