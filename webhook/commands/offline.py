@@ -95,16 +95,19 @@ def policy() -> None:
 
 @policy.command(short_help="Check every policy in a folder (default: policies).")
 @click.argument("policy_dir", type=click.Path(path_type=Path), default=DEFAULT_POLICIES)
-def check(policy_dir: Path) -> None:
-    """Exit 0 when every policy in POLICY_DIR (default: policies) is valid; else list every problem, exit 1."""
+@click.option("--allow-empty-policies", is_flag=True,
+              help="Accept a folder with no GPUPolicy, as gpugate serve --allow-empty-policies does.")
+def check(policy_dir: Path, allow_empty_policies: bool) -> None:
+    """Exit 0 when POLICY_DIR (default: policies) is a set gpugate serve loads; else list every problem, exit 1."""
     try:
-        policies = loading.load_dir(policy_dir)
+        policies = loading.load_servable(policy_dir, allow_empty=allow_empty_policies)
     except PolicyLoadError as err:
         for problem in err.problems:
             click.echo(problem, err=True)
         click.echo(f"{len(err.problems)} problem(s) in {policy_dir}", err=True)
         raise click.exceptions.Exit(1) from err
-    click.echo(f"{policy_dir}: {len(policies.policies)} policies valid, revision {policies.revision}")
+    count = len(policies.policies)
+    click.echo(f"{policy_dir}: {count} {'policy' if count == 1 else 'policies'} valid, revision {policies.revision}")
 
 
 @policy.command("test", short_help="Run a folder's golden cases (default: policies).")
