@@ -19,6 +19,7 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook import kubeclient
 from webhook.balancer.backoff import Backoff
 
 log = logging.getLogger("gpugate.balancer.cluster")
@@ -174,19 +175,19 @@ class Informer(Generic[V]):
                     break
                 if isinstance(err, ApiException) and needs_relist(err.status or 0, status_of(err)):
                     log.info("watch refused its resourceVersion, relisting",
-                             extra={"fields": {"resource": self.name, "error": _short(err)}})
+                             extra={"fields": {"resource": self.name, "error": kubeclient.failure(err)}})
                     self._on_relist(self.name)
                     rv = None
                     continue
                 if rv is None and self.streaming and isinstance(err, ApiException) and err.status in (400, 422):
                     log.info("no streaming list here, listing in pages",
-                             extra={"fields": {"resource": self.name, "error": _short(err)}})
+                             extra={"fields": {"resource": self.name, "error": kubeclient.failure(err)}})
                     self.streaming = False
                     continue
                 delay = max(self._backoff.next(), retry_after(err) or 0.0)
                 self._on_error(f"{self.name}.{'list' if rv is None else 'watch'}", err)
                 log.warning("API call failed, backing off",
-                            extra={"fields": {"resource": self.name, "error": _short(err),
+                            extra={"fields": {"resource": self.name, "error": kubeclient.failure(err),
                                               "retry_in_s": round(delay, 2)}})
                 stop.wait(delay)
 
@@ -289,10 +290,6 @@ class Informer(Generic[V]):
         return None if initial is not None else rv
 
 
-def _short(err: BaseException) -> str:
-    if isinstance(err, ApiException):
-        return f"{err.status} {err.reason}"
-    return f"{type(err).__name__}: {err}"[:300]
 
 
 class NodeWriter:

@@ -25,6 +25,7 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook import kubeclient
 from webhook.balancer import inventory
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.settings import InventorySettings
@@ -90,7 +91,7 @@ class InventoryPublisher:
                 self._metrics.inventory_writes.labels("error").inc()
                 self._on_error("inventory.write", err)
                 log.warning("inventory not written", extra={"fields": {
-                    "configmap": f"{self.namespace}/{s.name}", "error": _short(err)}})
+                    "configmap": f"{self.namespace}/{s.name}", "error": kubeclient.failure(err)}})
                 self._written_at = now  # retried after min_interval, not in a tight loop
                 self._written = None
                 self.changed.set()
@@ -149,7 +150,3 @@ class InventoryPublisher:
             "default_priority_class": found.default_priority_class}})
 
 
-def _short(err: BaseException) -> str:
-    if isinstance(err, ApiException):
-        return f"{err.status} {err.reason}"
-    return f"{type(err).__name__}: {err}"[:300]
