@@ -156,7 +156,7 @@ class Balancer:
             self.publisher = InventoryPublisher(
                 api(), settings.inventory, namespace=settings.inventory.namespace or settings.lease.namespace,
                 content=self.inventory_content, may_write=self.writes, metrics=self.metrics,
-                on_error=self._api_error, clock=clock)
+                on_error=self._api_error, clock=clock, dry_run=settings.dry_run)
         self.elector: LeaderElector | None = None
         if settings.lease.enabled and not settings.dry_run:
             self.elector = LeaderElector(api(), settings.lease, clock=clock,
