@@ -5,12 +5,15 @@ The CLI runs as a user runs it, on files in a temporary folder.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
+from webhook.admission import mutation
 from webhook.cli import main
 from webhook.errors import PolicyLoadError
 from webhook.policy import loading
@@ -46,3 +49,71 @@ def test_policy_check_passes_exactly_what_the_store_loads(tmp_path: Path) -> Non
     assert PolicyStore(tmp_path).check().loaded
     with pytest.raises(PolicyLoadError, match="holds no GPUPolicy"):
         loading.require_servable(PolicySet.empty(), tmp_path)
+
+
+# --- item 11: small things -----------------------------------------------------------------------
+
+EXAMPLE = ROOT / "webhook" / "examples" / "pod-training.yaml"
+MIG_CASE = POLICIES / "tests" / "inference-rightsized-to-mig-slice"
+
+
+def test_a_denied_pod_gets_the_denial_alone() -> None:
+    """web-no-gpus used to warn "set nvidia.com/gpu: 4" and then deny the pod."""
+    result = run("mutate", EXAMPLE, "--policies", POLICIES, "-n", "web-shop")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("denied: ") and "warning" not in result.stderr, result.stderr
+    shaped = mutation.mutate(yaml.safe_load(EXAMPLE.read_text()), namespace="web-shop",
+                             policies=loading.load_dir(POLICIES))
+    assert shaped.patch == () and shaped.warnings == ()  # the server's /mutate answer: nothing to read
+
+
+def test_right_sizing_to_a_whole_gpu_leaves_one_memory_bound_and_no_word_about_the_pods_own() -> None:
+    result = run("mutate", MIG_CASE / "pod.yaml", "--policies", POLICIES, "-n", "ml-serving", "-o", "json")
+    assert result.exit_code == 0, result.output
+    pod = json.loads(result.stdout)
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    memory = [e for e in terms["nodeSelectorTerms"][0]["matchExpressions"] if e["key"] == "nvidia.com/gpu.memory"]
+    assert memory == [{"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["23999"]}]
+    assert "pod's own expression" not in result.stderr
+
+
+def test_mutate_takes_an_inventory_and_right_sizes_by_it() -> None:
+    without = run("mutate", MIG_CASE / "pod.yaml", "--policies", POLICIES, "-n", "ml-serving", "-o", "json")
+    with_it = run("mutate", MIG_CASE / "pod.yaml", "--policies", POLICIES, "-n", "ml-serving", "-o", "json",
+                  "--inventory", MIG_CASE / "inventory.json")
+    assert '"nvidia.com/gpu": "1"' in without.stdout
+    # The committed inventory is old: judged now, as the server judges it, it is stale and ignored.
+    assert '"nvidia.com/gpu": "1"' in with_it.stdout and "no fresh inventory" in with_it.stderr
+
+
+def test_validate_and_policy_test_take_an_inventory(tmp_path: Path) -> None:
+    bad = tmp_path / "inventory.json"
+    bad.write_text("{}")
+    for args in (["validate", MIG_CASE / "pod.yaml", "--policies", POLICIES], ["policy", "test", POLICIES]):
+        result = run(*args, "--inventory", bad)
+        assert result.exit_code == 1 and f"{bad}: not a GPUInventory" in result.output, result.output
+
+
+def test_a_case_file_that_is_not_yaml_names_the_file_and_line(tmp_path: Path) -> None:
+    shutil.copy(POLICIES / "training.yaml", tmp_path / "training.yaml")
+    case = tmp_path / "tests" / "broken"
+    case.mkdir(parents=True)
+    (case / "case.yaml").write_text("namespace: ml-a\nexpect: {mutated: [\n")
+    shutil.copy(EXAMPLE, case / "pod.yaml")
+    result = run("policy", "test", tmp_path)
+    assert result.exit_code == 1
+    assert f"{case / 'case.yaml'}, line 3" in result.stdout and "<unicode string>" not in result.stdout
+
+
+def test_policy_test_diffs_in_the_pods_own_key_order(tmp_path: Path) -> None:
+    for name in ("training.yaml",):
+        shutil.copy(POLICIES / name, tmp_path / name)
+    case = tmp_path / "tests" / "wrong"
+    shutil.copytree(POLICIES / "tests" / "training-packs-on-clique", case)
+    expected = (case / "expected.yaml").read_text()
+    (case / "expected.yaml").write_text(expected.replace("weight: 40", "weight: 41", 1))
+    result = run("policy", "test", tmp_path)
+    assert result.exit_code == 1
+    changed = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith(("-", "+"))]
+    # Each preferred term as written leads with its weight; sorted keys put 'preference' first.
+    assert "-      - weight: 41" in changed and "+      - weight: 40" in changed, changed
