@@ -216,8 +216,8 @@ def rollback_target(repo: Repo) -> RollbackChoice:
             passed.append(f"{name}: rolled back by {undone[commit.sha][:12]}")
             continue
         before, after = _stack_at(repo, f"{commit.sha}^"), _stack_at(repo, commit.sha)
-        kept = after is not None and before is not None and after.replace(kubernetes_minor=before.kubernetes_minor) == before
-        if kept:
+        if before is not None and after is not None and \
+                after.replace(kubernetes_minor=before.kubernetes_minor) == before:
             passed.append(f"{name}: changes only cluster.kubernetesVersion, which a rollback keeps")
             continue
         return RollbackChoice(commit, tuple(passed))
