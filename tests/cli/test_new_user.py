@@ -117,3 +117,19 @@ def test_policy_test_diffs_in_the_pods_own_key_order(tmp_path: Path) -> None:
     changed = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith(("-", "+"))]
     # Each preferred term as written leads with its weight; sorted keys put 'preference' first.
     assert "-      - weight: 41" in changed and "+      - weight: 40" in changed, changed
+
+
+def test_a_replay_table_of_one_seed_says_seed() -> None:
+    from webhook.replay import report
+
+    assert report.table([], workload="w", seeds=[42]).splitlines()[0] == "workload w, seed 42; % of GPU capacity"
+    assert report.table([], workload="w", seeds=[42, 43, 44]).splitlines()[0].startswith(
+        "workload w, seeds 42-44; medians over seeds")
+
+
+def test_binaries_check_says_so_when_every_binary_is_there(tmp_path: Path, monkeypatch, capsys) -> None:
+    from tests.e2e import binaries
+
+    monkeypatch.setattr(binaries, "missing", lambda: [])
+    assert binaries.main(["check"]) == 0
+    assert "every e2e binary is built" in capsys.readouterr().out
