@@ -78,7 +78,7 @@ def failure(err: BaseException) -> str:
     a log line cut at a few hundred characters lost the cause in both.
     """
     if isinstance(err, ApiException):
-        status = _status(err)
+        status = status_of(err)
         message = str(status.get("message") or "").strip()
         reason = status.get("reason") or err.reason or ""
         namespace = missing_namespace(err)
@@ -100,12 +100,13 @@ def missing_namespace(err: BaseException) -> str | None:
     refusal of a create: 404, ``details.kind`` ``namespaces``), else None."""
     if not isinstance(err, ApiException) or err.status != 404:
         return None
-    details = _status(err).get("details") or {}
+    details = status_of(err).get("details") or {}
     name = details.get("name") if isinstance(details, dict) else None
     return str(name) if details.get("kind") == "namespaces" and name else None
 
 
-def _status(err: ApiException) -> dict[str, Any]:
+def status_of(err: ApiException) -> dict[str, Any]:
+    """The Status object an ApiException carries (empty when the body is not one)."""
     try:
         body = json.loads(err.body or "{}")
     except (TypeError, ValueError):

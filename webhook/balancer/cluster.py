@@ -8,7 +8,6 @@ gigabytes, and their ``to_dict()`` snake_case keys are not Kubernetes JSON anywa
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -59,13 +58,8 @@ def needs_relist(code: int, status: Obj) -> bool:
         "too large resource version" in str(status.get("message", "")).lower()
 
 
-def status_of(err: ApiException) -> Obj:
-    """The Status object an ApiException carries (empty when the body is not one)."""
-    try:
-        body = json.loads(err.body or "{}")
-    except (TypeError, ValueError):
-        return {}
-    return body if isinstance(body, dict) else {}
+status_of = kubeclient.status_of
+"""The Status object an ApiException carries (empty when the body is not one): kubeclient's one reading."""
 
 
 def retry_after(err: BaseException) -> float | None:
