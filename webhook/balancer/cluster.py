@@ -161,7 +161,7 @@ class Informer(Generic[V]):
                 rv = None
             except StreamingUnsupported as err:
                 log.info("no streaming list here, listing in pages",
-                         extra={"fields": {"resource": self.name, "reason": str(err)[:300]}})
+                         extra={"fields": {"resource": self.name, "reason": str(err)}})
                 self.streaming = False
                 rv = None
             except Exception as err:

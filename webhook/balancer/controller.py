@@ -268,7 +268,7 @@ class Balancer:
                                                keyfile=Path(e.key_file), answer=self.extender_answer,
                                                ready=self.ready, metrics=self.metrics).start()
             except (OSError, ssl.SSLError) as err:
-                problem = f"{type(err).__name__}: {err}"[:300]
+                problem = f"{type(err).__name__}: {err}"
                 if problem != reported:
                     log.error("scheduler extender not served; retrying", extra={"fields": {
                         "bind": e.bind, "cert_file": e.cert_file, "error": problem}})
@@ -621,7 +621,7 @@ class Balancer:
                 self.metrics.prometheus_up.set(0)
                 if not reported_down:
                     log.warning("Prometheus unreachable: tiers fall back to allocation only once the last "
-                                "sample is stale", extra={"fields": {"error": str(err)[:300],
+                                "sample is stale", extra={"fields": {"error": str(err),
                                                                      "stale_after_s": p.stale_after}})
                     reported_down = True
                 result = None
