@@ -30,3 +30,12 @@ def test_the_measured_figure_is_docs_placements() -> None:
     first_screen = README.split("## Quick start", 1)[0]
     assert f"**{gpugate_packed}%**" in first_screen and f"**{stock_packed}%**" in first_screen
     assert "--arms stock,gpugate --device-allocation packed --seeds 42-44" in first_screen
+
+
+def test_the_replay_section_names_the_default_arms_and_their_run_count() -> None:
+    from webhook.commands.replay import ALL_ARMS, parse_seeds
+
+    section = README.split("## Replay", 1)[1]
+    said = re.search(r"runs the seven default arms \(`([a-z,-]+)`,\s+(\d+) runs", section)
+    assert said is not None and said.group(1) == ALL_ARMS
+    assert int(said.group(2)) == len(ALL_ARMS.split(",")) * len(parse_seeds("42-51"))
