@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -77,13 +78,19 @@ def test_right_sizing_to_a_whole_gpu_leaves_one_memory_bound_and_no_word_about_t
     assert "pod's own expression" not in result.stderr
 
 
-def test_mutate_takes_an_inventory_and_right_sizes_by_it() -> None:
-    without = run("mutate", MIG_CASE / "pod.yaml", "--policies", POLICIES, "-n", "ml-serving", "-o", "json")
-    with_it = run("mutate", MIG_CASE / "pod.yaml", "--policies", POLICIES, "-n", "ml-serving", "-o", "json",
-                  "--inventory", MIG_CASE / "inventory.json")
-    assert '"nvidia.com/gpu": "1"' in without.stdout
-    # The committed inventory is old: judged now, as the server judges it, it is stale and ignored.
-    assert '"nvidia.com/gpu": "1"' in with_it.stdout and "no fresh inventory" in with_it.stderr
+def test_mutate_takes_an_inventory_and_judges_its_age_as_the_server_does(tmp_path: Path) -> None:
+    document = json.loads((MIG_CASE / "inventory.json").read_text())
+    fresh, stale = tmp_path / "fresh.json", tmp_path / "stale.json"
+    now = datetime.now(UTC)
+    for path, at in ((fresh, now), (stale, now - timedelta(hours=1))):
+        path.write_text(json.dumps({**document, "generatedAt": at.isoformat().replace("+00:00", "Z")}))
+    asked = {}
+    for name, extra in (("none", []), ("fresh", ["--inventory", fresh]), ("stale", ["--inventory", stale])):
+        result = run("mutate", MIG_CASE / "pod.yaml", "--policies", POLICIES, "-n", "ml-serving", "-o", "json", *extra)
+        assert result.exit_code == 0, result.output
+        asked[name] = json.loads(result.stdout)["spec"]["containers"][0]["resources"]["limits"]
+    assert asked == {"none": {"nvidia.com/gpu": "1"}, "fresh": {"nvidia.com/mig-2g.20gb": "1"},
+                     "stale": {"nvidia.com/gpu": "1"}}
 
 
 def test_validate_and_policy_test_take_an_inventory(tmp_path: Path) -> None:
