@@ -64,3 +64,11 @@ NVIDIA_PREFIX = "nvidia.com/"
 # The taint GPU node pools conventionally carry.
 GPU_TAINT_KEY = "nvidia.com/gpu"
 
+
+# Dynamic Resource Allocation (resource.k8s.io/v1): NVIDIA's DRA driver (dra-driver-nvidia-gpu)
+# publishes its devices under this driver name (cmd/gpu-kubelet-plugin/main.go, DriverName), and its
+# Helm chart installs one DeviceClass per device type (deployments/helm/dra-driver-nvidia-gpu/templates/
+# deviceclass-gpu.yaml, deviceclass-mig.yaml): the class names happen to be the driver's domain too.
+DRA_GPU_DRIVER = "gpu.nvidia.com"
+DRA_GPU_CLASS = "gpu.nvidia.com"
+DRA_MIG_CLASS = "mig.nvidia.com"
