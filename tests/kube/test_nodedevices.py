@@ -22,8 +22,8 @@ def key(device: str) -> DeviceKey:
 
 
 def claim(*devices: str, reserved: bool = True, admin: bool = False) -> claims.Claim:
-    return claims.Claim(namespace="ml", name="c", allocated=True,
-                        results=tuple(claims.Allocated(request="gpus", key=key(d), admin_access=admin) for d in devices),
+    results = tuple(claims.Allocated(request="gpus", key=key(d), admin_access=admin) for d in devices)
+    return claims.Claim(namespace="ml", name="c", allocated=True, results=results,
                         reserved_for=(claims.Consumer(resource="pods", name="p", uid="u"),) if reserved else ())
 
 

@@ -108,7 +108,7 @@ SLICE = st.builds(
     shared_counters=st.lists(st.builds(slices.CounterSet, name=NAME, counters=amounts()), max_size=2).map(tuple))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(SLICE)
 def test_a_slice_renders_to_what_parses_back_to_it(found: slices.Slice) -> None:
     assert slices.parse(slices.render(found)) == found
@@ -132,7 +132,7 @@ CLAIM = st.builds(claims.Claim, namespace=NAME, name=NAME, uid=st.uuids().map(st
                                                   uid=st.uuids().map(str)), max_size=2).map(tuple))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(CLAIM)
 def test_a_claim_renders_to_what_parses_back_to_it(claim: claims.Claim) -> None:
     if not claim.allocated:  # no allocation, no results: that is what the API server stores
@@ -141,7 +141,7 @@ def test_a_claim_renders_to_what_parses_back_to_it(claim: claims.Claim) -> None:
     assert claims.parse(claims.render(claim)) == claim
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(CLAIM)
 def test_a_claim_holds_devices_only_while_allocated_and_reserved(claim: claims.Claim) -> None:
     held = claim.held()
@@ -154,6 +154,7 @@ def test_a_claim_holds_devices_only_while_allocated_and_reserved(claim: claims.C
 def test_a_pod_whose_gpu_request_a_claim_serves_says_so() -> None:
     pod = {"status": {"extendedResourceClaimStatus": {
         "resourceClaimName": "p-extended-resources-abcde",
-        "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}}}
+        "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu",
+                             "requestName": "container-0-request-0"}]}}}
     assert claims.dra_backed_resources(pod) == {"nvidia.com/gpu"}
     assert claims.dra_backed_resources({"status": {"phase": "Running"}}) == frozenset()
