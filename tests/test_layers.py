@@ -22,7 +22,7 @@ LAYERS: dict[str, dict[str, str]] = {
     ".": {"__init__": CORE, "errors": CORE, "names": CORE,
           "cli": EDGE, "logs": EDGE, "kubeclient": EDGE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
-             "slices": CORE, "claims": CORE, "nodedevices": CORE,
+             "slices": CORE, "allocations": CORE, "nodedevices": CORE,
              "documents": EDGE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
                "loading": EDGE, "store": EDGE, "cases": EDGE},

@@ -170,12 +170,12 @@ def test_the_inventory_lists_dra_offers_per_class_and_product(fake_kube: FakeKub
 def test_the_extender_sees_dra_held_gpus_and_counts_a_dual_node_once() -> None:
     from webhook.balancer import placementfeed
     from webhook.balancer.state import node_info
-    from webhook.kube import claims, nodedevices, slices
+    from webhook.kube import allocations, nodedevices, slices
     from webhook.placement.extender import ExtenderState
 
     def devices(node: str, held: tuple[str, ...]) -> nodedevices.NodeDevices:
         found = [slices.parse(s) for s in dra_slices.node_slices(node, dra_slices.gpus(8, node=node))]
-        keys = frozenset(claims.DeviceKey("gpu.nvidia.com", node, d) for d in held)
+        keys = frozenset(allocations.DeviceKey("gpu.nvidia.com", node, d) for d in held)
         return nodedevices.by_node(found, keys)[node]
 
     feed = placementfeed.Feed(ExtenderState())

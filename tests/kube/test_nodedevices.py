@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.e2e import dra_slices
-from webhook.kube import claims, nodedevices, slices
-from webhook.kube.claims import DeviceKey
+from webhook.kube import allocations, nodedevices, slices
+from webhook.kube.allocations import DeviceKey
 
 NODE = "gpu-1"
 
@@ -21,13 +21,13 @@ def key(device: str) -> DeviceKey:
     return DeviceKey("gpu.nvidia.com", NODE, device)
 
 
-def claim(*devices: str, reserved: bool = True, admin: bool = False) -> claims.Claim:
-    results = tuple(claims.Allocated(request="gpus", key=key(d), admin_access=admin) for d in devices)
-    return claims.Claim(namespace="ml", name="c", allocated=True, results=results,
-                        reserved_for=(claims.Consumer(resource="pods", name="p", uid="u"),) if reserved else ())
+def claim(*devices: str, reserved: bool = True, admin: bool = False) -> allocations.Claim:
+    results = tuple(allocations.Allocated(request="gpus", key=key(d), admin_access=admin) for d in devices)
+    return allocations.Claim(namespace="ml", name="c", allocated=True, results=results,
+                        reserved_for=(allocations.Consumer(resource="pods", name="p", uid="u"),) if reserved else ())
 
 
-def devices_of(found: list[slices.Slice], *held: claims.Claim) -> nodedevices.NodeDevices:
+def devices_of(found: list[slices.Slice], *held: allocations.Claim) -> nodedevices.NodeDevices:
     return nodedevices.by_node(found, nodedevices.held_keys(held))[NODE]
 
 

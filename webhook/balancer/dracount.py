@@ -2,7 +2,7 @@
 
 The balancer watches ResourceSlices (driver ``gpu.nvidia.com`` only, by field selector) and
 ResourceClaims next to nodes and pods. :class:`DraCache` keeps them reduced
-(``kube.slices.Slice``, ``kube.claims.Claim``) and the per-node result
+(``kube.slices.Slice``, ``kube.allocations.Claim``) and the per-node result
 (``kube.nodedevices.NodeDevices``), recomputed only for the pools a change touches, and says
 which nodes changed so only their marks are recomputed.
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from webhook.balancer import marks
 from webhook.balancer.state import NodeInfo
-from webhook.kube import claims, nodedevices, slices
-from webhook.kube.claims import DeviceKey
+from webhook.kube import allocations, nodedevices, slices
+from webhook.kube.allocations import DeviceKey
 from webhook.kube.nodedevices import NodeDevices
 from webhook.names import GPU_RESOURCE
 
@@ -40,12 +40,12 @@ def reduce_slice(obj: dict) -> tuple[str, slices.Slice | None]:
         return name, None
 
 
-def reduce_claim(obj: dict) -> tuple[str, claims.Claim | None]:
+def reduce_claim(obj: dict) -> tuple[str, allocations.Claim | None]:
     meta = obj.get("metadata") or {}
     key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     try:
-        found = claims.parse(obj)
-    except claims.ClaimError:
+        found = allocations.parse(obj)
+    except allocations.ClaimError:
         return key, None
     return key, found if found.results else None  # unallocated: holds nothing, costs nothing
 
@@ -55,7 +55,7 @@ class DraCache:
     """Slices, claims and per-node devices; not thread-safe (the controller's lock guards it)."""
 
     resource_slices: dict[str, slices.Slice] = field(default_factory=dict)
-    resource_claims: dict[str, claims.Claim] = field(default_factory=dict)
+    resource_claims: dict[str, allocations.Claim] = field(default_factory=dict)
     nodes: dict[str, NodeDevices] = field(default_factory=dict)
     _held: dict[DeviceKey, int] = field(default_factory=dict)
 
@@ -73,7 +73,7 @@ class DraCache:
         return self._recompute({(s.driver, s.pool) for s in (old, found) if s is not None})
 
     # ---- claims ---------------------------------------------------------------------------
-    def replace_claims(self, found: Mapping[str, claims.Claim | None]) -> set[str]:
+    def replace_claims(self, found: Mapping[str, allocations.Claim | None]) -> set[str]:
         before = set(self._held)
         self.resource_claims = {k: v for k, v in found.items() if v is not None}
         self._held = {}
@@ -81,7 +81,7 @@ class DraCache:
             self._count(claim, +1)
         return self._recompute({(k.driver, k.pool) for k in before | set(self._held)})
 
-    def set_claim(self, key: str, found: claims.Claim | None) -> set[str]:
+    def set_claim(self, key: str, found: allocations.Claim | None) -> set[str]:
         old = self.resource_claims.pop(key, None)
         if found is not None:
             self.resource_claims[key] = found
@@ -93,7 +93,7 @@ class DraCache:
                 keys |= self._count(claim, sign)
         return self._recompute({(k.driver, k.pool) for k in keys})
 
-    def _count(self, claim: claims.Claim, sign: int) -> set[DeviceKey]:
+    def _count(self, claim: allocations.Claim, sign: int) -> set[DeviceKey]:
         keys = {r.key for r in claim.held()}
         for key in keys:
             left = self._held.get(key, 0) + sign

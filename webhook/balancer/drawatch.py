@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.balancer import dracount
 from webhook.balancer.cluster import Informer
-from webhook.kube import claims, slices
+from webhook.kube import allocations, slices
 from webhook.names import DRA_GPU_DRIVER
 
 log = logging.getLogger("gpugate.balancer.dra")
@@ -57,8 +57,8 @@ class DraWatch:
     def __init__(self, api: client.ApiClient, *, informer_args: dict[str, Any],
                  on_slices: Callable[[dict[str, slices.Slice | None]], None],
                  on_slice: Callable[[str, str, slices.Slice | None], None],
-                 on_claims: Callable[[dict[str, claims.Claim | None]], None],
-                 on_claim: Callable[[str, str, claims.Claim | None], None],
+                 on_claims: Callable[[dict[str, allocations.Claim | None]], None],
+                 on_claim: Callable[[str, str, allocations.Claim | None], None],
                  probe_interval: float = 60.0) -> None:
         self._api = api
         self._probe_interval = probe_interval
@@ -68,7 +68,7 @@ class DraWatch:
         self.slices = Informer[slices.Slice | None](
             name="resourceslices", list_call=resource.list_resource_slice, reduce=dracount.reduce_slice,
             on_replace=on_slices, on_event=on_slice, field_selector=SLICE_SELECTOR, **informer_args)
-        self.claims = Informer[claims.Claim | None](
+        self.claims = Informer[allocations.Claim | None](
             name="resourceclaims", list_call=resource.list_resource_claim_for_all_namespaces,
             reduce=dracount.reduce_claim, on_replace=on_claims, on_event=on_claim, **informer_args)
         self._on_slices = on_slices

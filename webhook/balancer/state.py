@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.kube import claims, pods
+from webhook.kube import allocations, pods
 from webhook.kube.quantity import QuantityError, bytes_, millicores, whole_count
 from webhook.kube.resources import is_gpu_resource
 from webhook.names import (
@@ -181,13 +181,13 @@ def pod_requests(pod: Obj) -> dict[str, int]:
 
     A quantity the API server would have refused (it cannot be stored) counts as nothing. A
     request the scheduler served with a DRA claim (extended-resource mapping) is left out: the
-    claim counts it (``kube.claims.dra_backed_resources``).
+    claim counts it (``kube.allocations.dra_backed_resources``).
     """
     try:
         found = pods.gpu_requests(pod)
     except QuantityError:
         return {}
-    backed = claims.dra_backed_resources(pod) if found else frozenset()
+    backed = allocations.dra_backed_resources(pod) if found else frozenset()
     return {k: v for k, v in found.items() if k not in backed} if backed else found
 
 

@@ -1,6 +1,6 @@
 """Per node: the GPUs a DRA driver offers, which allocated claims hold, and which are free (pure).
 
-The one place that combines ResourceSlices (``kube.slices``) and ResourceClaims (``kube.claims``);
+The one place that combines ResourceSlices (``kube.slices``) and ResourceClaims (``kube.allocations``);
 the balancer's labels, its GPUInventory and the extender's fragmentation score all read the
 :class:`NodeDevices` this computes, so they agree on every device.
 
@@ -8,7 +8,7 @@ Rules, each the scheduler's own (``k8s.io/dynamic-resource-allocation/structured
 
 - only the newest generation of a pool counts: a driver that republishes bumps
   ``pool.generation`` and the older slices are stale until deleted;
-- a device is taken while a claim holds it (``claims.Claim.held``);
+- a device is taken while a claim holds it (``allocations.Claim.held``);
 - shared counters: a device that ``consumesCounters`` fits only while every counter it draws on
   has that much left after what the held devices of the same pool drew. For NVIDIA's
   partitionable GPUs that is what makes a whole GPU unavailable once one MIG partition of it is
@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from webhook import names
-from webhook.kube import claims, slices
-from webhook.kube.claims import DeviceKey
+from webhook.kube import allocations, slices
+from webhook.kube.allocations import DeviceKey
 
 Counts = tuple[tuple[str, int], ...]
 
@@ -100,7 +100,7 @@ def current(found: Iterable[slices.Slice]) -> list[slices.Slice]:
     return [s for s in found if s.generation == newest[(s.driver, s.pool)]]
 
 
-def held_keys(found: Iterable[claims.Claim]) -> frozenset[DeviceKey]:
+def held_keys(found: Iterable[allocations.Claim]) -> frozenset[DeviceKey]:
     """Every device some claim holds now."""
     return frozenset(r.key for claim in found for r in claim.held())
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.e2e import dra_slices
-from webhook.kube import claims, slices
+from webhook.kube import allocations, slices
 
 NODE = "gpu-1"
 
@@ -122,28 +122,28 @@ def test_the_driver_s_slices_render_back_to_their_own_json(count: int, mig: bool
         assert slices.render(slices.parse(raw)) == raw
 
 
-RESULT = st.builds(claims.Allocated, request=NAME,
-                   key=st.builds(claims.DeviceKey, driver=st.just("gpu.nvidia.com"), pool=NAME, device=NAME),
+RESULT = st.builds(allocations.Allocated, request=NAME,
+                   key=st.builds(allocations.DeviceKey, driver=st.just("gpu.nvidia.com"), pool=NAME, device=NAME),
                    admin_access=st.booleans(), share_id=st.one_of(st.just(""), st.uuids().map(str)),
                    consumed=st.dictionaries(NAME, QUANTITY, max_size=2).map(lambda d: tuple(sorted(d.items()))))
-CLAIM = st.builds(claims.Claim, namespace=NAME, name=NAME, uid=st.uuids().map(str),
+CLAIM = st.builds(allocations.Claim, namespace=NAME, name=NAME, uid=st.uuids().map(str),
                   results=st.lists(RESULT, max_size=3).map(tuple), allocated=st.booleans(),
-                  reserved_for=st.lists(st.builds(claims.Consumer, resource=st.just("pods"), name=NAME,
+                  reserved_for=st.lists(st.builds(allocations.Consumer, resource=st.just("pods"), name=NAME,
                                                   uid=st.uuids().map(str)), max_size=2).map(tuple))
 
 
 @settings(max_examples=100, deadline=None)
 @given(CLAIM)
-def test_a_claim_renders_to_what_parses_back_to_it(claim: claims.Claim) -> None:
+def test_a_claim_renders_to_what_parses_back_to_it(claim: allocations.Claim) -> None:
     if not claim.allocated:  # no allocation, no results: that is what the API server stores
-        claim = claims.Claim(namespace=claim.namespace, name=claim.name, uid=claim.uid,
+        claim = allocations.Claim(namespace=claim.namespace, name=claim.name, uid=claim.uid,
                              reserved_for=claim.reserved_for)
-    assert claims.parse(claims.render(claim)) == claim
+    assert allocations.parse(allocations.render(claim)) == claim
 
 
 @settings(max_examples=100, deadline=None)
 @given(CLAIM)
-def test_a_claim_holds_devices_only_while_allocated_and_reserved(claim: claims.Claim) -> None:
+def test_a_claim_holds_devices_only_while_allocated_and_reserved(claim: allocations.Claim) -> None:
     held = claim.held()
     if not claim.allocated or not claim.reserved_for:
         assert held == ()
@@ -156,5 +156,5 @@ def test_a_pod_whose_gpu_request_a_claim_serves_says_so() -> None:
         "resourceClaimName": "p-extended-resources-abcde",
         "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu",
                              "requestName": "container-0-request-0"}]}}}
-    assert claims.dra_backed_resources(pod) == {"nvidia.com/gpu"}
-    assert claims.dra_backed_resources({"status": {"phase": "Running"}}) == frozenset()
+    assert allocations.dra_backed_resources(pod) == {"nvidia.com/gpu"}
+    assert allocations.dra_backed_resources({"status": {"phase": "Running"}}) == frozenset()
