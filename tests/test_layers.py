@@ -22,7 +22,7 @@ LAYERS: dict[str, dict[str, str]] = {
     ".": {"__init__": CORE, "errors": CORE, "names": CORE,
           "cli": EDGE, "logs": EDGE, "kubeclient": EDGE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
-             "slices": CORE, "allocations": CORE, "nodedevices": CORE,
+             "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
              "documents": EDGE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
                "loading": EDGE, "store": EDGE, "cases": EDGE},
@@ -124,3 +124,37 @@ def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("import os.path\nfrom kubernetes import client\nfrom . import x\n")
     assert imported_modules(sample) == {"os.path", "kubernetes", "kubernetes.client"}
+
+
+# --- one home for GPU facts (issue 24) ------------------------------------------------------------
+# What a GPU unit is and how a DRA ask is spelled live in webhook/kube/ (units.py, resources.py,
+# claims.py); a module elsewhere that writes one of these again is re-deriving it.
+DRA_FIELDS = {"resourceClaims", "resourceClaimName", "resourceClaimTemplateName", "deviceClassName",
+              "firstAvailable", "allocationMode", "adminAccess"}
+OUTSIDE_KUBE = sorted(name for name in placed() if not name.startswith("webhook.kube") and name != "webhook.names")
+
+
+def gpu_fact_rederivations(tree: ast.AST) -> list[str]:
+    """Literal DRA field names, a division by the literal 7 (compute slices), a regex on MIG names."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value in DRA_FIELDS:
+                found.append(f"line {node.lineno}: {node.value!r}")
+            if "mig-" in node.value and ("[0-9]" in node.value or "\\d" in node.value):
+                found.append(f"line {node.lineno}: a MIG resource pattern")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) \
+                and isinstance(node.right, ast.Constant) and node.right.value == 7:
+            found.append(f"line {node.lineno}: divides by 7 (units.COMPUTE_SLICES_PER_GPU)")
+    return found
+
+
+@pytest.mark.parametrize("module", OUTSIDE_KUBE)
+def test_no_module_outside_kube_rederives_a_gpu_fact(module: str) -> None:
+    found = gpu_fact_rederivations(ast.parse(module_path(module).read_text()))
+    assert not found, f"{module} re-derives what webhook/kube/ holds: {found}"
+
+
+def test_the_rederivation_check_sees_one(tmp_path: Path) -> None:
+    tree = ast.parse("share = g / 7\nkey = 'deviceClassName'\npat = r'^nvidia\\.com/mig-[0-9]+g'\n")
+    assert len(gpu_fact_rederivations(tree)) == 3

@@ -12,7 +12,7 @@ from tests.balancer.conftest import fast_settings, wait_for
 from tests.balancer.test_controller import gpu_node, gpu_pod, labels_of
 from tests.e2e import dra_slices
 from tests.kubefake import DRA_TYPES, FakeKube
-from webhook.balancer.settings import InventorySettings
+from webhook.balancer.settings import BalancerSettings, InventorySettings
 from webhook.kube import inventory as inventory_doc
 from webhook.names import GPU_FREE_LABEL, GPU_LOAD_LABEL
 
@@ -47,6 +47,11 @@ def claim(name: str, node: str, *devices: str, reserved: bool = True, namespace:
             "status": status}
 
 
+def quick() -> BalancerSettings:
+    """Every gpu-free change written at once (the default coalesces them per node for seconds)."""
+    return fast_settings(write_interval=0.0)
+
+
 def free_label(fk: FakeKube, node: str) -> str | None:
     return labels_of(fk, node).get(GPU_FREE_LABEL)
 
@@ -55,7 +60,7 @@ def test_gpu_free_drops_as_claims_hold_gpus_and_comes_back_when_released(fake_ku
     serve_dra(fake_kube)
     fake_kube.put(dra_node("dra-1"))
     publish(fake_kube, "dra-1", 8)
-    running = start_balancer()
+    running = start_balancer(quick())
     wait_for(lambda: free_label(fake_kube, "dra-1") == "8", what="a DRA-only node labelled with its 8 GPUs")
     assert labels_of(fake_kube, "dra-1")[GPU_LOAD_LABEL] == "idle"
     fake_kube.put(claim("a", "dra-1", "gpu-0", "gpu-1", "gpu-2"))
@@ -74,7 +79,7 @@ def test_a_mig_partition_takes_its_gpu_out_of_gpu_free(fake_kube: FakeKube, star
     serve_dra(fake_kube)
     fake_kube.put(dra_node("mig-1"))
     publish(fake_kube, "mig-1", 2, mig=True)
-    start_balancer()
+    start_balancer(quick())
     wait_for(lambda: free_label(fake_kube, "mig-1") == "2", what="2 whole GPUs free")
     fake_kube.put(claim("m", "mig-1", "gpu-1-mig-1g10gb-19-3"))
     wait_for(lambda: free_label(fake_kube, "mig-1") == "1", what="a 1g.10gb partition leaves 1 whole GPU")
@@ -86,7 +91,7 @@ def test_a_node_served_by_both_stacks_is_counted_once(fake_kube: FakeKube, start
     serve_dra(fake_kube)
     fake_kube.put(gpu_node("both-1", gpus=8))
     publish(fake_kube, "both-1", 8)
-    start_balancer()
+    start_balancer(quick())
     wait_for(lambda: free_label(fake_kube, "both-1") == "8", what="8 GPUs, counted once")
     fake_kube.put(gpu_pod("plugin-pod", "both-1", gpus=2))
     fake_kube.put(claim("c", "both-1", "gpu-5", "gpu-6", "gpu-7"))
@@ -106,7 +111,7 @@ def test_a_gpu_request_a_claim_serves_is_not_counted_twice(fake_kube: FakeKube, 
                              "requestName": "container-0-request-0"}]}
     fake_kube.put(pod)
     fake_kube.put(claim("mapped-extended-resources-x1", "dra-1", "gpu-0", "gpu-1"))
-    start_balancer()
+    start_balancer(quick())
     wait_for(lambda: free_label(fake_kube, "dra-1") == "6", what="2 GPUs held once")
 
 
@@ -115,7 +120,7 @@ def test_without_the_resource_api_the_balancer_is_ready_and_counts_the_device_pl
     """An older cluster: /apis/resource.k8s.io/v1 answers 404, the DRA caches are empty and synced."""
     fake_kube.put(gpu_node("gpu-1", gpus=8))
     fake_kube.put(gpu_pod("a", "gpu-1", gpus=2))
-    running = start_balancer()
+    running = start_balancer(quick())
     wait_for(lambda: free_label(fake_kube, "gpu-1") == "6", what="device-plugin counting as before")
     assert running.balancer.ready() and running.balancer.dra.available is False
     assert not [r for r in fake_kube.requests if "/resourceslices" in r.path or "/resourceclaims" in r.path]
@@ -129,7 +134,7 @@ def test_slices_are_watched_for_nvidia_s_driver_only(fake_kube: FakeKube, start_
     other["metadata"]["name"] = "dra-1-other"
     other["spec"]["driver"] = other["spec"]["pool"]["name"] = "gpu.example.com"
     fake_kube.put(other)
-    start_balancer()
+    start_balancer(quick())
     wait_for(lambda: free_label(fake_kube, "dra-1") == "2", what="only gpu.nvidia.com devices")
     slice_lists = [r for r in fake_kube.requests if r.path == "/apis/resource.k8s.io/v1/resourceslices"]
     assert slice_lists and all(r.query.get("fieldSelector") == "spec.driver=gpu.nvidia.com" for r in slice_lists)
@@ -144,7 +149,8 @@ def test_the_inventory_lists_dra_offers_per_class_and_product(fake_kube: FakeKub
     publish(fake_kube, "mig-1", 1, mig=True)
     fake_kube.put(claim("a", "dra-1", "gpu-0"))
     fake_kube.put(claim("m", "mig-1", "gpu-0-mig-3g40gb-9-0"))
-    settings = fast_settings(inventory=InventorySettings(enabled=True, namespace="gpugate-system", min_interval=0.1))
+    settings = fast_settings(write_interval=0.0, inventory=InventorySettings(
+        enabled=True, namespace="gpugate-system", min_interval=0.1))
     start_balancer(settings)
 
     def document() -> inventory_doc.Inventory | None:

@@ -38,7 +38,7 @@ from webhook import names
 
 Obj = dict[str, Any]
 API_VERSION = "resource.k8s.io/v1"
-DRIVER = names.DRA_GPU_DRIVER
+DRIVER = names.DRA_DRIVER
 MIB = 1 << 20
 
 

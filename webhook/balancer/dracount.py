@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 
 from webhook.balancer import marks
 from webhook.balancer.state import NodeInfo
-from webhook.kube import allocations, nodedevices, slices
+from webhook.kube import allocations, nodedevices, slices, units
 from webhook.kube.allocations import DeviceKey
 from webhook.kube.nodedevices import NodeDevices
-from webhook.names import GPU_RESOURCE
 
 Pool = tuple[str, str]  # (driver, pool name)
 
@@ -136,10 +135,10 @@ class DraCache:
         return self.nodes.get(name)
 
 
-def unit_weight(node: NodeInfo, unit: str) -> float:
-    """How much of a physical GPU one DRA unit is: a full GPU 1 (DRA does not time-slice it), a MIG
-    device as the device plugin's slice of the same profile (``marks.gpu_weight``)."""
-    return 1.0 if unit == GPU_RESOURCE else marks.gpu_weight(node, unit)
+def unit_weight(unit: str) -> float:
+    """How much of a physical GPU one DRA unit is (``kube.units``): a full GPU 1, a MIG device as the
+    device plugin's slice of the same profile; DRA devices are not time-sliced, so no replicas."""
+    return units.gpu_share(unit)
 
 
 def node_load(node: NodeInfo, requested: dict[str, int], utilization: float | None,
@@ -149,7 +148,7 @@ def node_load(node: NodeInfo, requested: dict[str, int], utilization: float | No
         return marks.node_load(node, requested, utilization)
     allocatable = dict(node.allocatable)
     plugin_used = sum(min(requested.get(r, 0), n) * marks.gpu_weight(node, r) for r, n in allocatable.items())
-    dra_used = sum(count * unit_weight(node, unit) for unit, count in devices.held_units)
+    dra_used = sum(count * unit_weight(unit) for unit, count in devices.held_units)
     physical = devices.gpus
     allocated = min((plugin_used + dra_used) / physical, 1.0) if physical else 1.0
     plugin_whole = marks.whole_free_gpus(node, {}) - marks.whole_free_gpus(node, requested)

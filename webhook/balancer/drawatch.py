@@ -28,12 +28,12 @@ from kubernetes.client.exceptions import ApiException
 from webhook.balancer import dracount
 from webhook.balancer.cluster import Informer
 from webhook.kube import allocations, slices
-from webhook.names import DRA_GPU_DRIVER
+from webhook.names import DRA_DRIVER
 
 log = logging.getLogger("gpugate.balancer.dra")
 
 DISCOVERY_PATH = "/apis/resource.k8s.io/v1"
-SLICE_SELECTOR = f"spec.driver={DRA_GPU_DRIVER}"
+SLICE_SELECTOR = f"spec.driver={DRA_DRIVER}"
 
 
 def served(api: client.ApiClient) -> bool:

@@ -107,7 +107,7 @@ def held_keys(found: Iterable[allocations.Claim]) -> frozenset[DeviceKey]:
 
 def by_node(found: Iterable[slices.Slice], held: frozenset[DeviceKey]) -> dict[str, NodeDevices]:
     """NodeDevices for every node that has NVIDIA DRA devices in ``found``'s newest generations."""
-    live = [s for s in current(found) if s.driver == names.DRA_GPU_DRIVER]
+    live = [s for s in current(found) if s.driver == names.DRA_DRIVER]
     # Counter sets are per pool; from Kubernetes 1.35 they are published in a slice of their own.
     left: dict[tuple[str, str], dict[str, int]] = {}
     for s in live:

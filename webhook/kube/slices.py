@@ -142,7 +142,7 @@ class Device:
     multiple_allocations: bool = False
     """``allowMultipleAllocations`` (consumable capacity): several claims may share the device."""
 
-    def attribute(self, name: str, driver: str = names.DRA_GPU_DRIVER) -> str | int | bool | None:
+    def attribute(self, name: str, driver: str = names.DRA_DRIVER) -> str | int | bool | None:
         """The value of attribute ``name``, spelled bare or qualified by ``driver``'s domain."""
         found = dict(self.attributes)
         attr = found.get(name) or found.get(f"{driver}/{name}")
@@ -159,7 +159,7 @@ class Device:
 
     @property
     def product(self) -> str:
-        return self.text("productName")
+        return self.text(names.DRA_PRODUCT_ATTRIBUTE)
 
     @property
     def uuid(self) -> str:
@@ -172,12 +172,12 @@ class Device:
     @property
     def profile(self) -> str:
         """A MIG device's profile as NVIDIA spells it, e.g. ``1g.10gb``; empty for a full GPU."""
-        return self.text("profile")
+        return self.text(names.DRA_PROFILE_ATTRIBUTE)
 
     @property
     def memory_bytes(self) -> int | None:
         """The ``memory`` capacity, or None when the device announces none."""
-        value = dict(self.capacity).get("memory")
+        value = dict(self.capacity).get(names.DRA_MEMORY_CAPACITY)
         return None if value is None else amount(value)
 
 
@@ -203,7 +203,7 @@ def amount(text: str) -> int:
 
 def device_class(device: Device, driver: str) -> str | None:
     """The NVIDIA DeviceClass (``gpu.nvidia.com`` or ``mig.nvidia.com``) that selects ``device``, if any."""
-    if driver != names.DRA_GPU_DRIVER:
+    if driver != names.DRA_DRIVER:
         return None
     return CLASS_OF_TYPE.get(device.type)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook import names
-from webhook.kube import pods
+from webhook.kube import pods, units
 from webhook.kube.quantity import bytes_, millicores
 from webhook.kube.resources import is_gpu_resource, is_mig_resource
 from webhook.placement import devices
@@ -24,9 +24,8 @@ from webhook.placement.devices import MILLI, DevicePolicy
 Counts = tuple[tuple[str, int], ...]
 """(resource, count) pairs sorted by resource: MIG slices."""
 
-DEFAULT_SLOT_MILLI = MILLI // 4
-"""A time-sliced slot's share of its GPU when nothing says otherwise: 4 replicas per GPU, the
-``time-slicing-4`` config of manifests/gpu-operator."""
+DEFAULT_SLOT_MILLI = units.slot_milli(units.DEFAULT_SLOT_REPLICAS)
+"""A time-sliced slot's share of its GPU when nothing says otherwise (``units.DEFAULT_SLOT_REPLICAS``)."""
 
 
 def request_amount(resource: str, value: Any) -> int:

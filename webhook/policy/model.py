@@ -69,6 +69,18 @@ class GPUSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRules:
+    """``spec.claims``: what a policy admits of DRA claims beyond ``spec.gpu``'s limits."""
+
+    device_classes: tuple[str, ...] | None = None
+    """DeviceClasses allowed; None: those that ``spec.gpu``'s resources map to."""
+    max_per_claim: int | None = None
+    """Devices one claim may ask; None: ``spec.gpu.max``."""
+    allow_allocation_mode_all: bool = False
+    allow_admin_access: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Toleration:
     key: str | None = None
     operator: Literal["Exists", "Equal"] = "Exists"
@@ -153,6 +165,7 @@ class GPUPolicy:
     placement: Placement = field(default_factory=Placement)
     deny: tuple[DenyRule, ...] = ()
     rightsizing: RightSizing | None = None
+    claims: ClaimRules = field(default_factory=ClaimRules)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from webhook import names
-from webhook.kube import pods
+from webhook.kube import pods, units
 from webhook.kube.quantity import QuantityError, whole_count
 from webhook.kube.resources import is_gpu_resource, is_mig_resource
 from webhook.placement.inputs import request_amount
@@ -26,7 +26,7 @@ from webhook.replay.workload import GPU_MILLI_ANNOTATION
 MIB = 2**20
 DEFAULT_CPU_MILLI = 100              # pkg/scheduler/util/pod_resources.go
 DEFAULT_MEMORY_BYTES = 200 * 10**6
-DEFAULT_SLOT_MILLI = MILLI // 4
+DEFAULT_SLOT_MILLI = units.slot_milli(units.DEFAULT_SLOT_REPLICAS)
 
 
 def _scheduled(resource: str) -> bool:
