@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.balancer.conftest import fast_settings, wait_for
 from tests.balancer.test_controller import gpu_node, gpu_pod, labels_of
 from tests.e2e import dra_slices
@@ -199,3 +203,51 @@ def test_the_extender_sees_dra_held_gpus_and_counts_a_dual_node_once() -> None:
     assert feed.state.view("dra-1").gpu_free == 8000
     feed.dra("dra-1", None)  # the slices are gone
     assert feed.state.view("dra-1").gpus == 0
+
+
+# ---- every consumer agrees on what a DRA unit is (hypothesis) -----------------------------------
+PLACEMENTS = [(p, start) for p in dra_slices.H100_PROFILES for start in p.starts]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.data())
+def test_label_share_inventory_and_extender_agree_on_dra_held_units(gpus: int, data: st.DataObject) -> None:
+    """Whatever partitions claims hold on a DRA node: the allocated share is the units table's share
+    (the same as a device-plugin MIG node with the same slices requested), and the gpu-free label, the
+    inventory's free ``gpu.nvidia.com`` devices and the extender's free GPUs are one number."""
+    from webhook.balancer import dracount, marks, placementfeed
+    from webhook.balancer import inventory as inventory_mod
+    from webhook.balancer.state import node_info
+    from webhook.kube import allocations, nodedevices, slices, units
+    from webhook.placement.extender import ExtenderState
+
+    node = "dra-1"
+    found = dra_slices.gpus(gpus, node=node, mig=True)
+    published = [slices.parse(s) for s in dra_slices.node_slices(node, found)]
+    # Hold non-overlapping partitions, GPU by GPU, as the scheduler could allocate them.
+    held: list[str] = []
+    share = 0.0
+    for gpu in found:
+        used: set[int] = set()
+        for profile, start in data.draw(st.lists(st.sampled_from(PLACEMENTS), max_size=4, unique=True)):
+            span = set(range(start, start + profile.memory_slices))
+            if used & span:
+                continue
+            used |= span
+            held.append(dra_slices.mig_name(gpu, profile, start))
+            share += units.gpu_share(f"nvidia.com/mig-{profile.name}")
+    keys = frozenset(allocations.DeviceKey("gpu.nvidia.com", node, d) for d in held)
+    devices = nodedevices.by_node(published, keys)[node]
+    info = node_info(dra_node(node))
+    load = dracount.node_load(info, {}, None, devices)
+    assert load.allocated == pytest.approx(min(share / gpus, 1.0))
+    for unit, _ in devices.held_units:  # a DRA MIG device weighs what the device plugin's slice does
+        assert dracount.unit_weight(unit) == marks.gpu_weight(node_info(gpu_node("dp", gpus=0)), unit)
+    whole_free = sum(1 for gpu in found if not any(h.startswith(gpu.name + "-") for h in held))
+    assert load.free_gpus == devices.whole_free == whole_free
+    (offer,) = [o for o in inventory_mod.dra_offers([info], {}, {node: devices}) if o.device_class == "gpu.nvidia.com"]
+    assert offer.free == whole_free
+    feed = placementfeed.Feed(ExtenderState())
+    feed.node(node, info)
+    feed.dra(node, devices)
+    assert feed.state.view(node).gpu_free == whole_free * units.MILLI

@@ -30,6 +30,7 @@ The GPU figures (SM counts, engine counts, MIG memory) are an H100 80GB's as ``n
 
 from __future__ import annotations
 
+import json
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -228,3 +229,51 @@ def claim_template(name: str, *, device_class: str = names.DRA_GPU_CLASS, count:
 def product_selector(product: str) -> str:
     """The CEL a claim writes to get one GPU product (``productName`` is what the driver publishes)."""
     return f"device.attributes['{DRIVER}'].productName == '{product}'"
+
+
+# ---- publishing through the API server (the harness's stand-in for the kubelet plugin) ---------------
+def owned_by(node: Obj, bodies: list[Obj]) -> list[Obj]:
+    """Each slice owned by its Node, as the driver's slice controller makes them: deleting the node
+    lets the garbage collector delete its slices."""
+    owner = {"apiVersion": "v1", "kind": "Node", "name": node["metadata"]["name"], "uid": node["metadata"]["uid"],
+             "controller": True}
+    return [{**body, "metadata": {**body["metadata"], "ownerReferences": [owner]}} for body in bodies]
+
+
+def publish(api: Any, node_name: str, found: list[Gpu], *, generation: int = 1) -> list[Obj]:
+    """Create the node's slices through the API server (kubernetes ``ApiClient``); returns them as stored."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    node = api.sanitize_for_serialization(core.read_node(node_name))
+    resource = client.ResourceV1Api(api)
+    stored = []
+    for body in owned_by(node, node_slices(node_name, found, generation=generation)):
+        made = resource.create_resource_slice(body, _preload_content=False)
+        stored.append(json.loads(made.data))
+    return stored
+
+
+def unpublish(api: Any, node_name: str) -> None:
+    from kubernetes import client
+
+    resource = client.ResourceV1Api(api)
+    for item in resource.list_resource_slice(field_selector=f"spec.nodeName={node_name}").items:
+        try:
+            resource.delete_resource_slice(item.metadata.name)
+        except client.ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def install_device_classes(api: Any) -> None:
+    """The chart's DeviceClasses; an existing one (another test installed it) is left as it is."""
+    from kubernetes import client
+
+    resource = client.ResourceV1Api(api)
+    for body in device_classes():
+        try:
+            resource.create_device_class(body)
+        except client.ApiException as err:
+            if err.status != 409:
+                raise
