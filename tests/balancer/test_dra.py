@@ -213,13 +213,15 @@ PLACEMENTS = [(p, start) for p in dra_slices.H100_PROFILES for start in p.starts
 @given(st.integers(1, 3), st.data())
 def test_label_share_inventory_and_extender_agree_on_dra_held_units(gpus: int, data: st.DataObject) -> None:
     """Whatever partitions claims hold on a DRA node: the allocated share is the units table's share
-    (the same as a device-plugin MIG node with the same slices requested), and the gpu-free label, the
-    inventory's free ``gpu.nvidia.com`` devices and the extender's free GPUs are one number."""
+    (the same as a device-plugin MIG node with the same slices requested, and the replay's thousandths),
+    and the gpu-free label, the inventory's free ``gpu.nvidia.com`` devices and the extender's free GPUs
+    are one number."""
     from webhook.balancer import dracount, marks, placementfeed
     from webhook.balancer import inventory as inventory_mod
     from webhook.balancer.state import node_info
     from webhook.kube import allocations, nodedevices, slices, units
     from webhook.placement.extender import ExtenderState
+    from webhook.replay import migcluster
 
     node = "dra-1"
     found = dra_slices.gpus(gpus, node=node, mig=True)
@@ -241,8 +243,9 @@ def test_label_share_inventory_and_extender_agree_on_dra_held_units(gpus: int, d
     info = node_info(dra_node(node))
     load = dracount.node_load(info, {}, None, devices)
     assert load.allocated == pytest.approx(min(share / gpus, 1.0))
-    for unit, _ in devices.held_units:  # a DRA MIG device weighs what the device plugin's slice does
+    for unit, count in devices.held_units:  # a DRA MIG device weighs what the device plugin's slice does
         assert dracount.unit_weight(unit) == marks.gpu_weight(node_info(gpu_node("dp", gpus=0)), unit)
+        assert migcluster.physical_milli(unit, count, 1) == count * round(units.MILLI * dracount.unit_weight(unit))
     whole_free = sum(1 for gpu in found if not any(h.startswith(gpu.name + "-") for h in held))
     assert load.free_gpus == devices.whole_free == whole_free
     (offer,) = [o for o in inventory_mod.dra_offers([info], {}, {node: devices}) if o.device_class == "gpu.nvidia.com"]
