@@ -120,41 +120,36 @@ def _pressure(document: dict[str, Any]) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out))
 
 
-def _offers(document: dict[str, Any]) -> tuple[Offer, ...]:
-    raw = document.get("offers") or []
+def _entries(document: dict[str, Any], field: str, name_key: str,
+             number_keys: tuple[str, ...]) -> list[tuple[dict[str, Any], dict[str, int | None]]]:
+    """The objects of list ``field``, each with a string ``name_key`` and whole numbers >= 0 (or null)."""
+    raw = document.get(field) or []
     if not isinstance(raw, list):
-        raise InventoryError("offers: expected a list")
+        raise InventoryError(f"{field}: expected a list")
     out = []
     for i, item in enumerate(raw):
-        if not isinstance(item, dict) or not isinstance(item.get("resource"), str):
-            raise InventoryError(f"offers[{i}]: expected an object with a resource")
-        numbers = {}
-        for key in ("allocatable", "free", "nodes", "memoryMiB"):
+        if not isinstance(item, dict) or not isinstance(item.get(name_key), str):
+            raise InventoryError(f"{field}[{i}]: expected an object with a {name_key}")
+        numbers: dict[str, int | None] = {}
+        for key in number_keys:
             value = item.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise InventoryError(f"offers[{i}].{key}: expected a whole number >= 0")
+                raise InventoryError(f"{field}[{i}].{key}: expected a whole number >= 0")
             numbers[key] = value
-        out.append(Offer(resource=item["resource"], product=str(item.get("product") or ""),
-                         memory_mib=numbers["memoryMiB"], allocatable=numbers["allocatable"] or 0,
-                         free=numbers["free"] or 0, nodes=numbers["nodes"] or 0))
-    return tuple(out)
+        out.append((item, numbers))
+    return out
+
+
+def _offers(document: dict[str, Any]) -> tuple[Offer, ...]:
+    return tuple(Offer(resource=item["resource"], product=str(item.get("product") or ""),
+                       memory_mib=n["memoryMiB"], allocatable=n["allocatable"] or 0, free=n["free"] or 0,
+                       nodes=n["nodes"] or 0)
+                 for item, n in _entries(document, "offers", "resource", ("allocatable", "free", "nodes", "memoryMiB")))
 
 
 def _dra_offers(document: dict[str, Any]) -> tuple[DraOffer, ...]:
-    raw = document.get("draOffers") or []
-    if not isinstance(raw, list):
-        raise InventoryError("draOffers: expected a list")
-    out = []
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict) or not isinstance(item.get("deviceClass"), str):
-            raise InventoryError(f"draOffers[{i}]: expected an object with a deviceClass")
-        numbers = {}
-        for key in ("devices", "free", "nodes", "memoryMiB"):
-            value = item.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise InventoryError(f"draOffers[{i}].{key}: expected a whole number >= 0")
-            numbers[key] = value
-        out.append(DraOffer(device_class=item["deviceClass"], product=str(item.get("product") or ""),
-                            memory_mib=numbers["memoryMiB"], devices=numbers["devices"] or 0,
-                            free=numbers["free"] or 0, nodes=numbers["nodes"] or 0))
-    return tuple(out)
+    return tuple(DraOffer(device_class=item["deviceClass"], product=str(item.get("product") or ""),
+                          memory_mib=n["memoryMiB"], devices=n["devices"] or 0, free=n["free"] or 0,
+                          nodes=n["nodes"] or 0)
+                 for item, n in _entries(document, "draOffers", "deviceClass",
+                                         ("devices", "free", "nodes", "memoryMiB")))
