@@ -8,6 +8,7 @@ partitions.go, driver.go), so a shape the API server accepts there is a shape pa
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.e2e import dra_slices
-from webhook.kube import allocations, slices
+from webhook.kube import allocations, inventory, slices
 
 NODE = "gpu-1"
 
@@ -158,3 +159,28 @@ def test_a_pod_whose_gpu_request_a_claim_serves_says_so() -> None:
                              "requestName": "container-0-request-0"}]}}}
     assert allocations.dra_backed_resources(pod) == {"nvidia.com/gpu"}
     assert allocations.dra_backed_resources({"status": {"phase": "Running"}}) == frozenset()
+
+
+# ---- the GPUInventory's draOffers ---------------------------------------------------------------
+DRA_OFFER = st.builds(inventory.DraOffer, device_class=st.sampled_from(["gpu.nvidia.com", "mig.nvidia.com"]),
+                      product=st.text(max_size=20), memory_mib=st.one_of(st.none(), st.integers(0, 10**6)),
+                      devices=st.integers(0, 10**4), free=st.integers(0, 10**4), nodes=st.integers(0, 10**3))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(DRA_OFFER, max_size=4))
+def test_dra_offers_survive_the_inventory_document(found: list[inventory.DraOffer]) -> None:
+    from datetime import UTC, datetime
+
+    from webhook.balancer import inventory as published
+
+    content = published.Content(offers=(), default_priority_class=None, dra_offers=tuple(found))
+    text = published.serialize(published.document(content, generated_at=datetime(2026, 12, 3, tzinfo=UTC)))
+    assert inventory.parse(text).dra_offers == tuple(found)
+
+
+def test_a_bad_dra_offer_is_refused_naming_it() -> None:
+    doc = {"apiVersion": inventory.API_VERSION, "kind": inventory.KIND,
+           "draOffers": [{"deviceClass": "gpu.nvidia.com", "free": -1}]}
+    with pytest.raises(inventory.InventoryError, match=r"draOffers\[0\]\.free: expected a whole number >= 0"):
+        inventory.parse(json.dumps(doc))
