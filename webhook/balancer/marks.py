@@ -93,8 +93,11 @@ def node_load(node: NodeInfo, requested: dict[str, int], utilization: float | No
 
 def desired(node: NodeInfo, load: NodeLoad | None, *, thresholds: tiers.TierThresholds,
             taint_congested: bool) -> Marks:
-    """The marks ``node`` should carry; ``load`` None means it is not a GPU node (remove ours)."""
-    if load is None or not node.is_gpu_node:
+    """The marks ``node`` should carry; ``load`` None means it is not a GPU node (remove ours).
+
+    The caller decides what a GPU node is: device-plugin GPU resources, or NVIDIA DRA devices
+    (``dracount.is_gpu_node``), which a node's allocatable does not show."""
+    if load is None:
         return Marks(free=None, load=None, tainted=False)
     tier = tiers.tier(allocated=load.allocated, utilization=load.utilization,
                       previous=node.label(GPU_LOAD_LABEL), thresholds=thresholds)
