@@ -28,6 +28,7 @@ LAYERS: dict[str, dict[str, str]] = {
                "loading": EDGE, "store": EDGE, "cases": EDGE},
     "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
                   "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
+                  "dra": CORE, "claimlookup": EDGE,
                   "worker": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                   "client": EDGE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE},

@@ -263,8 +263,11 @@ class GpugateServer:
 
     def __init__(self, *, cert: Path, key: Path, ca: Path, policies: Path, log: Path,
                  inventory: Path | None = None, drain_seconds: float = 2.0, workers: int = 2,
-                 reload_interval: float = 0.5, server_name: str = LOOPBACK) -> None:
+                 reload_interval: float = 0.5, server_name: str = LOOPBACK, extra_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
         self.cert, self.key, self.ca, self.server_name = cert, key, ca, server_name
+        self.extra_args, self.env = tuple(extra_args), env
+        """More ``gpugate serve`` flags, and variables added to the environment (e.g. KUBECONFIG)."""
         self.policies, self.inventory, self.log = policies, inventory, log
         self.drain_seconds, self.workers, self.reload_interval = drain_seconds, workers, reload_interval
         self.port: int | None = None
@@ -287,7 +290,7 @@ class GpugateServer:
                    "--drain-seconds", str(self.drain_seconds), "--reload-interval", str(self.reload_interval)]
         if self.inventory is not None:
             command += ["--inventory", str(self.inventory)]
-        return command
+        return command + list(self.extra_args)
 
     def start(self, timeout: float = 60.0) -> Run:
         """Start on the previous port (a restart) or on a free one; return once /readyz says 200."""
@@ -296,7 +299,8 @@ class GpugateServer:
             port = self.port or processes.free_port()
             with self.log.open("ab") as out:
                 self.process = subprocess.Popen(self.command(port), stdin=subprocess.DEVNULL, stdout=out,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
+                                                stderr=subprocess.STDOUT, start_new_session=True,
+                                                env={**os.environ, **self.env} if self.env else None)
             if self._wait_ready(port, timeout):
                 self.port = port
                 self.runs.append(Run(pid=self.process.pid, ready=time.monotonic()))

@@ -11,9 +11,9 @@ from typing import Any
 import click
 import yaml
 
-from webhook.admission import chain, validation
+from webhook.admission import chain, dra
 from webhook.errors import PolicyLoadError
-from webhook.kube.documents import read_pod
+from webhook.kube.documents import read_admission_file
 from webhook.policy import cases, loading
 
 DEFAULT_POLICIES = Path("policies")
@@ -45,11 +45,16 @@ def _yaml(obj: object) -> str:
 @click.option("-o", "--output", type=click.Choice(["yaml", "json", "patch", "diff"]), default="yaml",
               show_default=True, help="The mutated pod, the JSON patch, or a unified diff.")
 def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, output: str) -> None:
-    """Print POD_FILE as the webhook would admit it (exit 1 when it would be denied)."""
-    pod = read_pod(pod_file)
+    """Print POD_FILE as the webhook would admit it (exit 1 when it would be denied).
+
+    POD_FILE holds a Pod (optionally followed by the ResourceClaims and templates it references,
+    so their devices count toward the policy's max per pod), a ResourceClaim or a ResourceClaimTemplate.
+    """
+    document = read_admission_file(pod_file)
+    pod = document.subject
     policies = loading.load_dir(policy_dir)
     ns = _namespace(pod, namespace)
-    outcome = chain.admit(pod, namespace=ns, policies=policies)
+    outcome = chain.admit(pod, namespace=ns, policies=policies, resolved=dra.resolve_documents(document.claims))
     result = outcome.mutation
     for warning in outcome.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -68,7 +73,8 @@ def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, output: str)
     else:
         click.echo(_yaml(mutated), nl=False)
     if result.policy is None:
-        click.echo(f"note: no policy in {policy_dir} applies to this pod in namespace '{ns}'", err=True)
+        what = "claim" if document.is_claim else "pod"
+        click.echo(f"note: no policy in {policy_dir} applies to this {what} in namespace '{ns}'", err=True)
 
 
 @click.command()
@@ -76,9 +82,12 @@ def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, output: str)
 @policies_option
 @namespace_option
 def validate(pod_file: Path, policy_dir: Path, namespace: str | None) -> None:
-    """Say whether POD_FILE, as written, would be allowed (exit 1 when denied)."""
-    pod = read_pod(pod_file)
-    verdict = validation.validate(pod, namespace=_namespace(pod, namespace), policies=loading.load_dir(policy_dir))
+    """Say whether POD_FILE (a Pod, then the claims it references; or a ResourceClaim or template),
+    as written, would be allowed (exit 1 when denied)."""
+    document = read_admission_file(pod_file)
+    pod = document.subject
+    verdict = chain.validate(pod, namespace=_namespace(pod, namespace), policies=loading.load_dir(policy_dir),
+                             resolved=dra.resolve_documents(document.claims))
     for warning in verdict.warnings:
         click.echo(f"warning: {warning}", err=True)
     if not verdict.allowed:

@@ -15,6 +15,7 @@ what gpugate reads of it, and :func:`render_request` writes one back in the same
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -331,3 +332,29 @@ def memory_selector(min_mib: int) -> str:
     return (f'device.driver == "{names.DRA_DRIVER}" && '
             f'device.capacity["{names.DRA_DRIVER}"].{names.DRA_MEMORY_CAPACITY}'
             f'.compareTo(quantity("{min_mib}Mi")) >= 0')
+
+
+def with_selectors(document: Claim, expressions: tuple[str, ...], classes: frozenset[str]) -> Claim:
+    """A copy of ``document`` in which every ask of a class in ``classes`` (an ``exactly`` request or
+    a ``firstAvailable`` sub-request) carries each of ``expressions`` as a CEL selector. Selectors
+    the author wrote stay, in their order; an expression already there is not added twice, so
+    applying this to its own output changes nothing."""
+    out = copy.deepcopy(document)
+    spec = claim_spec(out)
+    for raw in requests_list(spec):
+        if not isinstance(raw, dict):
+            continue
+        targets = [raw["exactly"]] if isinstance(raw.get("exactly"), dict) else []
+        if isinstance(raw.get("firstAvailable"), list):
+            targets += [sub for sub in raw["firstAvailable"] if isinstance(sub, dict)]
+        if not targets and "deviceClassName" in raw:
+            targets = [raw]  # v1beta1's flat request
+        for target in targets:
+            if target.get("deviceClassName") not in classes:
+                continue
+            present = selector_expressions(target.get("selectors"), "selectors")
+            missing = [e for e in expressions if e not in present]
+            if missing:
+                selectors = target.get("selectors") if isinstance(target.get("selectors"), list) else []
+                target["selectors"] = [*selectors, *({"cel": {"expression": e}} for e in missing)]
+    return out

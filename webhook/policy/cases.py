@@ -3,7 +3,8 @@
 A case is a folder under ``<policies>/tests/``::
 
     case.yaml      namespace: ml-train
-                   pod: pod.yaml                    # default
+                   pod: pod.yaml                    # default; a Pod (then the claims it references), or
+                                                    # a ResourceClaim or ResourceClaimTemplate
                    expect: {mutated: expected.yaml} | {denied: "part of the message"} | {unchanged: true}
 
 The pod is mutated, the patch applied, the result validated, and the result mutated again (it
@@ -26,9 +27,9 @@ import jsonpatch
 import yaml
 
 from webhook import names
-from webhook.admission import chain, mutation
+from webhook.admission import chain, dra
 from webhook.errors import InputError
-from webhook.kube.documents import read_pod
+from webhook.kube.documents import read_admission_file
 from webhook.policy import PolicySet, loading
 
 CASE_FILE = "case.yaml"
@@ -73,12 +74,13 @@ def run_case(case_dir: Path, policies: PolicySet, *, root: Path | None = None) -
 
 def _check(case_dir: Path, policies: PolicySet) -> str:
     spec = _read_case(case_dir)
-    pod = read_pod(case_dir / spec.get("pod", "pod.yaml"))
+    document = read_admission_file(case_dir / spec.get("pod", "pod.yaml"))
+    pod = document.subject
     namespace = spec["namespace"]
-    outcome = chain.admit(pod, namespace=namespace, policies=policies)
+    outcome = chain.admit(pod, namespace=namespace, policies=policies, resolved=dra.resolve_documents(document.claims))
     result = outcome.mutation
     mutated = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else pod
-    again = mutation.mutate(mutated, namespace=namespace, policies=policies)
+    again = chain.mutate(mutated, namespace=namespace, policies=policies)
     if again.patch:
         return f"not idempotent: mutating the result again patches {list(again.patch)}"
     expect = spec["expect"]
@@ -91,7 +93,7 @@ def _check(case_dir: Path, policies: PolicySet) -> str:
         return ""
     if not outcome.allowed:
         return f"unexpected denial: {message}"
-    expected = pod if expect.get("unchanged") else read_pod(case_dir / expect["mutated"])
+    expected = pod if expect.get("unchanged") else read_admission_file(case_dir / expect["mutated"]).subject
     actual = mask_revision(mutated)
     if actual != mask_revision(expected):
         diff = difflib.unified_diff(_dump(mask_revision(expected)), _dump(actual), "expected", "actual")
