@@ -226,11 +226,6 @@ def claim_template(name: str, *, device_class: str = names.DRA_GPU_CLASS, count:
             "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}}}
 
 
-def product_selector(product: str) -> str:
-    """The CEL a claim writes to get one GPU product (``productName`` is what the driver publishes)."""
-    return f"device.attributes['{DRIVER}'].productName == '{product}'"
-
-
 # ---- publishing through the API server (the harness's stand-in for the kubelet plugin) ---------------
 def owned_by(node: Obj, bodies: list[Obj]) -> list[Obj]:
     """Each slice owned by its Node, as the driver's slice controller makes them: deleting the node

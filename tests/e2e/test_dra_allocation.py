@@ -10,8 +10,11 @@ the API server validates every slice and claim. The balancer runs as its Service
 exactly manifests/balancer's RBAC (so its get/list/watch on resourceslices and resourceclaims is
 shown to be enough: no API error), and its ``gpugate.io/gpu-free`` label is read from the Node.
 
-The product selector is written in the claim template here (``device.attributes['gpu.nvidia.com']
-.productName == ...``), as a policy would have the webhook write it.
+The claim template asks two ``gpu.nvidia.com`` devices and nothing else; the product selector on
+it is the one the webhook writes: the template goes through the webhook's own mutation core
+(``webhook.admission.dra.mutate_claim``) under a policy pinning ``products: [NVIDIA-A100-SXM4-80GB]``
+(GFD's spelling), then its verdict (``validate_claim``) must allow it. The HTTP path (the API
+server calling the webhook, storing the selectors) is tests/e2e/test_dra_admission.py's.
 """
 
 from __future__ import annotations
@@ -28,10 +31,26 @@ from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.fakekubelet import COMPLETE_AFTER
 from tests.e2e.test_balancer import FREE, balancer_rbac, marks, replicas  # noqa: F401 - fixtures
 from tests.e2e.waiting import wait_until
+from tests.policy.kit import load, policy
+from webhook.admission import dra
 from webhook.kube import allocations
 
 A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"
+"""``productName`` as NVML reports it (spaces); GFD's ``nvidia.com/gpu.product`` is it with '-'."""
+PINNED = load(policy("a100-only", """
+    match: {namespaces: ["e2e-*"]}
+    gpu: {max: 4, products: [NVIDIA-A100-SXM4-80GB]}
+"""))
+
+
+def shaped(template: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The template as the webhook admits it: the policy's selectors added, and allowed."""
+    mutation = dra.mutate_claim(template, namespace=namespace, policies=PINNED)
+    assert mutation.policy is not None and mutation.patch, "the policy should shape the template"
+    verdict = dra.validate_claim(mutation.desired, namespace=namespace, policies=PINNED)
+    assert verdict.allowed, verdict
+    return mutation.desired
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +103,10 @@ def test_a_claim_with_a_product_selector_is_allocated_on_that_product_and_gpu_fr
                what="the balancer labelling DRA-only nodes with their GPUs", timeout=60, explain=cluster.logs_tail)
 
     resource = client.ResourceV1Api(cluster.api_client())
-    resource.create_namespaced_resource_claim_template(namespace, dra_slices.claim_template(
-        "two-a100", count=2, selector=dra_slices.product_selector(A100)))
+    template = shaped(dra_slices.claim_template("two-a100", count=2), namespace)
+    selectors = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert any("productName" in s["cel"]["expression"] for s in selectors)
+    resource.create_namespaced_resource_claim_template(namespace, template)
     core = cluster.core()
     core.create_namespaced_pod(namespace, claim_pod("trainer", "two-a100", complete_after=6))
     wait_until(lambda: (core.read_namespaced_pod("trainer", namespace).spec.node_name or "") != "",
