@@ -136,10 +136,15 @@ def test_a_claim_with_a_product_selector_is_allocated_on_that_product_and_gpu_fr
 def test_a_mig_partition_is_allocated_from_shared_counters_and_takes_its_gpu_out_of_gpu_free(
         cluster: Cluster, dra_nodes: Any, namespace: str, replicas: Any) -> None:
     node = dra_nodes("dra-mig", dra_slices.gpus(2, node="dra-mig", mig=True), product=H100)
+    resource = client.ResourceV1Api(cluster.api_client())
+    # The API server keeps the partitionable-device fields (a disabled feature would drop them on create).
+    stored = raw(resource.list_resource_slice, field_selector=f"spec.nodeName={node}")["items"]
+    assert [c["name"] for s in stored for c in s["spec"].get("sharedCounters", ())] == \
+        ["gpu-0-counter-set", "gpu-1-counter-set"]
+    assert all(d.get("consumesCounters") for s in stored for d in s["spec"].get("devices", ()))
     replica = replicas("dra-mig")
     wait_until(lambda: marks(cluster, node)[0] == "2", what="2 whole GPUs free", timeout=60,
                explain=cluster.logs_tail)
-    resource = client.ResourceV1Api(cluster.api_client())
     resource.create_namespaced_resource_claim_template(namespace, dra_slices.claim_template(
         "one-1g", device_class="mig.nvidia.com",
         selector="device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"))
