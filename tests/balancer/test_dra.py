@@ -254,3 +254,34 @@ def test_label_share_inventory_and_extender_agree_on_dra_held_units(gpus: int, d
     feed.node(node, info)
     feed.dra(node, devices)
     assert feed.state.view(node).gpu_free == whole_free * units.MILLI
+
+
+# ---- the incremental cache equals a recount from scratch (hypothesis) -------------------------
+EVENT_NODES = ("n-1", "n-2", "n-3")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("slices"), st.sampled_from(EVENT_NODES), st.integers(0, 3), st.booleans()),
+    st.tuples(st.just("claim"), st.sampled_from(["a", "b", "c"]), st.sampled_from(EVENT_NODES),
+              st.sets(st.integers(0, 3), max_size=2), st.booleans()),
+), max_size=25))
+def test_the_dra_cache_after_any_events_is_the_recount_from_scratch(events: list[tuple]) -> None:
+    from webhook.balancer import dracount
+    from webhook.kube import nodedevices, slices
+
+    cache = dracount.DraCache()
+    for event in events:
+        if event[0] == "slices":
+            _, node, count, mig = event
+            for i in range(3):  # republish: up to 3 slices per node, the ones beyond count removed
+                cache.set_slice(f"{node}-{i}", None)
+            for i, body in enumerate(dra_slices.node_slices(node, dra_slices.gpus(count, node=node, mig=mig))):
+                cache.set_slice(f"{node}-{i}", slices.parse({**body, "metadata": {"name": f"{node}-{i}"}}))
+        else:
+            _, name, node, gpus, reserved = event
+            cache.set_claim(f"ml/{name}", dracount.reduce_claim(claim(name, node, *(f"gpu-{g}" for g in sorted(gpus)),
+                                                                      reserved=reserved))[1])
+    expected = nodedevices.by_node(cache.resource_slices.values(),
+                                   nodedevices.held_keys(cache.resource_claims.values()))
+    assert cache.nodes == expected
