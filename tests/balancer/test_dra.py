@@ -285,3 +285,26 @@ def test_the_dra_cache_after_any_events_is_the_recount_from_scratch(events: list
     expected = nodedevices.by_node(cache.resource_slices.values(),
                                    nodedevices.held_keys(cache.resource_claims.values()))
     assert cache.nodes == expected
+
+
+def test_the_extender_counts_a_mapped_gpu_request_once() -> None:
+    """A pod whose ``nvidia.com/gpu: 1`` a claim serves (what the real scheduler did in
+    tests/e2e/test_dra_allocation.py) takes one GPU in the extender's view: the claim's, not also its own."""
+    from webhook.balancer import placementfeed
+    from webhook.balancer.state import node_info
+    from webhook.kube import allocations, nodedevices, slices
+    from webhook.placement.extender import ExtenderState
+
+    node = "dra-1"
+    found = [slices.parse(s) for s in dra_slices.node_slices(node, dra_slices.gpus(8, node=node))]
+    devices = nodedevices.by_node(found, frozenset({allocations.DeviceKey("gpu.nvidia.com", node, "gpu-0")}))[node]
+    pod = gpu_pod("mapped", node, gpus=1)
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "mapped-extended-resources-x1",
+        "requestMappings": [{"containerName": "main", "resourceName": "nvidia.com/gpu",
+                             "requestName": "container-0-request-0"}]}
+    feed = placementfeed.Feed(ExtenderState())
+    feed.node(node, node_info(dra_node(node)))
+    feed.dra(node, devices)
+    feed.pod("ml/mapped", placementfeed.pod_record(pod))
+    assert feed.state.view(node).gpu_free == 7000

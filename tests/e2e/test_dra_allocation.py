@@ -20,6 +20,7 @@ server calling the webhook, storing the selectors) is tests/e2e/test_dra_admissi
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -130,6 +131,28 @@ def test_a_claim_with_a_product_selector_is_allocated_on_that_product_and_gpu_fr
     wait_until(lambda: marks(cluster, a100)[0] == "4", what="gpu-free back to 4 once the pod ended",
                timeout=60, explain=cluster.logs_tail)
     wait_until(lambda: not claims_of(cluster, namespace), what="the generated claim to be deleted", timeout=60)
+
+    # Extended-resource mapping: the chart's gpu.nvidia.com class names nvidia.com/gpu, so a plain
+    # ``nvidia.com/gpu: 1`` pod is served on this DRA-only node by a claim kube-scheduler makes. One GPU
+    # held, counted once (the claim), not twice (the claim and the pod's request).
+    core.create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mapped"},
+        "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {"kubernetes.io/hostname": a100},
+                 "containers": [{"name": "main", "image": "trainer",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    wait_until(lambda: marks(cluster, a100)[0] == "3", what="gpu-free 4 -> 3 for a mapped nvidia.com/gpu: 1",
+               timeout=60, explain=cluster.logs_tail)
+    pod = raw(core.read_namespaced_pod, "mapped", namespace)
+    mapping = pod["status"]["extendedResourceClaimStatus"]
+    assert [m["resourceName"] for m in mapping["requestMappings"]] == ["nvidia.com/gpu"]
+    (generated,) = claims_of(cluster, namespace)
+    assert generated["metadata"]["name"] == mapping["resourceClaimName"]
+    assert generated["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+    stays = [marks(cluster, a100)[0] for _ in range(10) if not time.sleep(0.3)]
+    assert set(stays) == {"3"}, stays
+    core.delete_namespaced_pod("mapped", namespace, grace_period_seconds=0)
+    wait_until(lambda: marks(cluster, a100)[0] == "4", what="gpu-free back to 4 once the mapped pod is gone",
+               timeout=60, explain=cluster.logs_tail)
     assert replica.api_errors() == 0
 
 

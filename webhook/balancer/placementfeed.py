@@ -24,11 +24,12 @@ filters decide fit).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook.balancer import marks
 from webhook.balancer.state import TERMINAL_PHASES, NodeInfo, PodUsage, pod_usage
+from webhook.kube import allocations
 from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.quantity import QuantityError
 from webhook.kube.resources import is_mig_resource
@@ -88,10 +89,20 @@ def pod_record(pod: dict[str, Any]) -> PodRecord:
     demand = None
     if node:
         try:
-            demand = demand_from_pod(pod)
+            demand = _without_dra_backed(demand_from_pod(pod), allocations.dra_backed_resources(pod))
         except QuantityError:
             demand = None
     return PodRecord(usage=pod_usage(pod), node=node, demand=demand)
+
+
+def _without_dra_backed(demand: PodDemand, backed: frozenset[str]) -> PodDemand:
+    """The demand less the GPU requests a DRA claim serves (extended-resource mapping): the node's
+    stand-in for claims (``Feed.dra``) already holds those GPUs."""
+    if not backed:
+        return demand
+    return replace(demand, gpus=0 if GPU_RESOURCE in backed else demand.gpus,
+                   share_milli=0 if SHARED_GPU_RESOURCE in backed else demand.share_milli,
+                   mig=tuple((r, n) for r, n in demand.mig if r not in backed))
 
 
 DRA_HOLDER_PREFIX = "dra:"

@@ -181,7 +181,8 @@ def pod_requests(pod: Obj) -> dict[str, int]:
 
     A quantity the API server would have refused (it cannot be stored) counts as nothing. A
     request the scheduler served with a DRA claim (extended-resource mapping) is left out: the
-    claim counts it (``kube.allocations.dra_backed_resources``).
+    claim counts it (``kube.allocations.dra_backed_resources``); the pod holds no device-plugin
+    device (on its DRA-only node the empty allocatable would cap the count at 0 anyway).
     """
     try:
         found = pods.gpu_requests(pod)
