@@ -20,13 +20,11 @@ What is proven, each claim failing if the behaviour broke:
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -40,6 +38,7 @@ from tests.e2e.webhook_fixture import (
     RenderedWebhooks,
     ServingCerts,
     api_message,
+    deployed_policies,
     kustomize,
 )
 from webhook.kube import claims
@@ -75,13 +74,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def policy_dir(workdir: Path) -> Path:
-    folder = workdir / "policies"
-    folder.mkdir()
-    generator = yaml.safe_load((ROOT / "policies" / "kustomization.yaml").read_text())["configMapGenerator"][0]
-    for name in generator["files"]:
-        shutil.copy(ROOT / "policies" / name, folder / name)
-    (folder / "e2e-dra-pinned.yaml").write_text(PINNED_POLICY)
-    return folder
+    return deployed_policies(workdir / "policies", {"e2e-dra-pinned.yaml": PINNED_POLICY})
 
 
 @pytest.fixture(scope="module")
