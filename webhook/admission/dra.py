@@ -98,8 +98,8 @@ def mutate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> Mut
     what the author set (other selectors, counts, capacity, config) is kept. Idempotent."""
     governed = governed_classes(policies)
     ask = claims.parse(document)
-    if not any(a.device_class in governed for a in ask.asks()):
-        return Mutation(desired=document, patch=(), policy=None)
+    if not any(a.device_class in governed for a in ask.asks()) or pods.is_skipped(_subject(document)):
+        return Mutation(desired=document, patch=(), policy=None)  # gpugate.io/skip opts out of shaping only
     policy = select(policies, document, namespace=namespace)
     if policy is None:
         return Mutation(desired=document, patch=(), policy=None)
