@@ -23,6 +23,7 @@ LAYERS: dict[str, dict[str, str]] = {
           "cli": EDGE, "logs": EDGE, "kubeclient": EDGE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
              "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
+             "affinity": CORE, "tolerations": CORE,
              "documents": EDGE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
                "loading": EDGE, "store": EDGE, "cases": EDGE},
@@ -136,7 +137,8 @@ OUTSIDE_KUBE = sorted(name for name in placed() if not name.startswith("webhook.
 
 
 def gpu_fact_rederivations(tree: ast.AST) -> list[str]:
-    """Literal DRA field names, a division by the literal 7 (compute slices), a regex on MIG names."""
+    """Literal DRA field names, a division by the literal 7 (compute slices), a regex on MIG names,
+    a hand-read nodeAffinity, a Toleration class."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -144,6 +146,11 @@ def gpu_fact_rederivations(tree: ast.AST) -> list[str]:
                 found.append(f"line {node.lineno}: {node.value!r}")
             if "mig-" in node.value and ("[0-9]" in node.value or "\\d" in node.value):
                 found.append(f"line {node.lineno}: a MIG resource pattern")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "nodeAffinity":
+            found.append(f"line {node.lineno}: reads nodeAffinity by hand (kube.affinity)")
+        if isinstance(node, ast.ClassDef) and node.name == "Toleration":
+            found.append(f"line {node.lineno}: a Toleration class of its own (kube.tolerations)")
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) \
                 and isinstance(node.right, ast.Constant) and node.right.value == 7:
             found.append(f"line {node.lineno}: divides by 7 (units.COMPUTE_SLICES_PER_GPU)")
@@ -157,5 +164,6 @@ def test_no_module_outside_kube_rederives_a_gpu_fact(module: str) -> None:
 
 
 def test_the_rederivation_check_sees_one(tmp_path: Path) -> None:
-    tree = ast.parse("share = g / 7\nkey = 'deviceClassName'\npat = r'^nvidia\\.com/mig-[0-9]+g'\n")
-    assert len(gpu_fact_rederivations(tree)) == 3
+    tree = ast.parse("share = g / 7\nkey = 'deviceClassName'\npat = r'^nvidia\\.com/mig-[0-9]+g'\n"
+                     "na = spec['affinity'].get('nodeAffinity')\nclass Toleration: pass\n")
+    assert len(gpu_fact_rederivations(tree)) == 5

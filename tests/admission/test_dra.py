@@ -110,6 +110,14 @@ def test_mutation_adds_the_policys_selectors_to_every_gpu_ask_and_keeps_the_auth
     assert dra.validate_claim(result.desired, namespace="ml-team", policies=POLICIES).allowed
 
 
+def test_the_skip_label_opts_a_claim_out_of_shaping_never_out_of_the_rules() -> None:
+    claim = resource_claim(exactly())
+    claim["metadata"]["labels"] = {names.SKIP_LABEL: "true"}
+    assert dra.mutate_claim(claim, namespace="ml-team", policies=POLICIES).patch == ()
+    result = dra.validate_claim(claim, namespace="ml-team", policies=POLICIES)
+    assert not result.allowed and "lacks the selector" in result.message
+
+
 def test_a_sub_request_without_the_selector_escapes_the_requirement_and_is_denied() -> None:
     shaped = dra.mutate_claim(resource_claim(exactly()), namespace="ml-team", policies=POLICIES).desired
     escaped = copy.deepcopy(shaped)

@@ -13,10 +13,10 @@ from webhook.kube import claims
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "policies"
-CASES = POLICIES / "tests"
+CASES = POLICIES / "tests" / "dra"
 WEB_TEMPLATE = CASES / "web-claim-template-denied" / "template.yaml"
 INFERENCE_TEMPLATE = CASES / "inference-claim-template-gets-device-selectors" / "template.yaml"
-POD_WITH_TEMPLATES = CASES / "dra-pod-over-max-through-claims-denied" / "pod.yaml"
+POD_WITH_TEMPLATES = CASES / "pod-over-max-through-claims-denied" / "pod.yaml"
 
 
 def run(*args: object) -> CliRunner.invoke:

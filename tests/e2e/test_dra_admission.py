@@ -15,22 +15,25 @@ What is proven, each claim failing if the behaviour broke:
 5. an allowed template is stored with the policy's CEL selectors (the API server compiles them:
    ``replace``, ``lowerAscii``, ``quantity`` and ``compareTo`` are in its DRA CEL environment), and
    a spec UPDATE never reaches the webhook (the API server refuses it as immutable first), while a
-   metadata UPDATE of a claim the policy would refuse today goes through.
+   metadata UPDATE of a claim the policy would refuse today goes through;
+6. those selectors mean what the policy means when kube-scheduler v1.36 allocates: a template that
+   names no product, in a namespace whose policy pins ``NVIDIA-A100-SXM4-80GB`` (GFD's spelling),
+   is allocated on the node whose ResourceSlice says ``productName: NVIDIA A100-SXM4-80GB``, not on
+   the H100 node beside it (slices as tests/e2e/dra_slices.py publishes them for the driver).
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e.cluster import Cluster
+from tests.e2e import dra_slices
+from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     ROOT,
@@ -40,6 +43,7 @@ from tests.e2e.webhook_fixture import (
     RenderedWebhooks,
     ServingCerts,
     api_message,
+    deployed_policies,
     kustomize,
 )
 from webhook.kube import claims
@@ -58,6 +62,15 @@ spec:
     families: [hopper, ampere]
     minMemoryMiB: 40000
 """
+A100_POLICY = """\
+apiVersion: gpugate.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: e2e-dra-a100}
+spec:
+  priority: 500
+  match: {namespaces: ["a100-*"]}
+  gpu: {products: [NVIDIA-A100-SXM4-80GB], families: [ampere], minMemoryMiB: 80000}
+"""
 Obj = dict[str, Any]
 
 
@@ -75,13 +88,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def policy_dir(workdir: Path) -> Path:
-    folder = workdir / "policies"
-    folder.mkdir()
-    generator = yaml.safe_load((ROOT / "policies" / "kustomization.yaml").read_text())["configMapGenerator"][0]
-    for name in generator["files"]:
-        shutil.copy(ROOT / "policies" / name, folder / name)
-    (folder / "e2e-dra-pinned.yaml").write_text(PINNED_POLICY)
-    return folder
+    return deployed_policies(workdir / "policies", {"e2e-dra-pinned.yaml": PINNED_POLICY,
+                                                    "e2e-dra-a100.yaml": A100_POLICY})
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +269,45 @@ def test_a_metadata_update_of_a_claim_the_policy_would_refuse_now_goes_through(
     api.patch_namespaced_resource_claim("old", web, {"metadata": {"finalizers": None}}, _content_type=merge)
     error = denial(lambda: api.create_namespaced_resource_claim(web, {**claim, "metadata": {"name": "new"}}))
     assert error.status == 403 and "GPUs are not available in web and frontend namespaces" in api_message(error)
+
+
+def test_the_policys_selectors_steer_the_schedulers_allocation_to_the_pinned_product(
+        local: Cluster, registered: Registration, namespaces: Namespaces, nodes: Nodes) -> None:
+    api = local.api_client()
+    dra_slices.install_device_classes(api)
+    h100 = nodes.gpu("dra-pin-h100", gpus=4, whole_gpus=0, product="NVIDIA-H100-80GB-HBM3")
+    a100 = nodes.gpu("dra-pin-a100", gpus=2, whole_gpus=0, product="NVIDIA-A100-SXM4-80GB")
+    try:
+        dra_slices.publish(api, h100, dra_slices.gpus(4, node=h100))  # 81559 MiB: memory alone would pass
+        pinned = namespaces.make("a100")
+        resource_api(local).create_namespaced_resource_claim_template(pinned, template("one", 1))
+        core = local.core()
+        core.create_namespaced_pod(pinned, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer"},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one"}],
+                     "containers": [{"name": "main", "image": "trainer", "resources": {"claims": [{"name": "gpu"}]}}]}})
+        # Only H100s are published: the selectors gpugate added leave no device, so the pod waits.
+        wait_until(lambda: _unschedulable(core, pinned, "trainer"), what="kube-scheduler to find no device",
+                   timeout=60, explain=local.logs_tail)
+        assert not core.read_namespaced_pod("trainer", pinned).spec.node_name
+        dra_slices.publish(api, a100, dra_slices.gpus(2, node=a100, product="NVIDIA A100-SXM4-80GB",
+                                                      architecture="Ampere", cuda_compute_capability="8.0.0",
+                                                      memory_mib=81920))
+        wait_until(lambda: (core.read_namespaced_pod("trainer", pinned).spec.node_name or "") != "",
+                   what="kube-scheduler binding the pod once A100s are published", timeout=90,
+                   explain=local.logs_tail)
+        assert core.read_namespaced_pod("trainer", pinned).spec.node_name == a100
+        (claim,) = local.api_client().sanitize_for_serialization(
+            resource_api(local).list_namespaced_resource_claim(pinned).items)
+        assert [r["pool"] for r in claim["status"]["allocation"]["devices"]["results"]] == [a100]
+    finally:
+        dra_slices.unpublish(api, h100)
+        dra_slices.unpublish(api, a100)
+
+
+def _unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    conditions = core.read_namespaced_pod(name, namespace).status.conditions or []
+    # kube-scheduler v1.36's DynamicResources plugin: "0/2 nodes are available: 2 cannot allocate all claims."
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+               and "cannot allocate all claims" in (c.message or "") for c in conditions)

@@ -697,3 +697,15 @@ def apiserver_log(cluster: Cluster) -> Path:
 def iter_kustomizations(*roots: Path) -> Iterator[Path]:
     for root in roots:
         yield from sorted(p.parent for p in root.rglob("kustomization.yaml"))
+
+
+def deployed_policies(folder: Path, extra: Mapping[str, str] | None = None) -> Path:
+    """What the webhook Deployment mounts (the files ``policies/kustomization.yaml`` puts in its
+    ConfigMap) copied into ``folder``, plus ``extra`` (file name -> YAML) a test adds."""
+    folder.mkdir(parents=True)
+    generator = yaml.safe_load((ROOT / "policies" / "kustomization.yaml").read_text())["configMapGenerator"][0]
+    for name in generator["files"]:
+        (folder / name).write_bytes((ROOT / "policies" / name).read_bytes())
+    for name, text in (extra or {}).items():
+        (folder / name).write_text(text)
+    return folder

@@ -22,7 +22,7 @@ from typing import Any
 from webhook import names
 from webhook.admission import patches
 from webhook.admission.mutation import Mutation
-from webhook.admission.validation import Verdict, allowed_resources, pod_total
+from webhook.admission.validation import Verdict, allowed_resources, deny_rule_reasons, pod_total
 from webhook.kube import claims, pods
 from webhook.kube.claims import Claim, ClaimAsk, DeviceAsk
 from webhook.policy import PolicySet, matching
@@ -98,8 +98,8 @@ def mutate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> Mut
     what the author set (other selectors, counts, capacity, config) is kept. Idempotent."""
     governed = governed_classes(policies)
     ask = claims.parse(document)
-    if not any(a.device_class in governed for a in ask.asks()):
-        return Mutation(desired=document, patch=(), policy=None)
+    if not any(a.device_class in governed for a in ask.asks()) or pods.is_skipped(_subject(document)):
+        return Mutation(desired=document, patch=(), policy=None)  # gpugate.io/skip opts out of shaping only
     policy = select(policies, document, namespace=namespace)
     if policy is None:
         return Mutation(desired=document, patch=(), policy=None)
@@ -138,7 +138,7 @@ def validate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> V
         return Verdict(allowed=True)
     subject = _subject(document)
     where = _describe(document, namespace)
-    denials, warnings = _deny_rules(subject, namespace, policies, f"{where}: {_what(ask, governed)}")
+    denials, warnings = deny_rule_reasons(subject, namespace, policies, lambda: f"{where}: {_what(ask, governed)}")
     policy = select(policies, document, namespace=namespace)
     ref = PolicyRef(policy.name, policies.revision) if policy else None
     if policy is not None:
@@ -148,24 +148,6 @@ def validate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> V
         else:
             denials += own
     return Verdict(allowed=not denials, reasons=tuple(denials), policy=ref, warnings=tuple(warnings))
-
-
-def _deny_rules(subject: pods.Pod, namespace: str, policies: PolicySet, what: str) -> tuple[list[str], list[str]]:
-    """Deny rules of every policy whose namespaces and podSelector match, whatever its priority."""
-    denials: list[str] = []
-    warnings: list[str] = []
-    labels = pods.labels(subject)
-    for policy in policies.policies:
-        if policy.mode == "off" or not matching.namespace_matches(
-                namespace, policy.match.namespaces, policy.match.exclude_namespaces) \
-                or not matching.selector_matches(policy.match.pod_selector, labels):
-            continue
-        for rule in policy.deny:
-            if matching.deny_applies(rule, subject, namespace):
-                reason = f"{what}; {rule.message} (policy {policy.name}@{policies.revision})"
-                (warnings if policy.mode == "audit" else denials).append(
-                    f"audit: would deny: {reason}" if policy.mode == "audit" else reason)
-    return denials, warnings
 
 
 def claim_rules(ask: ClaimAsk, policy: GPUPolicy, ref: PolicyRef | None, governed: frozenset[str],
@@ -239,7 +221,7 @@ def validate_pod_claims(pod: pods.Pod, *, namespace: str, policies: PolicySet, r
     denials: list[str] = []
     warnings: list[str] = []
     if not pods.asks_for_gpus(pod):  # a pod asking GPUs itself meets the deny rules in validation.validate
-        denials, warnings = _deny_rules(pod, namespace, policies, f"{where}: {through}")
+        denials, warnings = deny_rule_reasons(pod, namespace, policies, lambda: f"{where}: {through}")
     policy = matching.select(policies, pod, namespace=namespace, honor_skip=False, asks_for_gpus=True)
     ref = PolicyRef(policy.name, policies.revision) if policy else None
     own: list[str] = []
