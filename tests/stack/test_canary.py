@@ -141,6 +141,13 @@ conditions:
 """
 
 
+def test_the_checked_in_canary_yaml_is_valid():
+    root = Path(__file__).resolve().parents[2]
+    pools = [p.name for p in manifests.load_stack(root).pools]
+    analysis = parse_analysis((root / canary.ANALYSIS_FILE).read_text(), pools=pools)
+    assert analysis.pool == "canary" and analysis.conditions == ()
+
+
 def test_canary_yaml_is_read_with_its_conditions():
     analysis = parse_analysis(GOOD, pools=["default", "canary"])
     assert analysis.pool == "canary" and analysis.window_seconds == 120
@@ -232,6 +239,7 @@ def test_canary_decides_rollback_on_a_failed_node_and_commits_it(stack_repo, fak
     assert done.exit_code == 1 and "committed" in done.output, done.output
     assert f"Gpugate-Reverts: {upgraded}" in git(stack_repo, "log", "-n1", "--format=%B")
     assert manifests.load_stack(stack_repo).pools[1].driver == OLD
+    assert "retry each failed node (the operator does not): kubectl label node gpu-c1" in done.output
 
 
 def test_canary_promotes_a_done_canary_after_the_window(stack_repo, fake_kube):

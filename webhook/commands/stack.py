@@ -485,7 +485,12 @@ def canary_command(ctx: click.Context, pool: str | None, analysis_file: Path | N
         would = "gpugate stack promote --from " + analysis.pool + " --to all" if verdict.decision == "promote" \
             else "gpugate stack rollback"
         click.echo(f"would run: {would} (pass --commit to make the commit)")
+    if verdict.failed_nodes and output == "text":
+        click.echo("once Argo CD has synced the rollback, retry each failed node (the operator does not): "
+                   + "; ".join(f"kubectl label node {n} {stack_status.DRIVER_UPGRADE_STATE_LABEL}=upgrade-required "
+                               "--overwrite" for n in verdict.failed_nodes))
     if output == "json":
         click.echo(json.dumps({"pool": analysis.pool, "driver": driver, "decision": verdict.decision,
-                               "reasons": list(verdict.reasons), "committed": sha}, indent=2))
+                               "reasons": list(verdict.reasons), "failedNodes": list(verdict.failed_nodes),
+                               "committed": sha}, indent=2))
     ctx.exit({"promote": 0, "rollback": 1}.get(verdict.decision, 3))

@@ -201,13 +201,18 @@ class Verdict:
     """``promote``, ``rollback`` or ``wait``."""
     reasons: tuple[str, ...]
     watch: Watch
+    failed_nodes: tuple[str, ...] = ()
+    """Nodes at ``upgrade-failed``: rolling back Git does not heal them (k8s-operator-libs
+    ProcessUpgradeFailedNodes waits for a driver pod in sync and Ready; the crash-looping pod is
+    never replaced by itself), so they need the documented retry after the rollback synced."""
 
 
 def judge(analysis: Analysis, driver: str, watch: Watch, seen: Observation) -> Verdict:
     """The next verdict from one more observation (Argo Rollouts: any failed measurement fails)."""
     failed = sorted(n.name for n in seen.nodes if n.state == FAILED)
     if failed:
-        return Verdict("rollback", (f"driver upgrade failed on {', '.join(failed)} (upgrade-failed)",), watch)
+        return Verdict("rollback", (f"driver upgrade failed on {', '.join(failed)} (upgrade-failed)",), watch,
+                       failed_nodes=tuple(failed))
     violations = [v for c in analysis.conditions if c.name in seen.measurements
                   and (v := c.violation(seen.measurements[c.name])) is not None]
     if violations:
