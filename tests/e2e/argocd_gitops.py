@@ -44,6 +44,8 @@ def fork_of_worktree(source: Path, target: Path) -> Path:
     Only ``git clone`` and ``git ls-files`` touch ``source``: neither writes its index or history.
     """
     run(["git", "clone", "-q", "--no-hardlinks", str(source), str(target)])
+    # Argo CD tracks `main` (argocd/): a worktree on another branch is forked as the fork's main.
+    git(target, "checkout", "-q", "-B", "main")
     listed = run(["git", "-C", str(source), "ls-files", "-z", "--modified", "--deleted", "--others",
                   "--exclude-standard"]).stdout
     changed = sorted({p for p in listed.split("\0") if p})
