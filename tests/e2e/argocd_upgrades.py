@@ -28,11 +28,25 @@ from typing import Any
 from kubernetes import client
 
 from tests.e2e import processes
+from tests.e2e.argocd_harness import json_lines
 from tests.e2e.argocd_standin import DONE, OWNER_LABEL, REQUIRED, STATE_LABEL
 
 Obj = dict[str, Any]
 NOT_UPGRADING = ("", DONE, REQUIRED)
 """k8s-operator-libs GetUpgradesInProgress counts every managed node in no other state."""
+IN_PLACE_STEPS = ("upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",
+                  "pod-restart-required", "validation-required", "uncordon-required", "upgrade-done")
+"""k8s-operator-libs pkg/upgrade consts.go: the in-place states an upgraded node walks, in this order
+(drain-required may come between pod-deletion-required and pod-restart-required)."""
+
+
+def in_order(walked: list[str], steps: tuple[str, ...]) -> bool:
+    """``steps`` appear in ``walked`` in this order (other states may come between)."""
+    position = 0
+    for state in walked:
+        if position < len(steps) and state == steps[position]:
+            position += 1
+    return position == len(steps)
 
 
 class UpgradeController:
@@ -187,15 +201,9 @@ class NodeHistory:
                 response: Any = self.core.list_node(watch=True, resource_version=version, timeout_seconds=60,
                                                     allow_watch_bookmarks=True, _preload_content=False)
                 self._response = response
-                buffer = b""
-                for chunk in response.stream(amt=None, decode_content=True):
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if line.strip():
-                            event = json.loads(line)
-                            if event["type"] in ("ADDED", "MODIFIED"):
-                                self._seen(event["object"])
+                for event in json_lines(response):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._seen(event["object"])
             except Exception as error:
                 if not self._stopping.is_set():
                     self.errors.append(repr(error))

@@ -66,7 +66,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import argocd_harness as harness
 from tests.e2e import binaries, controlplane
@@ -89,7 +88,9 @@ from tests.e2e.argocd_env import (
 )
 from tests.e2e.argocd_gitops import changed_files, driver_states, pool_counts, yaml_value
 from tests.e2e.argocd_standin import DRIVER_VERSION_LABEL, STATE_LABEL
+from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, in_order
 from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
+from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
@@ -411,7 +412,7 @@ def _create_gpu_pod(rig: GitOpsRig) -> Obj:
     core = client.CoreV1Api(rig.api)
     namespace = f"ml-argocd-{secrets.token_hex(3)}"
     core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    wait_until(lambda: _default_account(core, namespace), timeout=30, what="the default ServiceAccount")
+    wait_until(lambda: has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
     pod = pod_manifest("shaped", labels={"gpugate.io/profile": "training", "gpugate.io/gpus": "2"})
     # The API server's configuration informer may lag the caBundle by a moment: dry-run until shaped.
     wait_until(lambda: policy_of(create_pod(core, namespace, pod, dry_run=True)), timeout=30, interval=0.3,
@@ -449,16 +450,6 @@ def _webhook_shapes_a_gpu_pod_through_a_url(rig: GitOpsRig, stored: list[Obj]) -
             for patch, live in zip(patches, stored, strict=True):
                 patch(WEBHOOK, restore_client_config(live))
             server.stop()
-
-
-def _default_account(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespaced_service_account("default", namespace)
-        return True
-    except ApiException as error:
-        if error.status != 404:
-            raise
-        return False
 
 
 CRD_HEALTH_CHECK = "resource.customizations.health.apiextensions.k8s.io_CustomResourceDefinition"
@@ -510,19 +501,7 @@ def test_first_install_is_never_degraded(rig: GitOpsRig, install: Install, findi
 
 # --- 2. a commit upgrades the stack ----------------------------------------------------------------
 
-LIBRARY_STEPS = ("upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",
-                 "pod-restart-required", "validation-required", "uncordon-required", "upgrade-done")
-"""k8s-operator-libs pkg/upgrade consts.go: the in-place states every upgraded node walks, in order."""
 WORKLOAD = "gpu-training"
-
-
-def in_order(walked: list[str], steps: tuple[str, ...]) -> bool:
-    """``steps`` appear in ``walked`` in this order (others, such as drain-required, may come between)."""
-    position = 0
-    for state in walked:
-        if position < len(steps) and state == steps[position]:
-            position += 1
-    return position == len(steps)
 
 
 def start_gpu_workload(rig: GitOpsRig, pool: str) -> str:
@@ -533,7 +512,7 @@ def start_gpu_workload(rig: GitOpsRig, pool: str) -> str:
     core, apps = client.CoreV1Api(rig.api), client.AppsV1Api(rig.api)
     namespace = f"train-{secrets.token_hex(3)}"
     core.create_namespace({"metadata": {"name": namespace, "labels": {"gpugate.io/skip": "true"}}})
-    wait_until(lambda: _default_account(core, namespace), timeout=30, what="the default ServiceAccount")
+    wait_until(lambda: has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
     labels = {"app": WORKLOAD}
     apps.create_namespaced_deployment(namespace, {
         "metadata": {"name": WORKLOAD},
@@ -575,8 +554,8 @@ def assert_walked_the_library(rig: GitOpsRig, nodes: list[str], since: float) ->
     assert rig.history is not None
     walks = {n: rig.history.states_walked(n, since) for n in nodes}
     for node, walked in walks.items():
-        assert in_order(walked, LIBRARY_STEPS), (
-            f"{node} did not walk NVIDIA's states {LIBRARY_STEPS}:\n{rig.history.timeline(since)}")
+        assert in_order(walked, IN_PLACE_STEPS), (
+            f"{node} did not walk NVIDIA's states {IN_PLACE_STEPS}:\n{rig.history.timeline(since)}")
     return walks
 
 

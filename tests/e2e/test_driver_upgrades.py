@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import argocd_harness as harness
 from tests.e2e import binaries, controlplane
@@ -41,8 +40,9 @@ from tests.e2e.argocd_standin import (
     OWNER_LABEL,
     GPUOperatorStandIn,
 )
-from tests.e2e.argocd_upgrades import NodeHistory, UpgradeController
+from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, NodeHistory, UpgradeController, in_order
 from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
+from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import wait_until
 
 Obj = dict[str, Any]
@@ -51,10 +51,6 @@ SCHEMAS = ROOT.parent / "shared" / "schemas"
 NAMESPACE = "gpu-operator"
 OLD, NEW = "595.91.07", "610.57.04"
 STACK = ROOT / "manifests" / "gpu-operator" / "stack.yaml"
-IN_PLACE = ("upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",
-            "pod-restart-required", "validation-required", "uncordon-required", "upgrade-done")
-"""k8s-operator-libs pkg/upgrade consts.go: the in-place states in order (drain-required may come
-between pod-deletion-required and pod-restart-required)."""
 
 pytestmark = pytest.mark.e2e
 
@@ -170,7 +166,7 @@ def gpu_workload(rig: Rig, pool_selector: Obj) -> tuple[str, set[str]]:
     core, apps = rig.cluster.core(), client.AppsV1Api(rig.cluster.api_client())
     namespace = f"train-{secrets.token_hex(3)}"
     core.create_namespace({"metadata": {"name": namespace}})
-    wait_until(lambda: _has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
+    wait_until(lambda: has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
     labels = {"app": "train"}
     apps.create_namespaced_deployment(namespace, {"metadata": {"name": "train"}, "spec": {
         "replicas": 2, "selector": {"matchLabels": labels},
@@ -193,24 +189,6 @@ def _ready(rig: Rig, namespace: str) -> dict[str, str]:
             and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])}
 
 
-def _has_default_account(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespaced_service_account("default", namespace)
-        return True
-    except ApiException as error:
-        if error.status != 404:
-            raise
-        return False
-
-
-def _in_order(walked: list[str], steps: tuple[str, ...]) -> bool:
-    position = 0
-    for state in walked:
-        if position < len(steps) and state == steps[position]:
-            position += 1
-    return position == len(steps)
-
-
 def test_a_new_canary_driver_walks_nvidias_states_drains_under_the_pdb_and_reschedules(rig: Rig) -> None:
     namespace, before = gpu_workload(rig, {POOL_LABEL: "canary"})
     started = rig.history.changes[-1].at + 1e-6
@@ -220,10 +198,10 @@ def test_a_new_canary_driver_walks_nvidias_states_drains_under_the_pdb_and_resch
                timeout=240, what="both canary nodes upgraded to the new driver", explain=rig.explain)
     walks = {n: rig.history.states_walked(n, started) for n in rig.canary}
     for node, walked in walks.items():
-        assert _in_order(walked, IN_PLACE), f"{node}: {walked}\n{rig.explain()}"
+        assert in_order(walked, IN_PLACE_STEPS), f"{node}: {walked}\n{rig.explain()}"
     # A node holding a GPU pod with an emptyDir when its turn came: pod deletion (deleteEmptyDir
     # false) refused it, and the drain (deleteEmptyDir true) evicted it, the PDB honoured.
-    assert any(_in_order(w, ("pod-deletion-required", "drain-required", "pod-restart-required"))
+    assert any(in_order(w, ("pod-deletion-required", "drain-required", "pod-restart-required"))
                for w in walks.values()), walks
     most, at_once = rig.history.most_upgrading(rig.canary, started)
     assert most == 1, f"maxParallelUpgrades 1, but {at_once} upgraded at once\n{rig.history.timeline(started)}"
