@@ -639,7 +639,12 @@ def test_a_commit_upgrades_the_canary_pool_then_canary_promotes_every_pool(ready
     rig.kubectl("uncordon", cordoned)
     rig.wait(children_ready(rig, promoted), "the promotion to finish", timeout=240)
     assert_rollout_sequence(rig, "gpu-operator", pushed, promoted)
-    assert_walked_the_library(rig, default, pushed)
+    assert_walked_the_library(rig, [other], pushed)
+    # The admin's node: validation-required -> upgrade-done, never uncordon-required (the library's
+    # node-initial-state annotation, common_manager.go updateNodeToUncordonOrDoneState).
+    kept = rig.history.states_walked(cordoned, pushed)
+    assert in_order(kept, tuple(s for s in IN_PLACE_STEPS if s != "uncordon-required")), kept
+    assert "uncordon-required" not in kept, kept
     policy = yaml.safe_load(rig.fork.file("manifests/gpu-operator/stack.yaml"))
     parallel = next(p["upgradePolicy"]["maxParallelUpgrades"] for p in policy["pools"] if p["name"] == "default")
     most, at_once = rig.history.most_upgrading(default, pushed)
