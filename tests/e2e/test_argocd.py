@@ -4,10 +4,14 @@ Argo CD v3.2.11 built from its Go module (redis, repo server, application contro
 server on 127.0.0.1, ``argocd_harness``) syncs ``argocd/`` from a fork of this repository
 (the working tree, pointed at a loopback git daemon and a loopback copy of NVIDIA's chart
 repository through ``argocd/site/site.yaml``, ``argocd_gitops``), with ``argocd-cm`` patched by
-``argocd/install/argocd-cm-health.yaml`` exactly as docs/gitops.md says. No GPU Operator runs:
-``argocd_standin`` writes the ClusterPolicy and NVIDIADriver status and the node upgrade labels
-the real controllers write, step by step, from the objects Argo CD applied. The certificate
-Sync-hook Job runs the real ``gpugate certs`` as its ServiceAccount (``argocd_jobs``).
+``argocd/install/argocd-cm-health.yaml`` exactly as docs/gitops.md says. No GPU Operator runs
+(its module is not served), but its driver upgrade state machine does (issue 26): NVIDIA's
+k8s-operator-libs ``pkg/upgrade`` in ``gpu-upgrade-controller`` (``argocd_upgrades``) writes the
+node upgrade labels, cordons, drains and restarts driver pods; ``argocd_standin`` writes what the
+operator's other controllers write (driver DaemonSets, ownership, ClusterPolicy and NVIDIADriver
+status); the fake kubelet gives pods a lifecycle and crash-loops the bad driver's image
+(``argocd_env.POD_LIFECYCLE``). The certificate Sync-hook Job runs the real ``gpugate certs`` as
+its ServiceAccount (``argocd_jobs``).
 
 The tests share one rig and run in order, each starting from where the previous one left the
 stack:
@@ -15,12 +19,13 @@ stack:
 1. first install: every wave in order, every child Synced and Healthy, the root too; the
    webhook (the real ``gpugate serve`` on the webhook Service's ClusterIP, as the API server
    dials it) shapes a GPU pod; no app is ever Degraded (test 1b);
-2. ``gpugate stack upgrade --pool canary`` then ``promote``: OutOfSync, Syncing, Progressing
-   while the pool rolls one node at a time, Healthy; ``gpugate stack status --kube`` agrees
-   with the cluster at each step;
-3. a driver that crash-loops on a canary node: Progressing (what the operator's status says),
-   nothing reaches the default pool, ``gpugate stack rollback`` and the documented node retry
-   bring it back to Healthy;
+2. ``gpugate stack upgrade --pool canary``: OutOfSync, Syncing, Progressing while the library
+   rolls the pool one node at a time (GPU pods drained under a PDB and rescheduled), Healthy;
+   ``gpugate stack canary --commit`` promotes; the default pool rolls within maxParallelUpgrades
+   and an admin's cordon is kept; ``gpugate stack status --kube`` agrees with the cluster;
+3. a driver that crash-loops: the library marks its canary node upgrade-failed, Argo CD shows
+   Progressing, ``status --kube`` names the node, ``promote`` refuses, ``gpugate stack canary
+   --commit`` rolls back, and the documented node retry brings the pool back to Healthy;
 4. drift: a hand edit is reverted by self-heal, the caBundle written by ``gpugate certs`` is not
    drift;
 5. the dashboard: the UI cannot be built here (reason asserted), so every step's application
