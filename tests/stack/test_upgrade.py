@@ -358,7 +358,7 @@ def test_three_rollbacks_step_back_past_a_kubernetes_only_commit_and_say_why(sta
     assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04",
                "--pool", "canary").exit_code == 0
     canary_sha = head(stack_repo)
-    assert run(stack_repo, "promote", "--from", "canary", "--to", "all").exit_code == 0
+    assert run(stack_repo, "promote", "--from", "canary", "--to", "all", "--force").exit_code == 0
     promote_sha = head(stack_repo)
     result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--kubernetes", "1.35")
     assert result.exit_code == 0, result.output
