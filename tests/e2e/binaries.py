@@ -1,7 +1,8 @@
 """Where the control-plane binaries live, and how they are built: the one home for both.
 
-The binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) are built from the
-Go modules in ``toolchain/`` and cached outside the repository, in
+The binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and our
+``gpu-upgrade-controller`` around NVIDIA's k8s-operator-libs) are built from the Go modules in
+``toolchain/`` and cached outside the repository, in
 ``${GPUGATE_E2E_CACHE:-~/.cache/gpugate/e2e}/<component>-<version>-<digest>/bin/``. The version
 is read from the module's go.mod and the digest covers every file of the module plus the build
 flags, so editing go.mod/go.sum (or this recipe) builds into a new folder instead of reusing a
@@ -80,7 +81,15 @@ ETCD = Component(
     module="go.etcd.io/etcd/server/v3",
     programs=(Program("etcd", "go.etcd.io/etcd/server/v3"),),  # the module's root is etcd's main
 )
-COMPONENTS = (ETCD, KUBERNETES)
+UPGRADE_CONTROLLER = Component(
+    name="upgrade-controller",
+    module="github.com/NVIDIA/k8s-operator-libs",
+    # Our own main package (toolchain/upgrade-controller/main.go): NVIDIA's driver upgrade state
+    # machine, reconciled the way the GPU Operator's upgrade controller does (argocd_upgrades.py).
+    programs=(Program("gpu-upgrade-controller", "gpugate.local/e2e/toolchain/upgrade-controller"),),
+)
+CONTROL_PLANE = (ETCD, KUBERNETES)
+COMPONENTS = (*CONTROL_PLANE, UPGRADE_CONTROLLER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +150,14 @@ def bin_dir(component: Component) -> Path:
     return cache_root() / f"{component.name}-{version(component)}-{digest(component)}" / "bin"
 
 
-def missing() -> list[tuple[Component, Program]]:
+def missing(components: tuple[Component, ...] = COMPONENTS) -> list[tuple[Component, Program]]:
     """The programs not yet in the cache."""
-    return [(c, p) for c in COMPONENTS for p in c.programs if not (bin_dir(c) / p.binary).is_file()]
+    return [(c, p) for c in components for p in c.programs if not (bin_dir(c) / p.binary).is_file()]
 
 
 def paths() -> Binaries | None:
     """The cached binaries, or None if any is missing (tests then skip, or fail under CI)."""
-    if missing():
+    if missing(CONTROL_PLANE):
         return None
     return Binaries(
         etcd=bin_dir(ETCD) / "etcd",
@@ -156,6 +165,12 @@ def paths() -> Binaries | None:
         kube_controller_manager=bin_dir(KUBERNETES) / "kube-controller-manager",
         kube_scheduler=bin_dir(KUBERNETES) / "kube-scheduler",
     )
+
+
+def upgrade_controller() -> Path | None:
+    """The cached ``gpu-upgrade-controller`` (k8s-operator-libs' state machine), or None."""
+    path = bin_dir(UPGRADE_CONTROLLER) / UPGRADE_CONTROLLER.programs[0].binary
+    return path if path.is_file() else None
 
 
 def build(*, log: Callable[[str], None] = print) -> Binaries:
@@ -170,7 +185,7 @@ def build(*, log: Callable[[str], None] = print) -> Binaries:
         for component, program in missing():
             _build_one(go, component, program, log=log)
         built = paths()
-        assert built is not None, "go build succeeded but a binary is missing"
+        assert built is not None and upgrade_controller() is not None, "go build succeeded but a binary is missing"
         log(f"all binaries ready in {time.monotonic() - started:.1f}s")
         return built
 
@@ -230,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         built = build()
         for name, path in vars_of(built).items():
             print(f"{name}: {path}")
+        print(f"gpu_upgrade_controller: {upgrade_controller()}")
         return 0
     absent = missing()
     for component, program in absent:

@@ -8,11 +8,18 @@ what kubelets write to the API server. This module writes the same things, with 
   ephemeral-storage, ``nvidia.com/gpu`` and, if asked, ``nvidia.com/gpu.shared`` and MIG
   resources) and the labels GPU Feature Discovery would put on it; kept Ready through
   ``nodes/status`` and a Lease in ``kube-node-lease`` renewed every 10 s, as kubelets do;
-- pods bound to one of our nodes become Running and Ready through ``pods/status``;
+- pods bound to one of our nodes become Running and Ready through ``pods/status``; with a
+  :class:`PodLifecycle` they go the way a kubelet takes them: Pending (``ContainerCreating``) for a
+  while, Running but not Ready until a readiness delay has passed, or, for a container whose image
+  is configured as bad, Running and never Ready, its ``restartCount`` rising in
+  ``CrashLoopBackOff`` (what k8s-operator-libs reads to fail a driver upgrade);
 - pods labelled ``e2e.gpugate.io/complete-after: "<seconds>"`` become Succeeded (exit code 0)
   that long after they started, which is how a test makes a Job complete;
 - pods that are Terminating (deletionTimestamp set) on our nodes are force-deleted (grace 0),
-  or they would stay Terminating forever and block, for example, a Job's completion.
+  or they would stay Terminating forever and block, for example, a Job's completion; with
+  ``PodLifecycle.honour_grace`` only once their ``deletionGracePeriodSeconds`` (the pod's
+  ``terminationGracePeriodSeconds`` unless the delete asked for another) have passed, as a kubelet
+  waits for containers to stop.
 
 Pods are followed with one list+watch, not polling, so a test sees Running within milliseconds
 of the scheduler's binding. Only nodes this object created are touched, so it can also run
@@ -162,6 +169,36 @@ class NodeSpec:
         return labels
 
 
+@dataclass(frozen=True, slots=True)
+class PodLifecycle:
+    """How long a fake container takes at each step, and which ones never work.
+
+    The default is the instant kubelet most e2e tests want (Running and Ready at once, deleted at
+    once). The Argo CD e2e sets delays, so the GPU Operator's upgrade state machine sees pods that
+    take time to start and stop, and a bad driver image, so it sees a driver that never loads.
+    """
+
+    creating_seconds: float = 0.0
+    """Pending with containers waiting in ``ContainerCreating`` (image pull, sandbox) this long."""
+    ready_seconds: float = 0.0
+    """Running this long before the readiness probe passes (containers ``ready: false`` until then)."""
+    honour_grace: bool = False
+    """Wait a Terminating pod's ``deletionGracePeriodSeconds`` before removing it."""
+    max_grace_seconds: float = 60.0
+    """Never wait longer than this (a test's patience), whatever the pod asks."""
+    crash_images: frozenset[str] = frozenset()
+    """Containers whose image contains one of these strings exit 1 at every start: CrashLoopBackOff."""
+    restart_seconds: float = 0.3
+    """Seconds between two restarts of a crash-looping container (a kubelet backs off 10 s, doubling to
+    5 min; k8s-operator-libs only counts restarts, more than 10)."""
+    max_restarts: int = 30
+    """Restarts after which the loop stops writing (the count stays, the pod stays not Ready)."""
+
+    def crashes(self, pod: Obj) -> bool:
+        images = [str(c.get("image") or "") for c in pod["spec"].get("containers") or []]
+        return any(bad in image for bad in self.crash_images for image in images)
+
+
 # -- what a kubelet writes (pure functions of their inputs) ---------------------------------
 
 
@@ -229,8 +266,55 @@ def lease_manifest(node: Obj, *, now: float) -> Obj:
     }
 
 
-def running_status(pod: Obj, *, host_ip: str, pod_ip: str, now: float) -> Obj:
-    """The status a kubelet reports once every container started and passed readiness."""
+def creating_status(pod: Obj, *, host_ip: str, now: float) -> Obj:
+    """Bound, containers not started yet: Pending, each container waiting in ContainerCreating."""
+    stamp = rfc3339(now)
+    return {"status": {
+        "phase": "Pending", "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "startTime": stamp,
+        "conditions": [{"type": kind, "status": "False", "lastTransitionTime": stamp}
+                       for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")],
+        "containerStatuses": [{"name": c["name"], "image": c.get("image") or "unknown", "imageID": "",
+                               "ready": False, "started": False, "restartCount": 0,
+                               "state": {"waiting": {"reason": "ContainerCreating"}}}
+                              for c in pod["spec"]["containers"]],
+    }}
+
+
+def ready_status(running: Obj, *, now: float) -> Obj:
+    """The readiness probe passed: every container of the ``running`` pod and the pod Ready, the
+    container states as they were (the whole list is sent: it is replaced, not merged)."""
+    stamp = rfc3339(now)
+    return {"status": {
+        "conditions": [{"type": kind, "status": "True", "lastTransitionTime": stamp}
+                       for kind in ("Ready", "ContainersReady")],
+        "containerStatuses": [{**c, "ready": True} for c in (running.get("status") or {}).get("containerStatuses")
+                              or []],
+    }}
+
+
+def crashloop_status(pod: Obj, *, restarts: int, now: float) -> Obj:
+    """Running, but every container exited 1 again and waits in CrashLoopBackOff: never Ready."""
+    stamp = rfc3339(now)
+    uid = pod["metadata"]["uid"]
+    return {"status": {
+        "phase": "Running",
+        "conditions": [{"type": kind, "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": stamp}
+                       for kind in ("Ready", "ContainersReady")],
+        "containerStatuses": [{
+            "name": c["name"], "image": c.get("image") or "unknown", "imageID": "",
+            "containerID": f"fake://{uid}/{c['name']}/{restarts}", "ready": False, "started": False,
+            "restartCount": restarts,
+            "state": {"running": None, "waiting": {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off restarting failed container {c['name']} (fake kubelet: bad image)"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": stamp, "finishedAt": stamp}},
+        } for c in pod["spec"]["containers"]],
+    }}
+
+
+def running_status(pod: Obj, *, host_ip: str, pod_ip: str, now: float, ready: bool = True) -> Obj:
+    """The status a kubelet reports once every container started (and, with ``ready``, passed
+    readiness)."""
     stamp = rfc3339(now)
     spec = pod["spec"]
     uid = pod["metadata"]["uid"]
@@ -241,7 +325,7 @@ def running_status(pod: Obj, *, host_ip: str, pod_ip: str, now: float) -> Obj:
                 "containerID": f"fake://{uid}/{c['name']}", "ready": ready, "started": started,
                 "restartCount": 0, "state": state}
 
-    running = {"running": {"startedAt": stamp}}
+    running = {"waiting": None, "running": {"startedAt": stamp}}
     completed = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": stamp, "finishedAt": stamp}}
     inits = [container(c, running, ready=True, started=True) if c.get("restartPolicy") == "Always"
              else container(c, completed, ready=True, started=False)
@@ -251,9 +335,11 @@ def running_status(pod: Obj, *, host_ip: str, pod_ip: str, now: float) -> Obj:
         "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
         "podIP": ip, "podIPs": [{"ip": ip}],
         "startTime": stamp,
-        "conditions": [{"type": kind, "status": "True", "lastTransitionTime": stamp}
+        "conditions": [{"type": kind, "status": "True" if ready or kind in ("PodReadyToStartContainers",
+                                                                            "Initialized") else "False",
+                        "lastTransitionTime": stamp}
                        for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")],
-        "containerStatuses": [container(c, running, ready=True, started=True) for c in spec["containers"]],
+        "containerStatuses": [container(c, running, ready=ready, started=True) for c in spec["containers"]],
     }
     if inits:
         status["initContainerStatuses"] = inits
@@ -305,8 +391,11 @@ class FakeKubelet:
     rather than lost, so a stuck test can say why.
     """
 
-    def __init__(self, api: client.ApiClient, *, lease_renew_seconds: float = LEASE_RENEW_SECONDS) -> None:
+    def __init__(self, api: client.ApiClient, *, lease_renew_seconds: float = LEASE_RENEW_SECONDS,
+                 lifecycle: PodLifecycle | None = None) -> None:
         self.api = api
+        self.lifecycle = lifecycle or PodLifecycle()
+        """Read at each pod's start and deletion: a test may replace it while the kubelet runs."""
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
         self.lease_renew_seconds = lease_renew_seconds
@@ -319,6 +408,7 @@ class FakeKubelet:
         self._pod_serial = itertools.count()
         self._timer_serial = itertools.count()
         self._started: set[str] = set()  # pod uids we made Running
+        self._terminating: set[str] = set()  # pod uids whose grace period is being waited out
         self._timers: list[tuple[float, int, Callable[[], object]]] = []
         self._timer_wakeup = threading.Condition(self._lock)
         self._watch_response: Any = None
@@ -458,6 +548,7 @@ class FakeKubelet:
                 elif kind == "DELETED":
                     with self._lock:
                         self._started.discard(pod["metadata"]["uid"])
+                        self._terminating.discard(pod["metadata"]["uid"])
         finally:
             self._watch_response = None
             response.release_conn()
@@ -471,8 +562,7 @@ class FakeKubelet:
         if node is None:
             return
         if meta.get("deletionTimestamp"):
-            done = self._guard(f"force-deleting {meta['namespace']}/{meta['name']}",
-                               lambda: self._force_delete(meta["namespace"], meta["name"], meta["uid"]))
+            done = self._guard(f"force-deleting {meta['namespace']}/{meta['name']}", lambda: self._terminate(pod))
         elif not started and (pod.get("status") or {}).get("phase", "Pending") == "Pending":
             done = self._guard(f"starting {meta['namespace']}/{meta['name']}", lambda: self._start_pod(node, pod))
         else:
@@ -490,18 +580,85 @@ class FakeKubelet:
         if pod["metadata"]["uid"] == meta["uid"]:
             self._on_pod(pod)
 
+    def _terminate(self, pod: Obj) -> None:
+        """A Terminating pod: gone at once, or once its grace period has passed (PodLifecycle)."""
+        meta = pod["metadata"]
+        lifecycle = self.lifecycle
+        grace = min(float(meta.get("deletionGracePeriodSeconds") or 0), lifecycle.max_grace_seconds)
+        if not lifecycle.honour_grace or grace <= 0:
+            self._force_delete(meta["namespace"], meta["name"], meta["uid"])
+            return
+        with self._lock:
+            if meta["uid"] in self._terminating:
+                return
+            self._terminating.add(meta["uid"])
+        self._later(grace, lambda: self._guard(
+            f"deleting {meta['namespace']}/{meta['name']} after its grace period",
+            lambda: self._force_delete(meta["namespace"], meta["name"], meta["uid"])))
+
+    def _patch_if_current(self, meta: Obj, status: Obj) -> Obj | None:
+        """Patch the status of this very pod (same uid, not Terminating); None when it is gone."""
+        try:
+            current = _raw(self.core.read_namespaced_pod, meta["name"], meta["namespace"])
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        if current["metadata"]["uid"] != meta["uid"] or current["metadata"].get("deletionTimestamp"):
+            return None
+        return _raw(self.core.patch_namespaced_pod_status, meta["name"], meta["namespace"], status,
+                    _content_type=STRATEGIC)
+
     def _start_pod(self, node: FakeNode, pod: Obj) -> None:
         meta = pod["metadata"]
+        lifecycle = self.lifecycle
+        if lifecycle.creating_seconds > 0:
+            _raw(self.core.patch_namespaced_pod_status, meta["name"], meta["namespace"],
+                 creating_status(pod, host_ip=node.address, now=time.time()), _content_type=STRATEGIC)
+            with self._lock:
+                self._started.add(meta["uid"])
+            self._later(lifecycle.creating_seconds, lambda: self._guard(
+                f"running {meta['namespace']}/{meta['name']}", lambda: self._run_pod(node, pod, lifecycle)))
+            return
+        self._run_pod(node, pod, lifecycle, fresh=True)
+
+    def _run_pod(self, node: FakeNode, pod: Obj, lifecycle: PodLifecycle, *, fresh: bool = False) -> None:
+        """Containers started; ``fresh`` when ``pod`` was just read (no need to check it is still there)."""
+        meta = pod["metadata"]
+        crashes = lifecycle.crashes(pod)
+        ready = lifecycle.ready_seconds <= 0 and not crashes
         status = running_status(pod, host_ip=node.address, pod_ip=node.pod_ip(next(self._pod_serial)),
-                                now=time.time())
-        running = _raw(self.core.patch_namespaced_pod_status, meta["name"], meta["namespace"], status,
-                       _content_type=STRATEGIC)
-        with self._lock:
-            self._started.add(meta["uid"])
+                                now=time.time(), ready=ready)
+        if fresh:
+            running: Obj | None = _raw(self.core.patch_namespaced_pod_status, meta["name"], meta["namespace"],
+                                       status, _content_type=STRATEGIC)
+            with self._lock:
+                self._started.add(meta["uid"])
+        else:
+            running = self._patch_if_current(meta, status)
+        if running is None:
+            return
+        current = running
+        if crashes:
+            self._later(lifecycle.restart_seconds, lambda: self._guard(
+                f"crash-looping {meta['namespace']}/{meta['name']}", lambda: self._crash(pod, 1, lifecycle)))
+            return
+        if not ready:
+            self._later(lifecycle.ready_seconds, lambda: self._guard(
+                f"readying {meta['namespace']}/{meta['name']}",
+                lambda: self._patch_if_current(meta, ready_status(current, now=time.time()))))
         after = (meta.get("labels") or {}).get(COMPLETE_AFTER)
         if after is not None:
             self._later(float(after), lambda: self._guard(
-                f"completing {meta['namespace']}/{meta['name']}", lambda: self._complete_pod(running)))
+                f"completing {meta['namespace']}/{meta['name']}", lambda: self._complete_pod(current)))
+
+    def _crash(self, pod: Obj, restarts: int, lifecycle: PodLifecycle) -> None:
+        """One more exit 1 and restart; again after ``restart_seconds`` up to ``max_restarts``."""
+        if self._patch_if_current(pod["metadata"], crashloop_status(pod, restarts=restarts, now=time.time())) is None:
+            return
+        if restarts < lifecycle.max_restarts:
+            self._later(lifecycle.restart_seconds, lambda: self._guard(
+                f"crash-looping {pod['metadata']['name']}", lambda: self._crash(pod, restarts + 1, lifecycle)))
 
     def _complete_pod(self, pod: Obj) -> None:
         meta = pod["metadata"]
