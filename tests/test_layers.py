@@ -45,9 +45,9 @@ LAYERS: dict[str, dict[str, str]] = {
     "placement": {"__init__": CORE, "devices": CORE, "inputs": CORE, "shapes": CORE, "fragment": CORE,
                   "scoring": CORE, "extender": CORE},
     "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,
-                 "replay": EDGE, "serve": EDGE, "stack": EDGE, "smoke": EDGE},
+                 "replay": EDGE, "serve": EDGE, "stack": EDGE, "smoke": EDGE, "demo": EDGE},
     "localcluster": {"__init__": CORE, "binaries": EDGE, "controlplane": EDGE, "pki": EDGE, "processes": EDGE,
-                     "fakekubelet": EDGE, "cluster": EDGE},
+                     "fakekubelet": EDGE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE},
 }
 
 FORBIDDEN_LIBRARIES = ("flask", "werkzeug", "kubernetes", "gunicorn", "requests", "urllib3", "subprocess",
