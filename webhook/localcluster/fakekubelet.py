@@ -262,17 +262,24 @@ def running_status(pod: Obj, *, host_ip: str, pod_ip: str, now: float) -> Obj:
 
 def succeeded_status(pod: Obj, *, now: float) -> Obj:
     """Every container exited 0; ``running: None`` removes the old state in the strategic merge."""
+    return exited_status(pod, now=now, exit_code=0)
+
+
+def exited_status(pod: Obj, *, now: float, exit_code: int) -> Obj:
+    """Every container exited with ``exit_code``: phase Succeeded for 0, else Failed."""
     stamp = rfc3339(now)
     uid = pod["metadata"]["uid"]
     started = (pod.get("status") or {}).get("startTime") or stamp
+    reason = "Completed" if exit_code == 0 else "Error"
     return {"status": {
-        "phase": "Succeeded",
-        "conditions": [{"type": kind, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "conditions": [{"type": kind, "status": "False", "reason": "PodCompleted" if exit_code == 0 else "PodFailed",
+                        "lastTransitionTime": stamp}
                        for kind in ("Ready", "ContainersReady")],
         "containerStatuses": [{
             "name": c["name"], "image": c.get("image") or "unknown", "imageID": "",
             "containerID": f"fake://{uid}/{c['name']}", "ready": False, "started": False, "restartCount": 0,
-            "state": {"running": None, "terminated": {"exitCode": 0, "reason": "Completed",
+            "state": {"running": None, "terminated": {"exitCode": exit_code, "reason": reason,
                                                       "startedAt": started, "finishedAt": stamp}},
         } for c in pod["spec"]["containers"]],
     }}
