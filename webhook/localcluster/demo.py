@@ -36,7 +36,8 @@ from webhook import names
 from webhook.admission import outcome
 from webhook.certs import pki as servingpki
 from webhook.errors import GpugateError
-from webhook.localcluster import binaries, processes, webhooks
+from webhook.localcluster import cluster as cluster_module
+from webhook.localcluster import processes, webhooks
 from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.fakekubelet import NodeSpec
 
@@ -98,24 +99,13 @@ def example(file: str) -> dict[str, Any]:
     return document
 
 
-def ensure_binaries(log: Callable[[str], None]) -> binaries.Binaries:
-    """The cached control-plane binaries; built first when missing, saying how long that takes."""
-    found = binaries.paths()
-    if found is not None:
-        return found
-    log("The local control plane's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) "
-        f"are not built yet: building them from their Go modules into {binaries.cache_root()} once. "
-        "A cold build takes 20-40 minutes on 2 cores (Go >= 1.26 needed); every later run starts in seconds.")
-    return binaries.build(log=log)
-
-
 def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
     """Start everything, create the example pods, report; stop everything before returning."""
     for path in (settings.policies, settings.webhook_configurations):
         if not path.exists():
             raise GpugateError(f"{path} does not exist: run `gpugate demo` from a clone of gpugate, or pass "
                                "--policies DIR and --webhook-configurations FILE")
-    found = ensure_binaries(settings.log)
+    found = cluster_module.ensure_binaries(settings.log)
     started = time.monotonic()
     with ExitStack() as stack:
         settings.log("starting the control plane (etcd, kube-apiserver, controller manager, scheduler) ...")
