@@ -11,6 +11,7 @@ a GPU node or is left behind, so it is safe on a production cluster. Exit 0 when
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, cast
 
 import click
@@ -35,8 +36,25 @@ def probe_pod(gpus: int = 1) -> Pod:
     }
 
 
-def create_dry_run(core: client.CoreV1Api, namespace: str, pod: Pod) -> outcome.Outcome:
-    """Create ``pod`` as a server-side dry run; the Outcome of what the API server answered."""
+NO_ACCOUNT_YET = 'serviceaccount "default" not found'
+"""A namespace made a moment ago: the controller manager has not made its default ServiceAccount yet."""
+
+
+def create_dry_run(core: client.CoreV1Api, namespace: str, pod: Pod, *, wait_for_account: float = 30.0
+                   ) -> outcome.Outcome:
+    """Create ``pod`` as a server-side dry run; the Outcome of what the API server answered.
+
+    A refusal because the namespace's default ServiceAccount does not exist yet (the helm test hook
+    made the namespace a moment ago) is retried for up to ``wait_for_account`` seconds."""
+    deadline = time.monotonic() + wait_for_account
+    while True:
+        answer = _create_dry_run(core, namespace, pod)
+        if answer.denied is None or NO_ACCOUNT_YET not in answer.denied or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.5)
+
+
+def _create_dry_run(core: client.CoreV1Api, namespace: str, pod: Pod) -> outcome.Outcome:
     try:
         # The raw answer: the pod as the API server made it, every field kept (no client models).
         answered: Any = core.create_namespaced_pod(namespace, cast(Any, pod), dry_run="All",
