@@ -22,15 +22,17 @@ from tests.manifests.chart import (
     values_file,
 )
 from tests.manifests.chart import helm as run_helm
-from tests.manifests.helpers import KUBERNETES_VERSION, NAMESPACE, SCHEMA_ROOT, arg_value, find, one, require_schemas
+from tests.manifests.helpers import (
+    KUBERNETES_VERSION,
+    NAMESPACE,
+    SCHEMA_ROOT,
+    arg_value,
+    find,
+    is_custom,
+    one,
+    require_schemas,
+)
 from webhook.stack import manifestcheck
-
-BUILTIN_GROUPS_SUFFIX = ".k8s.io"
-
-
-def _is_custom(obj: dict) -> bool:
-    group = obj["apiVersion"].rpartition("/")[0]
-    return "." in group and not group.endswith(BUILTIN_GROUPS_SUFFIX)
 
 
 def _ids(path: Path) -> str:
@@ -58,7 +60,7 @@ def test_helm_lint_strict_passes_with(values: Path) -> None:
 
 @pytest.mark.parametrize("values", CI_VALUES, ids=_ids)
 def test_builtin_objects_pass_strict_validation(values: Path) -> None:
-    builtins = [o for o in render((values,)) if not _is_custom(o)]
+    builtins = [o for o in render((values,)) if not is_custom(o)]
     assert builtins
     problems = manifestcheck.validate_objects(builtins, kubernetes_version=KUBERNETES_VERSION, schema_root=None)
     assert problems == []
@@ -67,7 +69,7 @@ def test_builtin_objects_pass_strict_validation(values: Path) -> None:
 @pytest.mark.parametrize("values", ["cert-manager", "everything"])
 def test_custom_resources_pass_their_strict_json_schemas(values: str) -> None:
     require_schemas()
-    customs = [o for o in render((values_file(values),)) if _is_custom(o)]
+    customs = [o for o in render((values_file(values),)) if is_custom(o)]
     assert customs
     assert manifestcheck.validate_objects(customs, kubernetes_version=KUBERNETES_VERSION,
                                           schema_root=SCHEMA_ROOT) == []
