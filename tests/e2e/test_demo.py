@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -58,3 +59,44 @@ def test_each_example_became_what_its_policy_says_and_landed_on_a_node_that_offe
 def test_the_web_pod_is_denied_with_the_policys_message(demo_output: tuple[int, str, float]) -> None:
     row = _row(demo_output[1], "web pod, nvidia.com/gpu: 1")
     assert "DENIED" in row and "GPUs are not available in web and frontend namespaces" in row, row
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line names ``text`` (read from /proc, nothing is signalled)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_ctrl_c_stops_everything_the_demo_started(demo_output: tuple[int, str, float]) -> None:
+    """Without --once the demo keeps running until SIGINT, then stops every process and removes its folder."""
+    demo = subprocess.Popen([str(GPUGATE), "demo"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("Ctrl-C stops everything"):
+                break
+        else:
+            raise AssertionError("the demo ended before it was ready:\n" + "".join(lines))
+        [export] = [line for line in lines if line.startswith("export KUBECONFIG=")]
+        workdir = str(Path(export.split("=", 1)[1].split()[0]).parent)
+        assert _processes_mentioning(workdir), "etcd and kube-apiserver run from the demo's folder"
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, "".join(lines) + rest
+    assert "stopping" in rest
+    assert _processes_mentioning(workdir) == []
+    assert not Path(workdir).exists()
