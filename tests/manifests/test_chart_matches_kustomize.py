@@ -105,8 +105,8 @@ def _dump(obj: Obj) -> list[str]:
 
 def differences(kustomize: list[Obj], chart: list[Obj]) -> list[str]:
     """One readable entry per object that is missing on a side or differs (a unified diff)."""
-    left = {key(o): normalise(o) for o in kustomize}
-    right = {key(o): normalise(o) for o in chart}
+    left = {key(n): n for n in map(normalise, kustomize)}
+    right = {key(n): n for n in map(normalise, chart)}
     found = []
     for k in sorted(set(left) | set(right), key=str):
         name = f"{k[1]}/{k[3]}" + (f" in {k[2]}" if k[2] else "")
