@@ -123,7 +123,7 @@ def test_install_registers_both_webhooks_at_the_url_and_the_webhook_shapes_pods(
                         if e["key"] == "kubernetes.io/metadata.name")
         assert {NAMESPACE, "kube-system", "gpu-operator"} <= set(excluded)
     def shaped() -> dict | None:
-        pod = create_pod(local.core(), namespace, pod_manifest(gpus=1), dry_run=True)
+        pod = create_pod(local.core(), namespace, pod_manifest(generate_name="chart-", gpus=1), dry_run=True)
         return pod if policy_of(pod) else None
 
     pod = wait_until(shaped, what="the API server to call the chart's webhook")
