@@ -62,6 +62,15 @@ COMPONENT_VARIANTS: dict[str, str] = {
 Obj = dict[str, Any]
 
 
+BUILTIN_GROUPS_SUFFIX = ".k8s.io"
+
+
+def is_custom(obj: Obj) -> bool:
+    """A custom resource (validated by its CRD's JSON schema), not a built-in kind."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    return "." in group and not group.endswith(BUILTIN_GROUPS_SUFFIX)
+
+
 def require_schemas() -> None:
     """Skip (with the reason) when ../shared/schemas is absent, as in a fresh clone."""
     if not (SCHEMA_ROOT / "json").is_dir():
