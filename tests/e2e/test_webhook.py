@@ -76,6 +76,7 @@ from tests.e2e.webhook_fixture import (
     policy_of,
     read_pod,
 )
+from tests.prerequisites import needed
 
 WEBHOOK_BASE = ROOT / "manifests" / "webhook"
 FAIL_CLOSED = WEBHOOK_BASE / "components" / "fail-closed"
@@ -984,6 +985,7 @@ def test_every_manifest_passes_the_api_servers_validation(local: Cluster, instal
     (fixture ``installed``) and are read back here. A kind whose CRD is not in ../shared/schemas
     is skipped, with the reason, for that kind only.
     """
+    needed(SCHEMAS, "../shared/schemas holds the CRDs the custom resources are validated against")
     core, rbac = local.core(), client.RbacAuthorizationV1Api(local.api_client())
     core.read_namespace(SERVICE_NAMESPACE)
     rbac.read_cluster_role(CERTS_SERVICE_ACCOUNT)
@@ -994,8 +996,8 @@ def test_every_manifest_passes_the_api_servers_validation(local: Cluster, instal
         set(policies["data"])
 
     renderings = _renderings(workdir)
-    needed = {_group_kind(d) for documents in renderings.values() for d in documents}
-    served = _install_crds(local, needed)
+    kinds = {_group_kind(d) for documents in renderings.values() for d in documents}
+    served = _install_crds(local, kinds)
     files = _crd_files()
     complaints = _validate_renderings(local, {name: [d for d in documents if _group_kind(d) in served]
                                               for name, documents in renderings.items()})
