@@ -42,6 +42,8 @@ SHORTEST: dict[str, Shortest | str] = {
     "admission_load.py": Shortest(("--seconds", "0.5", "--rounds", "1", "--rate", "50", "--connections", "2",
                                    "--drivers", "1", "--workers", "1", "--threads", "2"), "req/s"),
     "balancer_scale.py": Shortest(("--nodes", "40", "--pods", "400", "--events", "100"), "labelled"),
+    "create_latency.py": Shortest(("--pods", "4", "--rounds", "1", "--parallel", "2"), "creators",
+                                  control_plane=True, timeout=400),
     "chaos.py": Shortest(("--minutes", "0.05", "--clients", "2"), "alive at the end: True"),
     "extender_latency.py": Shortest(("--nodes", "20", "--pods", "60"), "p99"),
     "mutate_core.py": Shortest(("--seconds", "0.3", "--before", "HEAD"), "x floor"),
@@ -58,7 +60,7 @@ SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Short
 # Each script is run with the test-only libraries made unimportable, as on such an install.
 BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _pytest=None); " \
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
-NEEDS_THE_TEST_EXTRA = {"chaos.py", "replay_vs_scheduler.py"}  # drive tests/ harnesses; a developer's tool
+NEEDS_THE_TEST_EXTRA = {"chaos.py", "create_latency.py", "replay_vs_scheduler.py"}  # drive tests/ harnesses; a developer's tool
 
 
 def test_every_benchmark_has_a_shortest_mode() -> None:
