@@ -60,7 +60,8 @@ SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Short
 # Each script is run with the test-only libraries made unimportable, as on such an install.
 BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _pytest=None); " \
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
-NEEDS_THE_TEST_EXTRA = {"chaos.py", "create_latency.py", "replay_vs_scheduler.py"}  # drive tests/ harnesses; a developer's tool
+# These drive tests/ harnesses: developers' tools, run with the test extra.
+NEEDS_THE_TEST_EXTRA = {"chaos.py", "create_latency.py", "replay_vs_scheduler.py"}
 
 
 def test_every_benchmark_has_a_shortest_mode() -> None:

@@ -78,20 +78,13 @@ def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet, asks: _Asks)
         return [], []
     denials: list[str] = []
     warnings: list[str] = []
-    labels = pods.labels(pod)
-    for policy in policies.policies:
-        if not policy.deny or policy.mode == "off" or not matching.namespace_matches(
-                namespace, policy.match.namespaces, policy.match.exclude_namespaces) \
-                or not matching.selector_matches(policy.match.pod_selector, labels):
-            continue
-        for rule in policy.deny:
-            if matching.deny_applies(rule, pod, namespace):
-                reason = (f"pod '{pods.display_name(pod)}' in namespace '{namespace}': {_what_is_asked(asks)}; "
-                          f"{rule.message} (policy {policy.name}@{policies.revision})")
-                if policy.mode == "audit":
-                    warnings.append(f"audit: would deny: {reason}")
-                else:
-                    denials.append(reason)
+    for policy, rule in matching.applicable_denies(policies, pod, namespace):
+        reason = (f"pod '{pods.display_name(pod)}' in namespace '{namespace}': {_what_is_asked(asks)}; "
+                  f"{rule.message} (policy {policy.name}@{policies.revision})")
+        if policy.mode == "audit":
+            warnings.append(f"audit: would deny: {reason}")
+        else:
+            denials.append(reason)
     return denials, warnings
 
 
