@@ -28,7 +28,6 @@ import argparse
 import copy
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -134,13 +133,7 @@ def subprocess_server(command: list[str], port: int, log: Path, ca: Path, ready_
             time.sleep(0.2)
         yield process.pid
     finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        processes.Process(command[0], process, (port,), log).stop(grace=30)
 
 
 def go_stats(arm: Arm, ca: Path) -> dict[str, int]:
