@@ -41,6 +41,8 @@ class Shortest:
 SHORTEST: dict[str, Shortest | str] = {
     "admission_load.py": Shortest(("--seconds", "0.5", "--rounds", "1", "--rate", "50", "--connections", "2",
                                    "--drivers", "1", "--workers", "1", "--threads", "2"), "req/s"),
+    "balancer_cluster.py": Shortest(("--nodes", "20", "--pods", "100", "--burst", "20"), "all nodes labelled",
+                                    control_plane=True, timeout=400),
     "balancer_scale.py": Shortest(("--nodes", "40", "--pods", "400", "--events", "100"), "labelled"),
     "create_latency.py": Shortest(("--pods", "4", "--rounds", "1", "--parallel", "2"), "creators",
                                   control_plane=True, timeout=400),
@@ -61,7 +63,7 @@ SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Short
 BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _pytest=None); " \
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
 # These drive tests/ harnesses: developers' tools, run with the test extra.
-NEEDS_THE_TEST_EXTRA = {"chaos.py", "create_latency.py", "replay_vs_scheduler.py"}
+NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "replay_vs_scheduler.py"}
 
 
 def test_every_benchmark_has_a_shortest_mode() -> None:
