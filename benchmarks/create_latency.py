@@ -14,11 +14,13 @@ Every webhook arm registers the Mutating- and ValidatingWebhookConfiguration exa
 server by url and the namespaceSelector narrowed to the arm's namespace, so the API server makes
 the same two calls per pod for each. Pods: a GPU pod with one gpugate label (``gpugate.io/gpus``)
 in an ``ml-*`` namespace. Each round runs every arm, serial creates then ``--parallel`` creators,
-in a rotated order; the pods are deleted between phases. Prints p50/p99 per create and creates/s
-per arm, the latency each webhook adds over ``none``, and gpugate's ratios to the Go floor, plus
-how the API server talked to each server (connections opened, HTTP/2 or HTTP/1.1).
+in a rotated order; the pods are deleted between phases. ``--before REV`` adds a fifth arm,
+``before``: gpugate at an older git revision (a temporary worktree), in the same rounds. Prints
+p50/p99 per create and creates/s per arm, the latency each webhook adds over ``none``, gpugate's
+ratios to the Go floor, the CPU per pod of each server and of kube-apiserver + etcd, and how the
+API server talked to each server (connections opened, HTTP/2 or HTTP/1.1).
 
-    python benchmarks/create_latency.py [--pods 150] [--parallel 8] [--rounds 3]
+    python benchmarks/create_latency.py [--pods 150] [--parallel 8] [--rounds 3] [--before REV]
     python benchmarks/create_latency.py --pods 6 --rounds 1      # shortest
 """
 
@@ -48,6 +50,7 @@ sys.path.insert(0, str(REPO))
 from kubernetes import client  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
+from benchmarks.admission_load import checkout  # noqa: E402
 from tests.e2e import binaries, processes  # noqa: E402
 from tests.e2e.cluster import Cluster  # noqa: E402
 from tests.e2e.webhook_fixture import (  # noqa: E402
@@ -110,11 +113,12 @@ def tree_cpu(pid: int | None) -> float:
 # --- the servers -----------------------------------------------------------------------------
 
 @contextmanager
-def subprocess_server(command: list[str], port: int, log: Path, ca: Path, ready_path: str) -> Iterator[int]:
+def subprocess_server(command: list[str], port: int, log: Path, ca: Path, ready_path: str,
+                      env: dict[str, str] | None = None) -> Iterator[int]:
     """A server started in its own session, ready when ``ready_path`` answers 200, stopped by PID."""
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True, env={**os.environ, **(env or {})})
     try:
         context = ssl.create_default_context(cafile=str(ca))
         deadline = time.monotonic() + 60
@@ -278,7 +282,9 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=8, help="creators of the parallel phase")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of null and gpugate")
+    parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
     args = parser.parse_args()
+    arm_names = (*ARMS, "before") if args.before else ARMS
     found = binaries.paths()
     if found is None:
         raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
@@ -290,7 +296,7 @@ def main() -> int:
         stack.callback(cluster.stop)
         certs = ServingCerts(tmp / "certs")
         namespaces = Namespaces(cluster)
-        arms = {name: Arm(name, namespaces.make(f"ml-bench-{name}")) for name in ARMS}
+        arms = {name: Arm(name, namespaces.make(f"ml-bench-{name}")) for name in arm_names}
         stack.callback(namespaces.delete_all)
         for arm in arms.values():
             if arm.name in ("go", "null"):
@@ -311,6 +317,18 @@ def main() -> int:
         arms["gpugate"].base_url, arms["gpugate"].port = gpugate.base_url, gpugate.port
         assert gpugate.process is not None
         arms["gpugate"].pid = gpugate.process.pid
+        if args.before:
+            code = checkout(args.before, tmp / "before-code")
+            stack.callback(subprocess.run, ["git", "-C", str(REPO), "worktree", "remove", "--force", str(code)],
+                           capture_output=True)
+            before = arms["before"]
+            before.port = processes.free_port()
+            before.base_url = f"https://{LOOPBACK}:{before.port}"
+            before.pid = stack.enter_context(subprocess_server(
+                [sys.executable, "-m", "webhook.cli", "serve", "--bind", f"{LOOPBACK}:{before.port}", "--cert",
+                 str(certs.cert), "--key", str(certs.key), "--policies", str(code / "policies"), "--workers",
+                 str(args.workers)], before.port, tmp / "before.log", certs.ca, "/readyz",
+                env={"PYTHONPATH": str(code)}))
         assert cluster.plane is not None
         plane_pids = [p.pid for p in cluster.plane.processes if p.name in ("etcd", "kube-apiserver")]
 
@@ -324,11 +342,11 @@ def main() -> int:
         cores = [client.CoreV1Api(cluster.api_client()) for _ in range(args.parallel)]
         shaped = lambda pod: "gpugate.io/policy" in (pod["metadata"].get("annotations") or {})  # noqa: E731
         for arm in arms.values():
-            warm(core, arm, shaped if arm.name == "gpugate" else None)
+            warm(core, arm, shaped if arm.name in ("gpugate", "before") else None)
             clear(core, arm.namespace)
         go_before = go_stats(arms["go"], certs.ca)
 
-        order = list(ARMS)
+        order = list(arm_names)
         for round_ in range(args.rounds):
             for arm in order:
                 current = arms[arm]
@@ -349,7 +367,7 @@ def main() -> int:
                  f"{go_after['connections'] - go_before['connections']} connections opened, requests "
                  + ", ".join(f"{k} {go_after.get(k, 0) - go_before.get(k, 0)}" for k in sorted(go_after)
                              if k.startswith("HTTP"))]
-        for name in ("null", "gpugate"):
+        for name in [n for n in ("null", "gpugate", "before") if n in arms]:
             port = arms[name].port
             assert port is not None
             notes.append(f"{name}: {established(port)} connections established at the end (HTTP/1.1)")
