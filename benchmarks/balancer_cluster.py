@@ -45,7 +45,14 @@ sys.path.insert(0, str(REPO))
 
 from kubernetes import client, watch  # noqa: E402
 
-from benchmarks.balancer_scale import cpu_seconds, metric, realistic_node, realistic_pod, rss_mb  # noqa: E402
+from benchmarks.balancer_scale import (  # noqa: E402
+    cpu_seconds,
+    metric,
+    node_pods,
+    realistic_node,
+    realistic_pod,
+    rss_mb,
+)
 from tests.e2e import binaries, processes  # noqa: E402
 from tests.e2e.cluster import Cluster  # noqa: E402
 from webhook.names import GPU_FREE_LABEL, GPU_LOAD_LABEL  # noqa: E402
@@ -202,15 +209,9 @@ def main() -> int:
         shapes: list[tuple[str, int]] = []
         per_node = max(args.pods // max(args.nodes, 1), 1)
         for name in names:
-            fill = rng.randint(0, 6)
+            fill = rng.randint(0, 6)  # room left on every node for the bursts
             free[name] = 8 - fill
-            node_pods = []
-            while fill:
-                gpus = rng.choice([g for g in (1, 2, 4) if g <= fill])
-                node_pods.append(gpus)
-                fill -= gpus
-            node_pods += [0] * max(per_node - len(node_pods), 0)
-            shapes += [(name, gpus) for gpus in node_pods]
+            shapes += [(name, gpus) for gpus in node_pods(rng, per_node, fill)]
         t0 = time.monotonic()
         in_parallel(lambda i: cores[i % len(cores)].create_namespaced_pod(
             NAMESPACE, creatable(realistic_pod(i, shapes[i][0], shapes[i][1])), _preload_content=False),

@@ -385,6 +385,17 @@ def small_pod(i: int, node_name: str, gpus: int, phase: str = "Running", *, env_
 
 
 # ---- measuring the balancer process --------------------------------------------------------------------
+def node_pods(rng: random.Random, per_node: int, fill: int) -> list[int]:
+    """The GPUs of each pod on one node: ``fill`` GPUs in pods of 1, 2 or 4, then CPU-only pods (0)
+    up to ``per_node``, like a real cluster where most pods (daemons, sidecars, services) hold no GPU."""
+    found = []
+    while fill:
+        gpus = rng.choice([g for g in (1, 2, 4) if g <= fill])
+        found.append(gpus)
+        fill -= gpus
+    return found + [0] * max(per_node - len(found), 0)
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     text = Path(f"/proc/{pid}/status").read_text()
     values = {k: int(re.search(rf"{k}:\s+(\d+)", text).group(1)) / 1024 for k in ("VmRSS", "VmHWM")}
@@ -516,13 +527,7 @@ def main() -> int:
     for name in names:
         fill = rng.randint(0, 8)
         free[name] = 8 - fill
-        node_pods = []
-        while fill:
-            gpus = rng.choice([g for g in (1, 2, 4) if g <= fill])
-            node_pods.append(gpus)
-            fill -= gpus
-        node_pods += [0] * max(per_node - len(node_pods), 0)
-        for gpus in node_pods:
+        for gpus in node_pods(rng, per_node, fill):
             if gpus:
                 gpu_pods.append(len(shapes))
             shapes.append((name, gpus, rng.choice((0, 5, 10, 15, 20, 30, 40, 50))))
