@@ -80,6 +80,13 @@ class NodeWatch:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self, core: client.CoreV1Api, version: str) -> None:
+        try:
+            self._follow(core, version)
+        except Exception:
+            if not self.stop.is_set():  # the control plane going away at the end ends the stream
+                raise
+
+    def _follow(self, core: client.CoreV1Api, version: str) -> None:
         marks: dict[str, tuple[str | None, str | None]] = {}
         while not self.stop.is_set():
             stream = watch.Watch()
@@ -259,9 +266,9 @@ def main() -> int:
           f" / {throttled_after - throttled_before:.0f}   goal: no 429")
     print(f"\nburst of {args.burst} GPU pods bound, then finished (per pod)")
     keys = ("bind writes", "finish writes", "bind events", "finish events", "busiest node writes")
-    print(f"{'':<38}" + "".join(f"{k:>15}" for k in keys))
+    print(f"{'':<38}" + "".join(f"{k:>21}" for k in keys))
     for label, figures in results.items():
-        print(f"{label:<38}" + "".join(f"{figures[k]:>15.2f}" for k in keys))
+        print(f"{label:<38}" + "".join(f"{figures[k]:>21.2f}" for k in keys))
     print("(writes: gpugate label changes a watcher sees; events: every Node update event it sees, the fake "
           "kubelet's heartbeats included)")
     print(json.dumps({"to_labelled": to_labelled, "results": results}))
