@@ -213,6 +213,15 @@ class _Fault:
                 and (self.user_agent is None or self.user_agent in user_agent))
 
 
+DRA_TYPES: tuple[tuple[str, str, str, str, bool], ...] = (
+    ("resource.k8s.io", "v1", "ResourceSlice", "resourceslices", False),
+    ("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", True),
+    ("resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates", True),
+    ("resource.k8s.io", "v1", "DeviceClass", "deviceclasses", False),
+)
+"""Dynamic Resource Allocation, GA since Kubernetes 1.34: not served unless a test registers them
+(``for spec in DRA_TYPES: fk.register(*spec)``), so every other test sees a cluster without the API."""
+
 DEFAULT_TYPES: tuple[tuple[str, str, str, str, bool], ...] = (
     ("", "v1", "Pod", "pods", True),
     ("", "v1", "Node", "nodes", False),

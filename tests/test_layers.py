@@ -22,16 +22,20 @@ LAYERS: dict[str, dict[str, str]] = {
     ".": {"__init__": CORE, "errors": CORE, "names": CORE,
           "cli": EDGE, "logs": EDGE, "kubeclient": EDGE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
+             "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
+             "affinity": CORE, "tolerations": CORE,
              "documents": EDGE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
                "loading": EDGE, "store": EDGE, "cases": EDGE},
     "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
                   "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
+                  "dra": CORE, "claimlookup": EDGE,
                   "worker": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                   "client": EDGE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE},
     "balancer": {"__init__": CORE, "tiers": CORE, "state": CORE, "marks": CORE, "backoff": CORE, "inventory": CORE,
-                 "placementfeed": CORE, "publisher": EDGE, "extenderserver": EDGE, "settings": EDGE,
+                 "placementfeed": CORE, "dracount": CORE, "drawatch": EDGE,
+                 "publisher": EDGE, "extenderserver": EDGE, "settings": EDGE,
                  "cluster": EDGE, "controller": EDGE, "health": EDGE,
                  "lease": EDGE, "metrics": EDGE, "prometheus": EDGE},
     "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE,
@@ -122,3 +126,44 @@ def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("import os.path\nfrom kubernetes import client\nfrom . import x\n")
     assert imported_modules(sample) == {"os.path", "kubernetes", "kubernetes.client"}
+
+
+# --- one home for GPU facts (issue 24) ------------------------------------------------------------
+# What a GPU unit is and how a DRA ask is spelled live in webhook/kube/ (units.py, resources.py,
+# claims.py); a module elsewhere that writes one of these again is re-deriving it.
+DRA_FIELDS = {"resourceClaims", "resourceClaimName", "resourceClaimTemplateName", "deviceClassName",
+              "firstAvailable", "allocationMode", "adminAccess"}
+OUTSIDE_KUBE = sorted(name for name in placed() if not name.startswith("webhook.kube") and name != "webhook.names")
+
+
+def gpu_fact_rederivations(tree: ast.AST) -> list[str]:
+    """Literal DRA field names, a division by the literal 7 (compute slices), a regex on MIG names,
+    a hand-read nodeAffinity, a Toleration class."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value in DRA_FIELDS:
+                found.append(f"line {node.lineno}: {node.value!r}")
+            if "mig-" in node.value and ("[0-9]" in node.value or "\\d" in node.value):
+                found.append(f"line {node.lineno}: a MIG resource pattern")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "nodeAffinity":
+            found.append(f"line {node.lineno}: reads nodeAffinity by hand (kube.affinity)")
+        if isinstance(node, ast.ClassDef) and node.name == "Toleration":
+            found.append(f"line {node.lineno}: a Toleration class of its own (kube.tolerations)")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) \
+                and isinstance(node.right, ast.Constant) and node.right.value == 7:
+            found.append(f"line {node.lineno}: divides by 7 (units.COMPUTE_SLICES_PER_GPU)")
+    return found
+
+
+@pytest.mark.parametrize("module", OUTSIDE_KUBE)
+def test_no_module_outside_kube_rederives_a_gpu_fact(module: str) -> None:
+    found = gpu_fact_rederivations(ast.parse(module_path(module).read_text()))
+    assert not found, f"{module} re-derives what webhook/kube/ holds: {found}"
+
+
+def test_the_rederivation_check_sees_one(tmp_path: Path) -> None:
+    tree = ast.parse("share = g / 7\nkey = 'deviceClassName'\npat = r'^nvidia\\.com/mig-[0-9]+g'\n"
+                     "na = spec['affinity'].get('nodeAffinity')\nclass Toleration: pass\n")
+    assert len(gpu_fact_rederivations(tree)) == 5

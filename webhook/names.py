@@ -64,3 +64,18 @@ NVIDIA_PREFIX = "nvidia.com/"
 # The taint GPU node pools conventionally carry.
 GPU_TAINT_KEY = "nvidia.com/gpu"
 
+
+# Dynamic Resource Allocation (resource.k8s.io/v1): the NVIDIA DRA driver's names
+# (kubernetes-sigs/dra-driver-nvidia-gpu: cmd/gpu-kubelet-plugin/main.go DriverName, deviceinfo.go
+# and mig.go device attributes, deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-*.yaml).
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_GPU_CLASS = "gpu.nvidia.com"
+DRA_MIG_CLASS = "mig.nvidia.com"
+DRA_PRODUCT_ATTRIBUTE = "productName"
+"""NVML's device name with spaces ("NVIDIA H100 80GB HBM3"); GFD's nvidia.com/gpu.product is it with '-'."""
+DRA_ARCHITECTURE_ATTRIBUTE = "architecture"
+"""NVML's architecture name ("Hopper", "Ampere"); GFD's nvidia.com/gpu.family is it in lower case."""
+DRA_MEMORY_CAPACITY = "memory"
+"""Device memory in bytes: the whole GPU's, or a MIG device's own."""
+DRA_PROFILE_ATTRIBUTE = "profile"
+"""A MIG device's profile ("1g.10gb")."""

@@ -263,8 +263,11 @@ class GpugateServer:
 
     def __init__(self, *, cert: Path, key: Path, ca: Path, policies: Path, log: Path,
                  inventory: Path | None = None, drain_seconds: float = 2.0, workers: int = 2,
-                 reload_interval: float = 0.5, server_name: str = LOOPBACK) -> None:
+                 reload_interval: float = 0.5, server_name: str = LOOPBACK, extra_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
         self.cert, self.key, self.ca, self.server_name = cert, key, ca, server_name
+        self.extra_args, self.env = tuple(extra_args), env
+        """More ``gpugate serve`` flags, and variables added to the environment (e.g. KUBECONFIG)."""
         self.policies, self.inventory, self.log = policies, inventory, log
         self.drain_seconds, self.workers, self.reload_interval = drain_seconds, workers, reload_interval
         self.port: int | None = None
@@ -287,7 +290,7 @@ class GpugateServer:
                    "--drain-seconds", str(self.drain_seconds), "--reload-interval", str(self.reload_interval)]
         if self.inventory is not None:
             command += ["--inventory", str(self.inventory)]
-        return command
+        return command + list(self.extra_args)
 
     def start(self, timeout: float = 60.0) -> Run:
         """Start on the previous port (a restart) or on a free one; return once /readyz says 200."""
@@ -296,7 +299,8 @@ class GpugateServer:
             port = self.port or processes.free_port()
             with self.log.open("ab") as out:
                 self.process = subprocess.Popen(self.command(port), stdin=subprocess.DEVNULL, stdout=out,
-                                                stderr=subprocess.STDOUT, start_new_session=True)
+                                                stderr=subprocess.STDOUT, start_new_session=True,
+                                                env={**os.environ, **self.env} if self.env else None)
             if self._wait_ready(port, timeout):
                 self.port = port
                 self.runs.append(Run(pid=self.process.pid, ready=time.monotonic()))
@@ -693,3 +697,15 @@ def apiserver_log(cluster: Cluster) -> Path:
 def iter_kustomizations(*roots: Path) -> Iterator[Path]:
     for root in roots:
         yield from sorted(p.parent for p in root.rglob("kustomization.yaml"))
+
+
+def deployed_policies(folder: Path, extra: Mapping[str, str] | None = None) -> Path:
+    """What the webhook Deployment mounts (the files ``policies/kustomization.yaml`` puts in its
+    ConfigMap) copied into ``folder``, plus ``extra`` (file name -> YAML) a test adds."""
+    folder.mkdir(parents=True)
+    generator = yaml.safe_load((ROOT / "policies" / "kustomization.yaml").read_text())["configMapGenerator"][0]
+    for name in generator["files"]:
+        (folder / name).write_bytes((ROOT / "policies" / name).read_bytes())
+    for name, text in (extra or {}).items():
+        (folder / name).write_text(text)
+    return folder

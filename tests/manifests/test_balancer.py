@@ -29,6 +29,9 @@ def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_its_lease_and_
         ("", "nodes", "get", ()), ("", "nodes", "list", ()), ("", "nodes", "watch", ()), ("", "nodes", "patch", ()),
         ("", "pods", "list", ()), ("", "pods", "watch", ()),
         ("scheduling.k8s.io", "priorityclasses", "list", ()), ("scheduling.k8s.io", "priorityclasses", "watch", ()),
+        # DRA: read only, the two kinds the counting reads (issue 24).
+        *{("resource.k8s.io", resource, verb, ()) for resource in ("resourceslices", "resourceclaims")
+          for verb in ("get", "list", "watch")},
     }
     role = one(objs, "Role", "gpugate-balancer")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -72,8 +75,10 @@ def test_balancer_cannot_touch_secrets_or_delete_pods() -> None:
     rules = one(objs, "ClusterRole", "gpugate-balancer")["rules"] + one(objs, "Role", "gpugate-balancer")["rules"]
     assert rule_allows(rules, verb="patch", group="", resource="nodes", name="gpu-1")
     for verb, resource in (("get", "secrets"), ("delete", "pods"), ("patch", "pods"), ("create", "pods"),
-                           ("update", "nodes"), ("delete", "leases")):
-        group = "coordination.k8s.io" if resource == "leases" else ""
+                           ("update", "nodes"), ("delete", "leases"), ("update", "resourceclaims"),
+                           ("create", "resourceslices"), ("list", "deviceclasses")):
+        group = {"leases": "coordination.k8s.io", "resourceclaims": "resource.k8s.io", "resourceslices":
+                 "resource.k8s.io", "deviceclasses": "resource.k8s.io"}.get(resource, "")
         assert not rule_allows(rules, verb=verb, group=group, resource=resource, name=None), (verb, resource)
 
 

@@ -180,8 +180,13 @@ def test_webhook_registration_fields() -> None:
     assert names == {"MutatingWebhookConfiguration": "mutate.gpugate.io",
                      "ValidatingWebhookConfiguration": "validate.gpugate.io"}
     for kind, hook in _hooks(objs):
+        # DRA claims and templates (issue 24): shaped on CREATE, judged on CREATE and UPDATE.
+        claim_operations = ["CREATE"] if kind == "MutatingWebhookConfiguration" else ["CREATE", "UPDATE"]
         assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                                  "operations": ["CREATE"], "scope": "Namespaced"}]
+                                  "operations": ["CREATE"], "scope": "Namespaced"},
+                                 {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                                  "resources": ["resourceclaims", "resourceclaimtemplates"],
+                                  "operations": claim_operations, "scope": "Namespaced"}]
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["sideEffects"] == "None"
         assert hook["timeoutSeconds"] == 5

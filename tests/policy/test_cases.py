@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.admission import mutation, validation
-from webhook.kube.documents import read_pod
+from webhook.admission import chain, dra
+from webhook.kube.documents import read_admission_file
 from webhook.policy import cases, loading
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"
@@ -22,11 +22,12 @@ def test_every_starter_policy_has_a_case() -> None:
     exercised: set[str] = set()
     for case in CASES:
         spec = yaml.safe_load((case / "case.yaml").read_text())
-        pod = read_pod(case / spec.get("pod", "pod.yaml"))
-        result = mutation.mutate(pod, namespace=spec["namespace"], policies=policies)
+        document = read_admission_file(case / spec.get("pod", "pod.yaml"))  # a pod, or a DRA claim
+        result = chain.mutate(document.subject, namespace=spec["namespace"], policies=policies)
         if result.policy:
             exercised.add(result.policy.name)
-        verdict = validation.validate(result.desired, namespace=spec["namespace"], policies=policies)
+        verdict = chain.validate(result.desired, namespace=spec["namespace"], policies=policies,
+                                 resolved=dra.resolve_documents(document.claims))
         exercised.update(re.findall(r"policy ([a-z0-9-]+)@", verdict.message))
     assert exercised == {p.name for p in policies.policies}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from webhook import names
+from webhook.kube import affinity as node_affinity
 from webhook.policy.model import GPUPolicy
 
 Expression = dict[str, Any]
@@ -106,16 +107,9 @@ def selector_contradicts(node_selector: dict[str, Any], wanted: Expression) -> b
     return value is not None and not _value_satisfies(str(value), wanted)
 
 
-def _node_affinity(pod_spec: dict[str, Any], field: str) -> Any:
-    """``affinity.nodeAffinity.<field>`` of the pod spec, or None where the path is missing or mistyped."""
-    affinity = pod_spec.get("affinity")
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
-    return node_affinity.get(field) if isinstance(node_affinity, dict) else None
-
-
 def terms_of(pod_spec: dict[str, Any]) -> list[Term] | None:
     """The required nodeSelectorTerms, or None when the pod has no required node affinity."""
-    required = _node_affinity(pod_spec, "requiredDuringSchedulingIgnoredDuringExecution")
+    required = node_affinity.field(pod_spec, node_affinity.REQUIRED)
     if not isinstance(required, dict):
         return None
     terms = required.get("nodeSelectorTerms")
@@ -138,7 +132,7 @@ def constrains(pod_spec: dict[str, Any], key: str) -> bool:
 
 def prefers(pod_spec: dict[str, Any], key: str) -> bool:
     """One of the pod's preferred node-affinity terms names ``key``."""
-    preferred = _node_affinity(pod_spec, "preferredDuringSchedulingIgnoredDuringExecution")
+    preferred = node_affinity.field(pod_spec, node_affinity.PREFERRED)
     if not isinstance(preferred, list):
         return False
     return any(_names_key(item.get("preference"), key) for item in preferred if isinstance(item, dict))

@@ -13,7 +13,8 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.admission import mutation, validation
+from webhook.admission import dra, mutation, validation
+from webhook.kube import claims
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet
 
@@ -44,11 +45,35 @@ class Admission:
 
 
 def admit(pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
-          now: datetime | None = None) -> Admission:
-    """Mutate ``pod``, apply the patch, validate the result: what the API server would store."""
-    mutated = mutation.mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
+          now: datetime | None = None, resolved: dra.Resolved | None = None) -> Admission:
+    """Mutate ``pod``, apply the patch, validate the result: what the API server would store.
+
+    ``pod`` may also be a ResourceClaim or ResourceClaimTemplate (``admission.dra``); for a pod,
+    ``resolved`` holds the claims and templates it references that the caller has read.
+    """
+    mutated = mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
     if mutated.denials:
         return Admission(mutation=mutated, verdict=None, stored=None)
     stored = jsonpatch.apply_patch(pod, list(mutated.patch)) if mutated.patch else pod
-    verdict = validation.validate(stored, namespace=namespace, policies=policies, inventory=inventory, now=now)
+    verdict = validate(stored, namespace=namespace, policies=policies, inventory=inventory, now=now, resolved=resolved)
     return Admission(mutation=mutated, verdict=verdict, stored=stored if verdict.allowed else None)
+
+
+def mutate(obj: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
+           now: datetime | None = None) -> mutation.Mutation:
+    """The mutating endpoint's decision on a pod or a DRA claim."""
+    if claims.is_claim_document(obj):
+        return dra.mutate_claim(obj, namespace=namespace, policies=policies)
+    return mutation.mutate(obj, namespace=namespace, policies=policies, inventory=inventory, now=now)
+
+
+def validate(obj: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
+             now: datetime | None = None, resolved: dra.Resolved | None = None) -> validation.Verdict:
+    """The validating endpoint's verdict on a pod (with the claims it references in ``resolved``) or a claim."""
+    if claims.is_claim_document(obj):
+        return dra.validate_claim(obj, namespace=namespace, policies=policies)
+    verdict = validation.validate(obj, namespace=namespace, policies=policies, inventory=inventory, now=now)
+    if resolved:
+        verdict = dra.merge(verdict, dra.validate_pod_claims(obj, namespace=namespace, policies=policies,
+                                                             resolved=resolved))
+    return verdict

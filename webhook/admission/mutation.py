@@ -17,6 +17,7 @@ from typing import Any
 from webhook import names
 from webhook.admission import affinity, patches, rightsizing
 from webhook.errors import InputError
+from webhook.kube import affinity as kube_affinity
 from webhook.kube import pods, resources
 from webhook.kube.inventory import EMPTY, MAX_AGE_SECONDS, Inventory
 from webhook.kube.quantity import out_of_range, whole_count
@@ -635,8 +636,7 @@ def add_placement_preferences(pod: Pod, context: StepContext) -> None:
     wanted = preferred_terms(pod, requested, context.policy, context.inventory, context.now)
     if not wanted:
         return
-    affinity = ((pods.spec(pod).get("affinity") or {}).get("nodeAffinity") or {})
-    existing = affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+    existing = kube_affinity.field(pods.spec(pod), kube_affinity.PREFERRED) or []
     added = [t for t in wanted if t not in existing]
     if not added:
         return

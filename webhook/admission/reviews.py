@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 import orjson
 
 from webhook.errors import BadReview
+from webhook.kube import claims
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -98,6 +99,17 @@ class Review:
         """A request about the Pod itself (core/v1), not a subresource such as pods/status."""
         return (self.kind.get("group", "") == "" and self.kind.get("kind") == "Pod"
                 and not self.sub_resource)
+
+    def is_claim(self) -> bool:
+        """A ResourceClaim or ResourceClaimTemplate itself (resource.k8s.io), not resourceclaims/status."""
+        return (self.kind.get("group", "") == claims.API_GROUP
+                and self.kind.get("kind") in (claims.CLAIM_KIND, claims.TEMPLATE_KIND) and not self.sub_resource)
+
+    @property
+    def old_object(self) -> dict[str, Any] | None:
+        """The object before an UPDATE (None on CREATE or when absent)."""
+        old = self.raw.get("oldObject")
+        return old if isinstance(old, dict) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,18 +214,25 @@ def decode_patch(patch: str) -> list[dict[str, Any]]:
     return ops
 
 
+_RESOURCES = {"Pod": ("", "v1", "pods"),
+              claims.CLAIM_KIND: (claims.API_GROUP, "v1", "resourceclaims"),
+              claims.TEMPLATE_KIND: (claims.API_GROUP, "v1", "resourceclaimtemplates")}
+
+
 def wrap_pod(pod: Mapping[str, Any], *, uid: str, namespace: str | None = None,
              operation: str = "CREATE", dry_run: bool = False) -> AdmissionReview:
-    """An AdmissionReview request for ``pod`` as the API server would send it on CREATE."""
+    """An AdmissionReview request for ``pod`` (or a ResourceClaim or ResourceClaimTemplate) as the
+    API server would send it on CREATE."""
     meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
     ns = namespace or str(meta.get("namespace") or "default")  # type: ignore[union-attr]
+    group, version, plural = _RESOURCES.get(str(pod.get("kind")), _RESOURCES["Pod"])
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "request": {
             "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "kind": {"group": group, "version": version, "kind": str(pod.get("kind") or "Pod")},
+            "resource": {"group": group, "version": version, "resource": plural},
             "name": str(meta.get("name") or ""),  # type: ignore[union-attr]
             "namespace": ns,
             "operation": operation,

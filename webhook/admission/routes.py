@@ -33,7 +33,7 @@ from webhook import logs
 from webhook.admission import metrics, patchcheck, reviews, worker
 from webhook.admission.inventoryfile import InventoryFile
 from webhook.errors import BadReview, InputError
-from webhook.kube import pods
+from webhook.kube import claims, pods
 from webhook.kube.inventory import Inventory
 from webhook.policy import PolicySet
 from webhook.policy.store import PolicyStore
@@ -65,6 +65,10 @@ class ServerSettings:
     """Where the last accepted policy files are kept for sibling workers (gpugate serve sets it)."""
     inventory_file: Path | None = None
     """The balancer's GPUInventory (the gpugate-inventory ConfigMap, mounted); optional."""
+    resolve_claims: bool = False
+    """Read the ResourceClaims and ResourceClaimTemplates a pod references from the API (in-cluster
+    service account or KUBECONFIG), so ``max`` per pod counts their devices. Off: the webhook has no
+    API access, and a pod's claims are judged one by one when each is created."""
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ServerSettings:
@@ -79,6 +83,7 @@ class ServerSettings:
             allow_empty=env.get("GPUGATE_ALLOW_EMPTY_POLICIES", "").lower() in truthy,
             snapshot_dir=Path(snapshot) if snapshot else None,
             inventory_file=Path(inventory_file) if inventory_file else None,
+            resolve_claims=env.get("GPUGATE_RESOLVE_CLAIMS", "").lower() in truthy,
         )
 
 
@@ -109,12 +114,24 @@ class PolicyCore:
         return self._validate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
 
 
+class ClaimCore:
+    """The DRA half of the core (``admission.dra``): claims, templates and the pods that use them."""
+
+    def __init__(self, lookup: Any = None) -> None:
+        from webhook.admission import dra
+
+        self.dra = dra
+        self.lookup = lookup
+        """A ``claimlookup.ClaimLookup`` when ``resolve_claims`` is on, else None."""
+
+
 @dataclass(frozen=True)
 class ServerState:
     settings: ServerSettings
     store: PolicyStore
     core: Core
     inventory: InventoryFile
+    claims: ClaimCore | None = None
 
 
 def _count_load(new: PolicySet, old: PolicySet | None) -> None:
@@ -137,7 +154,13 @@ def create_app(settings: ServerSettings | None = None, *, core: Core | None = No
     store.check()
     store.start(settings.reload_interval)
     inventory_file = InventoryFile(settings.inventory_file, interval=max(settings.reload_interval, 0.1))
-    app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore(), inventory_file)
+    lookup = None
+    if settings.resolve_claims:
+        from webhook.admission.claimlookup import ClaimLookup
+
+        lookup = ClaimLookup.from_environment()
+    claim_core = ClaimCore(lookup) if core is None else None  # a stub core (benchmarks) judges pods only
+    app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore(), inventory_file, claim_core)
     app.register_blueprint(blueprint)
     app.register_error_handler(HTTPException, _http_error)
     return app
@@ -253,16 +276,26 @@ def _admit(endpoint: str) -> Response:
 
 
 def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
-    if not (review.is_pod() and review.operation == "CREATE" and isinstance(review.object, dict)):
-        # Registered for pod CREATE only; anything else that arrives is let through untouched.
+    claim = st.claims is not None and review.is_claim() and isinstance(review.object, dict) \
+        and _claim_needs_judging(endpoint, review)
+    if not claim and not (review.is_pod() and review.operation == "CREATE" and isinstance(review.object, dict)):
+        # Registered for pod CREATE and claim CREATE/UPDATE only; anything else is let through untouched.
         return _Outcome(reviews.Answer(allowed=True), result="skipped")
     policies = st.store.current()
     if policies is None:
         return _internal_error(st, endpoint, review,
                                RuntimeError(f"no valid policy set loaded from {st.store.directory}"))
     pod = review.object
+    assert pod is not None  # checked above
     namespace = _namespace(review)
     try:
+        if claim and st.claims is not None:
+            dra = st.claims.dra
+            if endpoint == "mutate":
+                return _mutated(st, pod, namespace, policies, dra.mutate_claim(pod, namespace=namespace,
+                                                                               policies=policies))
+            return _validated(st, pod, namespace, policies, dra.validate_claim(pod, namespace=namespace,
+                                                                               policies=policies))
         if endpoint == "mutate":
             return _mutated(st, pod, namespace, policies)
         return _validated(st, pod, namespace, policies)
@@ -278,9 +311,23 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
         return _internal_error(st, endpoint, review, err, revision=policies.revision)
 
 
-def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet) -> _Outcome:
-    result = st.core.mutate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
-                            now=datetime.now(UTC))
+def _claim_needs_judging(endpoint: str, review: reviews.Review) -> bool:
+    """A claim's CREATE, and an UPDATE that changes its spec (validation only). A claim's spec is
+    immutable once stored, so an UPDATE is metadata (the resourceclaim controller's finalizer, added
+    and removed around a pod's life): judging it could only ever block a deletion, never a GPU."""
+    if review.operation == "CREATE":
+        return True
+    if review.operation != "UPDATE" or endpoint != "validate" or review.object is None:
+        return False
+    old = review.old_object
+    return old is None or old.get("spec") != review.object.get("spec")
+
+
+def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet,
+             result: Any = None) -> _Outcome:
+    if result is None:
+        result = st.core.mutate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
+                                now=datetime.now(UTC))
     policy = str(result.policy) if result.policy else ""
     if getattr(result, "denials", ()):
         # An ask no node can hold (e.g. gpus: "1k"): refused here rather than written into the pod.
@@ -306,9 +353,15 @@ def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: Pol
     return _Outcome(answer, result=outcome, policy=policy, revision=policies.revision, patch_ops=len(patch))
 
 
-def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet) -> _Outcome:
-    verdict = st.core.validate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
-                               now=datetime.now(UTC))
+def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet,
+               verdict: Any = None) -> _Outcome:
+    if verdict is None:
+        verdict = st.core.validate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
+                                   now=datetime.now(UTC))
+        if st.claims is not None and st.claims.lookup is not None and claims.pod_claim_refs(pod):
+            resolved = st.claims.lookup.resolve(pod, namespace)
+            verdict = st.claims.dra.merge(verdict, st.claims.dra.validate_pod_claims(
+                pod, namespace=namespace, policies=policies, resolved=resolved))
     policy = str(verdict.policy) if verdict.policy else ""
     audit = _audit(policy, policies.revision)
     if verdict.allowed:

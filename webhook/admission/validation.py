@@ -6,6 +6,7 @@ reason names the container, the resource, the policy and what to do instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -76,11 +77,22 @@ def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet, asks: _Asks)
     """
     if not asks.asks_for_gpus:
         return [], []
+    where = f"pod '{pods.display_name(pod)}' in namespace '{namespace}'"
+    return deny_rule_reasons(pod, namespace, policies, lambda: f"{where}: {_what_is_asked(asks)}")
+
+
+def deny_rule_reasons(subject: pods.Pod, namespace: str, policies: PolicySet,
+                      what: Callable[[], str]) -> tuple[list[str], list[str]]:
+    """The deny rules of every policy whose namespaces and podSelector match ``subject`` (a pod, or
+    what matching reads of a DRA claim), each as "<what>; <message> (policy NAME@REVISION)".
+
+    Returns (denials from enforcing policies, warnings from audit ones). ``what`` is called only
+    when a rule applies.
+    """
     denials: list[str] = []
     warnings: list[str] = []
-    for policy, rule in matching.applicable_denies(policies, pod, namespace):
-        reason = (f"pod '{pods.display_name(pod)}' in namespace '{namespace}': {_what_is_asked(asks)}; "
-                  f"{rule.message} (policy {policy.name}@{policies.revision})")
+    for policy, rule in matching.applicable_denies(policies, subject, namespace):
+        reason = f"{what()}; {rule.message} (policy {policy.name}@{policies.revision})"
         if policy.mode == "audit":
             warnings.append(f"audit: would deny: {reason}")
         else:

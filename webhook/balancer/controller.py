@@ -31,9 +31,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook import kubeclient
+from webhook.balancer import dracount, drawatch, placementfeed
 from webhook.balancer import inventory as inventory_mod
 from webhook.balancer import marks as marks_mod
-from webhook.balancer import placementfeed
 from webhook.balancer.backoff import Backoff, TokenBucket, WriteSchedule
 from webhook.balancer.cluster import Informer, NodeWriter, retry_after
 from webhook.balancer.health import HealthServer
@@ -143,6 +143,11 @@ class Balancer:
                 on_skip=self._pod_events.inc,
                 field_selector=POD_FIELD_SELECTOR, **self._informer_args())
         self._writer = NodeWriter(api())
+        # DRA: ResourceSlices and ResourceClaims, counted in webhook.balancer.dracount (issue 24).
+        self.dra_cache = dracount.DraCache()
+        self.dra = drawatch.DraWatch(api(), informer_args=self._informer_args(), on_slices=self._replace_slices,
+                                     on_slice=self._slice_event, on_claims=self._replace_claims,
+                                     on_claim=self._claim_event)
         self._global_defaults: dict[str, bool] = {}
         self.priority_classes: Informer[bool] | None = None
         self.publisher: InventoryPublisher | None = None
@@ -231,6 +236,33 @@ class Balancer:
             self.feed.pod(key, record)
         self._pod_event(etype, key, None if record is None else record.usage)
 
+    def _replace_slices(self, found: dict[str, Any]) -> None:
+        self._dra_update(lambda: self.dra_cache.replace_slices(found))
+
+    def _slice_event(self, etype: str, name: str, found: Any) -> None:
+        self._dra_update(lambda: self.dra_cache.set_slice(name, found))
+
+    def _replace_claims(self, found: dict[str, Any]) -> None:
+        self._dra_update(lambda: self.dra_cache.replace_claims(found))
+
+    def _claim_event(self, etype: str, key: str, found: Any) -> None:
+        self._dra_update(lambda: self.dra_cache.set_claim(key, found))
+
+    def _dra_update(self, change: Callable[[], set[str]]) -> None:
+        """Apply one slice or claim change; the nodes whose DRA devices changed get a new look."""
+        with self._lock:
+            changed = change()
+            self.state.dirty |= changed & set(self.state.nodes)
+            devices = {name: self.dra_cache.node(name) for name in changed}
+        if not changed:
+            return
+        if self.feed is not None:
+            with self._feed_lock:
+                for name, found in devices.items():
+                    self.feed.dra(name, found)
+        self._wake.set()
+        self._inventory_changed()
+
     def extender_mix(self) -> list[dict[str, Any]] | None:
         """The pod-shape mix the extender measures with (configured or learned), in the YAML form
         ``--extender-mix`` reads; None when the extender is off."""
@@ -310,7 +342,8 @@ class Balancer:
             nodes = list(self.state.nodes.values())
             requested = {name: dict(sums) for name, sums in self.state.requested.items()}
             defaults = dict(self._global_defaults)
-        return inventory_mod.content(nodes, requested, defaults, pressure)
+            dra = dict(self.dra_cache.nodes)
+        return inventory_mod.content(nodes, requested, defaults, pressure, dra=dra)
 
     def _api_error(self, operation: str, err: BaseException) -> None:
         self.metrics.api_errors.labels(operation).inc()
@@ -330,7 +363,7 @@ class Balancer:
     # ---- status ------------------------------------------------------------------------------
     @property
     def synced(self) -> bool:
-        return self.nodes.synced.is_set() and self.pods.synced.is_set()
+        return self.nodes.synced.is_set() and self.pods.synced.is_set() and self.dra.synced
 
     def writes(self) -> bool:
         """True when this replica may patch nodes now (asked again right before every patch)."""
@@ -375,7 +408,8 @@ class Balancer:
                                    f"{err.strerror or err}; pick another --health-bind") from err
         self.metrics.leader.set(0)
         threads = [threading.Thread(target=self.nodes.run, args=(stop,), name="informer-nodes", daemon=True),
-                   threading.Thread(target=self.pods.run, args=(stop,), name="informer-pods", daemon=True)]
+                   threading.Thread(target=self.pods.run, args=(stop,), name="informer-pods", daemon=True),
+                   threading.Thread(target=self.dra.run, args=(stop,), name="informer-resourceslices", daemon=True)]
         lease_thread = None
         if self.elector is not None:
             lease_thread = threading.Thread(target=self.elector.run, args=(stop,), name="lease", daemon=True)
@@ -426,6 +460,7 @@ class Balancer:
             for informer in (self.nodes, self.pods, self.priority_classes):
                 if informer is not None:
                     informer.close()
+            self.dra.close()
             pool.shutdown(wait=True, cancel_futures=True)
             if self.elector is not None:
                 if lease_thread is not None:
@@ -461,8 +496,10 @@ class Balancer:
                 if node is None:
                     continue
                 load = None
-                if node.is_gpu_node:
-                    load = marks_mod.node_load(node, self.state.requested.get(name, {}), self._utilization(node))
+                devices = self.dra_cache.node(name)
+                if dracount.is_gpu_node(node, devices):
+                    load = dracount.node_load(node, self.state.requested.get(name, {}), self._utilization(node),
+                                              devices)
                 want = marks_mod.desired(node, load, thresholds=s.tiers, taint_congested=s.taint_congested)
                 self._set_tier(name, want.load)
                 patch = marks_mod.node_patch(node, want)

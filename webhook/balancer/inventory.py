@@ -26,10 +26,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypedDict
 
+from webhook.balancer import dracount
 from webhook.balancer.state import NodeInfo
 from webhook.kube import inventory
-from webhook.kube.inventory import Offer
+from webhook.kube.inventory import DraOffer, Offer
+from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.resources import is_gpu_resource
+from webhook.names import DRA_GPU_CLASS, GPU_RESOURCE
+
+MIB = 1 << 20
 
 
 class OfferDocument(TypedDict):
@@ -43,6 +48,17 @@ class OfferDocument(TypedDict):
     nodes: int
 
 
+class DraOfferDocument(TypedDict):
+    """One entry of ``draOffers``, as ``webhook.kube.inventory.parse`` reads it."""
+
+    deviceClass: str
+    product: str
+    memoryMiB: int | None
+    devices: int
+    free: int
+    nodes: int
+
+
 class InventoryDocument(TypedDict):
     """A GPUInventory (``gpugate.io/v1alpha1``)."""
 
@@ -51,6 +67,7 @@ class InventoryDocument(TypedDict):
     generatedAt: str
     defaultPriorityClass: str | None
     offers: list[OfferDocument]
+    draOffers: list[DraOfferDocument]
     typePressure: dict[str, float]
 
 
@@ -62,20 +79,29 @@ class Content:
     default_priority_class: str | None
     type_pressure: tuple[tuple[str, float], ...] = ()
     """Per GPU product, as ``webhook.kube.inventory.Inventory.type_pressure`` (from the extender's mix)."""
+    dra_offers: tuple[DraOffer, ...] = ()
 
 
-def offers(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]]) -> tuple[Offer, ...]:
-    """Offers per (resource, product), sorted, from the nodes and the requests bound to each node."""
+def offers(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]],
+           dra: Mapping[str, NodeDevices] | None = None) -> tuple[Offer, ...]:
+    """Offers per (resource, product), sorted, from the nodes and the requests bound to each node.
+
+    On a node that also has NVIDIA DRA devices, ``nvidia.com/gpu`` free is at most the node's whole
+    free GPUs with claims counted in (the same GPUs, counted once: ``balancer.dracount``)."""
     sums: dict[tuple[str, str], list[int]] = {}
     memory: dict[tuple[str, str], int | None] = {}
     for node in nodes:
         used = requested.get(node.name, {})
+        devices = (dra or {}).get(node.name)
+        whole = None if devices is None else dracount.node_load(node, dict(used), None, devices).free_gpus
         unit_memory = dict(node.unit_memory_mib)
         for resource, allocatable in node.allocatable:
             if not is_gpu_resource(resource) or allocatable <= 0:
                 continue
             key = (resource, node.product)
             free = 0 if node.unschedulable else max(0, allocatable - used.get(resource, 0))
+            if whole is not None and resource == GPU_RESOURCE:
+                free = min(free, whole)
             total = sums.setdefault(key, [0, 0, 0])
             total[0] += allocatable
             total[1] += free
@@ -91,6 +117,45 @@ def offers(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]]
                  for (resource, product), total in sorted(sums.items()))
 
 
+def dra_offers(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]],
+               dra: Mapping[str, NodeDevices]) -> tuple[DraOffer, ...]:
+    """DRA offers per (DeviceClass, productName), sorted, over the known nodes with NVIDIA DRA devices.
+
+    A cordoned node's devices count, none of them free. ``gpu.nvidia.com`` free on a node is its
+    whole free GPUs with device-plugin pods counted in (``dracount.node_load``), so on a node both
+    stacks serve the two views agree on what is left."""
+    sums: dict[tuple[str, str], list[int]] = {}
+    memory: dict[tuple[str, str], int | None] = {}
+    seen: dict[tuple[str, str], set[str]] = {}
+    for node in nodes:
+        devices = dra.get(node.name)
+        if devices is None or not devices.devices:
+            continue
+        whole = dracount.node_load(node, dict(requested.get(node.name, {})), None, devices).free_gpus
+        free_by_class: dict[str, int] = {}
+        for device in devices.devices:
+            key = (device.device_class, device.product)
+            total = sums.setdefault(key, [0, 0])
+            total[0] += 1
+            if device.free and not node.unschedulable:
+                free_by_class[device.device_class] = free_by_class.get(device.device_class, 0) + 1
+                total[1] += 1
+            seen.setdefault(key, set()).add(node.name)
+            mib = None if device.memory_bytes is None else device.memory_bytes // MIB
+            if key not in memory:
+                memory[key] = mib
+            else:
+                known = memory[key]
+                memory[key] = None if known is None or mib is None else min(known, mib)
+        # Whole GPUs that device-plugin pods take on this node are not free for claims either.
+        gpu_free = free_by_class.get(DRA_GPU_CLASS, 0)
+        if gpu_free > whole:
+            sums[(DRA_GPU_CLASS, devices.product)][1] -= gpu_free - whole
+    return tuple(DraOffer(device_class=cls, product=product, memory_mib=memory[(cls, product)], devices=total[0],
+                          free=total[1], nodes=len(seen[(cls, product)]))
+                 for (cls, product), total in sorted(sums.items()))
+
+
 def default_priority_class(global_defaults: Mapping[str, bool]) -> str | None:
     """The PriorityClass marked ``globalDefault`` (the API server admits one; if a race let two in,
     the first by name, which is stable across replicas)."""
@@ -99,9 +164,12 @@ def default_priority_class(global_defaults: Mapping[str, bool]) -> str | None:
 
 
 def content(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]],
-            global_defaults: Mapping[str, bool], type_pressure: Mapping[str, float] | None = None) -> Content:
-    return Content(offers=offers(nodes, requested), default_priority_class=default_priority_class(global_defaults),
-                   type_pressure=tuple(sorted((type_pressure or {}).items())))
+            global_defaults: Mapping[str, bool], type_pressure: Mapping[str, float] | None = None,
+            dra: Mapping[str, NodeDevices] | None = None) -> Content:
+    nodes = list(nodes)
+    return Content(offers=offers(nodes, requested, dra), default_priority_class=default_priority_class(global_defaults),
+                   type_pressure=tuple(sorted((type_pressure or {}).items())),
+                   dra_offers=dra_offers(nodes, requested, dra or {}))
 
 
 def document(found: Content, *, generated_at: datetime) -> InventoryDocument:
@@ -112,6 +180,8 @@ def document(found: Content, *, generated_at: datetime) -> InventoryDocument:
         defaultPriorityClass=found.default_priority_class,
         offers=[OfferDocument(resource=o.resource, product=o.product, memoryMiB=o.memory_mib,
                               allocatable=o.allocatable, free=o.free, nodes=o.nodes) for o in found.offers],
+        draOffers=[DraOfferDocument(deviceClass=o.device_class, product=o.product, memoryMiB=o.memory_mib,
+                                    devices=o.devices, free=o.free, nodes=o.nodes) for o in found.dra_offers],
         typePressure=dict(found.type_pressure))
 
 

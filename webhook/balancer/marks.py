@@ -12,12 +12,8 @@ from typing import Any
 
 from webhook.balancer import tiers
 from webhook.balancer.state import NodeInfo
-from webhook.kube.resources import mig_profile
+from webhook.kube import units
 from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL, GPU_RESOURCE, SHARED_GPU_RESOURCE
-
-MIG_COMPUTE_SLICES = 7
-"""Compute slices of a MIG-capable GPU (A100, H100, H200, B200; an A30 has 4, so its slices weigh
-a little less than they should): a ``<g>g`` slice is g/7 of a GPU in the allocation share."""
 
 CONGESTED_TAINT: dict[str, str] = {"key": CONGESTED_TAINT_KEY, "effect": "PreferNoSchedule"}
 
@@ -72,19 +68,13 @@ def whole_free_gpus(node: NodeInfo, requested: dict[str, int]) -> int:
 def gpu_weight(node: NodeInfo, resource: str) -> float:
     """How much of a physical GPU one unit of ``resource`` is on ``node`` (for the allocation share).
 
-    A whole GPU is 1, a time-sliced share 1/R, a MIG ``<g>g`` slice g/7 (divided by its own
-    replicas if the slices are time-sliced too). Under the single MIG strategy every unit is a slice
-    of one profile, so any constant gives the same share.
+    The table is ``webhook.kube.units.gpu_share`` (a whole GPU 1, a time-sliced share 1/R, a MIG
+    ``<g>g`` slice g/7, divided by its own replicas if the slices are time-sliced too); this reads
+    the node's replicas for it. Under the single MIG strategy every unit is a slice of one
+    profile, so any constant gives the same share.
     """
-    if resource == GPU_RESOURCE:
-        return 1.0 / node.replicas if time_sliced(node) else 1.0
-    if resource == SHARED_GPU_RESOURCE:
-        return 1.0 / node.replicas
-    profile = mig_profile(resource)
-    if profile is None:
-        return 1.0
-    base = resource[: -len(".shared")] if resource.endswith(".shared") else resource
-    return profile.compute / MIG_COMPUTE_SLICES / dict(node.mig_replicas).get(base, 1)
+    return units.gpu_share(resource, replicas=node.replicas, gpu_time_sliced=time_sliced(node),
+                           mig_replicas=dict(node.mig_replicas).get(units.mig_base(resource), 1))
 
 
 def node_load(node: NodeInfo, requested: dict[str, int], utilization: float | None) -> NodeLoad:
@@ -103,8 +93,11 @@ def node_load(node: NodeInfo, requested: dict[str, int], utilization: float | No
 
 def desired(node: NodeInfo, load: NodeLoad | None, *, thresholds: tiers.TierThresholds,
             taint_congested: bool) -> Marks:
-    """The marks ``node`` should carry; ``load`` None means it is not a GPU node (remove ours)."""
-    if load is None or not node.is_gpu_node:
+    """The marks ``node`` should carry; ``load`` None means it is not a GPU node (remove ours).
+
+    The caller decides what a GPU node is: device-plugin GPU resources, or NVIDIA DRA devices
+    (``dracount.is_gpu_node``), which a node's allocatable does not show."""
+    if load is None:
         return Marks(free=None, load=None, tainted=False)
     tier = tiers.tier(allocated=load.allocated, utilization=load.utilization,
                       previous=node.label(GPU_LOAD_LABEL), thresholds=thresholds)

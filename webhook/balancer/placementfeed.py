@@ -24,11 +24,13 @@ filters decide fit).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from webhook.balancer import marks
 from webhook.balancer.state import TERMINAL_PHASES, NodeInfo, PodUsage, pod_usage
+from webhook.kube import allocations
+from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.quantity import QuantityError
 from webhook.kube.resources import is_mig_resource
 from webhook.names import GPU_RESOURCE, SHARED_GPU_RESOURCE
@@ -48,11 +50,16 @@ class NodeShape:
     mig: Counts
 
 
-def node_shape(info: NodeInfo) -> NodeShape:
-    """The node as the fragmentation measure sees it (CPU-only nodes too: CPU pods are placed as well)."""
+def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
+    """The node as the fragmentation measure sees it (CPU-only nodes too: CPU pods are placed as well).
+
+    A node with NVIDIA DRA devices has the DRA driver's physical GPUs, counted once even when the
+    device plugin advertises the same GPUs (``balancer.dracount``)."""
     allocatable = dict(info.allocatable)
     replicas = max(1, info.replicas)
-    if SHARED_GPU_RESOURCE in allocatable:
+    if devices is not None and devices.devices:
+        gpus = devices.gpus
+    elif SHARED_GPU_RESOURCE in allocatable:
         gpus = allocatable[SHARED_GPU_RESOURCE] // replicas + allocatable.get(GPU_RESOURCE, 0)
     elif marks.time_sliced(info):
         gpus = allocatable.get(GPU_RESOURCE, 0) // replicas
@@ -82,10 +89,25 @@ def pod_record(pod: dict[str, Any]) -> PodRecord:
     demand = None
     if node:
         try:
-            demand = demand_from_pod(pod)
+            demand = _without_dra_backed(demand_from_pod(pod), allocations.dra_backed_resources(pod))
         except QuantityError:
             demand = None
     return PodRecord(usage=pod_usage(pod), node=node, demand=demand)
+
+
+def _without_dra_backed(demand: PodDemand, backed: frozenset[str]) -> PodDemand:
+    """The demand less the GPU requests a DRA claim serves (extended-resource mapping): the node's
+    stand-in for claims (``Feed.dra``) already holds those GPUs."""
+    if not backed:
+        return demand
+    return replace(demand, gpus=0 if GPU_RESOURCE in backed else demand.gpus,
+                   share_milli=0 if SHARED_GPU_RESOURCE in backed else demand.share_milli,
+                   mig=tuple((r, n) for r, n in demand.mig if r not in backed))
+
+
+DRA_HOLDER_PREFIX = "dra:"
+"""Key prefix of the stand-in pod that holds a node's DRA-held GPUs in the extender's state (no real
+pod key has a colon: it is ``namespace/name``)."""
 
 
 class ArgsError(ValueError):
@@ -106,6 +128,8 @@ class Feed:
         self._shapes: dict[str, NodeShape] = {}
         self._pods: dict[str, tuple[str, PodDemand]] = {}
         self._on_node: dict[str, set[str]] = {}
+        self._infos: dict[str, NodeInfo] = {}
+        self._dra: dict[str, NodeDevices] = {}
 
     # --- nodes -------------------------------------------------------------------------------
     def replace_nodes(self, infos: Mapping[str, NodeInfo]) -> None:
@@ -116,10 +140,12 @@ class Feed:
 
     def node(self, name: str, info: NodeInfo | None) -> None:
         if info is None:
+            self._infos.pop(name, None)
             if self._shapes.pop(name, None) is not None:
                 self.state.remove_node(name)
             return
-        shape = node_shape(info)
+        self._infos[name] = info
+        shape = node_shape(info, self._dra.get(name))
         if self._shapes.get(name) == shape:
             return
         new = name not in self._shapes
@@ -129,6 +155,31 @@ class Feed:
         if new:  # pods the watch delivered before their node
             for key in sorted(self._on_node.get(name, ())):
                 self.state.bind(key, name, self._pods[key][1])
+            self._bind_dra(name)
+
+    # --- DRA ---------------------------------------------------------------------------------
+    def dra(self, name: str, devices: NodeDevices | None) -> None:
+        """The node's DRA devices changed: its GPUs (counted once) and what claims hold there.
+
+        What claims hold is one stand-in pod per node (key ``dra:<node>``, no cpu or memory) taking
+        the GPUs that are not whole-free: the measure then sees DRA-held devices exactly as it sees
+        GPUs that bound pods hold, whichever pod the claims belong to."""
+        if devices is None or not devices.devices:
+            self._dra.pop(name, None)
+        else:
+            self._dra[name] = devices
+        info = self._infos.get(name)
+        if info is not None:
+            self._shapes.pop(name, None)  # recomputed with the devices; node() then rebinds the stand-in
+            self.node(name, info)
+
+    def _bind_dra(self, name: str) -> None:
+        key = DRA_HOLDER_PREFIX + name
+        devices = self._dra.get(name)
+        taken = devices.gpus - devices.whole_free if devices is not None else 0
+        self.state.unbind(key)
+        if taken > 0:
+            self.state.bind(key, name, PodDemand(gpus=taken))
 
     # --- pods --------------------------------------------------------------------------------
     def replace_pods(self, records: Mapping[str, PodRecord]) -> None:

@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.kube import pods
+from webhook.kube import allocations, pods
 from webhook.kube.quantity import QuantityError, bytes_, millicores, whole_count
 from webhook.kube.resources import is_gpu_resource
 from webhook.names import (
@@ -179,12 +179,17 @@ class PodUsage:
 def pod_requests(pod: Obj) -> dict[str, int]:
     """The pod's effective GPU requests by Kubernetes' rule (``kube.pods.effective_requests``).
 
-    A quantity the API server would have refused (it cannot be stored) counts as nothing.
+    A quantity the API server would have refused (it cannot be stored) counts as nothing. A
+    request the scheduler served with a DRA claim (extended-resource mapping) is left out: the
+    claim counts it (``kube.allocations.dra_backed_resources``); the pod holds no device-plugin
+    device (on its DRA-only node the empty allocatable would cap the count at 0 anyway).
     """
     try:
-        return pods.gpu_requests(pod)
+        found = pods.gpu_requests(pod)
     except QuantityError:
         return {}
+    backed = allocations.dra_backed_resources(pod) if found else frozenset()
+    return {k: v for k, v in found.items() if k not in backed} if backed else found
 
 
 def pod_usage(pod: Obj) -> PodUsage | None:

@@ -15,9 +15,9 @@ import click
 import jsonpatch
 import yaml
 
-from webhook.admission import chain, inventoryfile, validation
+from webhook.admission import chain, dra, inventoryfile
 from webhook.errors import PolicyLoadError
-from webhook.kube.documents import read_pod
+from webhook.kube.documents import read_admission_file
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import cases, loading
 
@@ -83,12 +83,18 @@ def _patched_text(text: str, patch: list[dict[str, Any]]) -> str:
 @click.option("-o", "--output", type=click.Choice(["yaml", "json", "patch", "diff"]), default="yaml",
               show_default=True, help="The mutated pod, the JSON patch, or a unified diff of the file.")
 def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, inventory_file: Path | None, output: str) -> None:
-    """Print POD_FILE as the webhook would admit it (exit 1 when it would be denied)."""
-    pod = read_pod(pod_file)
+    """Print POD_FILE as the webhook would admit it (exit 1 when it would be denied).
+
+    POD_FILE holds a Pod (optionally followed by the ResourceClaims and templates it references,
+    so their devices count toward the policy's max per pod), a ResourceClaim or a ResourceClaimTemplate.
+    """
+    document = read_admission_file(pod_file)
+    pod = document.subject
     policies = loading.load_dir(policy_dir)
     ns = _namespace(pod, namespace)
     inventory, now = _inventory(inventory_file)
-    outcome = chain.admit(pod, namespace=ns, policies=policies, inventory=inventory, now=now)
+    outcome = chain.admit(pod, namespace=ns, policies=policies, inventory=inventory, now=now,
+                          resolved=dra.resolve_documents(document.claims))
     result = outcome.mutation
     for warning in outcome.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -109,7 +115,8 @@ def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, inventory_fi
     else:
         click.echo(_yaml(mutated), nl=False)
     if result.policy is None:
-        click.echo(f"note: no policy in {policy_dir} applies to this pod in namespace '{ns}'", err=True)
+        what = "claim" if document.is_claim else "pod"
+        click.echo(f"note: no policy in {policy_dir} applies to this {what} in namespace '{ns}'", err=True)
 
 
 @click.command()
@@ -118,11 +125,13 @@ def mutate(pod_file: Path, policy_dir: Path, namespace: str | None, inventory_fi
 @namespace_option
 @inventory_option
 def validate(pod_file: Path, policy_dir: Path, namespace: str | None, inventory_file: Path | None) -> None:
-    """Say whether POD_FILE, as written, would be allowed (exit 1 when denied)."""
-    pod = read_pod(pod_file)
+    """Say whether POD_FILE (a Pod, then the claims it references; or a ResourceClaim or template),
+    as written, would be allowed (exit 1 when denied)."""
+    document = read_admission_file(pod_file)
+    pod = document.subject
     inventory, now = _inventory(inventory_file)
-    verdict = validation.validate(pod, namespace=_namespace(pod, namespace), policies=loading.load_dir(policy_dir),
-                                  inventory=inventory, now=now)
+    verdict = chain.validate(pod, namespace=_namespace(pod, namespace), policies=loading.load_dir(policy_dir),
+                             inventory=inventory, now=now, resolved=dra.resolve_documents(document.claims))
     for warning in verdict.warnings:
         click.echo(f"warning: {warning}", err=True)
     if not verdict.allowed:

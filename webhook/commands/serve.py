@@ -20,6 +20,7 @@ import jsonpatch
 from webhook.admission import client, reviews
 from webhook.certs import pki
 from webhook.errors import GpugateError, InputError, PolicyLoadError
+from webhook.kube import claims
 from webhook.kube.documents import read_one
 
 DEFAULT_BIND = "127.0.0.1:8443"
@@ -100,10 +101,13 @@ def _dns_names(cert_pem: bytes) -> set[str]:
               help="The balancer's GPUInventory file (the gpugate-inventory ConfigMap, mounted); optional.")
 @click.option("--allow-empty-policies", is_flag=True,
               help="Serve a policy folder with no GPUPolicy (refused by default: it would lift every deny rule).")
+@click.option("--resolve-claims", is_flag=True,
+              help="Read the ResourceClaims and templates a pod references from the API (service account or "
+                   "KUBECONFIG) so spec.gpu.max per pod counts their devices (docs/dra.md).")
 def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
           service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
           fail_closed: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
-          max_requests: int, inventory_file: Path | None, allow_empty_policies: bool) -> None:
+          max_requests: int, inventory_file: Path | None, allow_empty_policies: bool, resolve_claims: bool) -> None:
     """Serve the admission webhook over HTTPS (POST /mutate, /validate; GET /healthz, /readyz, /metrics)."""
     _host_port(bind, "--bind")
     metrics_address = _host_port(metrics_bind, "--metrics-bind") if metrics_bind else None
@@ -126,7 +130,8 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
 
         return routes.create_app(routes.ServerSettings(
             policy_dir=policy_dir, fail_closed=fail_closed, reload_interval=reload_interval,
-            allow_empty=allow_empty_policies, snapshot_dir=runtime_dir / "policies", inventory_file=inventory_file))
+            allow_empty=allow_empty_policies, snapshot_dir=runtime_dir / "policies", inventory_file=inventory_file,
+            resolve_claims=resolve_claims))
 
     click.echo(f"gpugate: serving https://{bind} (policies: {policy_dir}, workers: {workers}, "
                f"threads: {threads})", err=True)
@@ -193,8 +198,9 @@ def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, th
 
 def _read_document(path: Path) -> dict[str, Any]:
     document = read_one(path)
-    if document.get("kind") not in ("Pod", reviews.KIND):
-        raise InputError(f"{path} holds neither a Pod nor an AdmissionReview (kind {document.get('kind')!r})")
+    if document.get("kind") not in ("Pod", reviews.KIND) and not claims.is_claim_document(document):
+        raise InputError(f"{path} holds neither a Pod, a ResourceClaim, a ResourceClaimTemplate nor an "
+                         f"AdmissionReview (kind {document.get('kind')!r})")
     return document
 
 
@@ -210,7 +216,8 @@ def _read_document(path: Path) -> dict[str, Any]:
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def admit(file: Path, server: str, ca: Path | None, server_name: str | None, endpoint: str,
           namespace: str | None, dry_run: bool, output: str) -> None:
-    """Send FILE (a Pod, wrapped in an AdmissionReview, or a review) to the server; print the answer.
+    """Send FILE (a Pod, ResourceClaim or ResourceClaimTemplate, wrapped in an AdmissionReview, or a
+    review) to the server; print the answer.
 
     Exit 0 when every endpoint allowed it, 1 when one denied it or the server refused the review.
     """
@@ -218,7 +225,7 @@ def admit(file: Path, server: str, ca: Path | None, server_name: str | None, end
     if ca is None and (DEFAULT_STATE_DIR / pki.CA_CERT_FILE).is_file():
         ca = DEFAULT_STATE_DIR / pki.CA_CERT_FILE
     review: Mapping[str, Any]
-    if document["kind"] == "Pod":
+    if document["kind"] == "Pod" or claims.is_claim_document(document):
         review = reviews.wrap_pod(document, uid=str(uuid.uuid4()), namespace=namespace, dry_run=dry_run)
     else:
         review = document

@@ -1,15 +1,59 @@
-"""Read a Pod from a YAML or JSON file, refusing anything else with a message that points."""
+"""Read a Pod (or a DRA claim) from a YAML or JSON file, refusing anything else with a message that points."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from webhook.errors import InputError
-from webhook.kube import yamlload
+from webhook.kube import claims, yamlload
 from webhook.kube.pods import Pod
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionFile:
+    """What ``gpugate mutate|validate`` and a golden case judge: the object, and the claims and
+    templates written after a pod in the same file (what its ``spec.resourceClaims`` name)."""
+
+    subject: dict[str, Any]
+    claims: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def is_claim(self) -> bool:
+        return claims.is_claim_document(self.subject)
+
+
+def read_admission_file(path: Path) -> AdmissionFile:
+    """One Pod, one ResourceClaim or ResourceClaimTemplate, or a Pod followed by the claims and
+    templates it references; errors name the file and the document."""
+    documents = _read_all(path)
+    first = documents[0]
+    if claims.is_claim_document(first):
+        if len(documents) > 1:
+            raise InputError(f"{path}: a ResourceClaim or ResourceClaimTemplate file holds that one document, "
+                             f"found {len(documents)}")
+        _check_claim(path, first)
+        return AdmissionFile(first)
+    if first.get("kind") != "Pod" or first.get("apiVersion") != "v1":
+        raise InputError(f"{path}: expected apiVersion v1 and kind Pod, or a ResourceClaim or ResourceClaimTemplate "
+                         f"of resource.k8s.io, got {first.get('apiVersion')!r} {first.get('kind')!r}")
+    _check_pod(path, first)
+    for i, document in enumerate(documents[1:], start=2):
+        if not claims.is_claim_document(document):
+            raise InputError(f"{path}, document {i}: after the pod, only the ResourceClaims and "
+                             f"ResourceClaimTemplates it references; got {document.get('kind')!r}")
+        _check_claim(path, document)
+    return AdmissionFile(first, tuple(documents[1:]))
+
+
+def _check_claim(path: Path, document: dict[str, Any]) -> None:
+    try:
+        claims.parse(document)
+    except claims.ClaimError as err:
+        raise InputError(f"{path}: {document.get('kind')} '{claims.display_name(document)}': {err}") from err
 
 
 def read_pod(path: Path) -> Pod:
@@ -24,6 +68,14 @@ def read_pod(path: Path) -> Pod:
 
 def read_one(path: Path) -> dict[str, Any]:
     """The one YAML or JSON mapping in ``path``; errors name the file and what is wrong with it."""
+    documents = _read_all(path)
+    if len(documents) != 1:
+        raise InputError(f"{path}: expected exactly one document, found {len(documents)}")
+    return documents[0]
+
+
+def _read_all(path: Path) -> list[dict[str, Any]]:
+    """The YAML or JSON mappings in ``path`` (at least one); errors name the file and what is wrong."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -36,12 +88,12 @@ def read_one(path: Path) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise InputError(f"{path}{where}: invalid YAML: {getattr(err, 'problem', None) or err}") from err
-    if len(documents) != 1:
-        raise InputError(f"{path}: expected exactly one document, found {len(documents)}")
-    document = documents[0]
-    if not isinstance(document, dict):
-        raise InputError(f"{path}: expected a mapping, got {type(document).__name__}")
-    return document
+    if not documents:
+        raise InputError(f"{path}: expected exactly one document, found 0")
+    for document in documents:
+        if not isinstance(document, dict):
+            raise InputError(f"{path}: expected a mapping, got {type(document).__name__}")
+    return documents
 
 
 def _check_pod(path: Path, pod: dict[str, Any]) -> None:

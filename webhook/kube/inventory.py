@@ -40,12 +40,32 @@ class Offer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DraOffer:
+    """What the nodes' NVIDIA DRA driver offers of one DeviceClass for one GPU product, summed over nodes.
+
+    The same GPUs as a device-plugin ``Offer`` on a node that runs both stacks: two views, each
+    ``free`` net of what the other stack's pods or claims hold (``balancer.dracount``)."""
+
+    device_class: str
+    """``gpu.nvidia.com`` or ``mig.nvidia.com``."""
+    product: str = ""
+    """The devices' ``productName`` attribute."""
+    memory_mib: int | None = None
+    """The smallest ``memory`` capacity of one device (MiB); None when some device announces none."""
+    devices: int = 0
+    free: int = 0
+    """Devices no claim holds and that are allocatable now (a MIG partition of a GPU in use is not)."""
+    nodes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Inventory:
     default_priority_class: str | None = None
     """The PriorityClass marked ``globalDefault``: the API server's Priority plugin writes its name
     into every pod that names none, before any webhook runs, so a pod carrying it did not choose it."""
     generated_at: datetime | None = None
     offers: tuple[Offer, ...] = ()
+    dra_offers: tuple[DraOffer, ...] = ()
     type_pressure: tuple[tuple[str, float], ...] = ()
     """(GPU product, pressure) sorted by product: how much the pods pinned to GPU products need each,
     relative to its GPUs (``webhook.placement.scoring.pressures``; 1.0: pinned pods alone would take
@@ -85,7 +105,7 @@ def parse(data: bytes | str) -> Inventory:
     except ValueError as err:
         raise InventoryError(f"generatedAt: {err}") from err
     return Inventory(default_priority_class=default or None, generated_at=when, offers=_offers(document),
-                     type_pressure=_pressure(document))
+                     type_pressure=_pressure(document), dra_offers=_dra_offers(document))
 
 
 def _pressure(document: dict[str, Any]) -> tuple[tuple[str, float], ...]:
@@ -100,21 +120,36 @@ def _pressure(document: dict[str, Any]) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out))
 
 
-def _offers(document: dict[str, Any]) -> tuple[Offer, ...]:
-    raw = document.get("offers") or []
+def _entries(document: dict[str, Any], field: str, name_key: str,
+             number_keys: tuple[str, ...]) -> list[tuple[dict[str, Any], dict[str, int | None]]]:
+    """The objects of list ``field``, each with a string ``name_key`` and whole numbers >= 0 (or null)."""
+    raw = document.get(field) or []
     if not isinstance(raw, list):
-        raise InventoryError("offers: expected a list")
+        raise InventoryError(f"{field}: expected a list")
     out = []
     for i, item in enumerate(raw):
-        if not isinstance(item, dict) or not isinstance(item.get("resource"), str):
-            raise InventoryError(f"offers[{i}]: expected an object with a resource")
-        numbers = {}
-        for key in ("allocatable", "free", "nodes", "memoryMiB"):
+        if not isinstance(item, dict) or not isinstance(item.get(name_key), str):
+            raise InventoryError(f"{field}[{i}]: expected an object with a {name_key}")
+        numbers: dict[str, int | None] = {}
+        for key in number_keys:
             value = item.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise InventoryError(f"offers[{i}].{key}: expected a whole number >= 0")
+                raise InventoryError(f"{field}[{i}].{key}: expected a whole number >= 0")
             numbers[key] = value
-        out.append(Offer(resource=item["resource"], product=str(item.get("product") or ""),
-                         memory_mib=numbers["memoryMiB"], allocatable=numbers["allocatable"] or 0,
-                         free=numbers["free"] or 0, nodes=numbers["nodes"] or 0))
-    return tuple(out)
+        out.append((item, numbers))
+    return out
+
+
+def _offers(document: dict[str, Any]) -> tuple[Offer, ...]:
+    return tuple(Offer(resource=item["resource"], product=str(item.get("product") or ""),
+                       memory_mib=n["memoryMiB"], allocatable=n["allocatable"] or 0, free=n["free"] or 0,
+                       nodes=n["nodes"] or 0)
+                 for item, n in _entries(document, "offers", "resource", ("allocatable", "free", "nodes", "memoryMiB")))
+
+
+def _dra_offers(document: dict[str, Any]) -> tuple[DraOffer, ...]:
+    return tuple(DraOffer(device_class=item["deviceClass"], product=str(item.get("product") or ""),
+                          memory_mib=n["memoryMiB"], devices=n["devices"] or 0, free=n["free"] or 0,
+                          nodes=n["nodes"] or 0)
+                 for item, n in _entries(document, "draOffers", "deviceClass",
+                                         ("devices", "free", "nodes", "memoryMiB")))

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 
 from webhook import names
 
-_MIG = re.compile(r"^nvidia\.com/mig-([1-9][0-9]*)g\.([1-9][0-9]*)gb(?:\.[a-z0-9+.-]+)?$")
+_MIG_TAIL = r"mig-([1-9][0-9]*)g\.([1-9][0-9]*)gb(?:\.[a-z0-9+.-]+)?"
+_MIG = re.compile(rf"^nvidia\.com/{_MIG_TAIL}$")
+GPU_RESOURCE_PATTERN = rf"^nvidia\.com/(?:gpu|gpu\.shared|{_MIG_TAIL})$"
+"""Every GPU resource name, as one regular expression: ``webhook/policy/schema.json``'s ``resource``
+pattern is this string (a test holds them equal), so a policy can name exactly what is a GPU here."""
 
 
 def is_gpu_resource(name: str) -> bool:

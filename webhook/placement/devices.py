@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-MILLI = 1000
+from webhook.kube import units
+
+MILLI = units.MILLI
 """A GPU in thousandths, as the trace's ``gpu_milli`` counts it."""
 
 DevicePolicy = Literal["distributed", "packed"]

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from webhook import names
-from webhook.kube import pods
+from webhook.kube import affinity as node_affinity
+from webhook.kube import pods, units
 from webhook.kube.quantity import bytes_, millicores
 from webhook.kube.resources import is_gpu_resource, is_mig_resource
 from webhook.placement import devices
@@ -24,9 +25,8 @@ from webhook.placement.devices import MILLI, DevicePolicy
 Counts = tuple[tuple[str, int], ...]
 """(resource, count) pairs sorted by resource: MIG slices."""
 
-DEFAULT_SLOT_MILLI = MILLI // 4
-"""A time-sliced slot's share of its GPU when nothing says otherwise: 4 replicas per GPU, the
-``time-slicing-4`` config of manifests/gpu-operator."""
+DEFAULT_SLOT_MILLI = units.slot_milli(units.DEFAULT_SLOT_REPLICAS)
+"""A time-sliced slot's share of its GPU when nothing says otherwise (``units.DEFAULT_SLOT_REPLICAS``)."""
 
 
 def request_amount(resource: str, value: Any) -> int:
@@ -71,23 +71,18 @@ def _products(pod: pods.Pod) -> frozenset[str]:
     ``In`` (the union of their values). Other operators leave it unlimited: the set only weighs
     which nodes a pod shape can use in the fragment measure; the scheduler's filter decides fit.
     """
-    spec = pods.spec(pod)
-    selector = spec.get("nodeSelector")
-    if isinstance(selector, dict) and isinstance(selector.get(names.NVIDIA_PRODUCT_LABEL), str):
-        return frozenset({selector[names.NVIDIA_PRODUCT_LABEL]})
-    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
-    if not isinstance(terms, list) or not terms:
+    selection = node_affinity.parse(pods.spec(pod))
+    selected = dict(selection.node_selector).get(names.NVIDIA_PRODUCT_LABEL)
+    if selected is not None:
+        return frozenset({selected})
+    if not selection.required:
         return frozenset()
     allowed: set[str] = set()
-    for term in terms:
-        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
-        values = [e.get("values") for e in expressions or () if isinstance(e, dict)
-                  and e.get("key") == names.NVIDIA_PRODUCT_LABEL and e.get("operator") == "In"]
-        if not values or not isinstance(values[0], list):
+    for term in selection.required:
+        values = [r.values for r in term.expressions if r.key == names.NVIDIA_PRODUCT_LABEL and r.operator == "In"]
+        if not values:
             return frozenset()
-        allowed.update(str(v) for v in values[0])
+        allowed.update(values[0])
     return frozenset(allowed)
 
 

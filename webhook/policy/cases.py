@@ -3,7 +3,8 @@
 A case is a folder under ``<policies>/tests/``::
 
     case.yaml      namespace: ml-train
-                   pod: pod.yaml                    # default
+                   pod: pod.yaml                    # default; a Pod (then the claims it references), or
+                                                    # a ResourceClaim or ResourceClaimTemplate
                    inventory: inventory.json        # optional: the balancer's GPUInventory, taken as fresh
                    expect: {mutated: expected.yaml} | {denied: "part of the message"} | {unchanged: true}
 
@@ -28,9 +29,9 @@ import jsonpatch
 import yaml
 
 from webhook import names
-from webhook.admission import chain, inventoryfile, mutation
+from webhook.admission import chain, dra, inventoryfile
 from webhook.errors import InputError
-from webhook.kube.documents import read_one, read_pod
+from webhook.kube.documents import read_admission_file, read_one
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, loading
 
@@ -78,15 +79,17 @@ def run_case(case_dir: Path, policies: PolicySet, *, root: Path | None = None, i
 
 def _check(case_dir: Path, policies: PolicySet, inventory: Inventory, now: datetime | None) -> str:
     spec = _read_case(case_dir)
-    pod = read_pod(case_dir / spec.get("pod", "pod.yaml"))
+    document = read_admission_file(case_dir / spec.get("pod", "pod.yaml"))
+    pod = document.subject
     namespace = spec["namespace"]
     if spec.get("inventory"):
         # A committed file's generatedAt ages; the case means "as just published".
         inventory, now = inventoryfile.read(case_dir / str(spec["inventory"])), None
-    outcome = chain.admit(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
+    outcome = chain.admit(pod, namespace=namespace, policies=policies, inventory=inventory, now=now,
+                          resolved=dra.resolve_documents(document.claims))
     result = outcome.mutation
     mutated = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else pod
-    again = mutation.mutate(mutated, namespace=namespace, policies=policies, inventory=inventory, now=now)
+    again = chain.mutate(mutated, namespace=namespace, policies=policies, inventory=inventory, now=now)
     if again.patch:
         return f"not idempotent: mutating the result again patches {list(again.patch)}"
     expect = spec["expect"]
@@ -99,7 +102,7 @@ def _check(case_dir: Path, policies: PolicySet, inventory: Inventory, now: datet
         return ""
     if not outcome.allowed:
         return f"unexpected denial: {message}"
-    expected = pod if expect.get("unchanged") else read_pod(case_dir / expect["mutated"])
+    expected = pod if expect.get("unchanged") else read_admission_file(case_dir / expect["mutated"]).subject
     actual = mask_revision(mutated)
     if actual != mask_revision(expected):
         diff = difflib.unified_diff(_dump(mask_revision(expected)), _dump(actual), "expected", "actual")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from webhook.kube.inventory import MAX_AGE_SECONDS
+from webhook.kube.tolerations import Toleration as Toleration  # a policy's tolerations: the one toleration type
 
 Mode = Literal["enforce", "audit", "off"]
 Strategy = Literal["pack", "spread", "none"]
@@ -69,25 +70,15 @@ class GPUSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class Toleration:
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Exists"
-    value: str | None = None
-    effect: str | None = None
-    toleration_seconds: int | None = None
+class ClaimRules:
+    """``spec.claims``: what a policy admits of DRA claims beyond ``spec.gpu``'s limits."""
 
-    def as_k8s(self) -> dict[str, object]:
-        out: dict[str, object] = {}
-        if self.key is not None:
-            out["key"] = self.key
-        out["operator"] = self.operator
-        if self.value is not None:
-            out["value"] = self.value
-        if self.effect is not None:
-            out["effect"] = self.effect
-        if self.toleration_seconds is not None:
-            out["tolerationSeconds"] = self.toleration_seconds
-        return out
+    device_classes: tuple[str, ...] | None = None
+    """DeviceClasses allowed; None: those that ``spec.gpu``'s resources map to."""
+    max_per_claim: int | None = None
+    """Devices one claim may ask; None: ``spec.gpu.max``."""
+    allow_allocation_mode_all: bool = False
+    allow_admin_access: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +144,7 @@ class GPUPolicy:
     placement: Placement = field(default_factory=Placement)
     deny: tuple[DenyRule, ...] = ()
     rightsizing: RightSizing | None = None
+    claims: ClaimRules = field(default_factory=ClaimRules)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,11 @@ import yaml
 
 from webhook import names
 from webhook.errors import PolicyLoadError
-from webhook.kube import inventory, yamlload
+from webhook.kube import inventory, units, yamlload
 from webhook.kube.quantity import QuantityError, bytes_
 from webhook.policy import overlap
 from webhook.policy.model import (
+    ClaimRules,
     DenyRule,
     GPUPolicy,
     GPUSpec,
@@ -233,8 +234,8 @@ def _semantic_problems(policy: GPUPolicy) -> list[str]:
                 problems.append(f"spec.rightsizing.ladder[{i}]: {key} is on the ladder twice")
             seen.add(key)
             if rung.mig and rung.compute > 1:
-                problems.append(f"spec.rightsizing.ladder[{i}]: MIG profile {rung.mig} has more than 7 compute "
-                                f"slices; give compute explicitly")
+                problems.append(f"spec.rightsizing.ladder[{i}]: MIG profile {rung.mig} has more than "
+                                f"{units.COMPUTE_SLICES_PER_GPU} compute slices; give compute explicitly")
     return problems
 
 
@@ -301,7 +302,16 @@ def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
             for d in spec.get("deny") or ()
         ),
         rightsizing=_rightsizing(spec.get("rightsizing")),
+        claims=_claims(spec.get("claims")),
     )
+
+
+def _claims(raw: dict[str, Any] | None) -> ClaimRules:
+    raw = raw or {}
+    classes = raw.get("deviceClasses")
+    return ClaimRules(device_classes=tuple(classes) if classes else None, max_per_claim=_int(raw.get("maxPerClaim")),
+                      allow_allocation_mode_all=bool(raw.get("allowAllocationModeAll", False)),
+                      allow_admin_access=bool(raw.get("allowAdminAccess", False)))
 
 
 def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
@@ -311,10 +321,11 @@ def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
     rungs = []
     for item in raw["ladder"]:
         if "mig" in item:
-            compute_slices, memory_gb = (int(part.rstrip("gb")) for part in item["mig"].split("g.", 1))
-            memory = bytes_(item["memory"]) if "memory" in item else memory_gb * 10**9
+            unit = units.unit_of(f"{names.MIG_RESOURCE_PREFIX}{item['mig']}")
+            assert unit is not None and unit.mig is not None  # the schema's pattern vouched for the name
+            memory = bytes_(item["memory"]) if "memory" in item else units.mig_memory_bytes(unit.mig)
             rungs.append(Rung(name=item["mig"], mig=item["mig"], memory_bytes=memory,
-                              compute=float(item.get("compute", min(compute_slices / 7, 1.0)))))
+                              compute=float(item.get("compute", unit.compute))))
         else:
             rungs.append(Rung(name=item["resource"], resource=item["resource"], memory_bytes=bytes_(item["memory"]),
                               compute=float(item.get("compute", 1.0))))

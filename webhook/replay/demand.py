@@ -14,19 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from webhook import names
-from webhook.kube import pods
+from webhook.kube import affinity as node_affinity
+from webhook.kube import pods, tolerations, units
 from webhook.kube.quantity import QuantityError, whole_count
 from webhook.kube.resources import is_gpu_resource, is_mig_resource
 from webhook.placement.inputs import request_amount
 from webhook.replay.cluster import Demand
-from webhook.replay.model import PodView, PreferredTerm, Requirement, SelectorTerm, Toleration
+from webhook.replay.model import PodView
 from webhook.replay.records import MILLI
 from webhook.replay.workload import GPU_MILLI_ANNOTATION
 
 MIB = 2**20
 DEFAULT_CPU_MILLI = 100              # pkg/scheduler/util/pod_resources.go
 DEFAULT_MEMORY_BYTES = 200 * 10**6
-DEFAULT_SLOT_MILLI = MILLI // 4
+DEFAULT_SLOT_MILLI = units.slot_milli(units.DEFAULT_SLOT_REPLICAS)
 
 
 def _scheduled(resource: str) -> bool:
@@ -44,18 +45,6 @@ def _pod_amounts(pod: dict[str, Any]) -> tuple[dict[str, int], int, int]:
     return amounts, scored.get("cpu", 0), scored.get("memory", 0)
 
 
-def _requirements(raw: Any) -> tuple[Requirement, ...]:
-    out = []
-    for item in raw or ():
-        if isinstance(item, dict):
-            out.append(Requirement(str(item.get("key", "")), str(item.get("operator", "")),
-                                   tuple(str(v) for v in item.get("values") or ())))
-    return tuple(out)
-
-
-def _term(raw: Any) -> SelectorTerm:
-    raw = raw if isinstance(raw, dict) else {}
-    return SelectorTerm(_requirements(raw.get("matchExpressions")), _requirements(raw.get("matchFields")))
 
 
 def view(pod: dict[str, Any], *, shared_slots: bool = False) -> PodView:
@@ -85,19 +74,8 @@ def view(pod: dict[str, Any], *, shared_slots: bool = False) -> PodView:
     demand = Demand(cpu=amounts.get("cpu", 0), memory=-(-amounts.get("memory", 0) // MIB), num_gpu=num_gpu,
                     gpu_milli=milli, cpu_score=cpu_nz, memory_score=-(-mem_nz // MIB),
                     extended=tuple(sorted(extended.items())))
-    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-    required_raw = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    required = None
-    if isinstance(required_raw, dict):
-        required = tuple(_term(t) for t in required_raw.get("nodeSelectorTerms") or ())
-    preferred = tuple(PreferredTerm(int(p.get("weight", 0)), _term(p.get("preference")))
-                      for p in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ()
-                      if isinstance(p, dict))
-    tolerations = tuple(Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"),
-                                   str(t.get("value") or ""), str(t.get("effect") or ""))
-                        for t in spec.get("tolerations") or () if isinstance(t, dict))
-    selector = spec.get("nodeSelector") or {}
+    selection = node_affinity.parse(spec)
     return PodView(demand=demand, resources=frozenset(r for r, v in amounts.items() if v > 0),
-                   node_selector=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
-                   required=required, preferred=preferred, tolerations=tolerations,
+                   node_selector=selection.node_selector, required=selection.required,
+                   preferred=selection.preferred, tolerations=tolerations.of_pod_spec(spec),
                    scheduler_name=str(spec.get("schedulerName") or "default-scheduler"), unsupported=unsupported)

@@ -40,7 +40,7 @@ import numpy as np
 
 from webhook import names
 from webhook.balancer.state import NodeInfo
-from webhook.kube.resources import mig_profile
+from webhook.kube import units
 from webhook.replay import workload
 from webhook.replay.records import MILLI, NodeRecord, PodRecord
 
@@ -52,9 +52,8 @@ MEMORY_MB = 80_000
 """What a fraction of the GPU is worth in the pod's memory ask: 80 GB, counted as MIG names count."""
 MIG_1G_MEMORY_MIB = 9984
 """``nvidia.com/mig-1g.10gb.memory`` on that node (gpu-operator.md 4.1); other profiles: not given."""
-COMPUTE_SLICES = 7
 FRACTIONAL_PROFILE = "inference"
-DEFAULT_REPLICAS = 4
+DEFAULT_REPLICAS = units.DEFAULT_SLOT_REPLICAS
 DEFAULT_MIX = "all-balanced=0.15"
 
 # mig-parted config-default.yaml, the H100-80GB / A100-80GB device filter: slices per GPU.
@@ -158,16 +157,13 @@ def extended_allocatable(nodes: tuple[SizedNode, ...]) -> dict[str, list[int]]:
     return {resource: [dict(node.allocatable).get(resource, 0) for node in nodes] for resource in resources}
 
 
-def physical_milli(resource: str, count: int, replicas: int = DEFAULT_REPLICAS) -> int:
-    """Thousandths of physical GPUs that ``count`` units of ``resource`` take."""
-    if resource == names.GPU_RESOURCE:
-        return count * MILLI
-    if resource == names.SHARED_GPU_RESOURCE:
-        return count * MILLI // replicas
-    profile = mig_profile(resource)
-    if profile is None:
-        return 0
-    return count * round(profile.compute * MILLI / COMPUTE_SLICES)
+def physical_milli(resource: str, count: int, replicas: int = DEFAULT_REPLICAS, *, mig_replicas: int = 1,
+                   gpu_time_sliced: bool = False) -> int:
+    """Thousandths of physical GPUs that ``count`` units of ``resource`` take (``units.share_milli``:
+    the balancer's share, each unit rounded to a thousandth; a time-sliced MIG slice divided by its replicas).
+    The twin never time-slices ``nvidia.com/gpu`` itself (its slots are renamed ``.shared``)."""
+    return units.share_milli(resource, count, replicas=replicas, mig_replicas=mig_replicas,
+                             gpu_time_sliced=gpu_time_sliced)
 
 
 def memory_ask(gpu_milli: int) -> str:

@@ -24,6 +24,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from webhook import names
+
+# A pod's node selection and tolerations are read by kube.affinity and kube.tolerations (one home
+# for every part that reads them); the model evaluates those values.
+from webhook.kube.affinity import PreferredTerm as PreferredTerm
+from webhook.kube.affinity import Requirement as Requirement
+from webhook.kube.affinity import SelectorTerm as SelectorTerm
+from webhook.kube.tolerations import Toleration as Toleration
 from webhook.placement import devices as device_plugin
 from webhook.placement.scoring import MAX_EXTENDER_PRIORITY
 from webhook.replay.cluster import ClusterState, Demand
@@ -37,44 +44,6 @@ OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
 # --- what the scheduler reads from a Pod ------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class SelectorTerm:
-    """A nodeSelectorTerm: all expressions (labels) and fields (metadata.name) must hold."""
-
-    expressions: tuple[Requirement, ...] = ()
-    fields: tuple[Requirement, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class PreferredTerm:
-    weight: int
-    term: SelectorTerm
-
-
-@dataclass(frozen=True, slots=True)
-class Toleration:
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-    def tolerates(self, taint: Taint) -> bool:
-        if self.effect and self.effect != taint.effect:
-            return False
-        if not self.key:
-            return self.operator == "Exists"
-        if self.key != taint.key:
-            return False
-        return self.operator == "Exists" or self.value == taint.value
-
 
 @dataclass(frozen=True, slots=True)
 class Taint:

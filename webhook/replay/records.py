@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MILLI = 1000
+from webhook.kube import units
+
+MILLI = units.MILLI
 """A GPU is counted in thousandths, as the trace's ``gpu_milli`` column does."""
 
 

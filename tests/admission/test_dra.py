@@ -1,0 +1,226 @@
+"""Policies govern DRA claims (issue 24): a claim or template asking an NVIDIA DeviceClass is judged
+as an extended-resource ask is, and mutation keeps the pod rules (patch applies, strict schema,
+idempotent, the author's fields kept) for claims too."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.kubeversion import KUBERNETES_VERSION
+from tests.policy.kit import container, load, pod, policy
+from webhook import names
+from webhook.admission import dra, validation
+from webhook.kube import claims
+from webhook.policy import PolicySet
+
+
+def template(*requests: dict[str, Any], name: str = "gpus", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": claims.API_VERSION, "kind": claims.TEMPLATE_KIND, "metadata": meta,
+            "spec": {"spec": {"devices": {"requests": list(requests)}}}}
+
+
+def resource_claim(*requests: dict[str, Any], name: str = "gpus") -> dict[str, Any]:
+    return {"apiVersion": claims.API_VERSION, "kind": claims.CLAIM_KIND, "metadata": {"name": name},
+            "spec": {"devices": {"requests": list(requests)}}}
+
+
+def exactly(name: str = "gpu", cls: str = "gpu.nvidia.com", **fields: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": cls, **fields}}
+
+
+POLICIES = load(
+    policy("web", """
+        match: {namespaces: ["web-*"]}
+        deny: [{message: "GPUs are not available in web namespaces"}]
+    """, priority=1000),
+    policy("training", """
+        match: {namespaces: ["ml-*"]}
+        gpu: {max: 8, products: [NVIDIA-H100-80GB-HBM3], minMemoryMiB: 40000}
+    """, priority=100),
+    policy("admin", """
+        match: {namespaces: ["ops"]}
+        gpu: {max: 2}
+        claims: {allowAllocationModeAll: true, allowAdminAccess: true, deviceClasses: [gpu.nvidia.com]}
+    """, priority=100),
+)
+
+
+def verdict(document: dict[str, Any], namespace: str, policies: PolicySet = POLICIES) -> validation.Verdict:
+    mutated = dra.mutate_claim(document, namespace=namespace, policies=policies).desired
+    return dra.validate_claim(mutated, namespace=namespace, policies=policies)
+
+
+def test_a_template_in_a_web_namespace_is_refused_with_the_policys_message() -> None:
+    result = verdict(template(exactly(count=8), name="eight"), "web-shop")
+    assert not result.allowed
+    assert result.message.startswith("ResourceClaimTemplate 'eight' in namespace 'web-shop': request 'gpu' asks 8 "
+                                     "gpu.nvidia.com; GPUs are not available in web namespaces (policy web@")
+
+
+def test_a_claim_for_other_devices_is_not_a_gpu_ask() -> None:
+    assert verdict(template(exactly(cls="fpga.example.com", count=8)), "web-shop").allowed
+
+
+@pytest.mark.parametrize(("request_", "fragment"), [
+    (exactly(count=9), "request 'gpu' asks 9 gpu.nvidia.com devices; policy training@"),
+    (exactly(allocationMode="All"), "asks allocationMode: All"),
+    (exactly(adminAccess=True), "asks adminAccess"),
+    (exactly(cls="mig.nvidia.com"), "asks DeviceClass mig.nvidia.com, which policy training@"),
+])
+def test_the_policys_claim_rules(request_: dict[str, Any], fragment: str) -> None:
+    result = verdict(resource_claim(request_), "ml-team")
+    assert not result.allowed and fragment in result.message, result.message
+    assert "ResourceClaim 'gpus' in namespace 'ml-team'" in result.message
+
+
+def test_the_requests_of_one_claim_add_up_and_the_largest_alternative_counts() -> None:
+    claim = resource_claim(exactly("a", count=4), {"name": "b", "firstAvailable": [
+        {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 5},
+        {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": 1}]})
+    result = verdict(claim, "ml-team")
+    assert not result.allowed and "asks up to 9 GPU devices across its requests" in result.message
+
+
+def test_a_policy_may_allow_all_and_admin_access() -> None:
+    assert verdict(resource_claim(exactly(allocationMode="All", adminAccess=True)), "ops").allowed
+
+
+def test_mutation_adds_the_policys_selectors_to_every_gpu_ask_and_keeps_the_authors() -> None:
+    own = {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].type == "gpu"'}}
+    claim = resource_claim({"name": "g", "firstAvailable": [
+        {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 2, "selectors": [own]},
+        {"name": "nic", "deviceClassName": "nic.example.com"}]})
+    result = dra.mutate_claim(claim, namespace="ml-team", policies=POLICIES)
+    first, nic = result.desired["spec"]["devices"]["requests"][0]["firstAvailable"]
+    expressions = [s["cel"]["expression"] for s in first["selectors"]]
+    assert expressions == [own["cel"]["expression"], claims.product_selector(("NVIDIA-H100-80GB-HBM3",)),
+                           claims.memory_selector(40000)]
+    assert "selectors" not in nic  # another driver's device is not a GPU
+    assert result.desired["metadata"]["annotations"][names.POLICY_ANNOTATION] == f"training@{POLICIES.revision}"
+    assert dra.validate_claim(result.desired, namespace="ml-team", policies=POLICIES).allowed
+
+
+def test_the_skip_label_opts_a_claim_out_of_shaping_never_out_of_the_rules() -> None:
+    claim = resource_claim(exactly())
+    claim["metadata"]["labels"] = {names.SKIP_LABEL: "true"}
+    assert dra.mutate_claim(claim, namespace="ml-team", policies=POLICIES).patch == ()
+    result = dra.validate_claim(claim, namespace="ml-team", policies=POLICIES)
+    assert not result.allowed and "lacks the selector" in result.message
+
+
+def test_a_sub_request_without_the_selector_escapes_the_requirement_and_is_denied() -> None:
+    shaped = dra.mutate_claim(resource_claim(exactly()), namespace="ml-team", policies=POLICIES).desired
+    escaped = copy.deepcopy(shaped)
+    request = escaped["spec"]["devices"]["requests"][0]
+    escaped["spec"]["devices"]["requests"][0] = {"name": "gpu", "firstAvailable": [
+        {"name": "h100", **request["exactly"]}, {"name": "any", "deviceClassName": "gpu.nvidia.com"}]}
+    result = dra.validate_claim(escaped, namespace="ml-team", policies=POLICIES)
+    assert not result.allowed
+    assert "request 'gpu/any' may get devices outside the policy's requirement (products NVIDIA-H100-80GB-HBM3; " \
+           "at least 40000 MiB of GPU memory)" in result.message
+
+
+def test_a_pod_over_max_through_the_claims_it_references_is_refused() -> None:
+    four = claims.parse(template(exactly(count=4), name="four"))
+    p = pod(container("trainer"))
+    p["spec"]["resourceClaims"] = [{"name": "a", "resourceClaimTemplateName": "four"},
+                                   {"name": "b", "resourceClaimTemplateName": "four"},
+                                   {"name": "c", "resourceClaimName": "unknown"}]
+    p["spec"]["containers"][0]["resources"] = {"claims": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}
+    p["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    resolved = {("ResourceClaimTemplate", "four"): four}
+    result = dra.validate_pod_claims(p, namespace="ml-team", policies=POLICIES, resolved=resolved)
+    assert not result.allowed
+    assert result.message == (
+        f"pod 'pod-1' in namespace 'ml-team' holds up to 9 GPU devices (claim 'a' (ResourceClaimTemplate four) asks "
+        f"up to 4; claim 'b' (ResourceClaimTemplate four) asks up to 4 and 1 nvidia.com/gpu of its containers); "
+        f"policy training@{POLICIES.revision} allows 8 per pod. Reference fewer or smaller claims, or split the job "
+        f"into several pods")
+    assert dra.validate_pod_claims(p, namespace="ml-team", policies=POLICIES, resolved={}).allowed
+
+
+def test_a_pod_using_a_gpu_claim_in_a_web_namespace_meets_the_deny_rule() -> None:
+    p = pod(container("web"))
+    p["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimName": "one"}]
+    result = dra.validate_pod_claims(p, namespace="web-a", policies=POLICIES,
+                                     resolved={("ResourceClaim", "one"): claims.parse(resource_claim(exactly(),
+                                                                                                     name="one"))})
+    assert not result.allowed and "GPUs are not available in web namespaces" in result.message
+
+
+# --- properties: the pod rules hold for claims ---------------------------------------------------
+
+CLASSES = ["gpu.nvidia.com", "mig.nvidia.com", "nic.example.com"]
+USER_SELECTOR = {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].type == "gpu"'}}
+label_values = st.sampled_from(["training", "a"])
+
+
+@st.composite
+def ask_bodies(draw: st.DrawFn, sub: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"deviceClassName": draw(st.sampled_from(CLASSES))}
+    if draw(st.booleans()):
+        out["count"] = draw(st.integers(1, 4))
+    if draw(st.booleans()):
+        out["selectors"] = [USER_SELECTOR]
+    if draw(st.booleans()):
+        out["capacity"] = {"requests": {"memory": "10Gi"}}
+    if not sub and draw(st.booleans()):
+        out["adminAccess"] = False
+    return out
+
+
+@st.composite
+def claim_documents(draw: st.DrawFn) -> dict[str, Any]:
+    requests = []
+    for i in range(draw(st.integers(1, 3))):
+        if draw(st.booleans()):
+            requests.append({"name": f"r{i}", "exactly": draw(ask_bodies(sub=False))})
+        else:
+            subs = [{"name": f"s{j}", **draw(ask_bodies(sub=True))} for j in range(draw(st.integers(1, 3)))]
+            requests.append({"name": f"r{i}", "firstAvailable": subs})
+    kind = draw(st.sampled_from([claims.CLAIM_KIND, claims.TEMPLATE_KIND]))
+    meta: dict[str, Any] = {"name": "c", "annotations": {"team": "x"}}
+    if draw(st.booleans()):
+        meta["labels"] = {names.PROFILE_LABEL: draw(label_values)}
+    spec: dict[str, Any] = {"devices": {"requests": requests}}
+    return {"apiVersion": claims.API_VERSION, "kind": kind, "metadata": meta,
+            "spec": {"spec": spec} if kind == claims.TEMPLATE_KIND else spec}
+
+
+policy_sets = st.sampled_from([POLICIES, load(policy("fam", """
+    match: {namespaces: ["*"], podSelector: {matchLabels: {gpugate.io/profile: training}}}
+    gpu: {families: [hopper], allowedResources: [nvidia.com/mig-1g.10gb]}
+"""), policy("audit", "gpu: {products: [Tesla-T4]}", mode="audit", priority=-1))])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(claim_documents(), st.sampled_from(["ml-team", "web-a", "ops", "other"]), policy_sets)
+def test_claim_mutation_applies_stays_valid_is_idempotent_and_keeps_the_authors_fields(
+        document: dict[str, Any], namespace: str, policies: PolicySet) -> None:
+    kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    original = copy.deepcopy(document)
+    result = dra.mutate_claim(document, namespace=namespace, policies=policies)
+    assert document == original  # the input is never changed
+    patched = jsonpatch.apply_patch(document, list(result.patch))
+    assert patched == (result.desired if result.patch else document)
+    kubernetes_validate.validate(patched, KUBERNETES_VERSION, strict=True)
+    again = dra.mutate_claim(patched, namespace=namespace, policies=policies)
+    assert again.patch == ()
+    before, after = claims.parse(document), claims.parse(patched)
+    for old, new in zip(before.asks(), after.asks(), strict=True):
+        assert (old.device_class, old.count, old.capacity, old.admin_access) == \
+               (new.device_class, new.count, new.capacity, new.admin_access)
+        assert new.selectors[:len(old.selectors)] == old.selectors  # the author's selectors first, kept
+    # What mutation shaped, validation accepts as far as selectors go.
+    verdict_ = dra.validate_claim(patched, namespace=namespace, policies=policies)
+    assert not any("outside the policy's requirement" in r for r in verdict_.reasons)

@@ -1,0 +1,313 @@
+"""Policies govern DRA claims, judged by the real kube-apiserver v1.36 (issue 24).
+
+One ``gpugate serve --resolve-claims`` (KUBECONFIG: the admin kubeconfig, so the validating
+endpoint can read the templates a pod references) serves the module, registered exactly as
+``kubectl kustomize manifests/webhook`` renders it with only ``clientConfig`` pointed at it.
+Policies: the repository's ``policies/`` plus ``e2e-dra-pinned``, which pins products, families
+and memory, so the CEL selectors gpugate writes go through the API server's own CEL compiler.
+
+What is proven, each claim failing if the behaviour broke:
+
+1. the API server serves ``resource.k8s.io/v1`` without any flag (1.36: GA, on by default);
+2. a ResourceClaimTemplate asking GPUs in a web namespace is refused with the policy's message;
+3. a pod in an ML namespace over ``max`` through the claim templates it references is refused;
+4. ``allocationMode: All`` is refused;
+5. an allowed template is stored with the policy's CEL selectors (the API server compiles them:
+   ``replace``, ``lowerAscii``, ``quantity`` and ``compareTo`` are in its DRA CEL environment), and
+   a spec UPDATE never reaches the webhook (the API server refuses it as immutable first), while a
+   metadata UPDATE of a claim the policy would refuse today goes through;
+6. those selectors mean what the policy means when kube-scheduler v1.36 allocates: a template that
+   names no product, in a namespace whose policy pins ``NVIDIA-A100-SXM4-80GB`` (GFD's spelling),
+   is allocated on the node whose ResourceSlice says ``productName: NVIDIA A100-SXM4-80GB``, not on
+   the H100 node beside it (slices as tests/e2e/dra_slices.py publishes them for the driver).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.e2e import dra_slices
+from tests.e2e.cluster import Cluster, Nodes
+from tests.e2e.waiting import wait_until
+from tests.e2e.webhook_fixture import (
+    ROOT,
+    GpugateServer,
+    Namespaces,
+    Registration,
+    RenderedWebhooks,
+    ServingCerts,
+    api_message,
+    deployed_policies,
+    kustomize,
+)
+from webhook.kube import claims
+
+WEBHOOK_BASE = ROOT / "manifests" / "webhook"
+PINNED_POLICY = """\
+apiVersion: gpugate.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: e2e-dra-pinned}
+spec:
+  priority: 500
+  match: {namespaces: ["pinned-*"]}
+  gpu:
+    max: 4
+    products: [NVIDIA-H100-80GB-HBM3, NVIDIA-A100-SXM4-80GB]
+    families: [hopper, ampere]
+    minMemoryMiB: 40000
+"""
+A100_POLICY = """\
+apiVersion: gpugate.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: e2e-dra-a100}
+spec:
+  priority: 500
+  match: {namespaces: ["a100-*"]}
+  gpu: {products: [NVIDIA-A100-SXM4-80GB], families: [ampere], minMemoryMiB: 80000}
+"""
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def local(cluster: Cluster) -> Cluster:
+    if cluster.plane is None:
+        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dra-admission-e2e")
+
+
+@pytest.fixture(scope="module")
+def policy_dir(workdir: Path) -> Path:
+    return deployed_policies(workdir / "policies", {"e2e-dra-pinned.yaml": PINNED_POLICY,
+                                                    "e2e-dra-a100.yaml": A100_POLICY})
+
+
+@pytest.fixture(scope="module")
+def certs(workdir: Path) -> ServingCerts:
+    return ServingCerts(workdir / "certs")
+
+
+@pytest.fixture(scope="module")
+def server(local: Cluster, certs: ServingCerts, policy_dir: Path) -> Iterator[GpugateServer]:
+    assert local.plane is not None
+    started = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policy_dir,
+                            log=local.plane.logs / "gpugate-serve-dra.log", extra_args=("--resolve-claims",),
+                            env={"KUBECONFIG": str(local.kubeconfig)})
+    started.start()
+    try:
+        yield started
+    finally:
+        if started.running():
+            started.stop()
+
+
+@pytest.fixture
+def namespaces(local: Cluster) -> Iterator[Namespaces]:
+    made = Namespaces(local)
+    yield made
+    made.delete_all()
+
+
+@pytest.fixture
+def registration(local: Cluster) -> Iterator[Registration]:
+    registered = Registration(local)
+    yield registered
+    registered.remove()
+
+
+@pytest.fixture
+def registered(local: Cluster, server: GpugateServer, registration: Registration, certs: ServingCerts,
+               namespaces: Namespaces) -> Registration:
+    """The base rendering pointed at the module's server, in effect when the fixture returns."""
+    registration.apply(RenderedWebhooks.of(kustomize(WEBHOOK_BASE)).pointed_at(server.base_url, certs.bundle.ca_cert))
+    probe = namespaces.make("web-probe")
+    wait_until(lambda: _refused(local, probe), timeout=20, interval=0.1,
+               what="the API server to call gpugate for resourceclaimtemplates", explain=local.logs_tail)
+    return registration
+
+
+def _refused(cluster: Cluster, namespace: str) -> bool:
+    try:
+        resource_api(cluster).create_namespaced_resource_claim_template(namespace, template("probe", 1),
+                                                                         dry_run="All")
+    except ApiException as error:
+        return error.status == 403
+    return False
+
+
+def resource_api(cluster: Cluster) -> client.ResourceV1Api:
+    return client.ResourceV1Api(cluster.api_client())
+
+
+def template(name: str, count: int | None = None, *, labels: dict[str, str] | None = None,
+             **exact: Any) -> Obj:
+    ask: Obj = {"deviceClassName": "gpu.nvidia.com", **exact}
+    if count is not None:
+        ask["count"] = count
+    return {"apiVersion": claims.API_VERSION, "kind": claims.TEMPLATE_KIND,
+            "metadata": {"name": name, "labels": dict(labels or {})},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": ask}]}}}}
+
+
+def stored_template(cluster: Cluster, namespace: str, name: str) -> Obj:
+    return cluster.api_client().sanitize_for_serialization(
+        resource_api(cluster).read_namespaced_resource_claim_template(name, namespace))
+
+
+def denial(action: Any) -> ApiException:
+    with pytest.raises(ApiException) as caught:
+        action()
+    return caught.value
+
+
+def test_the_api_server_serves_resource_k8s_io_v1_by_default(local: Cluster) -> None:
+    served = client.ApisApi(local.api_client()).get_api_versions()
+    group = next(g for g in served.groups if g.name == "resource.k8s.io")
+    assert "v1" in {v.version for v in group.versions}
+    assert group.preferred_version.version == "v1"
+    kinds = {r.name: r.kind for r in resource_api(local).get_api_resources().resources}
+    assert kinds["resourceclaimtemplates"] == "ResourceClaimTemplate"
+    assert kinds["resourceclaims"] == "ResourceClaim"
+
+
+def test_a_claim_template_in_a_web_namespace_is_refused_with_the_policys_message(
+        local: Cluster, registered: Registration, namespaces: Namespaces) -> None:
+    web = namespaces.make("web-shop")
+    error = denial(lambda: resource_api(local).create_namespaced_resource_claim_template(web, template("eight", 8)))
+    assert error.status == 403
+    message = api_message(error)
+    assert f"ResourceClaimTemplate 'eight' in namespace '{web}': request 'gpus' asks 8 gpu.nvidia.com; " \
+           f"GPUs are not available in web and frontend namespaces" in message
+    assert "(policy web-no-gpus@" in message
+
+
+def test_a_pod_over_max_through_its_claim_templates_is_refused(
+        local: Cluster, registered: Registration, namespaces: Namespaces) -> None:
+    ml = namespaces.make("ml-train")
+    training = {"gpugate.io/profile": "training"}
+    # Six GPUs each: within training's max of 8 per claim, so the template itself is admitted.
+    resource_api(local).create_namespaced_resource_claim_template(ml, template("six", 6, labels=training))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer", "labels": training},
+           "spec": {"resourceClaims": [{"name": "a", "resourceClaimTemplateName": "six"},
+                                       {"name": "b", "resourceClaimTemplateName": "six"}],
+                    "containers": [{"name": "trainer", "image": "registry.example/train:1",
+                                    "resources": {"claims": [{"name": "a"}, {"name": "b"}]}}]}}
+    core = local.core()
+    error = denial(lambda: core.create_namespaced_pod(ml, pod))
+    assert error.status == 403
+    message = api_message(error)
+    assert (f"pod 'trainer' in namespace '{ml}' holds up to 12 GPU devices (claim 'a' (ResourceClaimTemplate six) "
+            f"asks up to 6; claim 'b' (ResourceClaimTemplate six) asks up to 6); policy training@") in message
+    assert "allows 8 per pod" in message
+    # One template's worth fits: the same pod with one claim is stored.
+    pod["spec"]["resourceClaims"] = pod["spec"]["resourceClaims"][:1]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "a"}]
+    core.create_namespaced_pod(ml, pod, dry_run="All")
+
+
+def test_allocation_mode_all_is_refused(local: Cluster, registered: Registration, namespaces: Namespaces) -> None:
+    ml = namespaces.make("ml-all")
+    claim = {"apiVersion": claims.API_VERSION, "kind": claims.CLAIM_KIND, "metadata": {"name": "every-gpu"},
+             "spec": {"devices": {"requests": [{"name": "all", "exactly": {
+                 "deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}}]}}}
+    error = denial(lambda: resource_api(local).create_namespaced_resource_claim(ml, claim))
+    assert error.status == 403
+    message = api_message(error)
+    assert f"ResourceClaim 'every-gpu' in namespace '{ml}', request 'all' asks allocationMode: All" in message
+    assert "Ask for allocationMode: ExactCount with a count of 4 or fewer" in message
+
+
+def test_an_allowed_template_is_stored_with_the_policys_cel_selectors_and_its_spec_stays_immutable(
+        local: Cluster, registered: Registration, namespaces: Namespaces) -> None:
+    pinned = namespaces.make("pinned")
+    own = 'device.attributes["gpu.nvidia.com"].type == "gpu"'
+    resource_api(local).create_namespaced_resource_claim_template(
+        pinned, template("two", 2, selectors=[{"cel": {"expression": own}}]))
+    stored = stored_template(local, pinned, "two")
+    expressions = [s["cel"]["expression"] for s in stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+                   ["selectors"]]
+    assert expressions == [
+        own,
+        claims.product_selector(("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB")),
+        claims.family_selector(("hopper", "ampere")),
+        claims.memory_selector(40000),
+    ]
+    assert stored["metadata"]["annotations"]["gpugate.io/policy"].startswith("e2e-dra-pinned@")
+    # A spec change is refused by the API server's own validation, before any validating webhook.
+    stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 3
+    error = denial(lambda: resource_api(local).replace_namespaced_resource_claim_template("two", pinned, stored))
+    assert error.status == 422 and "field is immutable" in api_message(error)
+
+
+def test_a_metadata_update_of_a_claim_the_policy_would_refuse_now_goes_through(
+        local: Cluster, registration: Registration, server: GpugateServer, certs: ServingCerts,
+        namespaces: Namespaces) -> None:
+    """The resourceclaim controller adds and removes a finalizer by UPDATE: judging metadata could
+    only ever block a deletion. A claim stored before gpugate was registered keeps working."""
+    web = namespaces.make("web-legacy")
+    claim = {"apiVersion": claims.API_VERSION, "kind": claims.CLAIM_KIND, "metadata": {"name": "old"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    api = resource_api(local)
+    api.create_namespaced_resource_claim(web, claim)  # before registration: nothing judges it
+    registration.apply(RenderedWebhooks.of(kustomize(WEBHOOK_BASE)).pointed_at(server.base_url, certs.bundle.ca_cert))
+    probe = namespaces.make("web-probe")
+    wait_until(lambda: _refused(local, probe), timeout=20, interval=0.1,
+               what="the API server to call gpugate for resourceclaimtemplates", explain=local.logs_tail)
+    merge = "application/merge-patch+json"
+    api.patch_namespaced_resource_claim("old", web, {"metadata": {"finalizers": ["example.com/keep"],
+                                                                  "labels": {"team": "web"}}}, _content_type=merge)
+    api.patch_namespaced_resource_claim("old", web, {"metadata": {"finalizers": None}}, _content_type=merge)
+    error = denial(lambda: api.create_namespaced_resource_claim(web, {**claim, "metadata": {"name": "new"}}))
+    assert error.status == 403 and "GPUs are not available in web and frontend namespaces" in api_message(error)
+
+
+def test_the_policys_selectors_steer_the_schedulers_allocation_to_the_pinned_product(
+        local: Cluster, registered: Registration, namespaces: Namespaces, nodes: Nodes) -> None:
+    api = local.api_client()
+    dra_slices.install_device_classes(api)
+    h100 = nodes.gpu("dra-pin-h100", gpus=4, whole_gpus=0, product="NVIDIA-H100-80GB-HBM3")
+    a100 = nodes.gpu("dra-pin-a100", gpus=2, whole_gpus=0, product="NVIDIA-A100-SXM4-80GB")
+    try:
+        dra_slices.publish(api, h100, dra_slices.gpus(4, node=h100))  # 81559 MiB: memory alone would pass
+        pinned = namespaces.make("a100")
+        resource_api(local).create_namespaced_resource_claim_template(pinned, template("one", 1))
+        core = local.core()
+        core.create_namespaced_pod(pinned, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer"},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one"}],
+                     "containers": [{"name": "main", "image": "trainer", "resources": {"claims": [{"name": "gpu"}]}}]}})
+        # Only H100s are published: the selectors gpugate added leave no device, so the pod waits.
+        wait_until(lambda: _unschedulable(core, pinned, "trainer"), what="kube-scheduler to find no device",
+                   timeout=60, explain=local.logs_tail)
+        assert not core.read_namespaced_pod("trainer", pinned).spec.node_name
+        dra_slices.publish(api, a100, dra_slices.gpus(2, node=a100, product="NVIDIA A100-SXM4-80GB",
+                                                      architecture="Ampere", cuda_compute_capability="8.0.0",
+                                                      memory_mib=81920))
+        wait_until(lambda: (core.read_namespaced_pod("trainer", pinned).spec.node_name or "") != "",
+                   what="kube-scheduler binding the pod once A100s are published", timeout=90,
+                   explain=local.logs_tail)
+        assert core.read_namespaced_pod("trainer", pinned).spec.node_name == a100
+        (claim,) = local.api_client().sanitize_for_serialization(
+            resource_api(local).list_namespaced_resource_claim(pinned).items)
+        assert [r["pool"] for r in claim["status"]["allocation"]["devices"]["results"]] == [a100]
+    finally:
+        dra_slices.unpublish(api, h100)
+        dra_slices.unpublish(api, a100)
+
+
+def _unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    conditions = core.read_namespaced_pod(name, namespace).status.conditions or []
+    # kube-scheduler v1.36's DynamicResources plugin: "0/2 nodes are available: 2 cannot allocate all claims."
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+               and "cannot allocate all claims" in (c.message or "") for c in conditions)
