@@ -105,6 +105,7 @@ from tests.e2e.webhook_fixture import (
     pod_manifest,
     policy_of,
 )
+from tests.prerequisites import missing, needed
 
 Obj = dict[str, Any]
 OPERATOR = "v26.7.0"
@@ -116,13 +117,6 @@ RETRY_COMMAND = "kubectl label node {node} nvidia.com/gpu-driver-upgrade-state=u
 
 
 # --- fixtures ---------------------------------------------------------------------------------
-
-def _missing(message: str) -> None:
-    """CI must not pass by skipping (as conftest does for the control-plane binaries)."""
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set and {message}", pytrace=False)
-    pytest.skip(message)
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
@@ -137,8 +131,7 @@ def cluster() -> Iterator[Cluster]:
         pytest.skip(f"{KUBECONFIG_ENV}: these tests need a control plane of their own (loopback Service network)")
     found = binaries.paths()
     if found is None:
-        _missing("the e2e control-plane binaries are not built; run `python -m tests.e2e.binaries build`")
-        raise AssertionError("unreachable")
+        missing("the e2e control-plane binaries are not built; run `python -m tests.e2e.binaries build`")
     cidr = f"127.{secrets.randbelow(180) + 64}.{secrets.randbelow(256)}.0/24"
     started = Cluster.local(found, settings=controlplane.Settings(
         service_cidr=cidr, keep_workdir=bool(os.environ.get("GPUGATE_E2E_KEEP"))))
@@ -153,20 +146,17 @@ def rig(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[GitOpsRig]
     """The rig, in a folder of its own under the system temp folder (not pytest's tmp_path: other
     pytest runs on a shared machine rotate those away). Kept when a test failed or with
     ``GPUGATE_E2E_KEEP``; otherwise only its ``dashboard/`` (the Markdown snapshots) is kept."""
-    if not (CHARTS / "index.yaml").is_file():
-        pytest.skip(f"{CHARTS} is absent (a fresh clone has no ../shared): NVIDIA's chart cannot be served")
+    needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
     for tool in ("redis-server", "git", "kubectl"):
         if shutil.which(tool) is None:
-            _missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
+            missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
     found, reason = harness.binaries_or_reason()
     if found is None:
-        _missing(reason)
-        raise AssertionError("unreachable")
+        missing(reason)
     controller = binaries.upgrade_controller()
     if controller is None:
-        _missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
-                 "`python -m tests.e2e.binaries build`")
-        raise AssertionError("unreachable")
+        missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
+                "`python -m tests.e2e.binaries build`")
     found = {**found, UPGRADE_CONTROLLER: controller}
     workdir = Path(tempfile.mkdtemp(prefix="gpugate-argocd-"))
     failed_before = request.session.testsfailed

@@ -14,10 +14,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests import kubeversion
+from tests.prerequisites import needed
 from webhook.stack import manifestcheck
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,9 +73,8 @@ def is_custom(obj: Obj) -> bool:
 
 def require_schemas() -> None:
     """Skip (with the reason) when ../shared/schemas is absent, as in a fresh clone."""
-    if not (SCHEMA_ROOT / "json").is_dir():
-        pytest.skip(f"custom-resource schemas not checked: {SCHEMA_ROOT} is absent "
-                    "(fresh clone without ../shared); the built-in kinds are still validated")
+    needed(SCHEMA_ROOT / "json", "fresh clone without ../shared: custom-resource schemas not checked; "
+           "the built-in kinds are still validated")
 
 
 def kustomization_dirs() -> list[Path]:

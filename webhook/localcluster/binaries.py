@@ -90,6 +90,13 @@ UPGRADE_CONTROLLER = Component(
 )
 CONTROL_PLANE = (ETCD, KUBERNETES)
 COMPONENTS = (*CONTROL_PLANE, UPGRADE_CONTROLLER)
+FLOOR_WEBHOOK = Component(
+    name="floor-webhook",
+    module="gpugate.io/e2e/floor-webhook",
+    programs=(Program("floor-webhook", "."),),  # our own main.go, standard library only
+)
+"""The minimal webhook benchmarks/create_latency.py measures gpugate against (seconds to build)."""
+OWN_PROGRAMS = (FLOOR_WEBHOOK,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +117,9 @@ def cache_root() -> Path:
 def version(component: Component) -> str:
     """The version of ``component.module`` that its go.mod requires (the single source of truth)."""
     text = (component.folder / "go.mod").read_text()
+    own = re.search(r"^module\s+(\S+)", text, re.MULTILINE)
+    if own and own.group(1) == component.module:
+        return "v0"  # a program of ours: the digest of its files names the build
     found = re.search(rf"^\s*(?:require\s+)?{re.escape(component.module)}\s+(v\S+)", text, re.MULTILINE)
     if not found:
         raise RuntimeError(f"{component.folder / 'go.mod'} does not require {component.module}")
@@ -192,6 +202,19 @@ def build(*, log: Callable[[str], None] = print, components: tuple[Component, ..
         return built
 
 
+def own_program(component: Component) -> Path:
+    """The cached binary of one of our own programs (OWN_PROGRAMS), built first if missing: they
+    take seconds, so a benchmark builds on demand, under the same cache lock as ``build``."""
+    program = component.programs[0]
+    target = bin_dir(component) / program.binary
+    if not target.is_file():
+        go = _go()
+        with _locked(cache_root() / ".lock"):
+            if not target.is_file():
+                _build_one(go, component, program, log=print)
+    return target
+
+
 def _build_one(go: str, component: Component, program: Program, *, log: Callable[[str], None]) -> None:
     target = bin_dir(component) / program.binary
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -248,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in vars_of(built).items():
             print(f"{name}: {path}")
         print(f"gpu_upgrade_controller: {upgrade_controller()}")
+        for component in OWN_PROGRAMS:
+            print(f"{component.name}: {own_program(component)}")
         return 0
     absent = missing()
     for component, program in absent:
