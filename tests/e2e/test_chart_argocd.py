@@ -160,6 +160,23 @@ def synced(rig: dict[str, Any]) -> Obj:
                       explain=lambda: _explain(rig))
 
 
+def hard_refresh(rig: dict[str, Any]) -> Obj:
+    """Ask for a hard refresh (re-render with no cache, compare again) and return the Application
+    once the controller has reconciled it."""
+    before = (_app(rig).get("status") or {}).get("reconciledAt")
+    hard = {"metadata": {"annotations": {harness.REFRESH_ANNOTATION: "hard"}}}
+    rig["custom"].patch_namespaced_custom_object(harness.GROUP, harness.VERSION, harness.NAMESPACE, "applications",
+                                                 APP, hard)
+
+    def reconciled() -> Obj | None:
+        app = _app(rig)
+        pending = harness.REFRESH_ANNOTATION in (app["metadata"].get("annotations") or {})
+        return app if not pending and (app.get("status") or {}).get("reconciledAt") != before else None
+
+    return wait_until(reconciled, timeout=120, interval=0.5, what="the hard refresh to be reconciled",
+                      explain=lambda: _explain(rig))
+
+
 def test_argo_cd_syncs_the_chart_to_synced_and_healthy(synced: Obj, rig: dict[str, Any]) -> None:
     kinds = {(r["kind"], r["name"]) for r in synced["status"]["resources"]}
     assert {("Deployment", "gpugate-webhook"), ("Deployment", "gpugate-balancer"),
@@ -183,19 +200,9 @@ def test_helm_test_hooks_are_not_applied(synced: Obj, rig: dict[str, Any]) -> No
 def test_hard_refreshes_after_the_sync_find_nothing_out_of_sync(synced: Obj, rig: dict[str, Any]) -> None:
     """Each hard refresh re-renders the chart (no cache) and compares again; three in a row, and a
     resync period in between, stay Synced with no resource OutOfSync."""
-    custom: client.CustomObjectsApi = rig["custom"]
     seen = []
     for _ in range(3):
-        before = (_app(rig).get("status") or {}).get("reconciledAt")
-        custom.patch_namespaced_custom_object(harness.GROUP, harness.VERSION, harness.NAMESPACE, "applications", APP,
-                                              {"metadata": {"annotations": {harness.REFRESH_ANNOTATION: "hard"}}})
-        def reconciled(before: str | None = before) -> Obj | None:
-            app = _app(rig)
-            pending = harness.REFRESH_ANNOTATION in (app["metadata"].get("annotations") or {})
-            return app if not pending and (app.get("status") or {}).get("reconciledAt") != before else None
-
-        app = wait_until(reconciled, timeout=120, interval=0.5, what="the hard refresh to be reconciled",
-                         explain=lambda: _explain(rig))
+        app = hard_refresh(rig)
         state = harness.AppState.of(app)
         # Sync hooks (the certificate Job) are run, not compared: Argo CD lists them without a sync status.
         out = [f"{r['kind']}/{r['name']}" for r in app["status"]["resources"]
