@@ -9,8 +9,8 @@ project's own Application for the webhook (argocd/apps/gpugate-webhook.yaml), no
 Nothing in this cluster runs containers, so each certificate Job's pod is run on this machine as its kubelet
 would (tests/e2e/hostpod.py): its own command and args, with a token bound to the pod for its
 ServiceAccount, so gpugate's own code and the chart's RBAC write the caBundle. Then hard refreshes
-must find the Application Synced and Healthy with no self-heal sync and the caBundle kept; and the
-same live state compared without the rule must be OutOfSync, so the rule is what keeps it Synced.
+must find the Application Synced and Healthy with no self-heal sync and the caBundle kept. Without
+the rule the same state is still Synced (see the last test: the rule guards, it is not required).
 Argo CD's harness, the Git fork and the helpers are tests/e2e/test_chart_argocd.py's.
 """
 
@@ -69,7 +69,7 @@ def _ca_bundles(cluster: Any) -> dict[str, bytes | None]:
     found: dict[str, bytes | None] = {}
     for kind, read in (("Mutating", api.read_mutating_webhook_configuration),
                        ("Validating", api.read_validating_webhook_configuration)):
-        for hook in read(CONFIGURATION).webhooks:
+        for hook in read(CONFIGURATION).webhooks or []:
             bundle = hook.client_config.ca_bundle
             found[f"{kind}/{hook.name}"] = base64.b64decode(bundle) if bundle else None
     return found
@@ -133,15 +133,19 @@ def test_hard_refreshes_keep_the_certs_jobs_ca_bundle_synced(builtin_synced: Obj
     assert _ca_bundles(rig["cluster"]) == written
 
 
-def test_without_the_rule_the_ca_bundle_is_out_of_sync(builtin_synced: Obj, rig: dict[str, Any]) -> None:
-    """The same live state compared without ``ignoreDifferences`` (and no automated sync, so nothing
-    rewrites it) shows both webhook configurations OutOfSync: the rule is what keeps it Synced."""
+def test_without_the_rule_the_same_state_is_still_synced(builtin_synced: Obj, rig: dict[str, Any]) -> None:
+    """Found, not assumed: compared without ``ignoreDifferences`` (automated sync off, so nothing
+    rewrites it) the same live state is still Synced. The chart renders no caBundle, and a field
+    absent from the render and written by another field manager (`gpugate certs`) is not drift for
+    Argo CD v3.2.11, with the shipped sync options (ServerSideApply=true) as with the default
+    three-way diff (checked by hand). The rule is a guard, not what keeps the chart Synced; this
+    fails the day Argo CD starts flagging the caBundle, and the rule then becomes required."""
     rig["custom"].patch_namespaced_custom_object(
         harness.GROUP, harness.VERSION, harness.NAMESPACE, "applications", APP,
         {"spec": {"ignoreDifferences": None, "syncPolicy": {"automated": None}}})
     app = hard_refresh(rig)
+    assert not _app(rig)["spec"].get("ignoreDifferences")
     out = sorted(f"{r['kind']}/{r['name']}" for r in app["status"]["resources"]
                  if not r.get("hook") and r.get("status") != "Synced")
-    assert (harness.AppState.of(app).sync, out) == (
-        "OutOfSync", ["MutatingWebhookConfiguration/gpugate-webhook",
-                      "ValidatingWebhookConfiguration/gpugate-webhook"]), _explain(rig)
+    assert (harness.AppState.of(app).sync, out) == ("Synced", []), _explain(rig)
+    assert set(_ca_bundles(rig["cluster"]).values()) != {None}
