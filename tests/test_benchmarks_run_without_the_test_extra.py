@@ -16,7 +16,7 @@ BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _py
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
 
 
-@pytest.mark.parametrize("script", ["balancer_scale.py"])
+@pytest.mark.parametrize("script", ["balancer_scale.py", "dra_counting.py"])
 def test_a_benchmark_prints_its_help_without_pytest(script: str) -> None:
     path = str(REPO / "benchmarks" / script)
     done = subprocess.run([sys.executable, "-c", BLOCK.format(path=path)], cwd=REPO, capture_output=True,
