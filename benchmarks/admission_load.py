@@ -294,6 +294,11 @@ def load(server: ServerUnderTest, *, drivers: int, connections: int, seconds: fl
             "errors": len(errors), "first_error": errors[0] if errors else "", "n": len(latencies)}
 
 
+def progress(what: str, done: int, total: int) -> None:
+    """One line on stderr per phase, so a run of minutes is not silent (stdout keeps the figures)."""
+    print(f"admission_load [{done + 1}/{total}] {what}", file=sys.stderr, flush=True)
+
+
 def measure(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The servers run side by side; the max-load phase alternates between them for ``--rounds``
     rounds (the order rotated each round), so a slow spell of this shared machine falls on all
@@ -311,9 +316,13 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 workdir.mkdir()
                 servers[name] = ServerUnderTest(workdir, null=null, workers=args.workers, threads=args.threads,
                                                 code=code)
+            phases = len(servers) * (1 + args.rounds)
+            done = 0
             for name, server in servers.items():
+                progress(f"{name}: warm-up, then {args.rate:.0f}/s for {args.seconds:g} s", done, phases)
                 load(server, **run, seconds=1.0, rate=None)  # warm-up
                 results[name] = {"fixed": load(server, **run, seconds=args.seconds, rate=args.rate), "rounds": []}
+                done += 1
             names = list(servers)
             for round_ in range(args.rounds):
                 # Rotated, not reversed: reversing three servers keeps one always in the middle, never
@@ -322,6 +331,8 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 shift = round_ % len(names)
                 for name in names[shift:] + names[:shift]:
                     server = servers[name]
+                    progress(f"{name}: max-load round {round_ + 1}/{args.rounds}, {args.seconds:g} s", done, phases)
+                    done += 1
                     cpu_before = server.cpu_seconds()
                     peak = load(server, **run, seconds=args.seconds, rate=None)
                     # CPU the workers spent per answered review at max load: what capacity costs,
@@ -389,14 +400,14 @@ def main() -> None:
             print(f"{label + ' ' + q + ' ms':<24}{a[q]:>16.2f}{b[q]:>16.2f}{b[q] / a[q]:>9.2f}")
         print(f"{label + ' errors':<24}{a['errors']:>16}{b['errors']:>16}")
     per_round = "  ".join(f"{b['rps'] / a['rps']:.2f}" for a, b in zip(null["rounds"], real["rounds"], strict=True))
-    print(f"{'max req/s ratio by round':<24}{per_round}")
+    print(f"{'max req/s ratio by round':<24}  {per_round}")
     if "before" in results:
         old = results["before"]
         ratios = "  ".join(f"{b['rps'] / a['rps']:.2f}" for a, b in zip(null["rounds"], old["rounds"], strict=True))
         old_rps, old_cpu = old["max"]["rps"], old["max"]["cpu_us"]
         print(f"{'before (' + args.before + ') max req/s':<24}{old_rps:>32.0f}{old_rps / null['max']['rps']:>9.2f}"
               f"   gpugate/before {real['max']['rps'] / old_rps:.2f}")
-        print(f"{'before ratio by round':<24}{ratios}")
+        print(f"{'before ratio by round':<24}  {ratios}")
         print(f"{'before CPU us/review':<24}{old_cpu:>32.0f}{old_cpu / null['max']['cpu_us']:>9.2f}")
     a_cpu, b_cpu = null["max"]["cpu_us"], real["max"]["cpu_us"]
     print(f"{'worker CPU us/review':<24}{a_cpu:>16.0f}{b_cpu:>16.0f}{b_cpu / a_cpu:>9.2f}")

@@ -268,7 +268,7 @@ class FakeKube:
     """An in-process fake API server on 127.0.0.1; start it, point a client at ``.url``."""
 
     def __init__(self, *, max_events: int = 1_000_000, record_requests: bool = True,
-                 bookmark_interval: float = 1.0, watch_list: bool = True) -> None:
+                 bookmark_interval: float = 1.0, watch_list: bool = True, require_namespaces: bool = False) -> None:
         self._lock = threading.Condition(threading.RLock())
         self._types: dict[tuple[str, str], ResourceType] = {}  # (group/version, plural)
         self._by_kind: dict[tuple[str, str], ResourceType] = {}  # (apiVersion, kind)
@@ -285,6 +285,11 @@ class FakeKube:
         self.watch_list = watch_list
         """Serve streaming lists (``sendInitialEvents``); False answers 422, as an apiserver without
         the WatchList feature does."""
+        self.require_namespaces = require_namespaces
+        """Refuse a create in a namespace with no Namespace object, as the apiserver's NamespaceLifecycle
+        admission plugin does (kubernetes/kubernetes plugin/pkg/admission/namespace/lifecycle/admission.go:
+        404 NotFound, ``namespaces "NAME" not found``, details kind ``namespaces``). Off by default: most
+        tests store objects in namespaces they never create."""
         self._open_watches: dict[str, int] = {}
         self._stopped = False
         self.requests: list[Request] = []
@@ -464,6 +469,11 @@ class FakeKube:
         store = self._store(rtype)
         key = _key(rtype, obj)
         old = store.objects.get(key)
+        if create_only and old is None and rtype.namespaced and self.require_namespaces:
+            namespaces = self._store(self._rtype_for("v1", "Namespace"))
+            if ("", meta["namespace"]) not in namespaces.objects:
+                raise ApiError(404, "NotFound", f'namespaces "{meta["namespace"]}" not found',
+                               {"name": meta["namespace"], "kind": "namespaces"})
         if old is not None and create_only:
             raise ApiError(409, "AlreadyExists", f'{rtype.plural} "{key[1]}" already exists',
                            {"name": key[1], "kind": rtype.plural})

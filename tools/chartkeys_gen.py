@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         for name in stale:
             print(f"{args.out / name} is out of date; run python -m tools.chartkeys_gen", file=sys.stderr)
+        if not stale:
+            print(f"{args.out}: {len(wanted)} chart-key file(s) up to date with {args.upstream}")
         return 1 if stale else 0
     args.out.mkdir(parents=True, exist_ok=True)
     for name, text in wanted.items():

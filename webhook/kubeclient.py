@@ -70,6 +70,72 @@ def call(fn: Callable[[], T], what: str) -> T:
                               f"KUBECONFIG and that the cluster is up") from err
 
 
+def failure(err: BaseException) -> str:
+    """One failed API call in a sentence, its cause first, whole (never the response's headers).
+
+    The ``kubernetes`` client's own ``str()`` of an ApiException leads with the status line and
+    the HTTP headers, and urllib3's buries "Connection refused" behind the URL and a retry count:
+    a log line cut at a few hundred characters lost the cause in both.
+    """
+    if isinstance(err, ApiException):
+        status = status_of(err)
+        message = str(status.get("message") or "").strip()
+        reason = status.get("reason") or err.reason or ""
+        namespace = missing_namespace(err)
+        if namespace:
+            return f"namespace {namespace} does not exist (the API server answered {err.status} {reason}: {message})"
+        return f"the API server answered {err.status} {reason}{': ' + message if message else ''}"
+    refused = _refused(err)
+    if refused is not None:
+        return f"connection refused at {refused}: nothing listens there; check --server or KUBECONFIG and " \
+               "that the API server is up"
+    if isinstance(err, (urllib3.exceptions.HTTPError, OSError)):
+        cause = getattr(err, "reason", None) or err
+        return f"the API server does not answer ({cause}); check --server or KUBECONFIG and that the cluster is up"
+    return f"{type(err).__name__}: {err}"
+
+
+def missing_namespace(err: BaseException) -> str | None:
+    """The namespace an ApiException says does not exist (the apiserver's NamespaceLifecycle
+    refusal of a create: 404, ``details.kind`` ``namespaces``), else None."""
+    if not isinstance(err, ApiException) or err.status != 404:
+        return None
+    details = status_of(err).get("details") or {}
+    name = details.get("name") if isinstance(details, dict) else None
+    return str(name) if details.get("kind") == "namespaces" and name else None
+
+
+def status_of(err: ApiException) -> dict[str, Any]:
+    """The Status object an ApiException carries (empty when the body is not one)."""
+    try:
+        body = json.loads(err.body or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _refused(err: BaseException) -> str | None:
+    """``host:port`` (or "the API server") when ``err`` comes from a refused TCP connection, else None.
+
+    urllib3 wraps the socket's ConnectionRefusedError in a NewConnectionError, held as the
+    ``reason`` of the MaxRetryError the client raises; the pool on that one names the address.
+    """
+    where = "the API server"
+    seen: BaseException | None = err
+    for _ in range(8):  # a short chain; a cycle must not hang the error path
+        if seen is None:
+            return None
+        pool = seen.pool if isinstance(seen, urllib3.exceptions.MaxRetryError) else None
+        if pool is not None and pool.host:
+            where = f"{pool.host}:{pool.port}"
+        if isinstance(seen, ConnectionRefusedError) or (
+                isinstance(seen, urllib3.exceptions.NewConnectionError) and "refused" in str(seen).lower()):
+            return where
+        reason = getattr(seen, "reason", None)
+        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
+    return None
+
+
 def call_unless_absent(fn: Callable[[], T], what: str) -> T | None:
     """``call``, but None when the API answers 404: the resource type is not served (its CRD is not installed)."""
     try:

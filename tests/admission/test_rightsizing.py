@@ -1,8 +1,8 @@
 """Right-sizing (issue 17): a pod says how much GPU it needs, the policy's ladder says what it may get.
 
-The smallest rung that fits and that the cluster offers now wins; without a fresh inventory the
-ladder's order decides (never a denial); an ask larger than the largest rung is denied naming it;
-a pod that asks a rung itself is judged by the same ladder.
+The smallest rung that fits and that the cluster offers now wins; without a fresh inventory a
+whole GPU rung that fits, else the ladder's order (never a denial); an ask larger than the largest
+rung is denied naming it; a pod that asks a rung itself is judged by the same ladder.
 """
 
 from __future__ import annotations
@@ -83,10 +83,28 @@ class TestAsks:
 
 
 class TestChoice:
-    def test_without_an_inventory_the_ladders_order_decides(self):
+    def test_without_an_inventory_a_whole_gpu_which_every_gpu_node_offers(self):
+        """Issue 30: a 20Gi ask got nvidia.com/mig-3g.40gb without an inventory, Pending forever on a
+        cluster without MIG; a whole GPU runs on any GPU node, and the warning says what was passed over."""
         result, stored = shaped(asking("15G"))
+        assert asked(stored) == {"nvidia.com/gpu": "1"}
+        warning = next(w for w in result.warnings if "right-sized" in w)
+        assert "no fresh inventory from the balancer, so a whole GPU, which every GPU node offers, rather than " \
+               "2g.20gb or 3g.40gb or nvidia.com/gpu.shared" in warning and "1g.10gb too small" in warning
+
+    def test_without_an_inventory_a_ladder_without_whole_gpus_keeps_its_order_and_says_the_pod_may_wait(self):
+        shares = load(policy("serving", """
+rightsizing:
+  migStrategy: mixed
+  ladder:
+    - {mig: 1g.10gb}
+    - {mig: 2g.20gb}
+    - {resource: nvidia.com/gpu.shared, memory: 20Gi, compute: 0.25}
+"""))
+        result, stored = shaped(asking("15G"), policies=shares)
         assert asked(stored) == {"nvidia.com/mig-2g.20gb": "1"}
-        assert any("1g.10gb too small" in w and "ladder's order decides" in w for w in result.warnings)
+        assert any("ladder's order decides, and the pod stays Pending until a node configured for 2g.20gb has one "
+                   "free" in w for w in result.warnings)
 
     def test_a_fitting_rung_that_is_not_free_is_skipped(self):
         inventory = offers(("nvidia.com/mig-2g.20gb", "NVIDIA-H100-80GB-HBM3", 0),
@@ -98,7 +116,7 @@ class TestChoice:
     def test_a_stale_inventory_is_ignored(self):
         inventory = offers(("nvidia.com/mig-3g.40gb", "NVIDIA-H100-80GB-HBM3", 2), age=3600)
         _, stored = shaped(asking("15G"), inventory)
-        assert asked(stored) == {"nvidia.com/mig-2g.20gb": "1"}
+        assert asked(stored) == {"nvidia.com/gpu": "1"}, "as without an inventory"
 
     def test_when_nothing_fitting_is_free_the_pod_waits_for_the_smallest(self):
         result, stored = shaped(asking("15G"), offers(("nvidia.com/mig-1g.10gb", "NVIDIA-H100-80GB-HBM3", 9)))
@@ -124,7 +142,9 @@ class TestChoice:
                                           names.NVIDIA_MEMORY_LABEL: "81559"})
 
     def test_a_fraction_picks_by_compute(self):
-        _, stored = shaped(asking(fraction="0.25"))
+        free = offers(("nvidia.com/mig-1g.10gb", "NVIDIA-H100-80GB-HBM3", 7),
+                      ("nvidia.com/mig-2g.20gb", "NVIDIA-H100-80GB-HBM3", 3))
+        _, stored = shaped(asking(fraction="0.25"), free)
         assert asked(stored) == {"nvidia.com/mig-2g.20gb": "1"}, "1g is 1/7 of the compute, 2g is 2/7"
 
     def test_an_ask_above_the_largest_rung_is_denied_naming_it(self):
@@ -133,7 +153,7 @@ class TestChoice:
         assert "the largest the policy offers is nvidia.com/gpu (80Gi" in result.denials[0]
 
     def test_tolerations_follow_the_chosen_resource(self):
-        _, stored = shaped(asking("15G"))
+        _, stored = shaped(asking("15G"), offers(("nvidia.com/mig-2g.20gb", "NVIDIA-H100-80GB-HBM3", 3)))
         keys = {t["key"] for t in stored["spec"]["tolerations"]}
         assert keys == {"nvidia.com/gpu", "nvidia.com/mig-2g.20gb"}
 
@@ -198,7 +218,8 @@ def test_any_ask_gets_the_smallest_offered_rung_that_fits_idempotent_and_strict_
         assert result.denials
         return
     offered = [r for r, f in zip(ladder, free, strict=True) if f and r in fitting] if fresh else []
-    expected = (offered or fitting)[0]
+    whole = [r for r in fitting if r.resource == "nvidia.com/gpu"]
+    expected = (offered or (fitting if fresh else whole or fitting))[0]
     resource = f"nvidia.com/mig-{expected.mig}" if expected.mig else expected.resource
     assert asked(stored) == {resource: "1"}
     again = mutation.mutate(stored, namespace="ml-a", policies=POLICIES, inventory=inventory, now=NOW)

@@ -7,13 +7,15 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from tests.balancer.conftest import fast_settings, wait_for
-from tests.balancer.test_prometheus import FakePrometheus, vector
+from tests.dcgmexporter import Exporter, whole_gpus
 from tests.kubefake import STRATEGIC_PATCH, FakeKube
+from tests.promserver import Prometheus
 from webhook.balancer.prometheus import PROFILING_METRIC
 from webhook.balancer.settings import PrometheusSettings
 from webhook.kubeclient import api_client
@@ -198,22 +200,29 @@ def test_only_the_leader_writes_and_a_standby_takes_over_when_it_stops(fake_kube
 
 
 def test_prometheus_utilization_sets_tiers_and_its_loss_falls_back_to_allocation(
-        fake_kube: FakeKube, start_balancer) -> None:
-    prom = FakePrometheus()
-    prom.answers[PROFILING_METRIC] = vector([({"Hostname": "gpu-1"}, 0.95), ({"Hostname": "gpu-2"}, 0.1)])
-    fake_kube.put(gpu_node("gpu-1"))
-    fake_kube.put(gpu_node("gpu-2"))
-    settings = fast_settings(prometheus=PrometheusSettings(url=prom.url, interval=0.1, timeout=0.5, stale_after=0.3))
-    running = start_balancer(settings)
+        fake_kube: FakeKube, start_balancer, tmp_path: Path) -> None:
+    """A real Prometheus scraping a dcgm-exporter page evaluates the balancer's query."""
+    exporter = Exporter()
+    exporter.show([*whole_gpus("gpu-1", [0.95] * 8), *whole_gpus("gpu-2", [0.1] * 8)])
     try:
-        wait_for(lambda: marks(fake_kube, "gpu-1") == ("8", "congested") and marks(fake_kube, "gpu-2") == ("8", "idle"),
-                 what="utilization-driven tiers")
-        b = running.balancer
-        assert sample(b, "gpugate_balancer_prometheus_up") == 1
-        assert sample(b, "gpugate_balancer_allocation_only") == 0
-        assert sample(b, "gpugate_balancer_nodes", tier="congested") == 1
+        prom = Prometheus(tmp_path / "prometheus", {"nvidia-dcgm-exporter": [exporter.target]}, interval="500ms")
+        try:
+            prom.wait_for(PROFILING_METRIC)
+            fake_kube.put(gpu_node("gpu-1"))
+            fake_kube.put(gpu_node("gpu-2"))
+            settings = fast_settings(prometheus=PrometheusSettings(url=prom.url, interval=0.1, timeout=0.5,
+                                                                   stale_after=0.3))
+            running = start_balancer(settings)
+            wait_for(lambda: marks(fake_kube, "gpu-1") == ("8", "congested")
+                     and marks(fake_kube, "gpu-2") == ("8", "idle"), what="utilization-driven tiers")
+            b = running.balancer
+            assert sample(b, "gpugate_balancer_prometheus_up") == 1
+            assert sample(b, "gpugate_balancer_allocation_only") == 0
+            assert sample(b, "gpugate_balancer_nodes", tier="congested") == 1
+        finally:
+            prom.stop()
     finally:
-        prom.stop()
+        exporter.stop()
     wait_for(lambda: marks(fake_kube, "gpu-1") == ("8", "idle"), what="allocation-only fallback")
     assert sample(b, "gpugate_balancer_prometheus_up") == 0
     assert sample(b, "gpugate_balancer_allocation_only") == 1

@@ -8,6 +8,7 @@ two sides cannot drift apart on the format.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -262,3 +263,43 @@ def test_without_the_priority_class_list_nothing_partial_is_published(fake_kube:
         "gpugate_balancer_api_errors_total", {"operation": "priorityclasses.list"}), what="the refused list")
     assert running.balancer.inventory_content() is None
     assert not configmap_writes(fake_kube)
+
+
+class Records(logging.Handler):
+    """The log records of one logger, kept whatever the logging configuration propagates."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_dry_run_logs_the_inventory_it_would_publish_and_writes_nothing(cluster: FakeKube,
+                                                                          start_balancer) -> None:
+    """Issue 30: ``--dry-run`` logged label changes but not the GPUInventory."""
+    records = Records()
+    logger = logging.getLogger("gpugate.balancer.inventory")
+    level = logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.INFO)
+    try:
+        running = start_balancer(dataclasses.replace(publishing(), dry_run=True))
+        dry = wait_for(lambda: [r for r in records.records if r.getMessage() == "dry run: would publish inventory"],
+                       what="the dry-run inventory line")
+        fields = dry[0].__dict__["fields"]
+        assert fields["configmap"] == f"{NS}/gpugate-inventory" and fields["key"] == "inventory.json"
+        document = fields["inventory"]
+        assert document["kind"] == "GPUInventory" and document["defaultPriorityClass"] == "standard"
+        assert {o["resource"]: o["free"] for o in document["offers"]} == {"nvidia.com/gpu": 8,
+                                                                          "nvidia.com/mig-1g.10gb": 7}
+        cluster.put(bound("train", "gpu-1", "nvidia.com/gpu", 8))
+        wait_for(lambda: len([r for r in records.records if r.getMessage().startswith("dry run: would publish")]) == 2,
+                 what="the changed inventory logged once")
+        running.stop()
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    assert configmap_writes(cluster) == []
+    assert cluster.get("v1", "ConfigMap", "gpugate-inventory", NS) is None

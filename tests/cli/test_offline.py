@@ -42,8 +42,12 @@ def test_mutate_patch_output_applies_to_the_input() -> None:
 
 def test_mutate_diff_shows_added_lines() -> None:
     result = run("mutate", EXAMPLE, "--policies", POLICIES, "-n", "ml-team", "-o", "diff")
-    assert "+        nvidia.com/gpu: '4'" in result.stdout
     assert result.stdout.startswith("---")
+    lines = result.stdout.splitlines()
+    # Against the file as written (issue 30): its comments, quotes and flow mappings are no change.
+    removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
+    assert removed == ['        requests: {cpu: "16", memory: 128Gi}', "        limits: {memory: 128Gi}"], removed
+    assert "+        requests: {cpu: \"16\", memory: 128Gi, nvidia.com/gpu: '4'}" in lines
 
 
 def test_mutate_exits_1_with_the_reason_when_denied(tmp_path: Path) -> None:

@@ -237,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "paths" and not absent:
         for name, path in vars_of(paths()).items():  # type: ignore[arg-type]
             print(f"{name}: {path}")
+    if args.command == "check" and not absent:
+        print(f"every e2e binary is built ({len(COMPONENTS)} components, cached under {cache_root()})")
     return 1 if absent else 0
 
 

@@ -141,14 +141,26 @@ def limits(pod: Obj) -> Obj:
     return (pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}
 
 
-def test_without_an_inventory_the_ladder_gives_a_mixed_slice_the_scheduler_places(
+def test_without_an_inventory_a_whole_gpu_the_scheduler_places_on_a_whole_gpu_node(
         local: Cluster, server: GpugateServer, mig_nodes: dict[str, str], inventory_file: Path, namespace: str) -> None:
+    """Issue 30: without an inventory nothing says the cluster has MIG slices, and a slice it lacks
+    leaves the pod Pending; a whole GPU is what every GPU node offers."""
     inventory_file.unlink(missing_ok=True)
     create_pod(local.core(), namespace, asking("small", "15G"))
     stored = read_pod(local.core(), namespace, "small")
-    assert limits(stored) == {"nvidia.com/mig-2g.20gb": "1"}
+    assert limits(stored) == {"nvidia.com/gpu": "1"}
+    assert bound_node(local, namespace, "small") == mig_nodes["whole"], "not on a single-strategy slice"
+
+
+def test_with_the_inventory_a_free_mixed_slice_is_used_and_the_scheduler_places_it(
+        local: Cluster, server: GpugateServer, mig_nodes: dict[str, str], inventory_file: Path, namespace: str) -> None:
+    inventory(inventory_file, ("nvidia.com/mig-2g.20gb", H100, 3))
+    wait_until(lambda: limits(create_pod(local.core(), namespace, asking("probe", "15G"), dry_run=True))
+               == {"nvidia.com/mig-2g.20gb": "1"}, what="the webhook to read the inventory")
+    create_pod(local.core(), namespace, asking("slice", "15G"))
+    stored = read_pod(local.core(), namespace, "slice")
     assert stored["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/mig-2g.20gb": "1"}
-    assert bound_node(local, namespace, "small") == mig_nodes["mixed"], "only the mixed node has 2g.20gb slices"
+    assert bound_node(local, namespace, "slice") == mig_nodes["mixed"], "only the mixed node has 2g.20gb slices"
 
 
 def test_with_the_inventory_a_free_single_strategy_slice_is_used_and_lands_on_a_slice(

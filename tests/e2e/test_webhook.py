@@ -389,6 +389,12 @@ def test_denied_pods_carry_the_webhook_message(local: Cluster, registered: Regis
                          input=json.dumps(pod_manifest("gpu-in-web-kubectl", gpus=1)))
     assert by_kubectl.returncode != 0
     assert deny_message in by_kubectl.stderr and "validate.gpugate.io" in by_kubectl.stderr
+    # Issue 30: a pod a deny rule refuses gets the denial alone, not first a warning that mutation
+    # "set nvidia.com/gpu: 4" (kubectl prints an admission warning as "Warning: ...").
+    by_label = kubectl(local, "create", "-n", web, "-f", "-", check=False,
+                       input=json.dumps(pod_manifest("gpus-label-in-web", labels={"gpugate.io/gpus": "4"})))
+    assert by_label.returncode != 0 and deny_message in by_label.stderr
+    assert "Warning:" not in by_label.stderr, by_label.stderr
 
     ml = namespaces.make("ml-e2e")
     limit = policy_spec("training")["gpu"]["max"]
@@ -396,7 +402,8 @@ def test_denied_pods_carry_the_webhook_message(local: Cluster, registered: Regis
     assert 'admission webhook "mutate.gpugate.io" denied the request' in api_message(too_many)
     assert f"policy training allows {limit}" in api_message(too_many)
 
-    for namespace, name in ((web, "gpu-in-web"), (web, "gpu-in-web-kubectl"), (ml, "too-many")):
+    for namespace, name in ((web, "gpu-in-web"), (web, "gpu-in-web-kubectl"), (web, "gpus-label-in-web"),
+                            (ml, "too-many")):
         assert expect_refusal(lambda n=name, ns=namespace: core.read_namespaced_pod(n, ns)).status == 404
 
 

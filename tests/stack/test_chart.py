@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -129,5 +130,20 @@ def test_without_helm_the_render_is_skipped_and_said(stack_repo, monkeypatch, tm
     assert shutil.which("helm") is None
     result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04")
     assert result.exit_code == 0, result.output
-    assert "PASS  chart-render" in result.output and "not rendered: helm not found" in result.output
+    # SKIP, not PASS: nothing was rendered (issue 30); the line says how to run it.
+    assert "SKIP  chart-render" in result.output and "not rendered: helm not found" in result.output
+    assert "to render it, give helm with --helm PATH or $GPUGATE_HELM" in result.output
     assert "its ClusterPolicy was not checked against stack.yaml" in result.output
+    skipped = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04", "--skip-chart-render")
+    assert "SKIP  chart-render" in skipped.output and "to render it, drop --skip-chart-render" in skipped.output
+
+
+def test_an_unreachable_chart_repository_names_the_ways_around_it(stack_repo, helm, monkeypatch):
+    """Issue 30: with helm present and NVIDIA's repository unreachable, the failure named no way out."""
+    with socket.socket() as sock:  # a port nothing listens on: the repository "cannot be reached"
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv(chartrender.CHART_REPO_ENV, f"http://127.0.0.1:{port}/nvidia")
+    result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04", "--helm", str(helm))
+    assert result.exit_code == 1 and "FAIL  chart-render" in result.output, result.output
+    assert "--chart-repo file:///PATH" in result.output and "--skip-chart-render" in result.output

@@ -147,7 +147,7 @@ def test_every_example_of_docs_stack_md_runs_as_the_page_says(example: Example, 
         listed = re.findall(r"^commits \((\d+)\):$", result.output, flags=re.M)
         assert "FAIL  " not in result.output.split("commits (")[0] or not listed, shown
         if argv[1] == "status" and "--kube" in argv:  # it asked the (fake) cluster, through the kubeconfig
-            assert "Cluster ((kubeconfig / in-cluster)):" in result.output and "NVIDIADriver canary:" in result.output
+            assert "Cluster (kubeconfig / in-cluster):" in result.output and "NVIDIADriver canary:" in result.output
         after = _commits(stack_repo)
         commits = argv[1] not in LOOKS and "--check" not in argv
         assert len(after) - len(before) == (1 if commits else 0), shown

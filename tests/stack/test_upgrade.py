@@ -350,6 +350,43 @@ def test_canary_then_promote_then_rollback_twice_steps_back_twice(stack_repo, sh
     assert result.exit_code == 1 and "rolled back already" in result.output
 
 
+def test_three_rollbacks_step_back_past_a_kubernetes_only_commit_and_say_why(stack_repo):
+    """Issue 30: a rollback picked a commit changing only cluster.kubernetesVersion (which a rollback
+    keeps), failed with "nothing to commit", and picked it again every time."""
+    assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04",
+               "--pool", "canary").exit_code == 0
+    canary_sha = head(stack_repo)
+    assert run(stack_repo, "promote", "--from", "canary", "--to", "all").exit_code == 0
+    promote_sha = head(stack_repo)
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--kubernetes", "1.35")
+    assert result.exit_code == 0, result.output
+    kubernetes_sha = head(stack_repo)
+    assert stack_yaml(stack_repo)["cluster"]["kubernetesVersion"] == "1.35"
+
+    first = run(stack_repo, "rollback")
+    assert first.exit_code == 0, first.output
+    assert f"rolls back: {promote_sha}" in first.output
+    assert (f"chosen: {promote_sha[:12]} (gpugate stack: promote driver 610.57.04 from pool canary to all pools): "
+            f"the newest stack commit not rolled back yet; passed over {kubernetes_sha[:12]}") in first.output
+    assert "changes only cluster.kubernetesVersion, which a rollback keeps" in first.output
+    assert "Chosen: " in message(stack_repo)
+    assert pools(stack_repo) == {"default": "595.91.07", "canary": "610.57.04"}
+    assert stack_yaml(stack_repo)["cluster"]["kubernetesVersion"] == "1.35"  # the cluster keeps its minor
+
+    second = run(stack_repo, "rollback", "-o", "json")
+    assert second.exit_code == 0, second.output
+    data = json.loads(second.output)
+    assert data["reverts"] == canary_sha
+    assert f"{promote_sha[:12]} (gpugate stack: promote driver 610.57.04 from pool canary to all pools): rolled " \
+           f"back by" in data["revertsWhy"] and kubernetes_sha[:12] in data["revertsWhy"]
+    assert pools(stack_repo) == {"default": "595.91.07", "canary": "595.91.07"}
+
+    third = run(stack_repo, "rollback")
+    assert third.exit_code == 1
+    assert "nothing further to step back to" in third.output and "nothing to commit" not in third.output
+    assert f"{kubernetes_sha[:12]} (gpugate stack: upgrade" in third.output
+
+
 def test_rollback_skips_ordinary_commits_and_reverts_the_newest_stack_commit(stack_repo):
     assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04",
                "--pool", "canary").exit_code == 0

@@ -16,9 +16,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from webhook import logs
+from webhook.errors import InputError
 from webhook.kube import inventory
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
+
+
+def read(path: Path) -> inventory.Inventory:
+    """The GPUInventory in ``path`` (an offline command's ``--inventory``, a golden case's);
+    InputError names the file. The same parser as the server's watched file: both judge one file alike.
+    """
+    try:
+        return inventory.parse(path.read_bytes())
+    except OSError as err:
+        raise InputError(f"{path}: cannot read the inventory: {err.strerror}") from err
+    except inventory.InventoryError as err:
+        raise InputError(f"{path}: not a GPUInventory: {err}") from err
 
 
 class InventoryFile:

@@ -93,6 +93,8 @@ class StepContext:
     _requested: frozenset[str] | None = None
     _owned: set[int] = field(default_factory=set)
     """ids of the desired pod's containers copied for writing (see ``set_request``)."""
+    _injected: set[int] = field(default_factory=set)
+    """ids of the required node-affinity expressions this pass added (see ``require``): not the pod's own."""
 
     def requested(self, pod: Pod) -> frozenset[str]:
         """The GPU resources the desired pod asks for, read once and reused by the later steps.
@@ -141,6 +143,10 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventor
     policy = matching.select(policies, pod, namespace=namespace, asks_for_gpus=gpu_pod)
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
+    if gpu_pod and any(denier.mode == "enforce" for denier, _ in matching.applicable_denies(policies, pod, namespace)):
+        # Validation denies this pod whatever is injected: shaping it would only add warnings
+        # ("set nvidia.com/gpu: 4") before the denial, which the author should read alone.
+        return Mutation(desired=pod, patch=(), policy=PolicyRef(policy.name, policies.revision))
     desired, context = _shape(pod, policy, namespace, policies, inventory, now, requested=requested, gpu_pod=gpu_pod)
     ref = context.ref
     policy = context.policy
@@ -488,19 +494,43 @@ def require(pod: Pod, wanted: list[dict[str, Any]], context: StepContext) -> lis
         if terms is None:
             required = _child(_child(_child(_spec(pod), "affinity"), "nodeAffinity"),
                               "requiredDuringSchedulingIgnoredDuringExecution")
-            required["nodeSelectorTerms"] = [{"matchExpressions": [_copy(expression)]}]
+            first = _copy(expression)
+            required["nodeSelectorTerms"] = [{"matchExpressions": [first]}]
+            context._injected.add(id(first))
             added.append(affinity.describe(expression))
             continue
         for index, term in enumerate(terms):
             if affinity.is_empty(term) or affinity.term_meets(term, expression):
                 continue
             expressions = _child(term, "matchExpressions", list)
-            if any(isinstance(e, dict) and e.get("key") == expression["key"] for e in expressions):
+            same = [e for e in expressions if isinstance(e, dict) and e.get("key") == expression["key"]]
+            ours = next((e for e in same if id(e) in context._injected), None)
+            if ours is not None and _tighten(ours, expression):
+                # Two lower bounds of this pass on one key (right-sizing's memory, the policy's
+                # minMemoryMiB): one term with the larger, not two, and no word about the pod's own.
+                added.append(f"{affinity.describe(ours)} in term {index + 1}")
+                continue
+            if same and ours is None:
                 context.note(f"ANDed the policy's {affinity.describe(expression)} with the pod's own expression "
                              f"on {expression['key']} in node selector term {index + 1}")
-            expressions.append(_copy(expression))
+            appended = _copy(expression)
+            expressions.append(appended)
+            context._injected.add(id(appended))
             added.append(f"{affinity.describe(expression)} in term {index + 1}")
     return added
+
+
+def _tighten(ours: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Raise ``ours`` (a ``Gt`` this pass wrote) to ``wanted``'s bound when both are ``Gt`` on one
+    key; False (nothing changed) for any other pair."""
+    if ours.get("operator") != "Gt" or wanted.get("operator") != "Gt":
+        return False
+    try:
+        bound = max(int(ours["values"][0]), int(wanted["values"][0]))
+    except (KeyError, IndexError, TypeError, ValueError):
+        return False
+    ours["values"] = [str(bound)]
+    return True
 
 
 def right_size(pod: Pod, context: StepContext) -> None:

@@ -5,7 +5,8 @@ quantity) and/or ``gpugate.io/gpu-fraction: "0.25"`` (a share of one GPU's compu
 ``rightsizing.ladder`` lists what it may give, in the order it prefers (smallest first): MIG
 profiles, time-sliced shares, whole GPUs. The first rung that gives enough memory and compute and
 that the cluster offers now wins. "Offers now" comes from the balancer's inventory; without a
-fresh one the ladder's order alone decides, so a missing inventory never denies a pod.
+fresh one a whole GPU rung (what every GPU node offers) is preferred, else the ladder's order
+decides; a missing inventory never denies a pod.
 
 How each rung is asked for, as the NVIDIA device plugin advertises it:
 
@@ -122,9 +123,30 @@ def choose(ask: Ask, sizing: RightSizing, inventory: Inventory, now: datetime | 
         return _choice(fitting[0], sizing.mig_strategy, ask,
                        f"the smallest rung that fits{too_small}; none of the fitting rungs is free now, so the "
                        f"pod waits for it")
-    return _choice(fitting[0], sizing.mig_strategy, ask,
+    return _without_inventory(fitting, sizing, ask, too_small)
+
+
+def _without_inventory(fitting: list[Rung], sizing: RightSizing, ask: Ask, too_small: str) -> Choice:
+    """No fresh inventory: nothing says which slices the cluster has, so prefer a whole GPU.
+
+    ``nvidia.com/gpu`` is what every GPU node offers under the device plugin's default config; a
+    MIG slice or a time-sliced share exists only on nodes configured for it, and a pod given one
+    on a cluster without such nodes stays Pending. A ladder with no whole GPU that fits keeps its
+    order, and the warning says what the pod may wait for.
+    """
+    whole = next((rung for rung in fitting if rung.resource == names.GPU_RESOURCE), None)
+    if whole is not None:
+        passed = " or ".join(rung.name for rung in fitting[:fitting.index(whole)])
+        instead = f", rather than {passed}, which only nodes configured for it offer" if passed else ""
+        return _choice(whole, "plain", ask,
+                       f"no fresh inventory from the balancer, so a whole GPU, which every GPU node offers"
+                       f"{instead}{too_small}; with gpugate balance publishing its GPUInventory, the smallest "
+                       f"free rung is chosen")
+    first = fitting[0]
+    return _choice(first, sizing.mig_strategy, ask,
                    f"the smallest rung that fits{too_small}; no fresh inventory from the balancer, so the "
-                   f"ladder's order decides")
+                   f"ladder's order decides, and the pod stays Pending until a node configured for {first.name} "
+                   f"has one free")
 
 
 def offered_form(rung: Rung, ask: Ask, inventory: Inventory) -> str | None:

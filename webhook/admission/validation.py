@@ -72,19 +72,12 @@ def deny_rule_reasons(subject: pods.Pod, namespace: str, policies: PolicySet,
     """
     denials: list[str] = []
     warnings: list[str] = []
-    labels = pods.labels(subject)
-    for policy in policies.policies:
-        if policy.mode == "off" or not matching.namespace_matches(
-                namespace, policy.match.namespaces, policy.match.exclude_namespaces) \
-                or not matching.selector_matches(policy.match.pod_selector, labels):
-            continue
-        for rule in policy.deny:
-            if matching.deny_applies(rule, subject, namespace):
-                reason = f"{what()}; {rule.message} (policy {policy.name}@{policies.revision})"
-                if policy.mode == "audit":
-                    warnings.append(f"audit: would deny: {reason}")
-                else:
-                    denials.append(reason)
+    for policy, rule in matching.applicable_denies(policies, subject, namespace):
+        reason = f"{what()}; {rule.message} (policy {policy.name}@{policies.revision})"
+        if policy.mode == "audit":
+            warnings.append(f"audit: would deny: {reason}")
+        else:
+            denials.append(reason)
     return denials, warnings
 
 

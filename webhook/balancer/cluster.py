@@ -8,7 +8,6 @@ gigabytes, and their ``to_dict()`` snake_case keys are not Kubernetes JSON anywa
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -19,6 +18,7 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook import kubeclient
 from webhook.balancer.backoff import Backoff
 
 log = logging.getLogger("gpugate.balancer.cluster")
@@ -58,13 +58,8 @@ def needs_relist(code: int, status: Obj) -> bool:
         "too large resource version" in str(status.get("message", "")).lower()
 
 
-def status_of(err: ApiException) -> Obj:
-    """The Status object an ApiException carries (empty when the body is not one)."""
-    try:
-        body = json.loads(err.body or "{}")
-    except (TypeError, ValueError):
-        return {}
-    return body if isinstance(body, dict) else {}
+status_of = kubeclient.status_of
+"""The Status object an ApiException carries (empty when the body is not one): kubeclient's one reading."""
 
 
 def retry_after(err: BaseException) -> float | None:
@@ -166,7 +161,7 @@ class Informer(Generic[V]):
                 rv = None
             except StreamingUnsupported as err:
                 log.info("no streaming list here, listing in pages",
-                         extra={"fields": {"resource": self.name, "reason": str(err)[:300]}})
+                         extra={"fields": {"resource": self.name, "reason": str(err)}})
                 self.streaming = False
                 rv = None
             except Exception as err:
@@ -174,19 +169,19 @@ class Informer(Generic[V]):
                     break
                 if isinstance(err, ApiException) and needs_relist(err.status or 0, status_of(err)):
                     log.info("watch refused its resourceVersion, relisting",
-                             extra={"fields": {"resource": self.name, "error": _short(err)}})
+                             extra={"fields": {"resource": self.name, "error": kubeclient.failure(err)}})
                     self._on_relist(self.name)
                     rv = None
                     continue
                 if rv is None and self.streaming and isinstance(err, ApiException) and err.status in (400, 422):
                     log.info("no streaming list here, listing in pages",
-                             extra={"fields": {"resource": self.name, "error": _short(err)}})
+                             extra={"fields": {"resource": self.name, "error": kubeclient.failure(err)}})
                     self.streaming = False
                     continue
                 delay = max(self._backoff.next(), retry_after(err) or 0.0)
                 self._on_error(f"{self.name}.{'list' if rv is None else 'watch'}", err)
                 log.warning("API call failed, backing off",
-                            extra={"fields": {"resource": self.name, "error": _short(err),
+                            extra={"fields": {"resource": self.name, "error": kubeclient.failure(err),
                                               "retry_in_s": round(delay, 2)}})
                 stop.wait(delay)
 
@@ -289,10 +284,6 @@ class Informer(Generic[V]):
         return None if initial is not None else rv
 
 
-def _short(err: BaseException) -> str:
-    if isinstance(err, ApiException):
-        return f"{err.status} {err.reason}"
-    return f"{type(err).__name__}: {err}"[:300]
 
 
 class NodeWriter:

@@ -30,6 +30,7 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook import kubeclient
 from webhook.balancer import dracount, drawatch, placementfeed
 from webhook.balancer import inventory as inventory_mod
 from webhook.balancer import marks as marks_mod
@@ -59,6 +60,12 @@ EXTENDER_RETRY_SECONDS = 5.0
 RETRY_AFTER_DEFAULT = 1.0  # a 429 without Retry-After: wait this long before the next write
 
 
+def missing_namespace_message(namespace: str, *, what: str) -> str:
+    """What to do when the namespace the balancer writes its ``what`` (Lease, GPUInventory) into is absent."""
+    return (f"the {what} namespace {namespace} does not exist: create it (kubectl create namespace {namespace}) "
+            f"or pass --lease-namespace NS, the namespace gpugate runs in ($POD_NAMESPACE in the Deployment)")
+
+
 class Balancer:
     """One replica of the node-load balancer; :meth:`run` blocks until ``stop`` is set."""
 
@@ -83,6 +90,8 @@ class Balancer:
         self._dry_logged: dict[str, str] = {}
         self._heartbeat = clock()
         self.stop_event = threading.Event()
+        self.fatal = ""
+        """Why the balancer stopped itself (a change of configuration is needed), else empty."""
         self.health: HealthServer | None = None
         self._serve_health = serve_health
         self._schedule: WriteSchedule[marks_mod.Marks] = WriteSchedule(settings.write_interval)
@@ -152,7 +161,7 @@ class Balancer:
             self.publisher = InventoryPublisher(
                 api(), settings.inventory, namespace=settings.inventory.namespace or settings.lease.namespace,
                 content=self.inventory_content, may_write=self.writes, metrics=self.metrics,
-                on_error=self._api_error, clock=clock)
+                on_error=self._api_error, clock=clock, dry_run=settings.dry_run)
         self.elector: LeaderElector | None = None
         if settings.lease.enabled and not settings.dry_run:
             self.elector = LeaderElector(api(), settings.lease, clock=clock,
@@ -291,7 +300,7 @@ class Balancer:
                                                keyfile=Path(e.key_file), answer=self.extender_answer,
                                                ready=self.ready, metrics=self.metrics).start()
             except (OSError, ssl.SSLError) as err:
-                problem = f"{type(err).__name__}: {err}"[:300]
+                problem = f"{type(err).__name__}: {err}"
                 if problem != reported:
                     log.error("scheduler extender not served; retrying", extra={"fields": {
                         "bind": e.bind, "cert_file": e.cert_file, "error": problem}})
@@ -338,6 +347,12 @@ class Balancer:
 
     def _api_error(self, operation: str, err: BaseException) -> None:
         self.metrics.api_errors.labels(operation).inc()
+        missing = kubeclient.missing_namespace(err)
+        if missing and operation in ("lease", "inventory.write"):
+            # No retry can create a namespace: stop with the fix instead of looping on 404s.
+            self.fatal = missing_namespace_message(missing, what="Lease" if operation == "lease" else "GPUInventory")
+            log.error("cannot continue", extra={"fields": {"error": self.fatal}})
+            self.stop()
 
     def _leader_changed(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
@@ -457,6 +472,8 @@ class Balancer:
                 self.extender.stop()
                 self.metrics.extender_serving.set(0)
             log.info("balancer stopped", extra={"fields": {"identity": self.settings.lease.identity}})
+        if self.fatal:
+            raise GpugateError(self.fatal)
 
     def _sleep_for(self) -> float:
         """Until the next node write falls due, at most a second (the heartbeat)."""
@@ -578,7 +595,7 @@ class Balancer:
         except Exception as err:
             self.metrics.label_writes.labels("error").inc()
             self._api_error("patch_node", err)
-            log.warning("node patch failed", extra={"fields": {"node": name, "error": str(err)[:300]}})
+            log.warning("node patch failed", extra={"fields": {"node": name, "error": kubeclient.failure(err)}})
             with self._lock:
                 self._schedule.failed(name, retry_at=self._clock() + self._write_backoff.next())
             self._wake.set()
@@ -641,7 +658,7 @@ class Balancer:
                 self.metrics.prometheus_up.set(0)
                 if not reported_down:
                     log.warning("Prometheus unreachable: tiers fall back to allocation only once the last "
-                                "sample is stale", extra={"fields": {"error": str(err)[:300],
+                                "sample is stale", extra={"fields": {"error": str(err),
                                                                      "stale_after_s": p.stale_after}})
                     reported_down = True
                 result = None

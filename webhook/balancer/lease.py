@@ -98,7 +98,7 @@ class LeaderElector:
                 self.try_acquire_or_renew()
             except Exception as err:
                 self._on_error("lease", err)
-                log.warning("lease update failed", extra={"fields": {"error": str(err)[:300]}})
+                log.warning("lease update failed", extra={"fields": {"error": kubeclient.failure(err)}})
             self._publish()
             stop.wait(self._settings.retry_period)
 
@@ -196,7 +196,7 @@ class LeaderElector:
             log.info("lease released", extra={"fields": {"identity": s.identity}})
         except Exception as err:
             self._on_error("lease", err)
-            log.warning("lease release failed", extra={"fields": {"error": str(err)[:300]}})
+            log.warning("lease release failed", extra={"fields": {"error": kubeclient.failure(err)}})
         finally:
             self._publish()
 

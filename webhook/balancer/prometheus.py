@@ -2,9 +2,24 @@
 
 ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a 0..1 ratio) is preferred: ``DCGM_FI_DEV_GPU_UTIL`` reads
 ~100 % for a GPU running one small kernel all the time and does not exist for MIG instances.
-The latter (0..100 %) fills in for nodes without profiling metrics (pre-Volta GPUs). DCGM
-exporter names the node in a ``Hostname`` label; its unreleased successor says ``hostname``:
-the query groups by both and either is read.
+The latter (0..100 %) fills in for nodes without profiling metrics (pre-Volta GPUs).
+
+What one query answers, and why it is shaped so (dcgm-exporter 4.5.3-4.8.2,
+``internal/pkg/rendermetrics/render_metrics.go`` and ``internal/pkg/devicemonitoring/device_monitoring.go``):
+
+- The node is named in a ``Hostname`` label; dcgm-exporter's next release says ``hostname``
+  (its commit d5e5f51). During an exporter upgrade both spellings report the same GPUs, so both
+  are copied into one ``node`` label *before* anything is averaged: a host under both spellings is
+  one node whose GPUs are counted once, not two answers of which one overwrites the other.
+- With the exporter's default ``--devices f`` a GPU in MIG mode is exported only as its GPU
+  instances (one series per ``GPU_I_ID``, the parent's ``UUID`` on each), a whole GPU as itself.
+  The activity is averaged per physical GPU first (by ``UUID``), then over the node's GPUs, so
+  each GPU weighs the same whether whole or cut: a node with one saturated whole GPU and one
+  idle GPU cut in seven 1g slices is half busy, not one eighth. Within one GPU the instances
+  weigh the same; for the uniform layouts of the MIG manager's ``all-*`` configurations that is
+  exact (a mixed layout would need each profile's slice count, which PromQL cannot read from a label).
+- dcgm-exporter adds ``pod``/``namespace``/``container`` while a pod holds the GPU, so a GPU's
+  series changes name as pods come and go; grouping by ``UUID`` folds those series back into one GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +35,11 @@ from typing import Any
 PROFILING_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 UTIL_METRIC = "DCGM_FI_DEV_GPU_UTIL"
 HOST_LABELS = ("Hostname", "hostname")
+"""dcgm-exporter's spellings of the node's name: released (``Hostname``) and next (``hostname``)."""
+NODE_LABEL = "node"
+"""The one label the query answers each host under."""
+GPU_LABELS = ("UUID", "uuid")
+"""The physical GPU: ``UUID``, or ``uuid`` under dcgm-exporter's ``--use-old-namespace``."""
 
 
 class PrometheusError(Exception):
@@ -34,13 +54,32 @@ class Utilization:
     source: dict[str, str]
 
 
+def host_series(metric: str, window: str) -> str:
+    """Each series' mean over the window, with its host copied into ``node`` from either spelling.
+
+    ``label_replace`` only writes when the regex matches a non-empty value, so a series without a
+    host label keeps any ``node`` label a relabeling gave it (dcgm-exporter's ``--no-hostname``).
+    """
+    series = f"avg_over_time({metric}[{window}])"
+    for label in HOST_LABELS:
+        series = f'label_replace({series}, "{NODE_LABEL}", "$1", "{label}", "(.+)")'
+    return series
+
+
 def query_text(metric: str, window: str) -> str:
-    """Mean over the window, then over the node's GPUs, one series per host label value."""
-    return f"avg by (Hostname, hostname) (avg_over_time({metric}[{window}]))"
+    """Mean per physical GPU (its MIG instances and pod-labelled series folded in), then per node."""
+    gpu = ", ".join(GPU_LABELS)
+    return f"avg by ({NODE_LABEL}) (avg by ({NODE_LABEL}, {gpu}) ({host_series(metric, window)}))"
 
 
 def parse_vector(answer: Any, *, scale: float) -> dict[str, float]:
-    """Host -> value from a Prometheus ``/api/v1/query`` JSON answer; values divided by ``scale``."""
+    """Host -> value from a Prometheus ``/api/v1/query`` JSON answer to :func:`query_text`.
+
+    Values are divided by ``scale`` and clamped to 0..1; NaN and series without a ``node`` (a GPU
+    whose exporter reports no host) are left out. The query aggregates by ``node``, so a host
+    answers once; a second series for one host means the answer is not that query's, and is refused
+    rather than letting one value overwrite the other.
+    """
     if not isinstance(answer, dict) or answer.get("status") != "success":
         error = answer.get("error") if isinstance(answer, dict) else None
         raise PrometheusError(f"query failed: {error or 'answer is not a success'}")
@@ -49,13 +88,16 @@ def parse_vector(answer: Any, *, scale: float) -> dict[str, float]:
         raise PrometheusError(f"expected a vector result, got {data.get('resultType')!r}")
     values: dict[str, float] = {}
     for series in data.get("result") or ():
-        labels = series.get("metric") or {}
-        host = next((labels[k] for k in HOST_LABELS if labels.get(k)), None)
+        host = (series.get("metric") or {}).get(NODE_LABEL)
+        if not host:
+            continue
+        if host in values:
+            raise PrometheusError(f"host {host!r} answered twice: the answer is not aggregated by {NODE_LABEL}")
         try:
             value = float(series["value"][1]) / scale
         except (KeyError, IndexError, TypeError, ValueError):
             continue
-        if host and math.isfinite(value):
+        if math.isfinite(value):
             values[host] = min(max(value, 0.0), 1.0)
     return values
 

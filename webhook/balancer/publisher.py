@@ -25,6 +25,7 @@ import orjson
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from webhook import kubeclient
 from webhook.balancer import inventory
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.settings import InventorySettings
@@ -43,8 +44,10 @@ class InventoryPublisher:
                  content: Callable[[], inventory.Content | None], may_write: Callable[[], bool],
                  metrics: Metrics, on_error: Callable[[str, BaseException], None],
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC), dry_run: bool = False) -> None:
         self._core = client.CoreV1Api(api)
+        self._dry_run = dry_run
+        """Log each different inventory it would write instead of writing it (``gpugate balance --dry-run``)."""
         self.settings = settings
         self.namespace = namespace
         self._content = content
@@ -66,7 +69,7 @@ class InventoryPublisher:
             self.changed.wait(self._sleep_for())
             if stop.is_set():
                 break
-            if not self._may_write():
+            if not self._dry_run and not self._may_write():
                 self._written, self._written_at = None, None  # a later leadership starts with a write
                 self.changed.clear()
                 continue
@@ -81,6 +84,11 @@ class InventoryPublisher:
             if found is None:  # caches not synced yet: a partial view must not be published
                 continue
             self._looked_at = now
+            if self._dry_run:
+                if found != self._written:  # each different inventory once; no refreshes to show
+                    self._log_dry(found)
+                    self._written = found
+                continue
             due = self._written_at is None or now - self._written_at >= s.refresh
             if found == self._written and not due:
                 continue
@@ -90,7 +98,7 @@ class InventoryPublisher:
                 self._metrics.inventory_writes.labels("error").inc()
                 self._on_error("inventory.write", err)
                 log.warning("inventory not written", extra={"fields": {
-                    "configmap": f"{self.namespace}/{s.name}", "error": _short(err)}})
+                    "configmap": f"{self.namespace}/{s.name}", "error": kubeclient.failure(err)}})
                 self._written_at = now  # retried after min_interval, not in a tight loop
                 self._written = None
                 self.changed.set()
@@ -104,6 +112,11 @@ class InventoryPublisher:
             return TICK
         due_in = self._written_at + self.settings.refresh - self._clock()
         return max(0.0, min(TICK, due_in))
+
+    def _log_dry(self, found: inventory.Content) -> None:
+        doc = inventory.document(found, generated_at=self._wall_clock())
+        log.info("dry run: would publish inventory", extra={"fields": {
+            "configmap": f"{self.namespace}/{self.settings.name}", "key": self.settings.key, "inventory": doc}})
 
     def write(self, found: inventory.Content) -> None:
         """Create or replace the ConfigMap with ``found`` stamped now; raises what the API answers."""
@@ -149,7 +162,3 @@ class InventoryPublisher:
             "default_priority_class": found.default_priority_class}})
 
 
-def _short(err: BaseException) -> str:
-    if isinstance(err, ApiException):
-        return f"{err.status} {err.reason}"
-    return f"{type(err).__name__}: {err}"[:300]

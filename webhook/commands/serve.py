@@ -19,7 +19,7 @@ import jsonpatch
 
 from webhook.admission import client, reviews
 from webhook.certs import pki
-from webhook.errors import GpugateError, InputError
+from webhook.errors import GpugateError, InputError, PolicyLoadError
 from webhook.kube import claims
 from webhook.kube.documents import read_one
 
@@ -135,9 +135,29 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
 
     click.echo(f"gpugate: serving https://{bind} (policies: {policy_dir}, workers: {workers}, "
                f"threads: {threads})", err=True)
+    not_ready = unservable_reason(policy_dir, allow_empty=allow_empty_policies)
+    if not_ready:
+        click.echo(not_ready, err=True)
     run_gunicorn(make_app, bind=bind, workers=workers, threads=threads, certfile=certfile, keyfile=keyfile,
                  reload_interval=reload_interval, metrics_bind=metrics_address, max_requests=max_requests,
                  request_timeout=request_timeout, drain_seconds=drain_seconds)
+
+
+def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:
+    """Why the server will not be ready with ``policy_dir`` as it is now, in words (empty: it will be).
+
+    The workers log the same refusal as JSON; this is the line a person starting the server reads.
+    """
+    from webhook.policy import loading
+
+    try:
+        loading.load_servable(policy_dir, allow_empty=allow_empty)
+    except PolicyLoadError as err:
+        problems = "\n".join(f"  {problem}" for problem in err.problems)
+        return (f"gpugate: NOT READY: the policies in {policy_dir} cannot be served:\n{problems}\n"
+                f"gpugate: /readyz answers 503 and admissions get no policy until a valid set loads; the folder "
+                f"is watched, so fix it in place (check it with: gpugate policy check {policy_dir})")
+    return ""
 
 
 def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, threads: int, certfile: Path,

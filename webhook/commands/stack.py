@@ -229,6 +229,8 @@ def render_plan(data: dict[str, Any]) -> str:
         lines += [f"  {w}" for w in data["warnings"]]
     if data.get("reverts"):
         lines.append(f"rolls back: {data['reverts']}")
+        if data.get("revertsWhy"):
+            lines.append(f"  chosen: {data['revertsWhy']}")
     if data.get("cannotUndo"):
         lines.append("cannot undo:")
         lines += [f"  {line}" for line in data["cannotUndo"]]

@@ -5,6 +5,7 @@ A case is a folder under ``<policies>/tests/``::
     case.yaml      namespace: ml-train
                    pod: pod.yaml                    # default; a Pod (then the claims it references), or
                                                     # a ResourceClaim or ResourceClaimTemplate
+                   inventory: inventory.json        # optional: the balancer's GPUInventory, taken as fresh
                    expect: {mutated: expected.yaml} | {denied: "part of the message"} | {unchanged: true}
 
 The pod is mutated, the patch applied, the result validated, and the result mutated again (it
@@ -20,6 +21,7 @@ import re
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,10 @@ import jsonpatch
 import yaml
 
 from webhook import names
-from webhook.admission import chain, dra
+from webhook.admission import chain, dra, inventoryfile
 from webhook.errors import InputError
-from webhook.kube.documents import read_admission_file
+from webhook.kube.documents import read_admission_file, read_one
+from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, loading
 
 CASE_FILE = "case.yaml"
@@ -59,28 +62,34 @@ def mask_revision(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def _dump(obj: object) -> list[str]:
-    return yaml.safe_dump(obj, sort_keys=True, default_flow_style=False).splitlines(keepends=True)
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False).splitlines(keepends=True)
 
 
-def run_case(case_dir: Path, policies: PolicySet, *, root: Path | None = None) -> CaseResult:
+def run_case(case_dir: Path, policies: PolicySet, *, root: Path | None = None, inventory: Inventory = EMPTY,
+             now: datetime | None = None) -> CaseResult:
+    """One case; ``inventory`` (judged at ``now``, as the server does) unless the case names its own."""
     name = str(case_dir.relative_to(root)) if root else case_dir.name
     started = time.perf_counter()
     try:
-        detail = _check(case_dir, policies)
+        detail = _check(case_dir, policies, inventory, now)
     except InputError as err:
         detail = str(err)
     return CaseResult(name=name, passed=detail == "", detail=detail, seconds=time.perf_counter() - started)
 
 
-def _check(case_dir: Path, policies: PolicySet) -> str:
+def _check(case_dir: Path, policies: PolicySet, inventory: Inventory, now: datetime | None) -> str:
     spec = _read_case(case_dir)
     document = read_admission_file(case_dir / spec.get("pod", "pod.yaml"))
     pod = document.subject
     namespace = spec["namespace"]
-    outcome = chain.admit(pod, namespace=namespace, policies=policies, resolved=dra.resolve_documents(document.claims))
+    if spec.get("inventory"):
+        # A committed file's generatedAt ages; the case means "as just published".
+        inventory, now = inventoryfile.read(case_dir / str(spec["inventory"])), None
+    outcome = chain.admit(pod, namespace=namespace, policies=policies, inventory=inventory, now=now,
+                          resolved=dra.resolve_documents(document.claims))
     result = outcome.mutation
     mutated = jsonpatch.apply_patch(pod, list(result.patch)) if result.patch else pod
-    again = chain.mutate(mutated, namespace=namespace, policies=policies)
+    again = chain.mutate(mutated, namespace=namespace, policies=policies, inventory=inventory, now=now)
     if again.patch:
         return f"not idempotent: mutating the result again patches {list(again.patch)}"
     expect = spec["expect"]
@@ -103,11 +112,8 @@ def _check(case_dir: Path, policies: PolicySet) -> str:
 
 def _read_case(case_dir: Path) -> dict[str, Any]:
     path = case_dir / CASE_FILE
-    try:
-        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as err:
-        raise InputError(f"{path}: cannot read the case: {err}") from err
-    if not isinstance(spec, dict) or "namespace" not in spec or not isinstance(spec.get("expect"), dict):
+    spec = read_one(path)  # errors name the file, and the line of a YAML error
+    if "namespace" not in spec or not isinstance(spec.get("expect"), dict):
         raise InputError(f"{path}: a case needs 'namespace' and 'expect' "
                          f"({{mutated: FILE}}, {{denied: TEXT}} or {{unchanged: true}})")
     keys = set(spec["expect"])
@@ -116,10 +122,10 @@ def _read_case(case_dir: Path) -> dict[str, Any]:
     return spec
 
 
-def run_all(policy_dir: Path) -> list[CaseResult]:
+def run_all(policy_dir: Path, *, inventory: Inventory = EMPTY, now: datetime | None = None) -> list[CaseResult]:
     policies = loading.load_dir(policy_dir)
     root = policy_dir / "tests"
-    return [run_case(case, policies, root=root) for case in find_cases(policy_dir)]
+    return [run_case(case, policies, root=root, inventory=inventory, now=now) for case in find_cases(policy_dir)]
 
 
 def junit_xml(results: list[CaseResult], *, suite: str = "gpugate-policy-tests") -> bytes:

@@ -35,6 +35,26 @@ def load_dir(path: Path | str) -> PolicySet:
     return parsing.parse(read_dir(path))
 
 
+EMPTY_SET = ("{directory} holds no GPUPolicy; an empty set would lift every deny rule, so gpugate serve "
+             "refuses it (start it with --allow-empty-policies if that is what you want)")
+
+
+def require_servable(policies: PolicySet, directory: Path | str, *, allow_empty: bool = False) -> PolicySet:
+    """``policies`` if ``gpugate serve`` would answer with them, else PolicyLoadError saying why.
+
+    The one rule for "servable", used by the server's store and by ``gpugate policy check``, so a
+    check that passes is a set the server loads.
+    """
+    if not policies.policies and not allow_empty:
+        raise PolicyLoadError([EMPTY_SET.format(directory=directory)])
+    return policies
+
+
+def load_servable(path: Path | str, *, allow_empty: bool = False) -> PolicySet:
+    """``load_dir``, then ``require_servable``: what ``gpugate serve`` would load from ``path``."""
+    return require_servable(load_dir(path), path, allow_empty=allow_empty)
+
+
 def read_dir(path: Path | str) -> Texts:
     """The policy files of ``path`` as (name, bytes); PolicyLoadError when the folder is unusable."""
     folder = Path(path)

@@ -7,6 +7,7 @@ without ``metadata.namespace``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from fnmatch import translate
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -80,3 +81,21 @@ def select(policies: PolicySet, pod: pods.Pod, *, namespace: str, honor_skip: bo
 
 def deny_applies(rule: DenyRule, pod: pods.Pod, namespace: str) -> bool:
     return namespace_matches(namespace, rule.namespaces) and selector_matches(rule.pod_selector, pods.labels(pod))
+
+
+def applicable_denies(policies: PolicySet, pod: pods.Pod, namespace: str) -> Iterator[tuple[GPUPolicy, DenyRule]]:
+    """Each deny rule that applies to ``pod``, with its policy: of every policy not ``off`` whose
+    namespaces and podSelector match, whatever its priority (a deny is never hidden by priority).
+
+    The one home of that rule: validation denies by it, and mutation leaves a pod it will deny
+    unshaped, so the pod's author reads the denial alone.
+    """
+    labels = pods.labels(pod)
+    for policy in policies.policies:
+        if policy.mode == "off" or not policy.deny or not namespace_matches(
+                namespace, policy.match.namespaces, policy.match.exclude_namespaces) \
+                or not selector_matches(policy.match.pod_selector, labels):
+            continue
+        for rule in policy.deny:
+            if deny_applies(rule, pod, namespace):
+                yield policy, rule

@@ -65,8 +65,6 @@ def folder_digest(directory: Path) -> str:
 
 
 CHANGED_WHILE_LOADING = "folder changed while loading; retrying"
-EMPTY_SET = ("{directory} holds no GPUPolicy; an empty set would lift every deny rule, so it is refused "
-             "(start gpugate serve with --allow-empty-policies if that is what you want)")
 
 
 @dataclass(frozen=True)
@@ -133,9 +131,7 @@ class PolicyStore:
                 return ReloadOutcome(changed=False)
             try:
                 texts = self._read(self.directory)
-                loaded = parsing.parse(texts)
-                if not loaded.policies and not self.allow_empty:
-                    raise GpugateError(EMPTY_SET.format(directory=self.directory))
+                loaded = loading.require_servable(parsing.parse(texts), self.directory, allow_empty=self.allow_empty)
             except GpugateError as err:
                 return self._refuse(before, str(err))
             except Exception as err:  # a loader bug must not kill the watcher; the old set serves on

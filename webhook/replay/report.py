@@ -55,7 +55,9 @@ def table(results: list[RunResult], *, workload: str, seeds: list[int]) -> str:
         rows.append((arm, _fmt(values["alloc_at_100"]), _fmt(values["alloc_at_130"]),
                      _fmt(values["frag_at_100"]), f"{failed:g}", str(values["runs"]), f"{seconds:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [f"workload {workload}, seeds {_seed_text(seeds)}; medians over seeds, % of GPU capacity"]
+    several = len(seeds) > 1
+    lines = [f"workload {workload}, {'seeds' if several else 'seed'} {_seed_text(seeds)}; "
+             f"{'medians over seeds, ' if several else ''}% of GPU capacity"]
     for number, row in enumerate(rows):
         cells = (cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
         lines.append("  ".join(cells))

@@ -56,6 +56,8 @@ class Plan:
     checks: tuple[Check, ...]
     reverts: str = ""
     """For a rollback: the sha of the stack commit it undoes (the Gpugate-Reverts trailer)."""
+    reverts_why: str = ""
+    """For a rollback: why that commit (the newer stack commits it passed over, and why each)."""
     cannot_undo: tuple[str, ...] = ()
     """For a rollback: what going back does not restore, said in the output and the commit."""
 
@@ -364,6 +366,8 @@ def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, .
     body = [f"gpugate stack: {step.title}"[:200], ""]
     if plan.reverts:
         body += [f"This rolls back stack commit {plan.reverts}.", ""]
+        if plan.reverts_why:
+            body += [f"Chosen: {plan.reverts_why}.", ""]
     body += ["Changes:"]
     body += [f"  {line}" for line in changes(plan.current, step.stack)]
     body += ["", "Files:"] + [f"  {path}" for path in files]
@@ -417,7 +421,7 @@ def cannot_undo(current: Stack, target: Stack) -> list[str]:
     return lines
 
 
-def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, subject: str,
+def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, subject: str, why: str = "",
                   allow_operator_downgrade: bool, allow_unvalidated_driver: bool, allow_unlisted_driver: bool,
                   existing: ExistingDrivers) -> Plan:
     """Check going back from ``current`` to ``target`` (stack.yaml before commit ``sha``) like any change.
@@ -432,7 +436,7 @@ def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, su
         matrix.release(current.operator_version)
     except GpugateError as err:
         return Plan(action="rollback", current=current, steps=(), checks=(_fail("release-known", str(err)),),
-                    reverts=sha)
+                    reverts=sha, reverts_why=why)
     checks: list[Check] = [
         compat.check_rollback_path(matrix, current.operator_version, target.operator_version,
                                    allow_downgrade=allow_operator_downgrade),
@@ -450,4 +454,4 @@ def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, su
     undo = tuple(cannot_undo(current, target))
     step = Step(action="rollback", stack=target, title=title)
     return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks), reverts=sha,
-                cannot_undo=undo)
+                reverts_why=why, cannot_undo=undo)

@@ -192,7 +192,7 @@ def status(path: Path, *, kube: bool, server: str | None) -> dict[str, Any]:
         root = Repo(path).root if _is_git(path) else path
         stack = manifests.load_stack(root)
         out["cluster"] = summarize_cluster(stack, fetch_cluster(server))
-        out["cluster"]["server"] = server or "(kubeconfig / in-cluster)"
+        out["cluster"]["server"] = server or "kubeconfig / in-cluster"
     return out
 
 

@@ -181,19 +181,49 @@ def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
         raise
 
 
-def rollback_target(repo: Repo) -> StackCommit:
-    """The stack commit a rollback undoes: the newest one not itself a rollback and not rolled back yet.
+@dataclass(frozen=True)
+class RollbackChoice:
+    """The stack commit a rollback undoes, and why that one: the newer ones it passed over."""
+
+    commit: StackCommit
+    passed: tuple[str, ...] = ()
+    """``<sha12> (<subject>): <why not>`` for each newer stack commit it did not pick."""
+
+    def why(self) -> str:
+        chosen = f"{self.commit.sha[:12]} ({self.commit.subject}): the newest stack commit not rolled back yet"
+        if not self.passed:
+            return chosen
+        return chosen + "; passed over " + "; ".join(self.passed)
+
+
+def rollback_target(repo: Repo) -> RollbackChoice:
+    """The stack commit a rollback undoes: the newest one not itself a rollback, not rolled back yet,
+    and changing something a rollback restores.
 
     Rollback commits name what they undid (Gpugate-Reverts), so a second rollback steps further
-    back instead of undoing the first one (which would re-apply the change it removed).
+    back instead of undoing the first one (which would re-apply the change it removed). A commit
+    that changes only ``cluster.kubernetesVersion`` is passed over: a rollback keeps the cluster's
+    Kubernetes minor, so undoing it changes nothing (and would be picked again every time).
     """
     commits = repo.stack_commits()
-    undone = {c.reverts for c in commits if c.action == "rollback" and c.reverts}
+    undone = {c.reverts: c.sha for c in commits if c.action == "rollback" and c.reverts}
+    passed: list[str] = []
     for commit in commits:
-        if commit.action != "rollback" and commit.sha not in undone:
-            return commit
+        if commit.action == "rollback":
+            continue
+        name = f"{commit.sha[:12]} ({commit.subject})"
+        if commit.sha in undone:
+            passed.append(f"{name}: rolled back by {undone[commit.sha][:12]}")
+            continue
+        before, after = _stack_at(repo, f"{commit.sha}^"), _stack_at(repo, commit.sha)
+        if before is not None and after is not None and \
+                after.replace(kubernetes_minor=before.kubernetes_minor) == before:
+            passed.append(f"{name}: changes only cluster.kubernetesVersion, which a rollback keeps")
+            continue
+        return RollbackChoice(commit, tuple(passed))
     if commits:
-        raise GpugateError("every stack commit in the last 200 is rolled back already; nothing further to step back to")
+        raise GpugateError("nothing further to step back to: every stack commit in the last 200 is rolled back "
+                           "already or changes only what a rollback keeps (" + "; ".join(passed) + ")")
     raise GpugateError("no stack commit to roll back (none carries the Gpugate-Stack trailer)")
 
 
@@ -209,7 +239,8 @@ def prepare_rollback(repo: Repo, *, allow_operator_downgrade: bool, allow_unvali
                      chart: verify.ChartSettings | None = None, for_commit: bool = True) -> Prepared:
     """Plan going back to stack.yaml as it was before the newest not-yet-undone stack commit."""
     root = repo.root
-    target_commit = rollback_target(repo)
+    choice = rollback_target(repo)
+    target_commit = choice.commit
     current = manifests.load_stack(root)
     after = _stack_at(repo, target_commit.sha)
     before = _stack_at(repo, f"{target_commit.sha}^")
@@ -222,7 +253,8 @@ def prepare_rollback(repo: Repo, *, allow_operator_downgrade: bool, allow_unvali
                            f"hand and run `gpugate stack sync`")
     existing = manifests.existing_drivers(manifests.read_files(root))
     plan = planning.plan_rollback(matrix_data.load(), current, before, sha=target_commit.sha,
-                                  subject=target_commit.subject, allow_operator_downgrade=allow_operator_downgrade,
+                                  subject=target_commit.subject, why=choice.why(),
+                                  allow_operator_downgrade=allow_operator_downgrade,
                                   allow_unvalidated_driver=allow_unvalidated_driver,
                                   allow_unlisted_driver=allow_unlisted_driver, existing=existing)
     return _prepare(root, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
@@ -239,6 +271,7 @@ def plan_as_dict(prepared: Prepared) -> dict:
         "checks": [c.as_dict() for c in prepared.checks],
         "warnings": list(prepared.warnings),
         "reverts": plan.reverts or None,
+        "revertsWhy": plan.reverts_why or None,
         "cannotUndo": list(plan.cannot_undo),
         # Only a plan that passes makes commits: a failed one lists none (not "[this run]" above a FAIL).
         "commits": [] if not prepared.ok else [

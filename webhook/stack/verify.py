@@ -171,7 +171,10 @@ def rendered_chart(files: Mapping[str, bytes | None], *, stack: Stack, chart: Ch
     from webhook.stack import chartcheck, chartrender
 
     if chart.helm is None:
-        return [Check(name="chart-render", ok=True, reason=f"not rendered: {chart.skip_reason}",
+        run_it = ("drop --skip-chart-render" if chart.skip_reason == "--skip-chart-render"
+                  else "give helm with --helm PATH or $GPUGATE_HELM")
+        return [Check(name="chart-render", ok=True, skipped=True,
+                      reason=f"not rendered: {chart.skip_reason}; to render it, {run_it}",
                       warning=f"the {stack.chart} {stack.operator_version} chart was not rendered "
                               f"({chart.skip_reason}); its ClusterPolicy was not checked against stack.yaml")]
     source = chartrender.ChartSource(repo_url=chart.repo_url, chart=stack.chart, version=str(stack.operator_version))
@@ -180,7 +183,12 @@ def rendered_chart(files: Mapping[str, bytes | None], *, stack: Stack, chart: Ch
         objects = chartrender.render(chart.helm, source, values=values, kube_version=f"1.{stack.kubernetes_minor}")
         drivers = _render_driver_objects(files) if stack.management == "nvidiadriver" else []
     except GpugateError as err:
-        return [Check(name="chart-render", ok=False, reason=str(err))]
+        reason = str(err)
+        if "://" in chart.repo_url and not chart.repo_url.startswith("file://"):
+            reason += (f". If {chart.repo_url} cannot be reached from here, render from a folder of chart packages "
+                       f"with --chart-repo file:///PATH (or ${chartrender.CHART_REPO_ENV}), or leave the render out "
+                       f"with --skip-chart-render")
+        return [Check(name="chart-render", ok=False, reason=reason)]
     checks = [Check(name="chart-render", ok=True,
                     reason=f"helm template {source} renders {len(objects)} object(s) with the staged values")]
     return checks + chartcheck.check_rendered_chart(objects, stack, drivers)

@@ -22,7 +22,12 @@
 --     deletionTimestamp and Terminating True (InstanceDeletionPending, InstanceDeletionInProgress,
 --     InstanceDeletionFailed, InstanceDeletionCheck) until the custom resources are gone
 --
---   deletionTimestamp or Terminating=True -> Progressing (as Argo CD's check: deletion takes time)
+--   deletionTimestamp or Terminating=True -> Progressing (as Argo CD's check: deletion takes time);
+--                                            Argo CD itself says Progressing "Pending deletion" for
+--                                            any object with a deletionTimestamp before it runs a
+--                                            script (gitops-engine pkg/health/health.go
+--                                            GetResourceHealth), so this message shows only for
+--                                            Terminating=True without one
 --   NamesAccepted=False                   -> Degraded with the condition's message: a name
 --                                            conflict, it is not served (or keeps its old names)
 --   NonStructuralSchema=True              -> Degraded (as Argo CD's check)
