@@ -49,7 +49,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.kubefake import FakeKube  # noqa: E402
+from webhook.balancer.settings import InventorySettings  # noqa: E402
 from webhook.names import GPU_FREE_LABEL, GPU_LOAD_LABEL  # noqa: E402
+
+INVENTORY = InventorySettings().name
 
 TICKS = os.sysconf("SC_CLK_TCK")
 Obj = dict[str, Any]
@@ -382,6 +385,17 @@ def small_pod(i: int, node_name: str, gpus: int, phase: str = "Running", *, env_
 
 
 # ---- measuring the balancer process --------------------------------------------------------------------
+def node_pods(rng: random.Random, per_node: int, fill: int) -> list[int]:
+    """The GPUs of each pod on one node: ``fill`` GPUs in pods of 1, 2 or 4, then CPU-only pods (0)
+    up to ``per_node``, like a real cluster where most pods (daemons, sidecars, services) hold no GPU."""
+    found = []
+    while fill:
+        gpus = rng.choice([g for g in (1, 2, 4) if g <= fill])
+        found.append(gpus)
+        fill -= gpus
+    return found + [0] * max(per_node - len(found), 0)
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     text = Path(f"/proc/{pid}/status").read_text()
     values = {k: int(re.search(rf"{k}:\s+(\d+)", text).group(1)) / 1024 for k in ("VmRSS", "VmHWM")}
@@ -493,6 +507,15 @@ def main() -> int:
 
     fk = FakeKube(max_events=200_000, bookmark_interval=60.0).start()
     t0 = time.perf_counter()
+    # What the Deployment's balancer reads besides nodes and pods: its namespace (Lease and the
+    # GPUInventory ConfigMap live there) and the PriorityClasses every cluster has, plus gpugate's
+    # own (manifests/webhook/priorityclass.yaml); without them it backed off on 404s and never
+    # published the inventory that ships on by default (issue 30).
+    fk.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
+    for name, value in (("system-cluster-critical", 2_000_000_000), ("system-node-critical", 2_000_001_000),
+                        ("gpugate-critical", 1_000_000)):
+        fk.put({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                "value": value, "globalDefault": False, "preemptionPolicy": "PreemptLowerPriority"})
     fk.put_many(make_node(i, rng) for i in range(args.nodes))
     names = [f"gpu-{i:05d}" for i in range(args.nodes)]
     # Every node gets a random GPU fill (0..8 GPUs in pods of 1, 2 or 4), the rest of its pods are
@@ -504,13 +527,7 @@ def main() -> int:
     for name in names:
         fill = rng.randint(0, 8)
         free[name] = 8 - fill
-        node_pods = []
-        while fill:
-            gpus = rng.choice([g for g in (1, 2, 4) if g <= fill])
-            node_pods.append(gpus)
-            fill -= gpus
-        node_pods += [0] * max(per_node - len(node_pods), 0)
-        for gpus in node_pods:
+        for gpus in node_pods(rng, per_node, fill):
             if gpus:
                 gpu_pods.append(len(shapes))
             shapes.append((name, gpus, rng.choice((0, 5, 10, 15, 20, 30, 40, 50))))
@@ -567,6 +584,15 @@ def main() -> int:
                     return 1
                 time.sleep(0.1)
             to_labelled = time.perf_counter() - start
+            while fk.get("v1", "ConfigMap", INVENTORY, "bench") is None:
+                if proc.poll() is not None or time.perf_counter() - start > 900:
+                    print("the GPUInventory ConfigMap was never published", file=sys.stderr)
+                    return 1
+                time.sleep(0.1)
+            to_inventory = time.perf_counter() - start
+            inventory = fk.get("v1", "ConfigMap", INVENTORY, "bench")
+            assert inventory is not None
+            inventory_bytes = sum(len(v) for v in (inventory.get("data") or {}).values())
             sync_end_mono = time.monotonic()
             cpu_sync = cpu_seconds(proc.pid)
             rss_sync, peak_sync = rss_mb(proc.pid)
@@ -610,6 +636,8 @@ def main() -> int:
             burst_patches = patch_figures(fk.requests, burst_mono, last)
             rss_end, peak_end = rss_mb(proc.pid)
             throttled = sum(1 for r in fk.requests if r.status == 429)
+            inventory_writes = sum(1 for r in fk.requests if r.method in ("POST", "PUT", "PATCH")
+                                   and "/configmaps" in r.path)
             lists = sum(1 for r in fk.requests if r.method == "GET" and r.path in ("/api/v1/pods", "/api/v1/nodes")
                         and ("watch" not in r.query or r.query.get("sendInitialEvents") == "true"))
         finally:
@@ -621,6 +649,8 @@ def main() -> int:
     rows = [
         ("start to all nodes labelled, wall (s)", f"{to_labelled:.1f}", "< 60"),
         ("  of which caches synced (/readyz), wall (s)", "-" if synced_at is None else f"{synced_at:.1f}", ""),
+        ("start to GPUInventory published, wall (s)", f"{to_inventory:.1f}", ""),
+        ("  GPUInventory size (KB) / ConfigMap writes", f"{inventory_bytes / 1024:.1f} / {inventory_writes}", ""),
         ("balancer CPU to all nodes labelled (s)", f"{cpu_sync:.1f}", ""),
         (f"  that CPU / the {limit:g}-core limit (s)", f"{cpu_sync / limit:.1f}" if limit > 0 else "-", "< 60"),
         ("lists to sync (pages, or streamed lists)", f"{lists}", ""),

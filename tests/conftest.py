@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
+from tests.prerequisites import in_ci, needed
+
 # CI explores the same examples every run, so a red CI is reproducible and never a coin toss;
 # a developer's run explores new ones each time and is where new counterexamples turn up.
 settings.register_profile("ci", derandomize=True)
 settings.register_profile("dev", derandomize=False)
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+settings.load_profile("ci" if in_ci() else "dev")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -26,10 +27,8 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    """../shared beside the clone; tests that need it skip with the reason on a fresh clone."""
-    if not SHARED.is_dir():
-        pytest.skip("../shared is absent (a fresh clone has no schemas or trace beside it)")
-    return SHARED
+    """../shared beside the clone; tests that need it skip with the reason on a fresh clone (fail in CI)."""
+    return needed(SHARED, "a fresh clone has no schemas or trace beside it")
 
 
 
@@ -47,7 +46,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     """
     outcome = yield
     report = outcome.get_result()
-    if KUBECTL is None and not os.environ.get("CI") and call.excinfo is not None \
+    if KUBECTL is None and not in_ci() and call.excinfo is not None \
             and NO_KUBECTL in str(call.excinfo.value) and report.failed:
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0,
@@ -60,7 +59,7 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
     """The same for a test module that renders manifests while it is collected."""
     outcome = yield
     report = outcome.get_result()
-    if KUBECTL is None and not os.environ.get("CI") and report.failed and NO_KUBECTL in str(report.longrepr):
+    if KUBECTL is None and not in_ci() and report.failed and NO_KUBECTL in str(report.longrepr):
         report.outcome = "skipped"
         report.longrepr = (str(collector.path), 0, "Skipped: kubectl is not installed; this module renders "
                            "manifests with the real `kubectl kustomize` (CI installs and checks it)")

@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
+from tests.prerequisites import missing
 
 BUILD = "`python -m tests.e2e.gitops_binaries build` builds one from helm.sh/helm/v3 (or put helm on PATH)"
 
@@ -27,8 +27,5 @@ def helm_binary() -> Path:
         cached = None
     path = cached or (Path(p) if (p := shutil.which("helm")) else None)
     if path is None:
-        message = f"no helm: {BUILD}"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {message}", pytrace=False)
-        pytest.skip(message)
+        missing(f"no helm: {BUILD}")
     return Path(path)

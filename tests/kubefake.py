@@ -240,6 +240,7 @@ DEFAULT_TYPES: tuple[tuple[str, str, str, str, bool], ...] = (
     ("apps", "v1", "ReplicaSet", "replicasets", True),
     ("batch", "v1", "Job", "jobs", True),
     ("coordination.k8s.io", "v1", "Lease", "leases", True),
+    ("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False),
     ("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration",
      "mutatingwebhookconfigurations", False),
     ("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration",

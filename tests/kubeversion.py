@@ -4,7 +4,7 @@ That home is ``cluster.kubernetesVersion`` in manifests/gpu-operator/stack.yaml 
 ``gpugate stack upgrade --operator <current> --kubernetes 1.NN``). Every test that means "our
 cluster" takes the version from here: strict schema validation of the rendered manifests and of
 mutated pods, the fake API server's ``/version``, the second scheduler's image. The e2e control
-plane (tests/e2e/toolchain/kubernetes/go.mod) and the pinned GPU Operator's supported range are
+plane (webhook/localcluster/toolchain/kubernetes/go.mod) and the pinned GPU Operator's supported range are
 held to it by tests/stack/test_kubernetes_version.py.
 
 Reading a file at import is fine here (tests only); the webhook's pure core never does.

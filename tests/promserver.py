@@ -14,7 +14,6 @@ target (``namespace``, ``pod``, ``container``, ``service``, ``endpoint``, ``job`
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import urllib.error
@@ -24,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.e2e import processes
+from tests.prerequisites import missing
 
 INSTALL = "install Debian's prometheus package (`apt-get install prometheus`; .ci/run does), or put it on PATH"
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -37,10 +36,7 @@ def binary(name: str = "prometheus") -> Path:
     """``prometheus`` or ``promtool`` from PATH; skip without it (fail under CI)."""
     found = shutil.which(name)
     if found is None:
-        message = f"no {name} on PATH: {INSTALL}"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {message}", pytrace=False)
-        pytest.skip(message)
+        missing(f"no {name} on PATH: {INSTALL}")
     return Path(found)
 
 

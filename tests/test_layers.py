@@ -29,7 +29,7 @@ LAYERS: dict[str, dict[str, str]] = {
                "loading": EDGE, "store": EDGE, "cases": EDGE},
     "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
                   "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
-                  "dra": CORE, "claimlookup": EDGE,
+                  "dra": CORE, "claimlookup": EDGE, "outcome": CORE,
                   "worker": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                   "client": EDGE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE},
@@ -48,7 +48,9 @@ LAYERS: dict[str, dict[str, str]] = {
     "placement": {"__init__": CORE, "devices": CORE, "inputs": CORE, "shapes": CORE, "fragment": CORE,
                   "scoring": CORE, "extender": CORE},
     "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,
-                 "replay": EDGE, "serve": EDGE, "stack": EDGE},
+                 "replay": EDGE, "serve": EDGE, "stack": EDGE, "smoke": EDGE, "demo": EDGE},
+    "localcluster": {"__init__": CORE, "binaries": EDGE, "controlplane": EDGE, "pki": EDGE, "processes": EDGE,
+                     "fakekubelet": EDGE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE},
 }
 
 FORBIDDEN_LIBRARIES = ("flask", "werkzeug", "kubernetes", "gunicorn", "requests", "urllib3", "subprocess",

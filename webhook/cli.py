@@ -24,10 +24,12 @@ COMMANDS: dict[str, str] = {
     "serve": "webhook.commands.serve:serve",
     "admit": "webhook.commands.serve:admit",
     "certs": "webhook.commands.certs:certs",
+    "smoke": "webhook.commands.smoke:smoke",
     "balance": "webhook.commands.balance:balance",
     "stack": "webhook.commands.stack:stack",
     "argocd": "webhook.commands.argocd:argocd",
     "replay": "webhook.commands.replay:replay",
+    "demo": "webhook.commands.demo:demo",
 }
 
 
@@ -40,10 +42,12 @@ SUMMARIES: dict[str, str] = {
     "serve": "Run the admission webhook over HTTPS.",
     "admit": "Send a pod or review to a running webhook.",
     "certs": "Make or renew the webhook's TLS certificate.",
+    "smoke": "Dry-run pods a running webhook must shape and deny.",
     "balance": "Label GPU nodes by load (the balancer).",
     "stack": "Plan, upgrade and roll back the GPU stack in Git.",
     "argocd": "Keep the Argo CD side of the stack consistent.",
     "replay": "Replay a GPU cluster trace against policies.",
+    "demo": "Try gpugate on a local cluster of GPU nodes.",
 }
 
 

@@ -7,6 +7,7 @@ server does with the webhook configuration's caBundle.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import ssl
 import statistics
@@ -188,5 +189,36 @@ def test_sixteen_kept_alive_connections_spread_over_both_workers(tmp_path: Path)
         assert min(shares.values()) >= 0.35, f"each worker's share of requests: {shares}"
         for session in sessions:
             session.close()
+    finally:
+        srv.stop()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` and its children (the gunicorn master and its workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
+    total = 0.0
+    for one in pids:
+        fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def test_an_idle_kept_alive_connection_costs_the_server_no_cpu(tmp_path: Path) -> None:
+    """A worker holding more connections than its sibling leaves new ones to it; it used to poll the
+    connection table in a loop with a zero timeout meanwhile, a whole core for as long as the API
+    server kept its connection open (issue 28). Idle now: well under a tenth of a core."""
+    srv = Server(tmp_path, policies=copy_policies(tmp_path / "policies")).start()
+    try:
+        assert srv.process is not None
+        session = https_session(srv.ca, pool=1)
+        session.post(f"{srv.url}/mutate", json=review_of(example_pod()), timeout=10).raise_for_status()
+        time.sleep(0.5)
+        before, started = _cpu_seconds(srv.process.pid), time.monotonic()
+        time.sleep(2.0)
+        used = (_cpu_seconds(srv.process.pid) - before) / (time.monotonic() - started)
+        session.post(f"{srv.url}/mutate", json=review_of(example_pod()), timeout=10).raise_for_status()
+        assert used < 0.1, f"the server used {used:.0%} of a core with one idle kept-alive connection"
+        session.close()
     finally:
         srv.stop()

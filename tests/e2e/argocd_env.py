@@ -12,8 +12,12 @@ whose Service network is on loopback (see ``test_argocd.py``'s ``cluster``):
 * Argo CD v3.2.11 (redis, repo server, application controller, API server) with the release's
   CRDs and default settings, ``argocd-cm`` patched with ``argocd/install/argocd-cm-health.yaml``
   exactly as docs/gitops.md says;
-* the GPU Operator stand-in (``argocd_standin``) and the runner of the project's Job pods
-  (``argocd_jobs``);
+* NVIDIA's driver upgrade state machine (``argocd_upgrades``: k8s-operator-libs in
+  ``gpu-upgrade-controller``), the GPU Operator stand-in for what the operator's other controllers
+  write (``argocd_standin``), a record of every node state change, and the runner of the project's
+  Job pods (``argocd_jobs``);
+* the fake kubelet with a pod lifecycle (:data:`POD_LIFECYCLE`): pods take time to start, to turn
+  Ready and to stop, and the driver image of :data:`BAD_DRIVER` crash-loops;
 * a watch of every Application and the dashboard recorder.
 
 :meth:`GitOpsRig.stop` stops every process and thread by PID; the control plane is thrown away.
@@ -45,13 +49,22 @@ from tests.e2e import processes
 from tests.e2e.argocd_dashboard import Dashboard
 from tests.e2e.argocd_gitops import GPUGATE, Fork, ForkOverride, applications_in_git, fork_of_worktree, point_at_fork
 from tests.e2e.argocd_jobs import ProjectJobRunner
-from tests.e2e.argocd_standin import NFD_GPU_LABEL, GPUOperatorStandIn
+from tests.e2e.argocd_standin import NFD_GPU_LABEL, NFD_OS_ID, NFD_OS_VERSION, GPUOperatorStandIn
+from tests.e2e.argocd_upgrades import NodeHistory, UpgradeController
 from tests.e2e.cluster import Cluster
+from tests.e2e.fakekubelet import PodLifecycle
 
 Obj = dict[str, Any]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHARTS = ROOT.parent / "shared" / "upstream" / "charts"
+UPGRADE_CONTROLLER = "gpu-upgrade-controller"
+BAD_DRIVER = "595.71.05"
+"""A published driver whose image, in this e2e, never loads: its container crash-loops."""
+POD_LIFECYCLE = PodLifecycle(
+    creating_seconds=0.3, ready_seconds=0.7, honour_grace=True,
+    # A driver pod keeps the default 30 s grace (the operator sets none); the tests' patience is 3 s.
+    max_grace_seconds=3.0, crash_images=frozenset({f"driver:{BAD_DRIVER}-"}), restart_seconds=0.25)
 ROOT_APP = "gpugate-root"
 POOL_LABEL = "gpugate.io/driver-pool"
 SYSTEM_NAMESPACE = "gpugate-system"
@@ -112,6 +125,8 @@ class GitOpsRig:
     argocd: harness.ArgoCD | None = None
     watch: harness.ApplicationWatch | None = None
     standin: GPUOperatorStandIn | None = None
+    upgrades: UpgradeController | None = None
+    history: NodeHistory | None = None
     jobs: ProjectJobRunner | None = None
     dashboard: Dashboard | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -139,8 +154,10 @@ class GitOpsRig:
     def start(self) -> GitOpsRig:
         self._last = time.monotonic()
         suffix = secrets.token_hex(2)
+        self.cluster.kubelet.lifecycle = POD_LIFECYCLE
         for index, pool in enumerate(("canary", "canary", "default", "default"), start=1):
-            labels = {NFD_GPU_LABEL: "true"}  # what NFD's worker would label: an NVIDIA PCI device
+            # What NFD's worker would label: an NVIDIA PCI device, the OS (the driver's node pool).
+            labels = {NFD_GPU_LABEL: "true", NFD_OS_ID: "ubuntu", NFD_OS_VERSION: "24.04"}
             if pool == "canary":
                 labels[POOL_LABEL] = "canary"
             name = self.cluster.add_gpu_node(f"argocd-{pool}-{suffix}-{index}", gpus=8, labels=labels)
@@ -166,7 +183,11 @@ class GitOpsRig:
                      "--patch-file", str(clone / "argocd" / "install" / "argocd-cm-health.yaml"))
         self._step("crds+settings")
 
+        self.history = NodeHistory(self.cluster.api_client(), self.nodes).start()
         self.standin = GPUOperatorStandIn(self.cluster.api_client()).start()
+        self.upgrades = UpgradeController(self.binaries[UPGRADE_CONTROLLER], self.cluster.kubeconfig,
+                                          self.workdir / "upgrades", namespace=OPERATOR_NAMESPACE).start()
+        self.standin.pause_others.append(self.upgrades.pause)
         self.jobs = ProjectJobRunner(self.cluster.api_client(), self.cluster.kubeconfig, self.workdir / "jobs",
                                      SYSTEM_NAMESPACE).start()
         self.argocd = harness.ArgoCD(kubeconfig=self.cluster.kubeconfig, workdir=self.workdir / "argocd",
@@ -222,6 +243,10 @@ class GitOpsRig:
         parts = []
         if self.standin is not None:
             parts.append(self.standin.explain())
+        if self.upgrades is not None:
+            parts.append(self.upgrades.tail(15))
+        if self.history is not None and self.history.changes:
+            parts.append("node changes (last 20):\n" + self.history.timeline(self.history.changes[-20:][0].at))
         if self.jobs is not None:
             parts.append(self.jobs.describe())
         try:
@@ -278,7 +303,8 @@ class GitOpsRig:
     def stop(self) -> None:
         """Stop every process and thread this rig started. Nothing in the cluster is deleted: the
         rig runs on a control plane of its own (test_argocd.py), thrown away afterwards."""
-        for part in (self.watch, self.argocd, self.standin, self.jobs, self.daemon, self.chart_repo):
+        for part in (self.watch, self.argocd, self.upgrades, self.standin, self.history, self.jobs, self.daemon,
+                     self.chart_repo):
             if part is not None:
                 try:
                     part.stop()

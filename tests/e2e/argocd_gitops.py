@@ -44,6 +44,8 @@ def fork_of_worktree(source: Path, target: Path) -> Path:
     Only ``git clone`` and ``git ls-files`` touch ``source``: neither writes its index or history.
     """
     run(["git", "clone", "-q", "--no-hardlinks", str(source), str(target)])
+    # Argo CD tracks `main` (argocd/): a worktree on another branch is forked as the fork's main.
+    git(target, "checkout", "-q", "-B", "main")
     listed = run(["git", "-C", str(source), "ls-files", "-z", "--modified", "--deleted", "--others",
                   "--exclude-standard"]).stdout
     changed = sorted({p for p in listed.split("\0") if p})
@@ -140,13 +142,13 @@ class Fork:
 
     def _stack(self, args: Sequence[str], exit_codes: Sequence[int]) -> tuple[int, str]:
         command = [str(GPUGATE), "stack", *args, "--repo", str(self.path)]
-        if args and args[0] in ("plan", "upgrade", "promote", "sync", "rollback"):
+        if args and args[0] in ("plan", "upgrade", "promote", "sync", "rollback", "canary"):
             command += ["--schemas", str(self.schemas)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
         env["KUBECONFIG"] = str(self.kubeconfig)
         if self.helm is not None:
             env["GPUGATE_HELM"] = str(self.helm)
-        result = run(command, env=env, check=False, timeout=120)
+        result = run(command, env=env, check=False, timeout=240)
         if result.returncode not in exit_codes:
             raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
         return result.returncode, result.stdout

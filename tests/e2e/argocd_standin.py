@@ -1,63 +1,57 @@
-"""A stand-in for the NVIDIA GPU Operator's controllers: it writes what they write, nothing more.
+"""A stand-in for the GPU Operator's controllers: what they write that NVIDIA's upgrade library does not.
 
-No GPU operator runs in the e2e cluster (no images, no kubelet). Argo CD and ``gpugate stack
-status --kube`` only see what the operator writes to the API server, so this thread writes the
-same things, step by step, from the same inputs (the ClusterPolicy and NVIDIADriver objects Argo
-CD applied, the GPU nodes):
+No GPU Operator runs in the e2e cluster (its module is not served by the Go module proxy). Driver
+upgrades are run by NVIDIA's own state machine, k8s-operator-libs ``pkg/upgrade``, in
+``gpu-upgrade-controller`` (``toolchain/upgrade-controller``, started by ``argocd_upgrades``):
+node upgrade-state labels and annotations, cordon and uncordon, pod deletion and drain with real
+evictions, driver-pod deletion and ``upgrade-failed`` all come from the library. This thread
+writes the rest, from the same inputs as the operator (the ClusterPolicy and NVIDIADriver objects
+Argo CD applied, the GPU nodes, the DaemonSets and pods), citing NVIDIA/gpu-operator v26.7.0:
 
-* **ClusterPolicy status** (gpu-operator v26.7.0 ``controllers/clusterpolicy_controller.go``
-  Reconcile): ``state`` + ``namespace`` (``updateCRState`` / ``SetStatus``) and the Ready/Error
-  condition pair (``internal/conditions/clusterpolicy.go``). ``notReady`` with reason
-  ``OperandNotReady`` and the message of ``clusterPolicyNotReadyMessage`` while an operand is not
-  ready (the toolkit, validator, device plugin, DCGM exporter, GFD and MIG manager pods all wait
-  in an init container for a loaded driver: ``assets/state-container-toolkit/0500_daemonset.yaml``
-  ``driver-validation``), or while an NVIDIADriver-owned node has a pending, running or failed
-  upgrade (``nvidiaDriverUpgradeIncomplete``, v26.7.0 PR #2665); ``ready`` with ``Reconciled``,
-  or with ``NoGPUNodes`` when no node has NFD's PCI label.
-* **NVIDIADriver status** (``controllers/nvidiadriver_controller.go`` Reconcile): ``disabled``
-  when the ClusterPolicy does not delegate the driver; ``notReady``/``ConflictingNodeSelector``
-  when two non-default CRs select one node (``nodeSelectorValidator``); ``notReady``/
-  ``DriverNotReady`` "Waiting for driver pod to be ready" until its driver DaemonSet is ready
-  (``internal/state/state_skel.go`` ``isDaemonSetReady``: every desired pod available and
-  updated); ``ready``/``Reconciled``. Conditions as ``internal/conditions/nvidiadriver.go``.
-* **Node ownership** ``nvidia.com/gpu-operator.driver.owner`` (v26.7.0
-  ``internal/nvidiadriver``): a non-default CR owns the GPU nodes its nodeSelector matches,
-  the default CR the rest.
-* **Driver upgrades**, the in-place state machine of k8s-operator-libs
-  (``vendor/github.com/NVIDIA/k8s-operator-libs/pkg/upgrade``), per NVIDIADriver with its own
-  ``upgradePolicy`` (``controllers/upgrade_controller.go`` ``reconcileNVIDIADriverUpgrades``):
-  the label ``nvidia.com/gpu-driver-upgrade-state`` moves ``upgrade-required`` ->
-  ``cordon-required`` (the node is cordoned) -> ``wait-for-jobs-required`` ->
-  ``pod-deletion-required`` -> ``pod-restart-required`` (the driver pod is recreated at the
-  DaemonSet's new revision) -> ``validation-required`` -> ``uncordon-required`` ->
-  ``upgrade-done``; at most ``maxParallelUpgrades`` nodes at once and no more unavailable
-  (cordoned) nodes than ``maxUnavailable`` (``upgrade_inplace.go`` ProcessUpgradeRequiredNodes).
-  A driver pod that keeps crashing (more than 10 restarts) sends its node to
-  ``upgrade-failed`` (``common_manager.go`` ProcessPodRestartNodes, ``isDriverPodFailing``);
-  a failed node leaves that state only once its driver pod is in sync with the DaemonSet and
-  ready (ProcessUpgradeFailedNodes), so a revert in Git alone does not heal it: the
-  documented retry is to label the node ``upgrade-required`` again.
-* **GFD's driver labels** ``nvidia.com/cuda.driver-version.*`` once a driver pod runs.
+* **Node ownership** ``nvidia.com/gpu-operator.driver.owner`` (``internal/nvidiadriver/
+  nvidiadriver.go`` AssignOwners): over the nodes labelled ``nvidia.com/gpu.present=true``, a
+  non-default CR owns the nodes its nodeSelector matches, the one default CR the rest, and a node
+  nobody claims loses a stale owner label. Any conflict (two non-default CRs matching one node, two
+  default CRs) fails the whole assignment before a single label changes.
+* **Node deploy labels** ``nvidia.com/gpu.deploy.driver`` / ``.operator-validator`` on GPU nodes
+  (``controllers/state_manager.go`` labels GPU nodes for each operand).
+* **Driver DaemonSets**, one per NVIDIADriver and OS pool (``internal/state/driver.go`` and
+  ``nodepool.go``; ``manifests/state-driver/0500_daemonset.yaml``): name
+  ``nvidia-gpu-driver-<os>-<hash of the CR uid>``, labels ``app`` and
+  ``app.kubernetes.io/component=nvidia-driver``, owner reference to the CR, ``updateStrategy:
+  OnDelete``, a nodeSelector of the CR's selector plus ``gpu.present``, the owner label and the NFD
+  OS labels, and ``DRIVER_CONFIG_DIGEST`` on the driver-manager init container and the driver
+  container (``controllers/object_controls.go``: a hash of what installs the driver, so a change
+  elsewhere, a label say, takes the library's restart-only path). The real DaemonSet controller
+  makes the pods; "in sync" is the library comparing their controller-revision-hash with the
+  DaemonSet's revision, not a version string.
+* **The operator validator DaemonSet** (``app=nvidia-operator-validator``, what the library's
+  validation step waits for: ``cmd/gpu-operator/main.go`` WithValidationEnabled).
+* **NVIDIADriver status** (``controllers/nvidiadriver_controller.go``): ``disabled`` when the
+  ClusterPolicy does not delegate the driver; ``notReady``/``ConflictingNodeSelector`` (or
+  ``ReconcileFailed`` for two defaults) on an ownership conflict; ``notReady``/``DriverNotReady``
+  until each of its DaemonSets is ready (``internal/state/state_skel.go`` isDaemonSetReady:
+  desired = available = updated, read from the DaemonSet's status); ``ready``/``Reconciled``.
+* **ClusterPolicy status** (``controllers/clusterpolicy_controller.go``): only the active (oldest)
+  ClusterPolicy gets a status: a duplicate's ``ignored`` is set in memory and never saved
+  (``instance.SetStatus(gpuv1.Ignored, ...)`` then return, no status update). ``notReady`` with
+  ``OperandNotReady`` while a GPU node has no Ready driver pod (the operands wait for a loaded
+  driver) or an NVIDIADriver-owned node has a pending, running or failed upgrade (PR #2665);
+  ``ready``/``NoGPUNodes`` without GPU nodes; else ``ready``/``Reconciled``.
+* **GFD's driver labels** ``nvidia.com/cuda.driver-version.*`` from the Ready driver pod on a node.
 
-What is in memory only: the driver pods (one per owned node: its revision = the CR's driver
-version, ready or crash-looping). The driver DaemonSets are OnDelete, so a pod keeps its old
-revision until the upgrade controller restarts it; no pod object is created (nothing in the
-cluster reads them but the operator itself). GPU pods are not evicted at
-``pod-deletion-required``: the tests run none on these nodes.
-
-Test controls: :meth:`fail_driver` (a driver version that crash-loops on a node),
-:meth:`hold_before` (no node enters a state while held: lets a test look at a rollout mid-way),
-:meth:`frozen` (no tick while a test reads ``gpugate stack status`` and the API together).
+Test controls: :meth:`frozen` (no stand-in pass and the upgrade controller stopped with SIGSTOP
+while a test reads ``gpugate stack status`` and the API together), :meth:`wait_passes`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
-import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -73,30 +67,27 @@ OWNER_LABEL = "nvidia.com/gpu-operator.driver.owner"
 SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
 INITIAL_STATE_ANNOTATION = "nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable"
 NFD_GPU_LABEL = "feature.node.kubernetes.io/pci-10de.present"
-"""What NFD writes on a node with an NVIDIA PCI device; the operator finds GPU nodes by it."""
+"""What NFD writes on a node with an NVIDIA PCI device; the ClusterPolicy finds GPU nodes by it."""
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+"""internal/consts GPUPresentLabel: the nodes NVIDIADriver ownership and node pools are taken from."""
+NFD_OS_ID = "feature.node.kubernetes.io/system-os_release.ID"
+NFD_OS_VERSION = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
+DEPLOY_VALIDATOR = "nvidia.com/gpu.deploy.operator-validator"
 DRIVER_VERSION_LABEL = "nvidia.com/cuda.driver-version.full"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+DRIVER_COMPONENT = "nvidia-driver"
+DRIVER_CONTAINER = "nvidia-driver-ctr"
+MANAGER_CONTAINER = "k8s-driver-manager"
+MANAGER_IMAGE = "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.9.1"
+VALIDATOR = "nvidia-operator-validator"
+DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
 OPERATOR_DEPLOYMENT = "gpu-operator"
 
 DONE, FAILED, REQUIRED = "upgrade-done", "upgrade-failed", "upgrade-required"
-IN_PLACE_STEPS = ("upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",
-                  "pod-restart-required", "validation-required", "uncordon-required", "upgrade-done")
 # Operand states whose pods wait in an init container until a driver is loaded on their node.
 DRIVER_GATED_STATES = ("state-container-toolkit", "state-operator-validation", "state-device-plugin",
                        "state-dcgm-exporter", "gpu-feature-discovery", "state-mig-manager")
-FAILING_RESTARTS = 10
-"""k8s-operator-libs isDriverPodFailing: a container not ready with more restarts than this."""
-
-
-@dataclass
-class DriverPod:
-    """The driver pod on one node, as far as the upgrade controller can tell."""
-
-    owner: str
-    version: str
-    since: float
-    ready: bool = False
-    restarts: int = 0
-    failing: bool = False
 
 
 @dataclass
@@ -111,32 +102,32 @@ class Event:
 class Settings:
     tick: float = 0.2
     """Seconds between reconcile passes."""
-    step: float = 0.4
-    """Least time a node stays in one upgrade state (the real controller requeues every few
-    seconds to minutes; long enough that Argo CD and a poll see each state)."""
-    pod_start: float = 0.6
-    """Seconds from a driver pod's creation to Ready."""
     operator_namespace: str = "gpu-operator"
 
 
+class OwnershipConflict(Exception):
+    """AssignOwners failed closed: no owner label was changed."""
+
+    def __init__(self, by_driver: Mapping[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in sorted(by_driver.items())))
+        self.by_driver = dict(by_driver)
+
+
 class GPUOperatorStandIn:
-    """One thread that reconciles the ClusterPolicy, every NVIDIADriver and their nodes."""
+    """One thread that reconciles the ClusterPolicy, every NVIDIADriver and their DaemonSets."""
 
     def __init__(self, api: client.ApiClient, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.pods: dict[str, DriverPod] = {}
         self.events: list[Event] = []
         self.errors: list[str] = []
-        self.failures: dict[tuple[str, str], bool] = {}
-        self.held: set[str] = set()
         self.operator_seen: float | None = None
         self.passes = 0
         """Reconcile passes completed (a test waits for some to be sure the stand-in looked)."""
-        self._entered: dict[str, float] = {}
-        self._conflicts: dict[str, str] = {}
+        self.pause_others: list[Callable[[bool], None]] = []
+        """Called with True when :meth:`frozen` starts and False when it ends (the upgrade controller)."""
         self._written: dict[str, Any] = {}
         self._lock = threading.RLock()
         self._stopping = threading.Event()
@@ -152,29 +143,18 @@ class GPUOperatorStandIn:
         self._stopping.set()
         self._thread.join(timeout=10)
 
-    def fail_driver(self, node: str, version: str) -> None:
-        """From now on a driver pod at ``version`` crash-loops on ``node`` (say, the module does not
-        load on that kernel)."""
-        with self._lock:
-            self.failures[(node, version)] = True
-            self._note(f"test: driver {version} will crash-loop on {node}")
-
-    @contextlib.contextmanager
-    def hold_before(self, state: str) -> Iterator[None]:
-        """No node enters ``state`` inside the block (a rollout stops just before it)."""
-        with self._lock:
-            self.held.add(state)
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.held.discard(state)
-
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
-        """No reconcile pass runs inside the block: the objects stand still while a test reads them."""
+        """Nothing the operator would write moves inside the block: no stand-in pass runs and the
+        upgrade controller is stopped, so a test reads the objects standing still."""
         with self._lock:
-            yield
+            for pause in self.pause_others:
+                pause(True)
+            try:
+                yield
+            finally:
+                for pause in self.pause_others:
+                    pause(False)
 
     def explain(self) -> str:
         """The last events and errors, for a failure message."""
@@ -184,14 +164,19 @@ class GPUOperatorStandIn:
         return f"GPU Operator stand-in, last events:\n{events}\nerrors: {errors}"
 
     def snapshot(self) -> dict[str, Any]:
-        """Per node: owner, upgrade state, driver version and readiness (from the API and memory)."""
+        """Per GPU node: owner, upgrade state, cordon, and the driver pod's version and readiness."""
         with self._lock:
             nodes = self._gpu_nodes()
-            return {name: {"owner": _labels(node).get(OWNER_LABEL), "state": _labels(node).get(STATE_LABEL),
-                           "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
-                           "driver": (self.pods[name].version if name in self.pods else None),
-                           "ready": (self.pods[name].ready if name in self.pods else None)}
-                    for name, node in sorted(nodes.items())}
+            pods = self._driver_pods()
+            out: dict[str, Any] = {}
+            for name, node in sorted(nodes.items()):
+                pod = pods.get(name)
+                out[name] = {"owner": _labels(node).get(OWNER_LABEL), "state": _labels(node).get(STATE_LABEL),
+                             "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
+                             "driver": driver_version(pod) if pod else None,
+                             "ready": pod_ready(pod) if pod else None,
+                             "restarts": restarts(pod) if pod else None}
+            return out
 
     def events_since(self, moment: float) -> list[str]:
         with self._lock:
@@ -227,21 +212,29 @@ class GPUOperatorStandIn:
         policies = self._list("v1", "clusterpolicies")
         drivers = self._list("v1alpha1", "nvidiadrivers")
         nodes = self._gpu_nodes()
-        policy = policies[0] if policies else None
+        policy = policies[0] if policies else None  # getSingletonClusterPolicy: the oldest
+        self._label_deploy(nodes)
+        if policy is not None:
+            self._apply_daemonset(validator_daemonset(self.settings.operator_namespace))
         delegated = policy is None or bool(((policy.get("spec") or {}).get("driver") or {}).get("useNvidiaDriverCRD"))
         if delegated:
-            owners = self._reconcile_ownership(drivers, nodes)
+            conflicts: dict[str, str] = {}
+            try:
+                self._assign_owners(drivers, nodes)
+            except OwnershipConflict as conflict:
+                conflicts = conflict.by_driver
+                self._note(f"node ownership not assigned: {conflict}")
+            nodes = self._gpu_nodes()
             for driver in drivers:
-                self._reconcile_driver(driver, owners, nodes)
-            for driver in drivers:
-                self._reconcile_upgrades(driver, owners, nodes)
+                self._reconcile_driver(driver, nodes, conflicts)
         else:
             for driver in drivers:
                 self._write_status("v1alpha1", "nvidiadrivers", driver, "disabled", "Error", "Reconciled",
                                    "useNvidiaDriverCRD is not enabled in ClusterPolicy")
-        self._label_driver_versions(nodes)
-        for index, item in enumerate(policies):
-            self._reconcile_policy(item, nodes, drivers, duplicate=index > 0)
+        pods = self._driver_pods()
+        self._label_driver_versions(nodes, pods)
+        if policy is not None:
+            self._reconcile_policy(policy, nodes, pods)
 
     def _operator_running(self) -> bool:
         """The controllers run in the operator's pod: nothing is written before it is available."""
@@ -271,67 +264,62 @@ class GPUOperatorStandIn:
                       key=lambda i: (i["metadata"]["creationTimestamp"], i["metadata"]["name"]))
 
     def _gpu_nodes(self) -> dict[str, Obj]:
-        response = self.core.list_node(label_selector=f"{NFD_GPU_LABEL}=true", _preload_content=False)
+        response = self.core.list_node(label_selector=f"{GPU_PRESENT_LABEL}=true", _preload_content=False)
         return {n["metadata"]["name"]: n for n in json.loads(response.data)["items"]}
 
-    # -- NVIDIADriver: ownership, driver pods, status -----------------------------------------
+    def _driver_pods(self) -> dict[str, Obj]:
+        """node -> the (newest, not Terminating) driver pod on it."""
+        response = self.core.list_namespaced_pod(self.settings.operator_namespace,
+                                                 label_selector=f"{COMPONENT_LABEL}={DRIVER_COMPONENT}",
+                                                 _preload_content=False)
+        found: dict[str, Obj] = {}
+        for pod in sorted(json.loads(response.data)["items"], key=lambda p: p["metadata"]["creationTimestamp"]):
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and not pod["metadata"].get("deletionTimestamp"):
+                found[node] = pod
+        return found
 
-    def _reconcile_ownership(self, drivers: list[Obj], nodes: Mapping[str, Obj]) -> dict[str, str]:
-        """node -> owning CR; conflicting CRs are recorded in self._conflicts (labels left alone)."""
-        self._conflicts = {}
-        defaults = [d for d in drivers if (d.get("spec") or {}).get("default")]
-        others = [d for d in drivers if not (d.get("spec") or {}).get("default")]
-        owners: dict[str, str] = {}
-        claims: dict[str, list[str]] = {}
-        for driver in others:
-            selector = (driver.get("spec") or {}).get("nodeSelector") or {}
-            for name, node in nodes.items():
-                if all(_labels(node).get(k) == v for k, v in selector.items()):
-                    claims.setdefault(name, []).append(driver["metadata"]["name"])
-        for name, claimants in claims.items():
-            if len(claimants) > 1:
-                for cr in claimants:
-                    self._conflicts[cr] = (f"nodeSelector of NVIDIADriver {cr} selects node {name}, "
-                                           f"also selected by {', '.join(c for c in claimants if c != cr)}")
-        if len(defaults) > 1:
-            for driver in defaults:
-                self._conflicts[driver["metadata"]["name"]] = "more than one default NVIDIADriver found"
-        default = defaults[0]["metadata"]["name"] if len(defaults) == 1 else None
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def _label_deploy(self, nodes: Mapping[str, Obj]) -> None:
+        for name, node in nodes.items():
+            labels = _labels(node)
+            missing = {k: "true" for k in (DEPLOY_DRIVER, DEPLOY_VALIDATOR) if k not in labels}
+            if missing:
+                self._patch_node(name, labels=missing)
+
+    def _assign_owners(self, drivers: list[Obj], nodes: Mapping[str, Obj]) -> None:
+        desired = desired_owners(drivers, {n: _labels(node) for n, node in nodes.items()})
         for name, node in nodes.items():
             current = _labels(node).get(OWNER_LABEL)
-            claimants = claims.get(name, [])
-            if len(claimants) > 1:
-                owner = current  # ownership left unchanged on a conflict
-            elif claimants:
-                owner = claimants[0]
-            else:
-                owner = default
-            if owner is None:
-                continue
-            owners[name] = owner
-            if current != owner:
-                self._patch_node(name, labels={OWNER_LABEL: owner})
-                self._note(f"node {name}: {OWNER_LABEL}={owner}")
-        return owners
+            if current != desired.get(name):
+                self._patch_node(name, labels={OWNER_LABEL: desired.get(name)})
+                self._note(f"node {name}: {OWNER_LABEL}={desired.get(name)}")
 
-    def _reconcile_driver(self, driver: Obj, owners: Mapping[str, str], nodes: Mapping[str, Obj]) -> None:
+    # -- NVIDIADriver: DaemonSets and status ---------------------------------------------------
+
+    def _reconcile_driver(self, driver: Obj, nodes: Mapping[str, Obj], conflicts: Mapping[str, str]) -> None:
         name = driver["metadata"]["name"]
-        version = str((driver.get("spec") or {}).get("version") or "")
-        if name in self._conflicts:
-            reason = "ReconcileFailed" if "default" in self._conflicts[name] else "ConflictingNodeSelector"
-            self._write_status("v1alpha1", "nvidiadrivers", driver, "notReady", "Error", reason, self._conflicts[name])
+        if name in conflicts:
+            reason = "ReconcileFailed" if "default" in conflicts[name] else "ConflictingNodeSelector"
+            self._write_status("v1alpha1", "nvidiadrivers", driver, "notReady", "Error", reason, conflicts[name])
             return
-        now = time.monotonic()
-        owned = [n for n, owner in owners.items() if owner == name]
-        for node in owned:
-            if node not in self.pods:
-                # The DaemonSet controller creates the missing pod at the current revision. A pod
-                # of another owner or revision is replaced only by the upgrade controller.
-                self.pods[node] = DriverPod(owner=name, version=version, since=now)
-                self._note(f"node {node}: driver pod {name} {version} created")
-            self._progress_pod(node)
-        ready = all(self.pods[n].owner == name and self.pods[n].version == version and self.pods[n].ready
-                    for n in owned)
+        owned = {n: node for n, node in nodes.items() if _labels(node).get(OWNER_LABEL) == name}
+        pools = {pool for node in owned.values() if (pool := os_pool(_labels(node))) is not None}
+        wanted = [driver_daemonset(driver, pool, self.settings.operator_namespace) for pool in sorted(pools)]
+        names = {d["metadata"]["name"] for d in wanted}
+        current = self.apps.list_namespaced_daemon_set(self.settings.operator_namespace,
+                                                       label_selector=f"{COMPONENT_LABEL}={DRIVER_COMPONENT}",
+                                                       _preload_content=False)
+        for found in json.loads(current.data)["items"]:
+            owners = [o.get("uid") for o in found["metadata"].get("ownerReferences") or []]
+            if driver["metadata"]["uid"] in owners and found["metadata"]["name"] not in names:
+                self.apps.delete_namespaced_daemon_set(found["metadata"]["name"], self.settings.operator_namespace)
+                self._note(f"NVIDIADriver {name}: DaemonSet {found['metadata']['name']} deleted")
+        ready = bool(wanted)
+        for desired in wanted:
+            stored = self._apply_daemonset(desired)
+            ready = ready and daemonset_ready(stored)
         if ready:
             self._write_status("v1alpha1", "nvidiadrivers", driver, "ready", "Ready", "Reconciled",
                                "All resources have been successfully reconciled")
@@ -339,113 +327,48 @@ class GPUOperatorStandIn:
             self._write_status("v1alpha1", "nvidiadrivers", driver, "notReady", "Error", "DriverNotReady",
                                "Waiting for driver pod to be ready")
 
-    def _progress_pod(self, node: str) -> None:
-        pod = self.pods[node]
-        if pod.ready or time.monotonic() - pod.since < self.settings.pod_start:
-            return
-        if self.failures.get((node, pod.version)):
-            if not pod.failing:
-                pod.failing = True
-                self._note(f"node {node}: driver {pod.version} crash-loops (CrashLoopBackOff)")
-            pod.restarts = min(pod.restarts + 3, FAILING_RESTARTS + 1)
-            return
-        pod.ready = True
-        self._note(f"node {node}: driver pod {pod.owner} {pod.version} Ready")
-
-    # -- the upgrade state machine (k8s-operator-libs, in place) --------------------------------
-
-    def _upgrading(self, node: Obj) -> bool:
-        return _labels(node).get(STATE_LABEL, "") not in ("", DONE)
-
-    def _reconcile_upgrades(self, driver: Obj, owners: Mapping[str, str], nodes: Mapping[str, Obj]) -> None:
-        name = driver["metadata"]["name"]
-        spec = driver.get("spec") or {}
-        policy = spec.get("upgradePolicy") or {}
-        managed = [n for n, owner in owners.items() if owner == name and n in self.pods]
-        if not policy.get("autoUpgrade", True):  # NVIDIADriver CRD default: true
-            for node in managed:
-                if _labels(nodes[node]).get(STATE_LABEL):
-                    self._patch_node(node, labels={STATE_LABEL: None})
-            return
-        version = str(spec.get("version") or "")
-        states = {n: _labels(nodes[n]).get(STATE_LABEL, "") for n in managed}
-        slots = _upgrades_available(states, {n: bool((nodes[n].get("spec") or {}).get("unschedulable"))
-                                             for n in managed}, policy)
-        now = time.monotonic()
-        for node in sorted(managed):
-            state = states[node]
-            if now - self._entered.get(node, 0.0) < self.settings.step:
-                continue
-            pod = self.pods[node]
-            in_sync = pod.owner == name and pod.version == version
-            labels = _labels(nodes[node])
-            unschedulable = bool((nodes[node].get("spec") or {}).get("unschedulable"))
-            target: str | None = None
-            if state in ("", DONE):  # ProcessDoneOrUnknownNodes: pod revision vs DaemonSet revision
-                if not in_sync:
-                    target = REQUIRED
-                elif state == "":
-                    target = DONE
-            elif state == REQUIRED:  # ProcessUpgradeRequiredNodes
-                if labels.get(SKIP_LABEL) == "true":
-                    continue
-                if slots > 0 or unschedulable:  # "progress with manually cordoned nodes"
-                    target = "cordon-required"
-                    slots -= 1
-            elif state == "cordon-required":
-                self._patch_node(node, unschedulable=True)
-                target = "wait-for-jobs-required"
-            elif state == "wait-for-jobs-required":  # no waitForCompletion.podSelector in our policies
-                target = "pod-deletion-required"
-            elif state == "pod-deletion-required":  # podDeletion set: GPU pods deleted (none here)
-                target = "pod-restart-required"
-            elif state == "pod-restart-required":  # ProcessPodRestartNodes
-                if not in_sync:
-                    self.pods[node] = DriverPod(owner=name, version=version, since=now)
-                    self._note(f"node {node}: driver pod restarted at {name} {version}")
-                elif pod.ready:
-                    target = "validation-required"
-                elif pod.failing and pod.restarts > FAILING_RESTARTS:
-                    target = FAILED
-            elif state == "validation-required":  # the validator pod turns ready with the driver
-                if pod.ready:
-                    target = DONE if labels.get(INITIAL_STATE_ANNOTATION) else "uncordon-required"
-            elif state == "uncordon-required":
-                self._patch_node(node, unschedulable=False)
-                target = DONE
-            elif state == FAILED:  # ProcessUpgradeFailedNodes
-                if in_sync and pod.ready:
-                    target = "uncordon-required"
-            if target is not None and target != state and target not in self.held:
-                self._patch_node(node, labels={STATE_LABEL: target})
-                self._entered[node] = now
-                self._note(f"node {node}: {state or '(none)'} -> {target}")
+    def _apply_daemonset(self, desired: Obj) -> Obj:
+        """Create the DaemonSet, or replace its spec when the desired one differs (the operator's
+        state_skel createOrUpdateObjs); the stored object is returned."""
+        namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+        try:
+            stored = _json(self.apps.read_namespaced_daemon_set(name, namespace, _preload_content=False))
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            self._note(f"DaemonSet {name} created")
+            return _json(self.apps.create_namespaced_daemon_set(namespace, desired, _preload_content=False))
+        fingerprint = desired["metadata"]["annotations"]["gpugate.io/spec-hash"]
+        if stored["metadata"].get("annotations", {}).get("gpugate.io/spec-hash") == fingerprint:
+            return stored
+        desired = {**desired, "metadata": {**desired["metadata"],
+                                           "resourceVersion": stored["metadata"]["resourceVersion"]}}
+        self._note(f"DaemonSet {name} updated")
+        return _json(self.apps.replace_namespaced_daemon_set(name, namespace, desired, _preload_content=False))
 
     # -- GFD and ClusterPolicy -----------------------------------------------------------------
 
-    def _label_driver_versions(self, nodes: Mapping[str, Obj]) -> None:
-        for name, pod in self.pods.items():
-            if name in nodes and pod.ready and _labels(nodes[name]).get(DRIVER_VERSION_LABEL) != pod.version:
-                major, minor, *rest = pod.version.split(".") + ["", ""]
-                self._patch_node(name, labels={DRIVER_VERSION_LABEL: pod.version,
+    def _label_driver_versions(self, nodes: Mapping[str, Obj], pods: Mapping[str, Obj]) -> None:
+        for name, pod in pods.items():
+            version = driver_version(pod)
+            if (name in nodes and version and pod_ready(pod)
+                    and _labels(nodes[name]).get(DRIVER_VERSION_LABEL) != version):
+                major, minor, *rest = version.split(".") + ["", ""]
+                self._patch_node(name, labels={DRIVER_VERSION_LABEL: version,
                                                "nvidia.com/cuda.driver-version.major": major,
                                                "nvidia.com/cuda.driver-version.minor": minor,
                                                "nvidia.com/cuda.driver-version.revision": rest[0]})
 
-    def _reconcile_policy(self, policy: Obj, nodes: Mapping[str, Obj], drivers: list[Obj], *,
-                          duplicate: bool) -> None:
-        if duplicate:  # only the oldest ClusterPolicy is reconciled
-            self._write_status("v1", "clusterpolicies", policy, "ignored", "Error", "ReconcileFailed",
-                               "Only one ClusterPolicy is reconciled; this one is ignored")
-            return
-        if not nodes:
+    def _reconcile_policy(self, policy: Obj, nodes: Mapping[str, Obj], pods: Mapping[str, Obj]) -> None:
+        gpu_nodes = {n: node for n, node in nodes.items() if _labels(node).get(NFD_GPU_LABEL) == "true"}
+        if not gpu_nodes:
             self._write_status("v1", "clusterpolicies", policy, "ready", "Ready", "NoGPUNodes",
                                "No GPU node found, watching for new nodes to join the cluster.")
             return
-        without_driver = [n for n in nodes if not (n in self.pods and self.pods[n].ready)]
+        without_driver = [n for n in gpu_nodes if not (n in pods and pod_ready(pods[n]))]
         states = list(DRIVER_GATED_STATES) if without_driver else []
         reasons = []
-        upgrading = [n for n, node in nodes.items()
+        upgrading = [n for n, node in gpu_nodes.items()
                      if _labels(node).get(OWNER_LABEL) and _labels(node).get(SKIP_LABEL) != "true"
                      and _labels(node).get(STATE_LABEL, "") not in ("", DONE)]
         if upgrading:
@@ -493,43 +416,166 @@ class GPUOperatorStandIn:
             kind_name = "ClusterPolicy" if plural == "clusterpolicies" else "NVIDIADriver"
             self._note(f"{kind_name} {name}: {state} ({reason})", at=before)
 
-    def _patch_node(self, name: str, *, labels: Mapping[str, str | None] | None = None,
-                    unschedulable: bool | None = None) -> None:
-        body: Obj = {}
-        if labels:
-            body["metadata"] = {"labels": dict(labels)}
-        if unschedulable is not None:
-            body["spec"] = {"unschedulable": unschedulable or None}
-        self.core.patch_node(name, body)
+    def _patch_node(self, name: str, *, labels: Mapping[str, str | None]) -> None:
+        self.core.patch_node(name, {"metadata": {"labels": dict(labels)}})
+
+
+# -- pure: what the operator would write, from what it reads --------------------------------------
+
+
+def desired_owners(drivers: list[Obj], nodes: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """node -> owning NVIDIADriver (AssignOwners); a node no CR claims is absent (its label goes).
+
+    Raises :class:`OwnershipConflict` on two default CRs or two non-default CRs matching one node:
+    the operator then changes no label at all.
+    """
+    defaults = [d["metadata"]["name"] for d in drivers if (d.get("spec") or {}).get("default")]
+    others = [d for d in drivers if not (d.get("spec") or {}).get("default")]
+    conflicts: dict[str, str] = {}
+    if len(defaults) > 1:
+        for name in defaults:
+            conflicts[name] = f"more than one default NVIDIADriver found: {', '.join(defaults)}"
+    owners: dict[str, str] = {}
+    for node, labels in sorted(nodes.items()):
+        claimants = [d["metadata"]["name"] for d in others
+                     if all(labels.get(k) == v for k, v in ((d.get("spec") or {}).get("nodeSelector") or {}).items())]
+        if len(claimants) > 1:
+            for name in claimants:
+                conflicts.setdefault(name, f"nodeSelector of NVIDIADriver {name} selects node {node}, also selected "
+                                           f"by {', '.join(c for c in claimants if c != name)}")
+        elif claimants:
+            owners[node] = claimants[0]
+        elif len(defaults) == 1:
+            owners[node] = defaults[0]
+    if conflicts:
+        raise OwnershipConflict(conflicts)
+    return owners
+
+
+def os_pool(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """The OS pool a node falls in (nodepool.go getNodePools: NFD's OS id and version), or None
+    without NFD's OS labels (the operator skips such a node with a warning)."""
+    os_id, version = labels.get(NFD_OS_ID), labels.get(NFD_OS_VERSION)
+    return (os_id, version) if os_id and version else None
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def config_digest(manager: Obj, driver: Obj) -> str:
+    """What installs the driver (object_controls.go extractDriverInstallConfig: the manager's image
+    and env, the driver container's image, command, args and env), hashed."""
+    install = {"managerImage": manager.get("image"), "managerEnv": manager.get("env") or [],
+               "driverImage": driver.get("image"), "command": driver.get("command") or [],
+               "args": driver.get("args") or [], "driverEnv": driver.get("env") or []}
+    return _short_hash(json.dumps(install, sort_keys=True))
+
+
+def driver_daemonset(driver: Obj, pool: tuple[str, str], namespace: str) -> Obj:
+    """The driver DaemonSet the operator renders for one NVIDIADriver and OS pool (nodepool.go
+    getOSTag: ``<os id><version id>``, e.g. ubuntu24.04)."""
+    spec = driver.get("spec") or {}
+    name, uid = driver["metadata"]["name"], driver["metadata"]["uid"]
+    os_id, os_version = pool
+    tag = f"{os_id}{os_version}"
+    app = f"nvidia-{spec.get('driverType', 'gpu')}-driver-{tag}-{_short_hash(uid)}"
+    image = f"{spec.get('repository', 'nvcr.io/nvidia')}/{spec.get('image', 'driver')}:{spec.get('version')}-{tag}"
+    manager: Obj = {"name": MANAGER_CONTAINER, "image": MANAGER_IMAGE,
+                    "env": [{"name": "ENABLE_GPU_POD_EVICTION", "value": "false"},
+                            {"name": "ENABLE_AUTO_DRAIN", "value": "false"}]}
+    container: Obj = {"name": DRIVER_CONTAINER, "image": image, "env": list(spec.get("env") or []),
+                      **({"args": spec["args"]} if spec.get("args") else {})}
+    digest = config_digest(manager, container)
+    for part in (manager, container):
+        part["env"] = [*part["env"], {"name": DIGEST_ENV, "value": digest}]
+    labels = {"app": app, COMPONENT_LABEL: DRIVER_COMPONENT, "nvidia.com/node.os-version": tag,
+              "nvidia.com/precompiled": str(bool(spec.get("usePrecompiled"))).lower()}
+    node_selector = {DEPLOY_DRIVER: "true", **(spec.get("nodeSelector") or {}), GPU_PRESENT_LABEL: "true",
+                     OWNER_LABEL: name, NFD_OS_ID: os_id, NFD_OS_VERSION: os_version}
+    template = {
+        "metadata": {"labels": {**labels, **(spec.get("labels") or {})},
+                     "annotations": {"kubectl.kubernetes.io/default-container": DRIVER_CONTAINER}},
+        "spec": {
+            "nodeSelector": node_selector,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                            *(spec.get("tolerations") or [])],
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchExpressions": [{"key": COMPONENT_LABEL, "operator": "In",
+                                                        "values": ["nvidia-driver", "nvidia-vgpu-manager"]}]},
+                "topologyKey": "kubernetes.io/hostname"}]}},
+            "priorityClassName": spec.get("priorityClassName") or "system-node-critical",
+            "hostPID": True,
+            "initContainers": [manager],
+            "containers": [container],
+        },
+    }
+    body = {"selector": {"matchLabels": {"app": app}}, "updateStrategy": {"type": "OnDelete"}, "template": template}
+    return {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": app, "namespace": namespace, "labels": {**labels, **(spec.get("labels") or {})},
+                     "annotations": {"gpugate.io/spec-hash": _short_hash(json.dumps(body, sort_keys=True))},
+                     "ownerReferences": [{"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "name": name,
+                                          "uid": uid, "controller": True, "blockOwnerDeletion": True}]},
+        "spec": body,
+    }
+
+
+def validator_daemonset(namespace: str) -> Obj:
+    """The operator validator (state-operator-validation): one pod per GPU node, Ready once it validated."""
+    labels = {"app": VALIDATOR, COMPONENT_LABEL: "gpu-operator"}
+    body = {"selector": {"matchLabels": {"app": VALIDATOR}},
+            "template": {"metadata": {"labels": labels},
+                         "spec": {"nodeSelector": {DEPLOY_VALIDATOR: "true"},
+                                  "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                                   "effect": "NoSchedule"}],
+                                  "priorityClassName": "system-node-critical",
+                                  "containers": [{"name": "nvidia-operator-validator",
+                                                  "image": "nvcr.io/nvidia/gpu-operator:v26.7.0"}]}}}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": VALIDATOR, "namespace": namespace, "labels": labels,
+                         "annotations": {"gpugate.io/spec-hash": _short_hash(json.dumps(body, sort_keys=True))}},
+            "spec": body}
+
+
+def daemonset_ready(ds: Obj) -> bool:
+    """state_skel.go isDaemonSetReady: observed, and every desired pod available and updated (a
+    DaemonSet with no node to run on is ready)."""
+    status = ds.get("status") or {}
+    desired = int(status.get("desiredNumberScheduled") or 0)
+    observed = int(status.get("observedGeneration") or 0) >= int(ds["metadata"].get("generation") or 0)
+    if observed and desired == 0 and not status.get("numberMisscheduled") and not status.get("currentNumberScheduled"):
+        return True
+    available = int(status.get("numberAvailable") or 0)
+    return observed and desired != 0 and desired == available == int(status.get("updatedNumberScheduled") or 0)
+
+
+def driver_version(pod: Obj | None) -> str | None:
+    """The driver version a driver pod runs: its driver image's tag up to the OS suffix."""
+    for container in ((pod or {}).get("spec") or {}).get("containers") or []:
+        if container.get("name") == DRIVER_CONTAINER:
+            tag = str(container.get("image", "")).rpartition(":")[2]
+            return tag.split("-")[0] or None
+    return None
+
+
+def pod_ready(pod: Obj | None) -> bool:
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+    return ((pod or {}).get("status") or {}).get("phase") == "Running" and bool(statuses) and all(
+        s.get("ready") for s in statuses)
+
+
+def restarts(pod: Obj | None) -> int:
+    return max((int(s.get("restartCount") or 0)
+                for s in ((pod or {}).get("status") or {}).get("containerStatuses") or []), default=0)
 
 
 def _labels(obj: Obj) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("labels") or {})
 
 
-def _scaled(value: int | str, total: int) -> int:
-    """intstr.GetScaledValueFromIntOrPercent(value, total, roundUp=true)."""
-    if isinstance(value, int):
-        return value
-    text = str(value)
-    if text.endswith("%"):
-        return math.ceil(int(text[:-1]) * total / 100)
-    return int(text)
-
-
-def _upgrades_available(states: Mapping[str, str], cordoned: Mapping[str, bool], policy: Mapping[str, Any]) -> int:
-    """k8s-operator-libs ``GetUpgradesAvailable`` for one NVIDIADriver's nodes (``common_manager.go``):
-    maxParallelUpgrades minus upgrades in progress, capped by maxUnavailable (scaled over the
-    managed nodes, rounded up), zero once cordoned nodes plus nodes about to be cordoned reach it."""
-    total = sum(1 for s in states.values())
-    in_progress = sum(1 for s in states.values() if s not in ("", DONE, REQUIRED))
-    max_unavailable = _scaled(policy.get("maxUnavailable", "25%"), total)
-    parallel = int(policy.get("maxParallelUpgrades", 1))
-    available = sum(1 for s in states.values() if s == REQUIRED) if parallel == 0 else parallel - in_progress
-    unavailable = sum(1 for c in cordoned.values() if c) + sum(1 for s in states.values() if s == "cordon-required")
-    available = min(available, max_unavailable)
-    if unavailable >= max_unavailable:
-        return 0
-    if max_unavailable < total and unavailable + available > max_unavailable:
-        return max_unavailable - unavailable
-    return available
+def _json(response: Any) -> Obj:
+    try:
+        return dict(json.loads(response.data))
+    finally:
+        response.release_conn()

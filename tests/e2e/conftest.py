@@ -28,6 +28,7 @@ from kubernetes import client
 
 from tests.e2e import binaries, controlplane
 from tests.e2e.cluster import KUBECONFIG_ENV, Cluster, Nodes
+from tests.prerequisites import missing
 
 HERE = Path(__file__).resolve().parent
 BUILD_COMMAND = "python -m tests.e2e.binaries build"
@@ -112,6 +113,4 @@ def _binaries_or_skip() -> binaries.Binaries:
     message = (f"e2e control-plane binaries are not built ({absent} missing from {binaries.cache_root()}); "
                f"run `{BUILD_COMMAND}` (needs Go; a cold build takes ~20-40 min), "
                f"or set {KUBECONFIG_ENV} to an existing cluster's kubeconfig")
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set and {message}", pytrace=False)
-    pytest.skip(message)
+    missing(message)

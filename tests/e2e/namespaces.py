@@ -54,3 +54,14 @@ def shared_namespace(core: client.CoreV1Api, name: str) -> Iterator[bool]:
         if created:
             core.delete_namespace(name)
             wait_gone(core, name)
+
+
+def has_default_account(core: client.CoreV1Api, namespace: str) -> bool:
+    """The ServiceAccount admission plugin refuses pods until the controller manager made ``default``."""
+    try:
+        core.read_namespaced_service_account("default", namespace)
+        return True
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+        return False

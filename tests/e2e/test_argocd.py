@@ -4,10 +4,14 @@ Argo CD v3.2.11 built from its Go module (redis, repo server, application contro
 server on 127.0.0.1, ``argocd_harness``) syncs ``argocd/`` from a fork of this repository
 (the working tree, pointed at a loopback git daemon and a loopback copy of NVIDIA's chart
 repository through ``argocd/site/site.yaml``, ``argocd_gitops``), with ``argocd-cm`` patched by
-``argocd/install/argocd-cm-health.yaml`` exactly as docs/gitops.md says. No GPU Operator runs:
-``argocd_standin`` writes the ClusterPolicy and NVIDIADriver status and the node upgrade labels
-the real controllers write, step by step, from the objects Argo CD applied. The certificate
-Sync-hook Job runs the real ``gpugate certs`` as its ServiceAccount (``argocd_jobs``).
+``argocd/install/argocd-cm-health.yaml`` exactly as docs/gitops.md says. No GPU Operator runs
+(its module is not served), but its driver upgrade state machine does (issue 26): NVIDIA's
+k8s-operator-libs ``pkg/upgrade`` in ``gpu-upgrade-controller`` (``argocd_upgrades``) writes the
+node upgrade labels, cordons, drains and restarts driver pods; ``argocd_standin`` writes what the
+operator's other controllers write (driver DaemonSets, ownership, ClusterPolicy and NVIDIADriver
+status); the fake kubelet gives pods a lifecycle and crash-loops the bad driver's image
+(``argocd_env.POD_LIFECYCLE``). The certificate Sync-hook Job runs the real ``gpugate certs`` as
+its ServiceAccount (``argocd_jobs``).
 
 The tests share one rig and run in order, each starting from where the previous one left the
 stack:
@@ -15,12 +19,13 @@ stack:
 1. first install: every wave in order, every child Synced and Healthy, the root too; the
    webhook (the real ``gpugate serve`` on the webhook Service's ClusterIP, as the API server
    dials it) shapes a GPU pod; no app is ever Degraded (test 1b);
-2. ``gpugate stack upgrade --pool canary`` then ``promote``: OutOfSync, Syncing, Progressing
-   while the pool rolls one node at a time, Healthy; ``gpugate stack status --kube`` agrees
-   with the cluster at each step;
-3. a driver that crash-loops on a canary node: Progressing (what the operator's status says),
-   nothing reaches the default pool, ``gpugate stack rollback`` and the documented node retry
-   bring it back to Healthy;
+2. ``gpugate stack upgrade --pool canary``: OutOfSync, Syncing, Progressing while the library
+   rolls the pool one node at a time (GPU pods drained under a PDB and rescheduled), Healthy;
+   ``gpugate stack canary --commit`` promotes; the default pool rolls within maxParallelUpgrades
+   and an admin's cordon is kept; ``gpugate stack status --kube`` agrees with the cluster;
+3. a driver that crash-loops: the library marks its canary node upgrade-failed, Argo CD shows
+   Progressing, ``status --kube`` names the node, ``promote`` refuses, ``gpugate stack canary
+   --commit`` rolls back, and the documented node retry brings the pool back to Healthy;
 4. drift: a hand edit is reverted by self-heal, the caBundle written by ``gpugate certs`` is not
    drift;
 5. the dashboard: the UI cannot be built here (reason asserted), so every step's application
@@ -64,17 +69,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import argocd_harness as harness
 from tests.e2e import binaries, controlplane
 from tests.e2e.argocd_dashboard import ui_unavailable_reason
 from tests.e2e.argocd_env import (
+    BAD_DRIVER,
     CHARTS,
     OPERATOR_NAMESPACE,
+    POOL_LABEL,
     ROOT_APP,
     SYSTEM_NAMESPACE,
+    UPGRADE_CONTROLLER,
     WEBHOOK,
     GitOpsRig,
     ca_bundles,
@@ -84,8 +92,10 @@ from tests.e2e.argocd_env import (
     with_loopback_url,
 )
 from tests.e2e.argocd_gitops import changed_files, driver_states, pool_counts, yaml_value
-from tests.e2e.argocd_standin import DRIVER_VERSION_LABEL, OWNER_LABEL, STATE_LABEL
+from tests.e2e.argocd_standin import DRIVER_VERSION_LABEL, STATE_LABEL
+from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, in_order
 from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
+from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
@@ -95,24 +105,18 @@ from tests.e2e.webhook_fixture import (
     pod_manifest,
     policy_of,
 )
+from tests.prerequisites import missing, needed
 
 Obj = dict[str, Any]
 OPERATOR = "v26.7.0"
 CANARY_DRIVER = "610.57.04"  # validated for v26.7.0 (webhook/stack/data/matrix.yaml)
-# Published and in a branch v26.7.0 validated, but older than the canary's 610.57.04 after test 2 (no
-# newer 610 driver is published): the commit takes --allow-driver-downgrade. The canary finds it broken.
-BAD_DRIVER = "595.71.05"
+# BAD_DRIVER (argocd_env): published and in a branch v26.7.0 validated, but older than the canary's
+# 610.57.04 after test 2 (no newer 610 driver is published): the commit takes --allow-driver-downgrade.
+# Its image crash-loops in the fake kubelet (argocd_env.POD_LIFECYCLE).
 RETRY_COMMAND = "kubectl label node {node} nvidia.com/gpu-driver-upgrade-state=upgrade-required --overwrite"
 
 
 # --- fixtures ---------------------------------------------------------------------------------
-
-def _missing(message: str) -> None:
-    """CI must not pass by skipping (as conftest does for the control-plane binaries)."""
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set and {message}", pytrace=False)
-    pytest.skip(message)
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
@@ -127,8 +131,7 @@ def cluster() -> Iterator[Cluster]:
         pytest.skip(f"{KUBECONFIG_ENV}: these tests need a control plane of their own (loopback Service network)")
     found = binaries.paths()
     if found is None:
-        _missing("the e2e control-plane binaries are not built; run `python -m tests.e2e.binaries build`")
-        raise AssertionError("unreachable")
+        missing("the e2e control-plane binaries are not built; run `python -m tests.e2e.binaries build`")
     cidr = f"127.{secrets.randbelow(180) + 64}.{secrets.randbelow(256)}.0/24"
     started = Cluster.local(found, settings=controlplane.Settings(
         service_cidr=cidr, keep_workdir=bool(os.environ.get("GPUGATE_E2E_KEEP"))))
@@ -143,15 +146,18 @@ def rig(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[GitOpsRig]
     """The rig, in a folder of its own under the system temp folder (not pytest's tmp_path: other
     pytest runs on a shared machine rotate those away). Kept when a test failed or with
     ``GPUGATE_E2E_KEEP``; otherwise only its ``dashboard/`` (the Markdown snapshots) is kept."""
-    if not (CHARTS / "index.yaml").is_file():
-        pytest.skip(f"{CHARTS} is absent (a fresh clone has no ../shared): NVIDIA's chart cannot be served")
+    needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
     for tool in ("redis-server", "git", "kubectl"):
         if shutil.which(tool) is None:
-            _missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
+            missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
     found, reason = harness.binaries_or_reason()
     if found is None:
-        _missing(reason)
-        raise AssertionError("unreachable")
+        missing(reason)
+    controller = binaries.upgrade_controller()
+    if controller is None:
+        missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
+                "`python -m tests.e2e.binaries build`")
+    found = {**found, UPGRADE_CONTROLLER: controller}
     workdir = Path(tempfile.mkdtemp(prefix="gpugate-argocd-"))
     failed_before = request.session.testsfailed
     started = GitOpsRig(cluster, workdir, found)
@@ -401,7 +407,7 @@ def _create_gpu_pod(rig: GitOpsRig) -> Obj:
     core = client.CoreV1Api(rig.api)
     namespace = f"ml-argocd-{secrets.token_hex(3)}"
     core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    wait_until(lambda: _default_account(core, namespace), timeout=30, what="the default ServiceAccount")
+    wait_until(lambda: has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
     pod = pod_manifest("shaped", labels={"gpugate.io/profile": "training", "gpugate.io/gpus": "2"})
     # The API server's configuration informer may lag the caBundle by a moment: dry-run until shaped.
     wait_until(lambda: policy_of(create_pod(core, namespace, pod, dry_run=True)), timeout=30, interval=0.3,
@@ -439,16 +445,6 @@ def _webhook_shapes_a_gpu_pod_through_a_url(rig: GitOpsRig, stored: list[Obj]) -
             for patch, live in zip(patches, stored, strict=True):
                 patch(WEBHOOK, restore_client_config(live))
             server.stop()
-
-
-def _default_account(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespaced_service_account("default", namespace)
-        return True
-    except ApiException as error:
-        if error.status != 404:
-            raise
-        return False
 
 
 CRD_HEALTH_CHECK = "resource.customizations.health.apiextensions.k8s.io_CustomResourceDefinition"
@@ -500,100 +496,209 @@ def test_first_install_is_never_degraded(rig: GitOpsRig, install: Install, findi
 
 # --- 2. a commit upgrades the stack ----------------------------------------------------------------
 
-def test_a_commit_upgrades_the_canary_pool_then_promote_upgrades_every_pool(ready: GitOpsRig,
+WORKLOAD = "gpu-training"
+
+
+def start_gpu_workload(rig: GitOpsRig, pool: str) -> str:
+    """Two GPU training pods pinned to ``pool`` (a Deployment, a PDB of minAvailable 1, an emptyDir
+    scratch volume, a 2 s grace period) in a namespace of their own; returns the namespace. The
+    namespace opts out of the webhook (``gpugate.io/skip``): no gpugate serves admission here, and
+    the webhook fails closed."""
+    core, apps = client.CoreV1Api(rig.api), client.AppsV1Api(rig.api)
+    namespace = f"train-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": namespace, "labels": {"gpugate.io/skip": "true"}}})
+    wait_until(lambda: has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
+    labels = {"app": WORKLOAD}
+    apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": WORKLOAD},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"nodeSelector": {POOL_LABEL: pool} if pool == "canary" else {},
+                     "terminationGracePeriodSeconds": 2,
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "volumes": [{"name": "scratch", "emptyDir": {}}],
+                     "containers": [{"name": "train", "image": "registry.example/train:1",
+                                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    client.PolicyV1Api(rig.api).create_namespaced_pod_disruption_budget(namespace, {
+        "metadata": {"name": WORKLOAD}, "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}})
+    wait_until(lambda: len(ready_pods(rig, namespace)) == 2, timeout=60, what="the GPU training pods Ready",
+               explain=rig.explain)
+    return namespace
+
+
+def ready_pods(rig: GitOpsRig, namespace: str) -> dict[str, str]:
+    """uid -> node of the workload's Ready, not Terminating pods."""
+    pods = client.CoreV1Api(rig.api).list_namespaced_pod(namespace, label_selector=f"app={WORKLOAD}").items
+    return {p.metadata.uid: p.spec.node_name for p in pods if not p.metadata.deletion_timestamp
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])}
+
+
+def upgrade_events(rig: GitOpsRig, node: str) -> list[str]:
+    """The GPUDriverUpgrade events the library recorded on ``node`` (k8s-operator-libs util.go logEvent)."""
+    events = client.CoreV1Api(rig.api).list_event_for_all_namespaces(
+        field_selector=f"involvedObject.kind=Node,involvedObject.name={node}").items
+    return [e.message or "" for e in events if e.reason == "GPUDriverUpgrade"]
+
+
+def unschedulable(rig: GitOpsRig, node: str) -> bool:
+    return bool(client.CoreV1Api(rig.api).read_node(node).spec.unschedulable)
+
+
+def assert_walked_the_library(rig: GitOpsRig, nodes: list[str], since: float) -> dict[str, list[str]]:
+    assert rig.history is not None
+    walks = {n: rig.history.states_walked(n, since) for n in nodes}
+    for node, walked in walks.items():
+        assert in_order(walked, IN_PLACE_STEPS), (
+            f"{node} did not walk NVIDIA's states {IN_PLACE_STEPS}:\n{rig.history.timeline(since)}")
+    return walks
+
+
+def test_a_commit_upgrades_the_canary_pool_then_canary_promotes_every_pool(ready: GitOpsRig,
                                                                             findings: Findings) -> None:
-    """``gpugate stack upgrade --pool canary`` commits; the push's refresh makes Argo CD sync it;
-    ``gpu-operator`` goes OutOfSync, Syncing, Progressing while the canary nodes upgrade one at a
-    time (the canary's upgradePolicy: maxParallelUpgrades 1, maxUnavailable 1), then Healthy;
-    ``promote --to all`` does the same for the default pool; ``gpugate stack status --kube``
-    matches the cluster mid-rollout and after."""
+    """``gpugate stack upgrade --pool canary`` commits; Argo CD syncs it; NVIDIA's state machine
+    (k8s-operator-libs, run per reconcile as the operator's upgrade controller does) walks each
+    canary node through its states one at a time (the canary's upgradePolicy: maxParallelUpgrades
+    1, maxUnavailable 1): cordon, pod deletion of the GPU pods (refused: they have an emptyDir,
+    podDeletion.deleteEmptyDir is false), so drain (drain.deleteEmptyDir true), with real
+    evictions under a PodDisruptionBudget, the driver pod deleted and recreated by the DaemonSet
+    controller at the new revision, validation, uncordon. The GPU pods are rescheduled. Then
+    ``gpugate stack canary --commit`` sees every canary node done at the driver and makes the
+    promote commit; the default pool rolls with at most maxParallelUpgrades nodes upgrading at any
+    instant of the node watch; a node an admin cordoned before the upgrade is still cordoned after
+    it (the library's initial-state annotation), and, since the library counts that cordon against
+    maxUnavailable, the other node waits until the admin uncordons it."""
     rig = ready
     assert rig.fork is not None and rig.standin is not None and rig.dashboard is not None
+    assert rig.history is not None and rig.upgrades is not None
     old = yaml_value(rig.fork.file("manifests/gpu-operator/drivers/default.yaml"), "version")
     assert old and old != CANARY_DRIVER
     canary, default = rig.pool("canary"), rig.pool("default")
+    _delete_bare_pods(rig)
+    namespace = start_gpu_workload(rig, "canary")
+    before = ready_pods(rig, namespace)
 
     # Canary.
-    with rig.standin.hold_before("uncordon-required"):
-        rig.fork.stack("upgrade", "--operator", OPERATOR, "--driver", CANARY_DRIVER, "--pool", "canary")
-        revision = rig.fork.head()
-        assert "canary" in rig.fork.subject() and set(changed_files(rig.fork.path, revision)) >= {
-            "manifests/gpu-operator/drivers/canary.yaml", "manifests/gpu-operator/stack.yaml"}
-        pushed = time.monotonic()
-        rig.pushed()
-        wait_standin(rig, lambda s: pool_states(rig, s, "canary") == {"validation-required": 1,
-                                                                      "upgrade-required": 1},
-                     "one canary node mid-upgrade, the other waiting")
-        rig.wait(lambda s: s["gpu-operator"].health == "Progressing" and s["gpu-operator"].revision == revision,
-                 "gpu-operator Progressing at the canary commit")
-        status = assert_status_tells_the_truth(rig, git={"default": old, "canary": CANARY_DRIVER})
-        assert driver_states(status)["canary"] == "notReady" and driver_states(status)["default"] == "ready"
-        assert tree_health(rig, "gpu-operator", "NVIDIADriver", "canary")["status"] == "Progressing"
-        rig.dashboard.snapshot("canary pool rolling (gpugate stack upgrade --pool canary)")
-    rig.wait(children_ready(rig, revision), "the canary rollout to finish", timeout=120)
+    rig.fork.stack("upgrade", "--operator", OPERATOR, "--driver", CANARY_DRIVER, "--pool", "canary")
+    revision = rig.fork.head()
+    assert "canary" in rig.fork.subject() and set(changed_files(rig.fork.path, revision)) >= {
+        "manifests/gpu-operator/drivers/canary.yaml", "manifests/gpu-operator/stack.yaml"}
+    pushed = time.monotonic()
+    rig.pushed()
+    wait_standin(rig, lambda s: any(s[n]["state"] not in (None, "upgrade-done") for n in canary),
+                 "a canary node to leave upgrade-done")
+    rig.wait(lambda s: s["gpu-operator"].health == "Progressing" and s["gpu-operator"].revision == revision,
+             "gpu-operator Progressing at the canary commit")
+    assert tree_health(rig, "gpu-operator", "NVIDIADriver", "canary")["status"] == "Progressing"
+    rig.dashboard.snapshot("canary pool rolling (gpugate stack upgrade --pool canary)")
+    rig.wait(children_ready(rig, revision), "the canary rollout to finish", timeout=240)
     assert_rollout_sequence(rig, "gpu-operator", pushed, revision)
     assert_status_tells_the_truth(rig, git={"default": old, "canary": CANARY_DRIVER})
+    walks = assert_walked_the_library(rig, canary, pushed)
+    most, at_once = rig.history.most_upgrading(canary, pushed)
+    assert most == 1, f"the canary pool upgraded {at_once} at once:\n{rig.history.timeline(pushed)}"
+    assert any("drain-required" in w for w in walks.values()), (
+        f"no canary node drained its GPU pods (emptyDir: pod deletion refuses, drain evicts):\n{walks}")
+    assert not rig.history.since(pushed, default), "the canary commit moved a default-pool node"
     labels = rig.node_labels()
     assert {labels[n].get(DRIVER_VERSION_LABEL) for n in canary} == {CANARY_DRIVER}
     assert {labels[n].get(DRIVER_VERSION_LABEL) for n in default} == {old}, "the canary commit reached the default pool"
-    events = rig.standin.events_since(pushed)
-    cordoned = [i for i, e in enumerate(events) if e.endswith("-> cordon-required")]
-    done = [i for i, e in enumerate(events) if e.endswith("-> upgrade-done")]
-    assert len(cordoned) == 2 and len(done) == 2 and done[0] < cordoned[1], (
-        "the canary pool did not upgrade one node at a time:\n" + "\n".join(events))
+    after = ready_pods(rig, namespace)
+    assert len(after) == 2 and not set(after) & set(before), (
+        f"the GPU pods were not all evicted and rescheduled: before {before}, after {after}")
+    assert any("drain" in m.lower() for n in canary for m in upgrade_events(rig, n)), \
+        {n: upgrade_events(rig, n) for n in canary}
+    findings.notes["canary-walks"] = walks
     rig.dashboard.snapshot("canary pool upgraded")
 
-    # Promote.
-    with rig.standin.hold_before("uncordon-required"):
-        rig.fork.stack("promote", "--from", "canary", "--to", "all")
-        promoted = rig.fork.head()
-        assert "promote" in rig.fork.subject()
-        pushed = time.monotonic()
-        rig.pushed()
-        wait_standin(rig, lambda s: pool_states(rig, s, "default") == {"validation-required": 1,
-                                                                       "upgrade-required": 1},
-                     "one default node mid-upgrade, the other waiting")
-        rig.wait(lambda s: s["gpu-operator"].health == "Progressing" and s["gpu-operator"].revision == promoted,
-                 "gpu-operator Progressing at the promote commit")
-        assert_status_tells_the_truth(rig, git={"default": CANARY_DRIVER, "canary": CANARY_DRIVER})
-        rig.dashboard.snapshot("default pool rolling (gpugate stack promote --to all)")
-    rig.wait(children_ready(rig, promoted), "the promotion to finish", timeout=120)
+    # An admin cordons a default node before the promotion.
+    cordoned, other = default
+    rig.kubectl("cordon", cordoned)
+    canary_out = rig.fork.stack("canary", "--commit", "--window", "2", "--timeout", "60")
+    promoted = rig.fork.head()
+    assert "promote" in rig.fork.subject() and promoted != revision, canary_out
+    assert "promote" in canary_out and "upgrade-done" in canary_out, canary_out
+    pushed = time.monotonic()
+    rig.pushed()
+    rig.wait(lambda s: s["gpu-operator"].health == "Progressing" and s["gpu-operator"].revision == promoted,
+             "gpu-operator Progressing at the promote commit")
+    wait_until(lambda: rig.standin is not None and rig.standin.snapshot()[cordoned]["state"] == "upgrade-done"
+               and rig.standin.snapshot()[cordoned]["driver"] == CANARY_DRIVER, timeout=180,
+               what=f"{cordoned} (cordoned by an admin) upgraded", explain=rig.explain)
+    rig.upgrades.wait_reconciles(5)
+    assert unschedulable(rig, cordoned), f"{cordoned} was cordoned by an admin and the upgrade uncordoned it"
+    assert rig.standin.snapshot()[other]["state"] == "upgrade-required", (
+        "with maxUnavailable 1 the library counts the admin's cordon: the other node must wait\n"
+        + rig.history.timeline(pushed))
+    rig.dashboard.snapshot("default pool: the admin-cordoned node upgraded, still cordoned; the other waits")
+    rig.kubectl("uncordon", cordoned)
+    rig.wait(children_ready(rig, promoted), "the promotion to finish", timeout=240)
     assert_rollout_sequence(rig, "gpu-operator", pushed, promoted)
+    assert_walked_the_library(rig, [other], pushed)
+    # The admin's node: validation-required -> upgrade-done, never uncordon-required (the library's
+    # node-initial-state annotation, common_manager.go updateNodeToUncordonOrDoneState).
+    kept = rig.history.states_walked(cordoned, pushed)
+    assert in_order(kept, tuple(s for s in IN_PLACE_STEPS if s != "uncordon-required")), kept
+    assert "uncordon-required" not in kept, kept
+    policy = yaml.safe_load(rig.fork.file("manifests/gpu-operator/stack.yaml"))
+    parallel = next(p["upgradePolicy"]["maxParallelUpgrades"] for p in policy["pools"] if p["name"] == "default")
+    most, at_once = rig.history.most_upgrading(default, pushed)
+    assert 1 <= most <= parallel, f"{at_once} upgrading at once (maxParallelUpgrades {parallel}):\n" \
+        + rig.history.timeline(pushed)
     status = assert_status_tells_the_truth(rig, git={"default": CANARY_DRIVER, "canary": CANARY_DRIVER})
     assert pool_counts(status) == {"default": {"upgrade-done": 2}, "canary": {"upgrade-done": 2}}
     labels = rig.node_labels()
     assert {labels[n].get(DRIVER_VERSION_LABEL) for n in rig.nodes} == {CANARY_DRIVER}
     findings.notes["upgraded"] = True
+    # Gone before test 3: there a failed canary node stays cordoned, and had the workload's PDB to
+    # drain onto it, the retry of the other canary node would wait out its drain timeout.
+    client.CoreV1Api(rig.api).delete_namespace(namespace)
+
+
+def _delete_bare_pods(rig: GitOpsRig) -> None:
+    """Test 1's shaped pod has no controller: kubectl drain semantics (the library's pod deletion
+    and drain, Force false) refuse such a pod, and its node would end upgrade-failed. Gone first."""
+    core = client.CoreV1Api(rig.api)
+    for pod in core.list_pod_for_all_namespaces().items:
+        if pod.metadata.namespace.startswith("ml-argocd-") and not pod.metadata.owner_references:
+            core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
 
 
 # --- 3. a failed upgrade and its rollback ----------------------------------------------------------
 
-def test_a_failed_canary_upgrade_shows_progressing_stays_in_its_pool_and_rolls_back(ready: GitOpsRig,
-                                                                                    findings: Findings) -> None:
-    """The driver of the next canary commit crash-loops on the first canary node: the upgrade
-    controller marks it ``upgrade-failed``. Argo CD shows what the operator's status says and the
-    health checks map: NVIDIADriver ``notReady``/``DriverNotReady`` and ClusterPolicy
-    ``OperandNotReady`` are Progressing, not Degraded (docs/gitops.md: a failed upgrade is in no
-    status). ``gpugate stack status --kube`` names it and exits 1. Nothing reaches the default
-    pool. ``gpugate stack rollback`` commits the step back; Argo CD syncs it, but the failed node
-    stays failed (k8s-operator-libs ProcessUpgradeFailedNodes: its crash-looping pod is at the
-    reverted revision, never in sync) until the documented retry relabels it; then Healthy."""
+def test_a_failed_canary_upgrade_blocks_promote_and_canary_rolls_it_back(ready: GitOpsRig,
+                                                                       findings: Findings) -> None:
+    """The next canary commit pins a driver whose container crash-loops (the fake kubelet's bad
+    image): the library sees its restart count pass 10 and marks the first canary node
+    ``upgrade-failed`` (common_manager.go ProcessPodRestartNodes / isDriverPodFailing); the other
+    canary node waits (a failed node counts as in progress). Argo CD shows Progressing (what the
+    operator's status says), ``gpugate stack status --kube`` names the failed node and exits 1,
+    ``gpugate stack promote`` refuses naming it, and ``gpugate stack canary --commit`` decides
+    rollback and makes the rollback commit. Argo CD syncs it; the failed node stays failed (its
+    crash-looping pod is at the reverted revision's predecessor, never in sync:
+    ProcessUpgradeFailedNodes) until the retry the operator documents relabels it; then the
+    library brings the pool back to the old driver and Healthy."""
     rig = ready
     assert rig.fork is not None and rig.standin is not None and rig.dashboard is not None and rig.watch is not None
+    assert rig.history is not None and rig.upgrades is not None
     if not findings.notes.get("upgraded"):
         pytest.skip("needs test 2's upgrade (both pools on the canary driver)")
     canary, default = rig.pool("canary"), rig.pool("default")
-    broken = canary[0]
-    rig.standin.fail_driver(broken, BAD_DRIVER)
 
     rig.fork.stack("upgrade", "--operator", OPERATOR, "--driver", BAD_DRIVER, "--pool", "canary",
                    "--allow-driver-downgrade")
     revision = rig.fork.head()
     pushed = time.monotonic()
     rig.pushed()
-    wait_standin(rig, lambda s: s[broken]["state"] == "upgrade-failed", f"{broken} to fail its driver upgrade")
+    snapshot = wait_standin(rig, lambda s: any(s[n]["state"] == "upgrade-failed" for n in canary),
+                            "a canary node to fail its driver upgrade", timeout=180)
+    broken = next(n for n in canary if snapshot[n]["state"] == "upgrade-failed")
+    waiting = next(n for n in canary if n != broken)
+    assert snapshot[broken]["restarts"] > 10 and snapshot[broken]["ready"] is False, snapshot[broken]
     rig.wait(lambda s: s["gpu-operator"].revision == revision and s["gpu-operator"].sync == "Synced"
              and s["gpu-operator"].phase != "Running", "gpu-operator synced to the broken canary commit")
+    rig.upgrades.wait_reconciles(5)
+    assert rig.standin.snapshot()[waiting]["state"] == "upgrade-required", rig.history.timeline(pushed)
     states = rig.watch.current()
     findings.notes["failed-health"] = states["gpu-operator"].health
     assert states["gpu-operator"].health == "Progressing", states["gpu-operator"]
@@ -605,38 +710,40 @@ def test_a_failed_canary_upgrade_shows_progressing_stays_in_its_pool_and_rolls_b
     assert policy["status"] == "Progressing" and "failed" in policy.get("message", ""), policy
     status = assert_status_tells_the_truth(rig, git={"default": CANARY_DRIVER, "canary": BAD_DRIVER}, failed=True)
     assert [p["upgradeFailed"] for p in status["cluster"]["pools"] if p["name"] == "canary"] == [[broken]]
-    # Nothing reached the other pool: its NVIDIADriver, nodes and drivers are untouched.
-    assert rig.nvidia("nvidiadrivers", "default")["spec"]["version"] == CANARY_DRIVER
-    labels = rig.node_labels()
-    for node in default:
-        assert labels[node].get(STATE_LABEL) == "upgrade-done" and labels[node].get(OWNER_LABEL) == "default"
-        assert labels[node].get(DRIVER_VERSION_LABEL) == CANARY_DRIVER
-    assert not [e for e in rig.standin.events_since(pushed) if any(n in e for n in default)], \
-        "a default-pool node moved during the canary's failed upgrade"
+    assert not rig.history.since(pushed, default), "a default-pool node moved during the canary's failed upgrade"
     rig.dashboard.snapshot("canary driver upgrade failed")
 
-    out = rig.fork.stack("rollback")
+    # The gate: no promotion of a failed canary.
+    head = rig.fork.head()
+    refused = rig.fork.stack("promote", "--from", "canary", "--to", "all", exit_codes=(1,))
+    assert rig.fork.head() == head, "promote committed over a failed canary"
+    assert "canary-gate" in refused and f"{broken} is upgrade-failed" in refused, refused
+
+    # The canary command decides and commits the rollback.
+    decided = rig.fork.stack("canary", "--commit", "--timeout", "60", exit_codes=(1,))
     rolled_back = rig.fork.head()
-    assert rolled_back != revision and yaml_value(rig.fork.file("manifests/gpu-operator/drivers/canary.yaml"),
-                                                  "version") == CANARY_DRIVER, out
+    assert "rollback" in decided and broken in decided and rolled_back != head, decided
+    assert yaml_value(rig.fork.file("manifests/gpu-operator/drivers/canary.yaml"), "version") == CANARY_DRIVER
     rig.pushed()
     rig.wait(lambda s: s["gpu-operator"].revision == rolled_back and s["gpu-operator"].sync == "Synced"
              and s["gpu-operator"].phase != "Running", "gpu-operator synced to the rollback commit")
     assert rig.nvidia("nvidiadrivers", "canary")["spec"]["version"] == CANARY_DRIVER
-    rig.standin.wait_passes(10)  # the stand-in has looked again and again at the reverted NVIDIADriver
+    rig.upgrades.wait_reconciles(10)
     snapshot = rig.standin.snapshot()
     findings.notes["rollback-alone"] = (snapshot[broken]["state"], rig.watch.current()["gpu-operator"].health)
     assert snapshot[broken]["state"] == "upgrade-failed", snapshot
-    rig.dashboard.snapshot("rolled back in Git; failed node still upgrade-failed")
+    rig.dashboard.snapshot("rolled back in Git; the failed node still upgrade-failed")
 
     # The retry the operator documents (and `gpugate stack status` prints).
+    retried = time.monotonic()
     rig.kubectl(*RETRY_COMMAND.format(node=broken).split()[1:])
-    rig.wait(children_ready(rig, rolled_back), "Healthy after the rollback and the node retry", timeout=120)
+    rig.wait(children_ready(rig, rolled_back), "Healthy after the rollback and the node retry", timeout=240)
     status = assert_status_tells_the_truth(rig, git={"default": CANARY_DRIVER, "canary": CANARY_DRIVER})
     assert pool_counts(status) == {"default": {"upgrade-done": 2}, "canary": {"upgrade-done": 2}}
     labels = rig.node_labels()
     assert {labels[n].get(DRIVER_VERSION_LABEL) for n in rig.nodes} == {CANARY_DRIVER}
-    assert not any(node["unschedulable"] for node in rig.standin.snapshot().values()), "a node is left cordoned"
+    assert_walked_the_library(rig, [broken], retried)
+    assert not any(unschedulable(rig, n) for n in rig.nodes), "a node is left cordoned"
     rig.dashboard.snapshot("rolled back: Healthy")
 
 

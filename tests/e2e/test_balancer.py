@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -43,11 +44,12 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, watch
 
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.fakekubelet import COMPLETE_AFTER
 from tests.e2e.namespaces import shared_namespace
+from tests.e2e.placement_env import expected_marks
 from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 from webhook.kube import inventory
@@ -176,7 +178,7 @@ def replicas(cluster: Cluster, balancer_rbac: str, tmp_path: Path) -> Iterator[A
         ca_file.write_bytes(Path(server_entry["certificate-authority"]).read_bytes())
     started: list[Replica] = []
 
-    def start(identity: str, *, stream_lists: bool = True, account: str = ACCOUNT) -> Replica:
+    def start(identity: str, *, stream_lists: bool = True, account: str = ACCOUNT, config_extra: str = "") -> Replica:
         token = core.create_namespaced_service_account_token(account, NAMESPACE, client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
         token_file = tmp_path / f"{identity}.token"
@@ -184,7 +186,7 @@ def replicas(cluster: Cluster, balancer_rbac: str, tmp_path: Path) -> Iterator[A
         port = free_port()
         log = tmp_path / f"{identity}.log"
         config = tmp_path / f"{identity}.yaml"
-        config.write_text(CONFIG + f"stream_lists: {'true' if stream_lists else 'false'}\n")
+        config.write_text(CONFIG + f"stream_lists: {'true' if stream_lists else 'false'}\n" + config_extra)
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "webhook.cli", "balance", "--server", server_entry["server"],
@@ -290,6 +292,59 @@ def test_labels_follow_pods_as_they_bind_and_finish_with_only_the_manifests_rbac
     assert "nvidia.com/cx7_sriov_rdma" not in resources, found
     assert a.api_errors() == 0, why()  # a verb short in the manifests' RBAC is a 403 here
     assert a.metric("gpugate_balancer_relists_total") == 0
+
+
+COALESCE_SECONDS = 3.0
+
+
+def test_gpu_free_changes_are_coalesced_to_one_node_write_per_interval(
+        cluster: Cluster, nodes: Nodes, namespace: str, replicas: Any) -> None:
+    """Issue 28: each GPU pod bind changes gpugate.io/gpu-free, and each Node write fans out to
+    every Node watcher (kube-scheduler requeues its unschedulable pods on it). A watcher of the
+    real API server sees the balancer's label changes: a change of gpu-free alone comes at most
+    once per ``write_interval`` (a tier change of gpu-load goes out at once), fewer changes than
+    binds, and the last labels are the true ones."""
+    gpu = nodes.gpu(gpus=8)
+    a = replicas("e2e-coalesce", config_extra=f"write_interval: {COALESCE_SECONDS}\n")
+    why = explain(cluster, a)
+    wait_until(lambda: marks(cluster, gpu) == ("8", "idle"), timeout=60, what="first labels", explain=why)
+    core = cluster.core()
+    seen: list[tuple[float, str | None, str | None]] = []
+    stop = threading.Event()
+    start_version = core.read_node(gpu).metadata.resource_version
+
+    def watch_node() -> None:
+        stream = watch.Watch()
+        last = ("8", "idle")
+        for event in stream.stream(core.list_node, field_selector=f"metadata.name={gpu}",
+                                   resource_version=start_version, timeout_seconds=60):
+            labels = event["object"].metadata.labels or {}
+            now = (labels.get(FREE), labels.get(LOAD))
+            if now != last:
+                seen.append((time.monotonic(), *now))
+                last = now
+            if stop.is_set():
+                stream.stop()
+
+    watcher = threading.Thread(target=watch_node, daemon=True)
+    watcher.start()
+    time.sleep(0.5)
+    binds = 6
+    for i in range(binds):  # one GPU each, a bind every 0.3 s: six gpu-free values in under 2 s
+        core.create_namespaced_pod(namespace, gpu_pod(f"one-{i}", gpu, 1))
+        time.sleep(0.3)
+    wait_until(lambda: marks(cluster, gpu) == expected_marks(8, binds), timeout=60,
+               what=f"labels {expected_marks(8, binds)} once all {binds} pods are bound", explain=why)
+    time.sleep(COALESCE_SECONDS + 1)  # a late write would show up here
+    stop.set()
+    core.patch_node(gpu, {"metadata": {"annotations": {"e2e.gpugate.io/poke": str(time.time())}}})  # ends the watch
+    watcher.join(timeout=30)
+    assert seen and seen[-1][1:] == expected_marks(8, binds), seen
+    assert len(seen) < binds, f"a Node write per bind, nothing coalesced: {seen}"
+    for (before, _, load_before), (after, _, load_after) in zip(seen, seen[1:], strict=False):
+        if load_before == load_after:  # a change of gpu-free alone
+            assert after - before >= COALESCE_SECONDS * 0.9, f"two gpu-free writes within the interval: {seen}"
+    assert a.api_errors() == 0, why()
 
 
 def test_two_replicas_share_the_lease_only_the_holder_writes_and_sigkill_hands_over(

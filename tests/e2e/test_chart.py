@@ -28,6 +28,7 @@ import yaml
 
 from tests.e2e import gitops_binaries
 from tests.e2e.helmrepo import CHARTS, HelmRepo
+from tests.prerequisites import missing, needed
 from webhook.stack import chartcheck, chartrender, manifestcheck, manifests
 from webhook.stack import matrix as matrix_data
 from webhook.stack.compat import OperatorVersion
@@ -52,16 +53,15 @@ VERSIONS = _versions()
 def helm() -> Path:
     found = gitops_binaries.paths()
     if found is None:
-        pytest.skip("helm is not built: `python -m tests.e2e.gitops_binaries build`")
+        missing("helm is not built: `python -m tests.e2e.gitops_binaries build`")
     if not VERSIONS:
-        pytest.skip(f"{CHARTS} holds no chart repository (index.yaml)")
+        missing(f"{CHARTS} holds no chart repository (index.yaml)")
     return found["helm"]
 
 
 @pytest.fixture(scope="module")
 def helm_repo() -> Iterator[HelmRepo]:
-    if not (CHARTS / "index.yaml").is_file():
-        pytest.skip(f"{CHARTS} holds no chart repository (index.yaml)")
+    needed(CHARTS / "index.yaml", "NVIDIA's chart repository")
     with HelmRepo.serve(CHARTS) as repo:
         yield repo
 
@@ -181,7 +181,7 @@ def test_the_values_keys_check_refuses_what_the_api_server_refuses(helm, cluster
 
     older = [v for v in VERSIONS if OperatorVersion.parse(v) < manifests.load_stack(REPO).operator_version]
     if not older:
-        pytest.skip("no older chart release to move back to")
+        missing(f"{CHARTS} holds no chart package older than the checked-in release to move back to")
     stack = stack_at(older[-1])
     text = manifests.render_values((REPO / manifests.VALUES_FILE).read_text(), stack)
     unknown = chartvalues.unknown_keys(yaml.safe_load(text), older[-1])

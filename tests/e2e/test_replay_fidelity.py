@@ -37,6 +37,7 @@ import pytest
 
 from tests.e2e.cluster import Cluster
 from tests.e2e.trace_slice import TRACE, Report, SliceSpec, every_pod_file, fidelity
+from tests.prerequisites import needed
 
 PODS_PER_LIST = 12
 REAL_RUNS = 3
@@ -60,8 +61,7 @@ PER_LIST_MISSES = 1
 def report(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Report:
     if cluster.plane is None:
         pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    if not TRACE.is_dir():
-        pytest.skip(f"{TRACE} is absent (../shared beside the clone holds the trace)")
+    needed(TRACE, "../shared beside the clone holds the trace")
     pod_files = every_pod_file()
     spec = SliceSpec(nodes=32, pods=PODS_PER_LIST * len(pod_files), seed=42, pod_files=pod_files,
                      model_seeds=MODEL_SEEDS)

@@ -76,6 +76,7 @@ from tests.e2e.webhook_fixture import (
     policy_of,
     read_pod,
 )
+from tests.prerequisites import needed
 
 WEBHOOK_BASE = ROOT / "manifests" / "webhook"
 FAIL_CLOSED = WEBHOOK_BASE / "components" / "fail-closed"
@@ -441,12 +442,15 @@ def test_job_and_deployment_pods_are_shaped(local: Cluster, registered: Registra
 
 def test_excluded_namespaces_and_the_opt_out_label(local: Cluster, registered: Registration, installed: list[Obj],
                                                    namespaces: Namespaces) -> None:
-    """kube-system, gpugate-system and namespaces labelled gpugate.io/skip are never sent to gpugate.
+    """kube-system and gpugate-system are never sent to gpugate; the opt-out label
+    gpugate.io/skip, on a namespace or a pod, skips shaping only (issue 28).
 
     Proof it is the selector and not a lenient policy: a pod over default-gpu's max, which
-    validation denies in an ordinary namespace, is admitted there untouched. The pod label gpugate.io/skip
-    skips mutation only: validation has no objectSelector (manifests/webhook/webhookconfigurations.yaml),
-    so the same ask is still denied with it. Selector semantics:
+    validation denies in an ordinary namespace, is admitted untouched in the excluded ones. In a
+    namespace labelled gpugate.io/skip, and for a pod with the label, a pod within the limit is
+    admitted unshaped, and the same pod over the limit is denied by validate.gpugate.io: the
+    validating configuration selects on neither label (manifests/webhook/webhookconfigurations.yaml),
+    so whoever may label a namespace still cannot unlock GPUs a policy forbids. Selector semantics:
     k8s.io/apiserver/pkg/admission/plugin/webhook/predicates/{namespace,object}/matcher.go.
     """
     core = local.core()
@@ -456,7 +460,7 @@ def test_excluded_namespaces_and_the_opt_out_label(local: Cluster, registered: R
     ordinary = namespaces.make("ml-e2e")
     made: list[tuple[str, str]] = []
     try:
-        for namespace in ("kube-system", SERVICE_NAMESPACE, skipped):
+        for namespace in ("kube-system", SERVICE_NAMESPACE):
             name = f"e2e-untouched-{os.urandom(2).hex()}"
             create_pod(core, namespace, pod_manifest(name, gpus=over))
             made.append((namespace, name))
@@ -467,6 +471,12 @@ def test_excluded_namespaces_and_the_opt_out_label(local: Cluster, registered: R
 
     control = expect_refusal(lambda: create_pod(core, ordinary, pod_manifest("over", gpus=over)))
     assert "validate.gpugate.io" in api_message(control) and f"allows {limit}" in api_message(control)
+
+    create_pod(core, skipped, pod_manifest("in-opted-out-namespace", labels=TRAINING, gpus=1))
+    assert_untouched(read_pod(core, skipped, "in-opted-out-namespace"))
+    denied_there = expect_refusal(lambda: create_pod(core, skipped, pod_manifest("opted-out-namespace-over",
+                                                                                 gpus=over)))
+    assert "validate.gpugate.io" in api_message(denied_there) and f"allows {limit}" in api_message(denied_there)
 
     create_pod(core, ordinary, pod_manifest("opted-out", labels={**TRAINING, "gpugate.io/skip": "true"}, gpus=1))
     assert_untouched(read_pod(core, ordinary, "opted-out"))
@@ -576,8 +586,10 @@ def test_outage_fails_open_or_closed_and_recovers(local: Cluster, registered: Re
                                                   namespaces: Namespaces, probe_namespace: str) -> None:
     """With the server down: failurePolicy Ignore admits pods unshaped, at once (connection refused,
     well inside timeoutSeconds); components/fail-closed refuses them with the call's error
-    (mutating/dispatcher.go: ErrCallingWebhook -> fail open, else InternalError). Excluded
-    namespaces still take pods, as the component's README promises. Back up: shaped again.
+    (mutating/dispatcher.go: ErrCallingWebhook -> fail open, else InternalError). Namespaces
+    excluded by name still take pods, as the component's README promises; a namespace labelled
+    gpugate.io/skip is not sent for mutation but still for validation, so fail-closed refuses
+    its pods too, naming validate.gpugate.io. Back up: shaped again.
     """
     core = local.core()
     namespace = namespaces.make("ml-e2e")
@@ -597,7 +609,12 @@ def test_outage_fails_open_or_closed_and_recovers(local: Cluster, registered: Re
     assert refused.status == 500
     assert 'failed calling webhook "mutate.gpugate.io"' in api_message(refused)
     assert "connection refused" in api_message(refused)
-    create_pod(core, skipped, training_pod("excluded-while-down", "1"))
+    excluded = f"e2e-excluded-while-down-{os.urandom(2).hex()}"
+    create_pod(core, "kube-system", pod_manifest(excluded, gpus=1))
+    core.delete_namespaced_pod(excluded, "kube-system", grace_period_seconds=0)
+    opted_out = expect_refusal(lambda: create_pod(core, skipped, training_pod("opted-out-while-down", "1")))
+    assert opted_out.status == 500
+    assert 'failed calling webhook "validate.gpugate.io"' in api_message(opted_out)
 
     server.start()
     rev = revision(server)
@@ -975,6 +992,7 @@ def test_every_manifest_passes_the_api_servers_validation(local: Cluster, instal
     (fixture ``installed``) and are read back here. A kind whose CRD is not in ../shared/schemas
     is skipped, with the reason, for that kind only.
     """
+    needed(SCHEMAS, "../shared/schemas holds the CRDs the custom resources are validated against")
     core, rbac = local.core(), client.RbacAuthorizationV1Api(local.api_client())
     core.read_namespace(SERVICE_NAMESPACE)
     rbac.read_cluster_role(CERTS_SERVICE_ACCOUNT)
@@ -985,8 +1003,8 @@ def test_every_manifest_passes_the_api_servers_validation(local: Cluster, instal
         set(policies["data"])
 
     renderings = _renderings(workdir)
-    needed = {_group_kind(d) for documents in renderings.values() for d in documents}
-    served = _install_crds(local, needed)
+    kinds = {_group_kind(d) for documents in renderings.values() for d in documents}
+    served = _install_crds(local, kinds)
     files = _crd_files()
     complaints = _validate_renderings(local, {name: [d for d in documents if _group_kind(d) in served]
                                               for name, documents in renderings.items()})

@@ -562,7 +562,8 @@ def fidelity(cluster: Cluster, workdir: Path, spec: SliceSpec, *, arms: Sequence
         for arm in arms:
             reals, seconds, namespace = [], [], ""
             for run in range(repeats):
-                # The stock arm's namespace opts out of the webhook (its namespaceSelector skips it).
+                # The stock arm's namespace opts out of shaping (the mutating namespaceSelector skips
+                # it); validation still runs there and admits the pods as written.
                 labels = {SKIP_LABEL: "true"} if arm == "stock" else {}
                 namespace = namespaces.make(f"ml-fidelity-{arm}", labels)
                 began = time.monotonic()

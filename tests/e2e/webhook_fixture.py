@@ -41,6 +41,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.e2e import processes
 from tests.e2e.cluster import Cluster
 from webhook.certs import pki
+from webhook.localcluster import webhooks
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
@@ -126,11 +127,7 @@ class RenderedWebhooks:
 
 
 def _with_url(config: Obj, base_url: str, ca_pem: bytes) -> Obj:
-    out = copy.deepcopy(config)
-    for hook in out["webhooks"]:
-        path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": base_url + path, "caBundle": base64.b64encode(ca_pem).decode()}
-    return out
+    return webhooks.pointed_at(config, base_url, ca_pem)
 
 
 def _with_service_port(config: Obj, port: int) -> Obj:

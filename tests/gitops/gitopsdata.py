@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
+from tests.prerequisites import needed
 from webhook.stack import manifestcheck, site, verify
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,9 +29,7 @@ KubeObject = dict[str, Any]
 
 
 def shared_or_skip() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is absent (fresh clone): ../shared/schemas and ../shared/upstream are needed")
-    return SHARED
+    return needed(SHARED, "fresh clone: ../shared/schemas and ../shared/upstream are needed")
 
 
 def yaml_documents(root: Path) -> Iterator[tuple[Path, KubeObject]]:

@@ -29,10 +29,10 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.gitops.test_health import CASES, PATCH_FILE
+from tests.prerequisites import missing
 
 BUILD = "`python -m tests.e2e.gitops_binaries build` builds it from github.com/argoproj/argo-cd/v3"
 PENDING_DELETION = {"status": "Progressing", "message": "Pending deletion"}
@@ -44,10 +44,7 @@ def argocd_binary() -> Path:
 
     path = gitops_binaries.binary_path(next(t for t in gitops_binaries.TOOLS if t.name == "argocd"))
     if not (path.is_file() and os.access(path, os.X_OK)):
-        message = f"no argocd binary at {path}: {BUILD}"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {message}", pytrace=False)
-        pytest.skip(message)
+        missing(f"no argocd binary at {path}: {BUILD}")
     return path
 
 

@@ -28,6 +28,7 @@ from tests.gitops.argosync import Obj, label, simulate
 from tests.gitops.gitopsdata import ARGOCD, REPO, SHARED, kustomize
 from tests.gitops.luasandbox import run_health
 from tests.helmtool import helm_binary
+from tests.prerequisites import needed
 from webhook.stack import chartrender, manifests
 
 HEALTH = ARGOCD / "health"
@@ -37,8 +38,7 @@ CHILD_HEALTHS = ("Healthy", "Progressing", "Degraded", "Suspended", "Missing", "
 
 def helm_or_skip() -> Path:
     helm = helm_binary()
-    if not CHARTS.is_dir():
-        pytest.skip(f"{CHARTS} is absent: NVIDIA's chart packages are needed to render the chart")
+    needed(CHARTS, "NVIDIA's chart packages are needed to render the chart")
     return helm
 
 

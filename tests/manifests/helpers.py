@@ -14,10 +14,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests import kubeversion
+from tests.prerequisites import needed
 from webhook.stack import manifestcheck
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,11 +62,19 @@ COMPONENT_VARIANTS: dict[str, str] = {
 Obj = dict[str, Any]
 
 
+BUILTIN_GROUPS_SUFFIX = ".k8s.io"
+
+
+def is_custom(obj: Obj) -> bool:
+    """A custom resource (validated by its CRD's JSON schema), not a built-in kind."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    return "." in group and not group.endswith(BUILTIN_GROUPS_SUFFIX)
+
+
 def require_schemas() -> None:
     """Skip (with the reason) when ../shared/schemas is absent, as in a fresh clone."""
-    if not (SCHEMA_ROOT / "json").is_dir():
-        pytest.skip(f"custom-resource schemas not checked: {SCHEMA_ROOT} is absent "
-                    "(fresh clone without ../shared); the built-in kinds are still validated")
+    needed(SCHEMA_ROOT / "json", "fresh clone without ../shared: custom-resource schemas not checked; "
+           "the built-in kinds are still validated")
 
 
 def kustomization_dirs() -> list[Path]:

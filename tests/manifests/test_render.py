@@ -19,6 +19,7 @@ from tests.manifests.helpers import (
     MANIFESTS,
     SCHEMA_ROOT,
     VARIANTS,
+    is_custom,
     kustomization_dirs,
     kustomization_kind,
     render_variant,
@@ -26,12 +27,7 @@ from tests.manifests.helpers import (
 )
 from webhook.stack import manifestcheck
 
-BUILTIN_GROUPS_SUFFIX = ".k8s.io"
-
-
-def _is_custom(obj: dict) -> bool:
-    group = obj["apiVersion"].rpartition("/")[0]
-    return "." in group and not group.endswith(BUILTIN_GROUPS_SUFFIX)
+_is_custom = is_custom
 
 
 def _rel(path: Path) -> str:

@@ -85,7 +85,7 @@ def test_image_is_kube_scheduler_pinned_to_the_clusters_minor() -> None:
     manager, kube-scheduler, and cloud-controller-manager"): kube-scheduler must not be newer than kube-apiserver
     and may be at most one minor older. gpugate keeps it at the cluster's own minor (stack.yaml
     cluster.kubernetesVersion), at the release the e2e control plane builds and runs it as
-    (tests/e2e/toolchain/kubernetes/go.mod), so the e2e tests judge the scheduler that ships."""
+    (webhook/localcluster/toolchain/kubernetes/go.mod), so the e2e tests judge the scheduler that ships."""
     _, _, deployment = _config()
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     match = re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v(\d+)\.(\d+)\.(\d+)", image)

@@ -165,11 +165,12 @@ def test_excluded_namespaces_include_the_webhooks_own_and_the_system_ones(varian
         # The GPU Operator's namespace (argocd/apps/gpu-operator.yaml): its pods are not gpugate's to shape.
         operator_namespace = yaml.safe_load((ROOT / "argocd/apps/gpu-operator.yaml").read_text())
         assert operator_namespace["spec"]["destination"]["namespace"] in by_name[0]["values"], kind
-        assert {"key": "gpugate.io/skip", "operator": "NotIn", "values": ["true"]} in expressions
+        opt_out = {"key": "gpugate.io/skip", "operator": "NotIn", "values": ["true"]}
         if kind == "MutatingWebhookConfiguration":
-            assert hook["objectSelector"] == {
-                "matchExpressions": [{"key": "gpugate.io/skip", "operator": "NotIn", "values": ["true"]}]}
-        else:  # the pod label opts out of mutation, never out of deny rules
+            assert opt_out in expressions
+            assert hook["objectSelector"] == {"matchExpressions": [opt_out]}
+        else:  # the label, on a namespace or a pod, opts out of mutation, never out of deny rules
+            assert [e for e in expressions if e["key"] != "kubernetes.io/metadata.name"] == [], kind
             assert "objectSelector" not in hook
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.prerequisites import missing, needed, optional
 from webhook.stack import manifests
 from webhook.stack.model import Stack
 
@@ -65,9 +66,9 @@ def write_stack(repo: Path, stack: Stack) -> None:
 @pytest.fixture
 def stack_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A git repository with the project's manifests/ and argocd/, one commit, clean."""
-    if shutil.which("kubectl") is None and not os.environ.get("CI"):
-        pytest.skip("kubectl is not installed: stack upgrades re-render manifests with the real "
-                    "`kubectl kustomize` (CI installs and checks it)")
+    if shutil.which("kubectl") is None:
+        missing("kubectl is not installed: stack upgrades re-render manifests with the real "
+                "`kubectl kustomize` (CI installs and checks it)")
     for key, value in GIT_ENV.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -81,7 +82,7 @@ def stack_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # The chart render of `gpugate stack` must not reach for NVIDIA's repository from a test: use
     # the chart packages beside the checkout, or (a fresh clone with helm on PATH) skip the render.
     charts = SHARED / "upstream" / "charts"
-    if (charts / "index.yaml").is_file():
+    if optional(charts / "index.yaml", "the chart render of `gpugate stack`"):
         monkeypatch.setenv("GPUGATE_CHART_REPO", f"file://{charts}")
     else:
         monkeypatch.setenv("GPUGATE_SKIP_CHART_RENDER", "1")
@@ -92,15 +93,13 @@ def stack_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def require_shared() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip("../shared is absent (fresh clone): no NVIDIADriver CRD or chart values to check against")
-    return SHARED
+    return needed(SHARED, "fresh clone: no NVIDIADriver CRD or chart values to check against")
 
 
 @pytest.fixture
 def shared_or_none() -> Path | None:
     """../shared when present; tests still run without it, minus the CRD validation."""
-    return SHARED if SHARED.is_dir() else None
+    return optional(SHARED, "the CRD validation")
 
 
 @pytest.fixture

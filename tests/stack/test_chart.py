@@ -17,6 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from tests.helmtool import helm_binary
+from tests.prerequisites import needed
 from tests.stack.conftest import ROOT, SHARED, commit_all, git
 from webhook.cli import main
 from webhook.stack import chartcheck, chartrender, manifests
@@ -28,8 +29,7 @@ CHARTS = SHARED / "upstream" / "charts"
 @pytest.fixture(scope="module")
 def helm() -> Path:
     path = helm_binary()
-    if not CHARTS.is_dir():
-        pytest.skip(f"{CHARTS} is absent (NVIDIA's chart packages)")
+    needed(CHARTS, "NVIDIA's chart packages")
     return path
 
 

@@ -91,12 +91,29 @@ SETUPS: dict[tuple[str, ...], Callable[[Path, Callable[..., object]], None]] = {
     ("stack", "sync", "--check"): _pause_the_canary_pool,
 }
 
+def _canary_pool_done(fk: FakeKube) -> None:
+    """"once they are" (the canary block): promote's gate reads every canary node upgrade-done at the
+    canary's driver, as NVIDIA's upgrade library and GFD label them."""
+    from tests.stack.test_status import node
+
+    for name in ("gpu-d", "gpu-e"):
+        done = node(name, owner="canary", state="upgrade-done", pool_label="canary")
+        done["metadata"]["labels"]["nvidia.com/cuda.driver-version.full"] = "610.57.04"
+        fk.put(done)
+
+
+# The first command of a block -> what the cluster shows when the page's text says it does.
+CLUSTERS: dict[tuple[str, ...], Callable[[FakeKube], None]] = {
+    ("stack", "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary"): _canary_pool_done,
+}
+
 EXAMPLES = examples(DOC.read_text(encoding="utf-8"))
 
 
 def test_the_page_has_examples_and_every_setup_belongs_to_one() -> None:
     assert len(EXAMPLES) >= 4
     assert set(SETUPS) <= {e.commands[0] for e in EXAMPLES}
+    assert set(CLUSTERS) <= {e.commands[0] for e in EXAMPLES}
 
 
 def test_the_parser_reads_commands_and_drops_comments() -> None:
@@ -136,6 +153,8 @@ def test_every_example_of_docs_stack_md_runs_as_the_page_says(example: Example, 
         setup(stack_repo, set_stack)
     if any("--kube" in argv and "--server" not in argv for argv in example.commands):
         _use_fake_cluster(fake_kube, tmp_path, monkeypatch)
+    if example.commands[0] in CLUSTERS:
+        CLUSTERS[example.commands[0]](fake_kube)
     monkeypatch.chdir(stack_repo)
     for argv in example.commands:
         before = _commits(stack_repo)

@@ -2,7 +2,7 @@
 
 ``cluster.kubernetesVersion`` in manifests/gpu-operator/stack.yaml is the home of that version
 (tests/kubeversion.py reads it for every other test). The e2e control plane is built from
-``k8s.io/kubernetes`` at the version tests/e2e/toolchain/kubernetes/go.mod requires, and the
+``k8s.io/kubernetes`` at the version webhook/localcluster/toolchain/kubernetes/go.mod requires, and the
 pinned GPU Operator supports a range of minors (webhook/stack/data/matrix.yaml). These tests need
 no binaries: they read the two files and run the stack tool's own range check.
 """
@@ -27,7 +27,7 @@ def test_stack_yaml_names_the_minor_the_e2e_control_plane_is_built_at():
     declared = manifests.load_stack(REPO).kubernetes_minor
     assert declared == minor, (
         f"{manifests.STACK_FILE} says cluster.kubernetesVersion 1.{declared}, but the e2e control plane is "
-        f"k8s.io/kubernetes {full} (tests/e2e/toolchain/kubernetes/go.mod); move one to the other "
+        f"k8s.io/kubernetes {full} (webhook/localcluster/toolchain/kubernetes/go.mod); move one to the other "
         f"(`gpugate stack upgrade --operator <current> --kubernetes 1.{minor}`)")
 
 

@@ -33,16 +33,35 @@ class Verdict:
         return "; ".join(self.reasons)
 
 
+@dataclass(frozen=True, slots=True)
+class _Asks:
+    """The pod's GPU asks, read once per validation: each container with the GPU resources it names.
+
+    Every rule below reads these instead of walking the containers' resources again (issue 28:
+    validation read them a dozen times per pod and cost more than decoding the request)."""
+
+    containers: tuple[tuple[str, pods.Container, frozenset[str]], ...]
+    requested: frozenset[str]
+    asks_for_gpus: bool
+
+    @classmethod
+    def of(cls, pod: pods.Pod) -> _Asks:
+        found = tuple((kind, c, frozenset(pods.gpu_resources(c))) for kind, c in pods.all_containers(pod))
+        requested = frozenset().union(*(resources for _, _, resources in found))
+        return cls(found, requested, bool(requested) or pods.labels_ask_for_gpus(pod))
+
+
 def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
              now: datetime | None = None) -> Verdict:
     """Deny rules and the selected policy's limits bind every pod: the opt-out label skips shaping,
     never the rules (a label a pod author writes must not unlock GPUs). Audit turns a policy's
     denials into warnings without hiding another policy's enforced deny."""
-    denials, warnings = _deny_rules(pod, namespace, policies)
-    policy = matching.select(policies, pod, namespace=namespace, honor_skip=False)
+    asks = _Asks.of(pod)
+    denials, warnings = _deny_rules(pod, namespace, policies, asks)
+    policy = matching.select(policies, pod, namespace=namespace, honor_skip=False, asks_for_gpus=asks.asks_for_gpus)
     ref = PolicyRef(policy.name, policies.revision) if policy else None
     if policy is not None:
-        own = _policy_rules(pod, policy, ref) + _rightsizing_rules(pod, policy, ref, inventory, now)
+        own = _policy_rules(pod, policy, ref, asks) + _rightsizing_rules(pod, policy, ref, inventory, now)
         if policy.mode == "audit":
             warnings += [f"audit: would deny: {r}" for r in own]
         else:
@@ -50,16 +69,16 @@ def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet, inventory: I
     return Verdict(allowed=not denials, reasons=tuple(denials), policy=ref, warnings=tuple(warnings))
 
 
-def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet) -> tuple[list[str], list[str]]:
+def _deny_rules(pod: pods.Pod, namespace: str, policies: PolicySet, asks: _Asks) -> tuple[list[str], list[str]]:
     """Deny rules of every policy whose namespaces and podSelector match: a deny is never hidden
     by priority, and a rule written in a profile's policy binds that profile's pods only.
 
     Returns (denials from enforcing policies, warnings from audit ones).
     """
-    if not pods.asks_for_gpus(pod):
+    if not asks.asks_for_gpus:
         return [], []
     where = f"pod '{pods.display_name(pod)}' in namespace '{namespace}'"
-    return deny_rule_reasons(pod, namespace, policies, lambda: f"{where}: {_what_is_asked(pod)}")
+    return deny_rule_reasons(pod, namespace, policies, lambda: f"{where}: {_what_is_asked(asks)}")
 
 
 def deny_rule_reasons(subject: pods.Pod, namespace: str, policies: PolicySet,
@@ -81,14 +100,14 @@ def deny_rule_reasons(subject: pods.Pod, namespace: str, policies: PolicySet,
     return denials, warnings
 
 
-def _what_is_asked(pod: pods.Pod) -> str:
+def _what_is_asked(asks: _Asks) -> str:
     """Which containers ask for which NVIDIA resources, or the gpus label when none does yet."""
-    asked = [f"{kind} '{c.get('name')}' asks {', '.join(sorted(pods.gpu_resources(c)))}"
-             for kind, c in pods.all_containers(pod) if pods.gpu_resources(c)]
+    asked = [f"{kind} '{c.get('name')}' asks {', '.join(sorted(resources))}"
+             for kind, c, resources in asks.containers if resources]
     return "; ".join(asked) or f"it asks for GPUs with label {names.GPUS_LABEL}"
 
 
-def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
+def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, asks: _Asks) -> list[str]:
     out: list[str] = []
     label = pods.labels(pod).get(names.GPUS_LABEL)
     if label not in (None, "") and whole_count(label) is None:
@@ -103,17 +122,19 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> li
         out.append(f"annotation {names.CONTAINER_ANNOTATION}={wanted!r} names no regular container of pod "
                    f"'{pods.display_name(pod)}' (policy {ref}); name one of "
                    f"{', '.join(repr(c.get('name')) for c in pods.containers(pod))}")
-    for kind, container in pods.all_containers(pod):
+    for kind, container, resources in asks.containers:
         name = container.get("name")
-        for resource in sorted(pods.gpu_resources(container)):
+        for resource in sorted(resources):
             out.extend(_container_rules(kind, name, container, resource, policy, ref))
-    out.extend(_node_requirement_rules(pod, policy, ref))
+    if asks.requested:
+        out.extend(_node_requirement_rules(pod, policy, ref))
     limit = policy.gpu.max
     resource = policy.gpu.resource
+    if limit is None or resource not in asks.requested:
+        return out
     total = pod_total(pod, resource)
-    one_over = any((pods.gpu_count(c, resource) or 0) > limit for _, c in pods.all_containers(pod)) \
-        if limit is not None else False
-    if limit is not None and total > limit and not one_over:  # a container over the limit is named already
+    one_over = any((pods.gpu_count(c, resource) or 0) > limit for _, c, named in asks.containers if resource in named)
+    if total > limit and not one_over:  # a container over the limit is named already
         out.append(f"pod '{pods.display_name(pod)}' asks {resource}: {total} across its containers (sidecars "
                    f"add to the others; an init container runs beside the sidecars before it); policy {ref} "
                    f"allows {limit} per pod. Ask for {limit} or fewer in total, or split the job into several pods")
@@ -121,9 +142,8 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> li
 
 
 def _node_requirement_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
-    """The policy's GPU-model and memory requirements must hold whichever node selector term applies."""
-    if not pods.requested_gpu_resources(pod):
-        return []
+    """The policy's GPU-model and memory requirements must hold whichever node selector term applies
+    (to a pod that requests a GPU resource: the caller checks)."""
     out = []
     for expression in affinity.required_expressions(policy, limits_only=True):
         escapes = affinity.unmet(pods.spec(pod), expression)

@@ -71,6 +71,12 @@ MAX_READ_PER_EVENT = 1024 * 1024
 IDLE_LINGER_SECONDS = 0.5
 HEARTBEAT_SECONDS = 1.0
 """At most one heartbeat to the arbiter per second (its timeout is 30 s)."""
+ACCEPT_RECHECK_SECONDS = 0.02
+"""While a worker leaves new connections to a less loaded sibling, how often it looks at the
+connection table again. Before issue 28 the pause was set once and then lay in the past, so the
+loop polled with a zero timeout: a worker holding one kept-alive connection more than its sibling
+burnt a whole core, and on the API server's kept-alive connections that was nearly always one of
+the two workers (3.5 ms of CPU per admission instead of under 1 ms)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,14 +299,16 @@ class AdmissionWorker(ThreadWorker):
 
     def _balance(self) -> None:
         wanted = self._may_accept()
+        if not wanted:
+            now = time.monotonic()
+            if now >= self._accept_paused_until:  # look again after a pause, never in a busy loop
+                self._accept_paused_until = now + ACCEPT_RECHECK_SECONDS
         if wanted != self._accepting:
-            if not wanted:
-                self._accept_paused_until = time.monotonic() + 0.005
             self.set_accept_enabled(wanted)
 
     def accept(self, listener: socket.socket) -> None:
         if not self._may_accept():
-            self._accept_paused_until = time.monotonic() + 0.005
+            self._accept_paused_until = time.monotonic() + ACCEPT_RECHECK_SECONDS
             self.set_accept_enabled(False)
             return
         try:

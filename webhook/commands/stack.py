@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from webhook.errors import GpugateError
-from webhook.stack import compat, manifests, verify
+from webhook.stack import canary_watch, compat, manifests, verify
 from webhook.stack import plan as planning
 from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
@@ -325,6 +325,10 @@ def upgrade_command(ctx: click.Context, operator: str, driver: str | None, pool:
 
 @stack.command("promote", short_help="Carry a pool's driver to other pools.")
 @click.option("--from", "source", required=True, help="The pool whose driver is carried over (e.g. canary).")
+@click.option("--force", is_flag=True,
+              help="Promote without the canary gate (every --from node upgrade-done at its driver, read from "
+                   "the cluster); the commit says it was forced.")
+@click.option("--server", default=None, help="API server URL for the canary gate (default: in-cluster or kubeconfig).")
 @click.option("--to", "to", required=True, help="A pool name, or all for every other pool.")
 @click.option("--allow-unvalidated-driver", is_flag=True, help="Accept a driver outside the validated branches.")
 @_unlisted_option
@@ -334,19 +338,21 @@ def upgrade_command(ctx: click.Context, operator: str, driver: str | None, pool:
 @_schemas_option
 @_output_option
 @click.pass_context
-def promote_command(ctx: click.Context, source: str, to: str, allow_unvalidated_driver: bool,
-                    allow_unlisted_driver: bool, allow_driver_downgrade: bool, helm: str | None,
-                    chart_repo: str | None, skip_chart_render: bool, repo: Path, schemas: Path | None,
-                    output: str) -> None:
-    """Carry the canary pool's driver to another pool (or all) in one commit."""
+def promote_command(ctx: click.Context, source: str, force: bool, server: str | None, to: str,
+                    allow_unvalidated_driver: bool, allow_unlisted_driver: bool, allow_driver_downgrade: bool,
+                    helm: str | None, chart_repo: str | None, skip_chart_render: bool, repo: Path,
+                    schemas: Path | None, output: str) -> None:
+    """Carry the canary pool's driver to another pool (or all) in one commit, once every node of the
+    canary pool is upgrade-done at that driver in the cluster (--force skips that gate, and says so)."""
     root = _root(repo)
     Repo(root).require_clean(stack_upgrade.STACK_PATHS)
     schema_root = _schema_root(root, schemas)
     chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
+    gate = canary_watch.gate_check(manifests.load_stack(root), source, server, force=force)
     prepared = stack_upgrade.prepare_promote(root, source=source, to=to,
                                              allow_unvalidated_driver=allow_unvalidated_driver, schema_root=schema_root,
                                              allow_unlisted_driver=allow_unlisted_driver, chart=chart,
-                                             allow_driver_downgrade=allow_driver_downgrade)
+                                             allow_driver_downgrade=allow_driver_downgrade, canary_gate=gate)
     _commit(ctx, root, prepared, output, schema_root)
 
 
@@ -412,3 +418,81 @@ def rollback_command(ctx: click.Context, check_only: bool, allow_operator_downgr
         _emit_plan(prepared, output)
         ctx.exit(0 if prepared.ok else 1)
     _commit(ctx, root, prepared, output, schema_root)
+
+
+# ---------------------------------------------------------------------------- canary
+
+
+@stack.command("canary", short_help="Watch a canary rollout; decide promote or roll back.")
+@click.option("--pool", default=None, help="The canary pool (default: canary.yaml's, else the first non-default).")
+@click.option("--analysis", "analysis_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Conditions file (default: <repo>/manifests/gpu-operator/canary.yaml; none: no conditions).")
+@click.option("--prometheus", default=None, help="Prometheus URL for the conditions (default: canary.yaml's).")
+@click.option("--window", type=float, default=None, help="Seconds the canary must hold (default: canary.yaml's, 60).")
+@click.option("--timeout", type=float, default=None, help="Seconds before an unfinished canary rolls back.")
+@click.option("--once", is_flag=True, help="Look once and report (exit 3 while undecided).")
+@click.option("--commit", "make_commit", is_flag=True,
+              help="Make the promote (--to all) or rollback commit; without it, print what it would do.")
+@click.option("--server", default=None, help="API server URL (default: in-cluster or kubeconfig).")
+@_chart_options
+@_repo_option
+@_schemas_option
+@_output_option
+@click.pass_context
+def canary_command(ctx: click.Context, pool: str | None, analysis_file: Path | None, prometheus: str | None,
+                   window: float | None, timeout: float | None, once: bool, make_commit: bool, server: str | None,
+                   helm: str | None, chart_repo: str | None, skip_chart_render: bool, repo: Path,
+                   schemas: Path | None, output: str) -> None:
+    """Watch the canary pool until every node is upgrade-done at the driver Git pins for it and the
+    conditions of canary.yaml held for the window (promote), or a node is upgrade-failed, a condition
+    fails or the timeout passes (roll back). Exit 0 promote, 1 roll back, 3 undecided (--once)."""
+    from dataclasses import replace
+
+    root = _root(repo)
+    stack_now = manifests.load_stack(root)
+    analysis = canary_watch.load_analysis(root, stack_now, pool=pool, path=analysis_file)
+    if window is not None:
+        analysis = replace(analysis, window_seconds=window)
+    if timeout is not None:
+        analysis = replace(analysis, timeout_seconds=timeout)
+    driver = next(p.driver for p in stack_now.pools if p.name == analysis.pool)
+
+    def report(verdict: Any) -> None:
+        if output == "text":
+            click.echo(f"canary {analysis.pool} at driver {driver}: {verdict.decision}: {'; '.join(verdict.reasons)}")
+
+    verdict = canary_watch.watch(stack_now, analysis, driver, server=server, prometheus=prometheus, once=once,
+                                 report=report)
+    sha = None
+    if verdict.decision != "wait" and make_commit:
+        Repo(root).require_clean(stack_upgrade.STACK_PATHS)
+        schema_root = _schema_root(root, schemas)
+        chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
+        if verdict.decision == "promote":
+            gate = compat.Check(name="canary-gate", subject=analysis.pool, ok=True, reason="; ".join(verdict.reasons))
+            prepared = stack_upgrade.prepare_promote(root, source=analysis.pool, to="all",
+                                                     allow_unvalidated_driver=False, schema_root=schema_root,
+                                                     chart=chart, canary_gate=gate)
+        else:
+            prepared = stack_upgrade.prepare_rollback(Repo(root), allow_operator_downgrade=False,
+                                                      allow_unvalidated_driver=False, allow_unlisted_driver=False,
+                                                      schema_root=schema_root, chart=chart)
+        if not prepared.ok:
+            _emit_plan(prepared, output, {"committed": None})
+            raise stack_upgrade.CheckFailed(prepared)
+        sha = stack_upgrade.execute(Repo(root), prepared, schema_root=schema_root)
+        if output == "text":
+            click.echo(f"committed {sha[:12]}: gpugate stack: {prepared.plan.steps[0].title}")
+    elif verdict.decision != "wait" and output == "text":
+        would = "gpugate stack promote --from " + analysis.pool + " --to all" if verdict.decision == "promote" \
+            else "gpugate stack rollback"
+        click.echo(f"would run: {would} (pass --commit to make the commit)")
+    if verdict.failed_nodes and output == "text":
+        click.echo("once Argo CD has synced the rollback, retry each failed node (the operator does not): "
+                   + "; ".join(f"kubectl label node {n} {stack_status.DRIVER_UPGRADE_STATE_LABEL}=upgrade-required "
+                               "--overwrite" for n in verdict.failed_nodes))
+    if output == "json":
+        click.echo(json.dumps({"pool": analysis.pool, "driver": driver, "decision": verdict.decision,
+                               "reasons": list(verdict.reasons), "failedNodes": list(verdict.failed_nodes),
+                               "committed": sha}, indent=2))
+    ctx.exit({"promote": 0, "rollback": 1}.get(verdict.decision, 3))

@@ -69,6 +69,8 @@ def out_of_range(value: object) -> bool:
 
 def whole_count(value: object) -> int | None:
     """The whole number an extended-resource quantity stands for, or None if it is not one."""
+    if type(value) is str and len(value) <= 18 and value.isascii() and value.isdigit():
+        return int(value)  # "4", as nearly every GPU count is written: the full parse gives the same
     try:
         quantity = parse_quantity(value)
     except QuantityError:

@@ -134,7 +134,8 @@ def _conditions(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
             for c in status.get("conditions") or []]
 
 
-def _pool_of(node: Mapping[str, Any], stack: Stack) -> str:
+def pool_of(node: Mapping[str, Any], stack: Stack) -> str:
+    """The pool a GPU node belongs to: the NVIDIADriver that owns it, else the nodeSelector it matches."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     if stack.management == "nvidiadriver":
         owner = labels.get(DRIVER_OWNER_LABEL)
@@ -160,7 +161,7 @@ def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:
     nodes: dict[str, list[str]] = {p.name: [] for p in stack.pools}
     failed: dict[str, list[str]] = {p.name: [] for p in stack.pools}
     for node in raw.get("nodes") or []:
-        pool = _pool_of(node, stack)
+        pool = pool_of(node, stack)
         labels = (node.get("metadata") or {}).get("labels") or {}
         state = labels.get(DRIVER_UPGRADE_STATE_LABEL) or NO_STATE
         name = str((node.get("metadata") or {}).get("name") or "")

@@ -9,6 +9,7 @@ committed the same way (not with ``git revert``): it runs the same checks and sa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,13 +125,18 @@ def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path 
 
 def prepare_promote(repo: Path, *, source: str, to: str, allow_unvalidated_driver: bool,
                     schema_root: Path | None, allow_unlisted_driver: bool = False,
-                    chart: verify.ChartSettings | None = None, allow_driver_downgrade: bool = False) -> Prepared:
+                    chart: verify.ChartSettings | None = None, allow_driver_downgrade: bool = False,
+                    canary_gate: Check | None = None) -> Prepared:
+    """``canary_gate``: the cluster's verdict on the source pool (``canary_watch.gate_check``), one more
+    check of the plan (and a line of the commit message)."""
     stack = manifests.load_stack(repo)
     existing = manifests.existing_drivers(manifests.read_files(repo))
     plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to,
                                  allow_unvalidated_driver=allow_unvalidated_driver, existing=existing,
                                  allow_unlisted_driver=allow_unlisted_driver,
                                  allow_driver_downgrade=allow_driver_downgrade)
+    if canary_gate is not None:
+        plan = dataclasses.replace(plan, checks=(*plan.checks, canary_gate))
     return _prepare(repo, plan, schema_root=schema_root, chart=chart)
 
 

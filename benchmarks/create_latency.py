@@ -1,0 +1,379 @@
+"""What a webhook costs a pod create through the real API server, next to the floor any webhook pays.
+
+One e2e control plane (tests/e2e: etcd, kube-apiserver v1.36.3 on 127.0.0.1) and four arms, all
+live at once, each in its own namespace:
+
+- ``none``: no webhook selects the namespace;
+- ``go``: webhook/localcluster/toolchain/floor-webhook, a minimal webhook in Go (TLS, JSON decode of the
+  review and the pod, allow): the floor any webhook pays, with Go's HTTP/2;
+- ``null``: benchmarks/null_server.py, gpugate's server with a core that allows everything;
+- ``gpugate``: ``gpugate serve`` with the starter policies/ (the pod is shaped and validated).
+
+Every webhook arm registers the Mutating- and ValidatingWebhookConfiguration exactly as
+``kubectl kustomize manifests/webhook`` renders them, with ``clientConfig`` pointed at the arm's
+server by url and the namespaceSelector narrowed to the arm's namespace, so the API server makes
+the same two calls per pod for each. Pods: a GPU pod with one gpugate label (``gpugate.io/gpus``)
+in an ``ml-*`` namespace. Each round runs every arm, serial creates then ``--parallel`` creators,
+in a rotated order; the pods are deleted between phases. ``--before REV`` adds a fifth arm,
+``before``: gpugate at an older git revision (a temporary worktree), in the same rounds. Prints
+p50/p99 per create and creates/s per arm, the latency each webhook adds over ``none``, gpugate's
+ratios to the Go floor, the CPU per pod of each server and of kube-apiserver + etcd, and how the
+API server talked to each server (connections opened, HTTP/2 or HTTP/1.1).
+
+    python benchmarks/create_latency.py [--pods 150] [--parallel 8] [--rounds 3] [--before REV]
+    python benchmarks/create_latency.py --pods 6 --rounds 1      # shortest
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kubernetes import client  # noqa: E402
+from kubernetes.client.exceptions import ApiException  # noqa: E402
+
+from benchmarks.admission_load import checkout  # noqa: E402
+from tests.e2e import binaries, processes  # noqa: E402
+from tests.e2e.cluster import Cluster  # noqa: E402
+from tests.e2e.webhook_fixture import (  # noqa: E402
+    GpugateServer,
+    Namespaces,
+    RenderedWebhooks,
+    ServingCerts,
+    kustomize,
+    pod_manifest,
+)
+
+ARMS = ("none", "go", "null", "gpugate")
+WEBHOOK_BASE = REPO / "manifests" / "webhook"
+LOOPBACK = "127.0.0.1"
+Obj = dict[str, Any]
+
+
+@dataclass
+class Arm:
+    """One arm: its namespace, and the server behind its webhooks (None for ``none``)."""
+
+    name: str
+    namespace: str
+    base_url: str | None = None
+    port: int | None = None
+    serial: list[float] | None = None
+    parallel: list[float] | None = None
+    parallel_seconds: float = 0.0
+    pid: int | None = None
+    server_cpu: float = 0.0   # CPU seconds of the webhook server (all its processes) over the rounds
+    plane_cpu: float = 0.0    # CPU seconds of kube-apiserver and etcd over the rounds
+    pods: int = 0
+
+    def __post_init__(self) -> None:
+        self.serial, self.parallel = [], []
+
+
+def tree_cpu(pid: int | None) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (gunicorn's workers), from /proc."""
+    if pid is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    total, frontier = 0.0, [pid]
+    while frontier:
+        current = frontier.pop()
+        if current in stats:
+            total += stats[current][1]
+        frontier += [child for child, (parent, _) in stats.items() if parent == current]
+    return total
+
+
+# --- the servers -----------------------------------------------------------------------------
+
+@contextmanager
+def subprocess_server(command: list[str], port: int, log: Path, ca: Path, ready_path: str,
+                      env: dict[str, str] | None = None) -> Iterator[int]:
+    """A server started in its own session, ready when ``ready_path`` answers 200, stopped by PID."""
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env={**os.environ, **(env or {})})
+    try:
+        context = ssl.create_default_context(cafile=str(ca))
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited {process.returncode}:\n{processes.tail(log, 30)}")
+            try:
+                with urllib.request.urlopen(f"https://{LOOPBACK}:{port}{ready_path}", context=context,
+                                            timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} never became ready:\n{processes.tail(log, 30)}")
+            time.sleep(0.2)
+        yield process.pid
+    finally:
+        processes.Process(command[0], process, (port,), log).stop(grace=30)
+
+
+def go_stats(arm: Arm, ca: Path) -> dict[str, int]:
+    context = ssl.create_default_context(cafile=str(ca))
+    with urllib.request.urlopen(f"{arm.base_url}/stats", context=context, timeout=5) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def established(port: int) -> int:
+    """TCP connections established to ``port`` on loopback now (the API server's, plus ours if any)."""
+    done = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"], capture_output=True,
+                          text=True, check=False)
+    return len([line for line in done.stdout.splitlines() if line.strip()])
+
+
+# --- registration ----------------------------------------------------------------------------
+
+def register(api: client.AdmissionregistrationV1Api, rendered: RenderedWebhooks, arm: Arm, ca_pem: bytes) -> None:
+    """The rendered pair, named for the arm, pointed at its server, selecting only its namespace."""
+    assert arm.base_url is not None
+    pointed = rendered.pointed_at(arm.base_url, ca_pem)
+    for document, create in ((pointed.mutating, api.create_mutating_webhook_configuration),
+                             (pointed.validating, api.create_validating_webhook_configuration)):
+        body = copy.deepcopy(document)
+        body["metadata"] = {"name": f"bench-{arm.name}"}
+        for hook in body["webhooks"]:
+            hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": arm.namespace}}
+        create(body)
+
+
+def unregister(api: client.AdmissionregistrationV1Api, arm: Arm) -> None:
+    for delete in (api.delete_mutating_webhook_configuration, api.delete_validating_webhook_configuration):
+        try:
+            delete(f"bench-{arm.name}")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+# --- creating pods ---------------------------------------------------------------------------
+
+def the_pod(name: str) -> Obj:
+    return pod_manifest(name, labels={"gpugate.io/gpus": "1"})
+
+
+def create_one(core: client.CoreV1Api, namespace: str, name: str) -> float:
+    body = the_pod(name)
+    started = time.perf_counter()
+    core.create_namespaced_pod(namespace, body, _preload_content=False)
+    return time.perf_counter() - started
+
+
+def serial(core: client.CoreV1Api, arm: Arm, count: int, tag: str) -> list[float]:
+    return [create_one(core, arm.namespace, f"s-{tag}-{i}") for i in range(count)]
+
+
+def parallel(cores: list[client.CoreV1Api], arm: Arm, count: int, tag: str) -> tuple[list[float], float]:
+    """``len(cores)`` creators, each on its own client (its own connections), ``count`` pods in all."""
+    per = [count // len(cores) + (1 if i < count % len(cores) else 0) for i in range(len(cores))]
+    barrier = threading.Barrier(len(cores))
+
+    def creator(index: int) -> list[float]:
+        barrier.wait()
+        return [create_one(cores[index], arm.namespace, f"p-{tag}-{index}-{i}") for i in range(per[index])]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(cores)) as pool:
+        found = list(pool.map(creator, range(len(cores))))
+    return [t for times in found for t in times], time.perf_counter() - started
+
+
+def clear(core: client.CoreV1Api, namespace: str) -> None:
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    deadline = time.monotonic() + 120
+    while core.list_namespaced_pod(namespace, limit=1).items:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pods of {namespace} were not deleted within 120 s")
+        time.sleep(0.2)
+
+
+def warm(core: client.CoreV1Api, arm: Arm, check: Callable[[Obj], bool] | None) -> None:
+    """Creates until the API server calls the arm's webhooks (its webhook informer lags a little)."""
+    deadline = time.monotonic() + 30
+    for i in range(10_000):
+        created = json.loads(core.create_namespaced_pod(arm.namespace, the_pod(f"warm-{i}"),
+                                                        _preload_content=False).data)
+        if check is None or check(created):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the API server never called the {arm.name} webhook")
+        time.sleep(0.2)
+    for _ in range(10):
+        create_one(core, arm.namespace, f"warm-more-{time.monotonic_ns()}")
+
+
+# --- figures ---------------------------------------------------------------------------------
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] * 1000
+
+
+def report(arms: dict[str, Arm], parallel_count: int, notes: list[str]) -> None:
+    base = arms["none"]
+    assert base.serial is not None and base.parallel is not None
+    print(f"\n{'arm':<9}{'serial p50':>11}{'p99':>8}{'/s':>7}{'+p50':>7}{'+p99':>7}   "
+          f"{parallel_count} creators: {'p50':>6}{'p99':>8}{'/s':>7}{'+p50':>7}{'+p99':>7}{'rate/none':>10}")
+    rates: dict[str, float] = {}
+    added: dict[str, tuple[float, float, float, float]] = {}
+    for name, arm in arms.items():
+        assert arm.serial is not None and arm.parallel is not None
+        s50, s99 = pct(arm.serial, 0.5), pct(arm.serial, 0.99)
+        p50, p99 = pct(arm.parallel, 0.5), pct(arm.parallel, 0.99)
+        serial_rate = len(arm.serial) / sum(arm.serial)
+        rate = len(arm.parallel) / arm.parallel_seconds
+        rates[name] = rate
+        added[name] = (s50 - pct(base.serial, 0.5), s99 - pct(base.serial, 0.99),
+                       p50 - pct(base.parallel, 0.5), p99 - pct(base.parallel, 0.99))
+        a = added[name]
+        print(f"{name:<9}{s50:>9.1f}ms{s99:>6.1f}ms{serial_rate:>7.0f}{a[0]:>7.1f}{a[1]:>7.1f}   "
+              f"{'':>12}{p50:>6.1f}{p99:>8.1f}{rate:>7.0f}{a[2]:>7.1f}{a[3]:>7.1f}"
+              f"{rate / rates['none']:>10.2f}")
+    if "go" in added and "gpugate" in added:
+        go, gg = added["go"], added["gpugate"]
+        names = ("serial +p50", "serial +p99", "parallel +p50", "parallel +p99")
+        ratios = "  ".join(f"{n} {g / max(f, 0.05):.2f}x" for n, g, f in zip(names, gg, go, strict=True))
+        print(f"\ngpugate's added latency / the Go floor's (goal <= 1.5x): {ratios}")
+        print(f"gpugate's create rate / the Go floor's ({parallel_count} creators; goal >= 0.85): "
+              f"{rates['gpugate'] / rates['go']:.2f}")
+    print("\nCPU per pod created (serial and parallel phases), ms:")
+    print(f"{'arm':<9}{'webhook server':>15}{'apiserver+etcd':>16}")
+    for name, arm in arms.items():
+        per = 1000 / max(arm.pods, 1)
+        print(f"{name:<9}{arm.server_cpu * per:>15.2f}{arm.plane_cpu * per:>16.2f}")
+    for note in notes:
+        print(note)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=150, help="pods per arm, per phase, per round")
+    parser.add_argument("--parallel", type=int, default=8, help="creators of the parallel phase")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of null and gpugate")
+    parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
+    args = parser.parse_args()
+    arm_names = (*ARMS, "before") if args.before else ARMS
+    found = binaries.paths()
+    if found is None:
+        raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
+    floor = binaries.own_program(binaries.FLOOR_WEBHOOK)
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="create-latency-")))
+        print("starting the control plane ...", flush=True)
+        cluster = Cluster.local(found)
+        stack.callback(cluster.stop)
+        certs = ServingCerts(tmp / "certs")
+        namespaces = Namespaces(cluster)
+        arms = {name: Arm(name, namespaces.make(f"ml-bench-{name}")) for name in arm_names}
+        stack.callback(namespaces.delete_all)
+        for arm in arms.values():
+            if arm.name in ("go", "null"):
+                arm.port = processes.free_port()
+                arm.base_url = f"https://{LOOPBACK}:{arm.port}"
+        assert arms["go"].port is not None and arms["null"].port is not None
+        arms["go"].pid = stack.enter_context(subprocess_server(
+            [str(floor), "--bind", f"{LOOPBACK}:{arms['go'].port}", "--cert", str(certs.cert), "--key",
+             str(certs.key)], arms["go"].port, tmp / "go.log", certs.ca, "/healthz"))
+        arms["null"].pid = stack.enter_context(subprocess_server(
+            [sys.executable, str(REPO / "benchmarks" / "null_server.py"), "--bind", f"{LOOPBACK}:{arms['null'].port}",
+             "--cert", str(certs.cert), "--key", str(certs.key), "--workers", str(args.workers)],
+            arms["null"].port, tmp / "null.log", certs.ca, "/readyz"))
+        gpugate = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=REPO / "policies",
+                                log=tmp / "gpugate.log", workers=args.workers)
+        gpugate.start()
+        stack.callback(gpugate.stop)
+        arms["gpugate"].base_url, arms["gpugate"].port = gpugate.base_url, gpugate.port
+        assert gpugate.process is not None
+        arms["gpugate"].pid = gpugate.process.pid
+        if args.before:
+            code = checkout(args.before, tmp / "before-code")
+            stack.callback(subprocess.run, ["git", "-C", str(REPO), "worktree", "remove", "--force", str(code)],
+                           capture_output=True)
+            before = arms["before"]
+            before.port = processes.free_port()
+            before.base_url = f"https://{LOOPBACK}:{before.port}"
+            before.pid = stack.enter_context(subprocess_server(
+                [sys.executable, "-m", "webhook.cli", "serve", "--bind", f"{LOOPBACK}:{before.port}", "--cert",
+                 str(certs.cert), "--key", str(certs.key), "--policies", str(code / "policies"), "--workers",
+                 str(args.workers)], before.port, tmp / "before.log", certs.ca, "/readyz",
+                env={"PYTHONPATH": str(code)}))
+        assert cluster.plane is not None
+        plane_pids = [p.pid for p in cluster.plane.processes if p.name in ("etcd", "kube-apiserver")]
+
+        api = client.AdmissionregistrationV1Api(cluster.api_client())
+        rendered = RenderedWebhooks.of(kustomize(WEBHOOK_BASE))
+        for arm in arms.values():
+            if arm.base_url is not None:
+                register(api, rendered, arm, certs.bundle.ca_cert)
+                stack.callback(unregister, api, arm)
+        core = cluster.core()
+        cores = [client.CoreV1Api(cluster.api_client()) for _ in range(args.parallel)]
+        shaped = lambda pod: "gpugate.io/policy" in (pod["metadata"].get("annotations") or {})  # noqa: E731
+        for arm in arms.values():
+            warm(core, arm, shaped if arm.name in ("gpugate", "before") else None)
+            clear(core, arm.namespace)
+        go_before = go_stats(arms["go"], certs.ca)
+
+        order = list(arm_names)
+        for round_ in range(args.rounds):
+            for arm in order:
+                current = arms[arm]
+                assert current.serial is not None and current.parallel is not None
+                server_before, plane_before = tree_cpu(current.pid), sum(map(tree_cpu, plane_pids))
+                current.serial += serial(core, current, args.pods, f"{round_}")
+                times, seconds = parallel(cores, current, args.pods, f"{round_}")
+                current.server_cpu += tree_cpu(current.pid) - server_before
+                current.plane_cpu += sum(map(tree_cpu, plane_pids)) - plane_before
+                current.pods += 2 * args.pods
+                current.parallel += times
+                current.parallel_seconds += seconds
+                clear(core, current.namespace)
+            print(f"round {round_ + 1}/{args.rounds} done ({', '.join(order)})", flush=True)
+            order = order[1:] + order[:1]
+        go_after = go_stats(arms["go"], certs.ca)
+        notes = [f"\nhow the API server called each server (during the rounds): go: "
+                 f"{go_after['connections'] - go_before['connections']} connections opened, requests "
+                 + ", ".join(f"{k} {go_after.get(k, 0) - go_before.get(k, 0)}" for k in sorted(go_after)
+                             if k.startswith("HTTP"))]
+        for name in [n for n in ("null", "gpugate", "before") if n in arms]:
+            port = arms[name].port
+            assert port is not None
+            notes.append(f"{name}: {established(port)} connections established at the end (HTTP/1.1)")
+        report(arms, args.parallel, notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""NVIDIA's driver upgrade state machine on the e2e cluster, and a record of every node it moved.
+
+:class:`UpgradeController` runs ``gpu-upgrade-controller`` (``toolchain/upgrade-controller``:
+k8s-operator-libs ``pkg/upgrade`` ``ClusterUpgradeStateManager``, BuildState then ApplyState per
+reconcile, as gpu-operator ``controllers/upgrade_controller.go`` does) as a child process with
+the admin kubeconfig, stopped by PID. :meth:`UpgradeController.paused` stops it with SIGSTOP (a
+test reading the cluster and ``gpugate stack status`` together wants nothing to move).
+
+:class:`NodeHistory` follows the nodes with one list+watch and keeps every change of a node's
+upgrade state, owner or cordon, with the time it was seen: the library's own transitions, in
+order, so a test can check "at most N nodes upgrading at any instant" over every state the API
+server held, not over samples.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from tests.e2e import processes
+from tests.e2e.argocd_harness import json_lines
+from tests.e2e.argocd_standin import DONE, OWNER_LABEL, REQUIRED, STATE_LABEL
+
+Obj = dict[str, Any]
+NOT_UPGRADING = ("", DONE, REQUIRED)
+"""k8s-operator-libs GetUpgradesInProgress counts every managed node in no other state."""
+IN_PLACE_STEPS = ("upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required",
+                  "pod-restart-required", "validation-required", "uncordon-required", "upgrade-done")
+"""k8s-operator-libs pkg/upgrade consts.go: the in-place states an upgraded node walks, in this order
+(drain-required may come between pod-deletion-required and pod-restart-required)."""
+
+
+def in_order(walked: list[str], steps: tuple[str, ...]) -> bool:
+    """``steps`` appear in ``walked`` in this order (other states may come between)."""
+    position = 0
+    for state in walked:
+        if position < len(steps) and state == steps[position]:
+            position += 1
+    return position == len(steps)
+
+
+class UpgradeController:
+    """``gpu-upgrade-controller`` against the cluster of ``kubeconfig``, its log in ``logs``."""
+
+    def __init__(self, binary: Path, kubeconfig: Path, logs: Path, *, namespace: str = "gpu-operator",
+                 interval: float = 0.3) -> None:
+        self.binary, self.kubeconfig, self.logs = binary, kubeconfig, logs
+        self.namespace, self.interval = namespace, interval
+        self.process: processes.Process | None = None
+        self._stopped = False
+
+    @property
+    def log(self) -> Path:
+        return self.logs / "gpu-upgrade-controller.log"
+
+    @property
+    def report(self) -> Path:
+        return self.logs / "gpu-upgrade-controller.reconciles.jsonl"
+
+    def start(self) -> UpgradeController:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        launch = processes.Launch(
+            name="gpu-upgrade-controller", ports=0, timeout=30,
+            command=lambda _ports: [str(self.binary), f"--kubeconfig={self.kubeconfig}",
+                                    f"--namespace={self.namespace}", f"--interval={self.interval}s",
+                                    f"--report={self.report}"],
+            probe=lambda _ports: self.reconciles() > 0)
+        self.process = processes.start(launch, self.logs)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.pause(False)
+            self.process.stop()
+
+    def pause(self, stopped: bool) -> None:
+        """SIGSTOP (True) or SIGCONT (False) the controller, by its PID."""
+        if self.process is None or not self.process.running() or stopped == self._stopped:
+            return
+        os.kill(self.process.pid, signal.SIGSTOP if stopped else signal.SIGCONT)
+        self._stopped = stopped
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self.pause(True)
+        try:
+            yield
+        finally:
+            self.pause(False)
+
+    def reports(self) -> list[Obj]:
+        """Every reconcile's JSON line (the library's counters per NVIDIADriver)."""
+        found = []
+        try:
+            text = self.report.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        for line in text.splitlines():
+            if line.startswith("{\"serial\""):
+                try:
+                    found.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line being written
+        return found
+
+    def reconciles(self) -> int:
+        reports = self.reports()
+        return int(reports[-1]["serial"]) if reports else 0
+
+    def wait_reconciles(self, count: int, timeout: float = 30.0) -> None:
+        """Until ``count`` more reconciles have finished (each BuildState reads everything afresh)."""
+        target = self.reconciles() + count
+        deadline = time.monotonic() + timeout
+        while self.reconciles() < target:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gpu-upgrade-controller did not reconcile {count} times in {timeout:.0f}s:\n"
+                                     f"{self.tail()}")
+            time.sleep(self.interval / 2)
+
+    def errors(self) -> list[str]:
+        return [str(r["error"]) for r in self.reports() if r.get("error")]
+
+    def tail(self, lines: int = 20) -> str:
+        return "gpu-upgrade-controller log:\n" + processes.tail(self.log, lines)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.running()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    """One node as the API server held it from ``at`` (time.monotonic()) on."""
+
+    at: float
+    node: str
+    state: str
+    owner: str
+    unschedulable: bool
+
+
+class NodeHistory:
+    """Every upgrade-state, owner and cordon change of the watched nodes, in the order the API server
+    made them (one list+watch; resourceVersion order)."""
+
+    def __init__(self, api: client.ApiClient, nodes: Iterable[str]) -> None:
+        self.core = client.CoreV1Api(api)
+        self.nodes = frozenset(nodes)
+        self.changes: list[NodeChange] = []
+        self._last: dict[str, NodeChange] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._loop, name="node-history", daemon=True)
+        self.errors: list[str] = []
+
+    def start(self) -> NodeHistory:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown()
+            except Exception:
+                pass
+        self._thread.join(timeout=5)
+
+    def _seen(self, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        if name not in self.nodes:
+            return
+        labels = node["metadata"].get("labels") or {}
+        change = NodeChange(time.monotonic(), name, labels.get(STATE_LABEL, ""), labels.get(OWNER_LABEL, ""),
+                            bool((node.get("spec") or {}).get("unschedulable")))
+        with self._lock:
+            last = self._last.get(name)
+            if last is None or (last.state, last.owner, last.unschedulable) != (
+                    change.state, change.owner, change.unschedulable):
+                self._last[name] = change
+                self.changes.append(change)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                listing = json.loads(self.core.list_node(_preload_content=False).data)
+                for node in listing["items"]:
+                    self._seen(node)
+                version = listing["metadata"]["resourceVersion"]
+                response: Any = self.core.list_node(watch=True, resource_version=version, timeout_seconds=60,
+                                                    allow_watch_bookmarks=True, _preload_content=False)
+                self._response = response
+                for event in json_lines(response):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._seen(event["object"])
+            except Exception as error:
+                if not self._stopping.is_set():
+                    self.errors.append(repr(error))
+                    self._stopping.wait(0.5)
+
+    def since(self, moment: float, nodes: Iterable[str] | None = None) -> list[NodeChange]:
+        wanted = self.nodes if nodes is None else frozenset(nodes)
+        with self._lock:
+            return [c for c in self.changes if c.at >= moment and c.node in wanted]
+
+    def states_walked(self, node: str, since: float) -> list[str]:
+        """The upgrade states ``node`` went through after ``since``, in order, repeats folded."""
+        walked: list[str] = []
+        for change in self.since(since, [node]):
+            if not walked or walked[-1] != change.state:
+                walked.append(change.state)
+        return walked
+
+    def most_upgrading(self, nodes: Iterable[str], since: float) -> tuple[int, list[str]]:
+        """The most of ``nodes`` upgrading at once after ``since`` (in a state the library counts as in
+        progress), and the instant's node list, replaying every change in order."""
+        wanted = frozenset(nodes)
+        with self._lock:
+            before = [c for c in self.changes if c.at < since and c.node in wanted]
+            after = [c for c in self.changes if c.at >= since and c.node in wanted]
+        current: dict[str, str] = {}
+        for change in before:
+            current[change.node] = change.state
+        best: tuple[int, list[str]] = (0, [])
+        for change in after:
+            current[change.node] = change.state
+            upgrading = sorted(n for n, s in current.items() if s not in NOT_UPGRADING)
+            if len(upgrading) > best[0]:
+                best = (len(upgrading), upgrading)
+        return best
+
+    def timeline(self, since: float, nodes: Iterable[str] | None = None) -> str:
+        return "\n".join(f"  +{c.at - since:6.2f}s {c.node}: {c.state or '(none)'}"
+                         f"{' cordoned' if c.unschedulable else ''} owner={c.owner or '-'}"
+                         for c in self.since(since, nodes))

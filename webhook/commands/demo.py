@@ -1,0 +1,28 @@
+"""``gpugate demo``: a local control plane with GPU nodes, the webhook and the balancer, and the example pods.
+
+Thin: the work is :mod:`webhook.localcluster.demo`. Needs Go (to build the control plane once) and
+a clone of gpugate for ``policies/`` and ``manifests/webhook/webhookconfigurations.yaml``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("demo")
+@click.option("--policies", type=click.Path(file_okay=False, path_type=Path), default=Path("policies"),
+              show_default=True, help="The GPUPolicy folder the webhook serves.")
+@click.option("--webhook-configurations", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("manifests/webhook/webhookconfigurations.yaml"), show_default=True,
+              help="The configurations to register (pointed at the local server by URL).")
+@click.option("--once", is_flag=True, help="Stop everything as soon as the table is printed.")
+def demo(policies: Path, webhook_configurations: Path, once: bool) -> None:
+    """Start a local cluster of GPU nodes with gpugate, create the example pods, show what they became."""
+    from webhook.localcluster import demo as demo_run
+
+    rows = demo_run.run(demo_run.Settings(policies=policies, webhook_configurations=webhook_configurations,
+                                          once=once, log=lambda line: click.echo(line, err=False)))
+    if any(pod.denied is None and pod.node is None for _, pod in rows):
+        raise SystemExit(1)

@@ -1,0 +1,238 @@
+"""Canary analysis for a driver rollout: when may a pool's driver be promoted, when must it roll back.
+
+Pure (data in, data out): the cluster and Prometheus are read by ``canary_watch``, Git is written
+by ``gpugate stack promote|rollback``. The rules, in the spirit of Argo Rollouts' AnalysisRun
+(``argoproj/argo-rollouts`` ``analysis/analysis.go``: a measurement that fails its condition fails
+the analysis at once; success needs every metric to have passed):
+
+* **Gate** (what ``promote`` checks): every node of the canary pool is ``upgrade-done`` at the
+  driver Git pins for the pool (NVIDIA's state label ``nvidia.com/gpu-driver-upgrade-state``, the
+  driver version GPU Feature Discovery labels the node with). Anything else blocks, naming the node.
+* **Verdict** (what ``gpugate stack canary`` decides): ``rollback`` as soon as a canary node is
+  ``upgrade-failed`` or a condition's measurement fails, or the deadline passes first; ``promote``
+  once the gate has held, and every condition passed, for the whole window; else ``wait``.
+
+Conditions are declared in Git beside ``stack.yaml`` (``manifests/gpu-operator/canary.yaml``), read
+by :func:`parse_analysis` against :data:`SCHEMA`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+import yaml
+
+from webhook.errors import GpugateError
+
+ANALYSIS_FILE = "manifests/gpu-operator/canary.yaml"
+DONE, FAILED = "upgrade-done", "upgrade-failed"
+NO_STATE = "(none)"
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "pool"],
+    "properties": {
+        "apiVersion": {"const": "gpugate.io/v1alpha1"},
+        "kind": {"const": "CanaryAnalysis"},
+        "pool": {"type": "string", "minLength": 1},
+        "windowSeconds": {"type": "number", "minimum": 0},
+        "intervalSeconds": {"type": "number", "exclusiveMinimum": 0},
+        "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0},
+        "prometheus": {"type": "object", "additionalProperties": False,
+                       "properties": {"url": {"type": "string", "pattern": "^https?://"}}},
+        "conditions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "query"],
+                "anyOf": [{"required": ["max"]}, {"required": ["min"]}],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                    "query": {"type": "string", "minLength": 1},
+                    "max": {"type": "number"},
+                    "min": {"type": "number"},
+                    "noData": {"enum": ["fail", "pass"]},
+                },
+            },
+        },
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One PromQL query whose every value must stay within [min, max] while the canary is watched."""
+
+    name: str
+    query: str
+    max: float | None = None
+    min: float | None = None
+    no_data: str = "fail"
+    """An empty result: a failure (the default: a metric that vanished proves nothing) or a pass."""
+
+    def violation(self, values: Sequence[float]) -> str | None:
+        """Why ``values`` (one query's result) fail this condition, or None when they pass."""
+        if not values:
+            return None if self.no_data == "pass" else f"{self.name}: the query returned no data"
+        for value in values:
+            if math.isnan(value):
+                return f"{self.name}: the query returned NaN"
+            if self.max is not None and value > self.max:
+                return f"{self.name}: {value:g} > max {self.max:g}"
+            if self.min is not None and value < self.min:
+                return f"{self.name}: {value:g} < min {self.min:g}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """What ``canary.yaml`` declares: the pool watched, the window, the conditions."""
+
+    pool: str
+    window_seconds: float = 60.0
+    interval_seconds: float = 5.0
+    timeout_seconds: float = 1800.0
+    prometheus_url: str | None = None
+    conditions: tuple[Condition, ...] = ()
+
+
+def parse_analysis(text: str, *, pools: Sequence[str], source: str = ANALYSIS_FILE) -> Analysis:
+    """Read ``canary.yaml``; a malformed file or an unknown pool is refused, naming the problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise GpugateError(f"{source} is not valid YAML: {err}") from err
+    errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        where = "/".join(str(p) for p in first.absolute_path) or "(top level)"
+        raise GpugateError(f"{source}: {where}: {first.message}")
+    assert isinstance(data, dict)
+    if data["pool"] not in pools:
+        raise GpugateError(f"{source}: pool {data['pool']!r} is not a pool of stack.yaml ({', '.join(pools)})")
+    names = [c["name"] for c in data.get("conditions") or []]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise GpugateError(f"{source}: conditions: duplicate name(s) {', '.join(duplicates)}")
+    conditions = tuple(Condition(name=c["name"], query=c["query"], max=c.get("max"), min=c.get("min"),
+                                 no_data=c.get("noData", "fail")) for c in data.get("conditions") or [])
+    if conditions and not (data.get("prometheus") or {}).get("url"):
+        raise GpugateError(f"{source}: conditions need prometheus.url (or --prometheus)")
+    return Analysis(pool=data["pool"], window_seconds=float(data.get("windowSeconds", 60)),
+                    interval_seconds=float(data.get("intervalSeconds", 5)),
+                    timeout_seconds=float(data.get("timeoutSeconds", 1800)),
+                    prometheus_url=(data.get("prometheus") or {}).get("url"), conditions=conditions)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUpgrade:
+    """One node of the canary pool as the cluster reports it."""
+
+    name: str
+    state: str
+    """``nvidia.com/gpu-driver-upgrade-state`` (``(none)`` when unset)."""
+    driver: str | None
+    """``nvidia.com/cuda.driver-version.full`` (GFD), None when unset."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """May the pool's driver be promoted? ``blocking`` names every node that says no, and why."""
+
+    pool: str
+    driver: str
+    nodes: tuple[NodeUpgrade, ...]
+    blocking: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.nodes) and not self.blocking
+
+    @property
+    def reason(self) -> str:
+        if not self.nodes:
+            return f"pool {self.pool} has no node in the cluster: nothing proves driver {self.driver}"
+        if self.blocking:
+            return (f"pool {self.pool} is not upgrade-done at driver {self.driver}: " + "; ".join(self.blocking))
+        return f"every node of pool {self.pool} ({len(self.nodes)}) is upgrade-done at driver {self.driver}"
+
+
+def gate(pool: str, driver: str, nodes: Sequence[NodeUpgrade]) -> Gate:
+    """The promotion gate over ``nodes`` (the pool's nodes in the cluster)."""
+    blocking = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        if node.state != DONE:
+            blocking.append(f"{node.name} is {node.state}")
+        elif node.driver != driver:
+            blocking.append(f"{node.name} is upgrade-done at driver {node.driver or '(unknown)'}, not {driver}")
+    return Gate(pool=pool, driver=driver, nodes=tuple(sorted(nodes, key=lambda n: n.name)), blocking=tuple(blocking))
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One look at the canary: the pool's nodes and each condition's values at ``at`` (seconds)."""
+
+    at: float
+    nodes: tuple[NodeUpgrade, ...]
+    measurements: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """condition name -> the values its query returned (absent: not measured this time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """What the analysis remembers between observations."""
+
+    started: float
+    gate_since: float | None = None
+    """When the gate last turned (and stayed) open; None while it is closed."""
+    measured: frozenset[str] = frozenset()
+    """Conditions measured (and passed) since ``gate_since``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    decision: str
+    """``promote``, ``rollback`` or ``wait``."""
+    reasons: tuple[str, ...]
+    watch: Watch
+    failed_nodes: tuple[str, ...] = ()
+    """Nodes at ``upgrade-failed``: rolling back Git does not heal them (k8s-operator-libs
+    ProcessUpgradeFailedNodes waits for a driver pod in sync and Ready; the crash-looping pod is
+    never replaced by itself), so they need the documented retry after the rollback synced."""
+
+
+def judge(analysis: Analysis, driver: str, watch: Watch, seen: Observation) -> Verdict:
+    """The next verdict from one more observation (Argo Rollouts: any failed measurement fails)."""
+    failed = sorted(n.name for n in seen.nodes if n.state == FAILED)
+    if failed:
+        return Verdict("rollback", (f"driver upgrade failed on {', '.join(failed)} (upgrade-failed)",), watch,
+                       failed_nodes=tuple(failed))
+    violations = [v for c in analysis.conditions if c.name in seen.measurements
+                  and (v := c.violation(seen.measurements[c.name])) is not None]
+    if violations:
+        return Verdict("rollback", tuple(violations), watch)
+    opened = gate(analysis.pool, driver, seen.nodes)
+    if not opened.ok:
+        watch = Watch(started=watch.started)
+        if seen.at - watch.started >= analysis.timeout_seconds:
+            return Verdict("rollback", (f"not done after {analysis.timeout_seconds:g}s: {opened.reason}",), watch)
+        return Verdict("wait", (opened.reason,), watch)
+    since = watch.gate_since if watch.gate_since is not None else seen.at
+    watch = Watch(started=watch.started, gate_since=since,
+                  measured=watch.measured | frozenset(seen.measurements))
+    held = seen.at - since
+    unmeasured = sorted(c.name for c in analysis.conditions if c.name not in watch.measured)
+    if held >= analysis.window_seconds and not unmeasured:
+        passed = [f"{opened.reason}, for {held:.0f}s (window {analysis.window_seconds:g}s)"]
+        passed += [f"{c.name} held" for c in analysis.conditions]
+        return Verdict("promote", tuple(passed), watch)
+    waiting = f"{opened.reason}; {held:.0f}s of the {analysis.window_seconds:g}s window"
+    if unmeasured:
+        waiting += f"; not yet measured: {', '.join(unmeasured)}"
+    return Verdict("wait", (waiting,), watch)
