@@ -13,6 +13,11 @@ scrape. Sources (NVIDIA/dcgm-exporter at release tag ``4.5.3-4.8.2``):
 - ``etc/default-counters.csv``: ``DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).``,
   ``DCGM_FI_PROF_GR_ENGINE_ACTIVE, gauge, Ratio of time the graphics engine is active.`` and
   ``DCGM_FI_DRIVER_VERSION, label, Driver Version``.
+- ``etc/default-counters.csv``: ``DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error
+  encountered.``: a gauge holding the last XID's code (0: none yet), not a count. ``toMetric`` in
+  ``internal/pkg/collector/gpu_collector.go`` gives it the attributes ``err_code`` (the code) and
+  ``err_msg`` (``xidErrCodeToText`` in ``internal/pkg/collector/xid_errors.go``), so a new XID
+  code is a new series, not a step of the old one.
 - ``internal/pkg/collector/gpu_collector.go`` (``toMetric``, ``toString``): ``gpu`` is the GPU's
   index, ``device`` is ``nvidia<index>``, ``UUID`` the parent GPU's UUID (also on its MIG
   instances), ``GPU_I_ID`` the NVML instance id; a double is printed with ``%f`` (``0.420000``),
@@ -37,6 +42,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GR_ENGINE_ACTIVE = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.")
 GPU_UTIL = ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).")
+XID_ERRORS = ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
+XID_MESSAGES = {0: "No Error", 43: "GPU stopped processing", 79: "GPU has fallen off the bus"}
+"""``xidErrCodeToText`` (``internal/pkg/collector/xid_errors.go``) for the codes tests use."""
 DRIVER_VERSION = "580.95.05"
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -85,6 +93,8 @@ class Reading:
     """None: no profiling metrics (a pre-Volta GPU: DCGM's DCP fields are blank there)."""
     util: int | None = None
     """None: ``active`` in percent for a whole GPU; never written for a MIG instance."""
+    xid: int | None = None
+    """``DCGM_FI_DEV_XID_ERRORS``: the last XID code (0: none); None: the field is not exported."""
 
     @property
     def util_text(self) -> str | None:
@@ -106,7 +116,7 @@ def mig_gpu(host: str, gpu: int, profile: str, active: Sequence[float], **fields
             for i, a in enumerate(active)]
 
 
-def _labels(device: Device) -> str:
+def _labels(device: Device, attributes: dict[str, str] | None = None) -> str:
     parts = [f'gpu="{device.gpu}"', f'UUID="{device.uuid}"', f'pci_bus_id="{device.pci_bus_id}"',
              f'device="nvidia{device.gpu}"', f'modelName="{device.model}"']
     if device.mig_profile:
@@ -114,9 +124,10 @@ def _labels(device: Device) -> str:
     if device.host:
         parts.append(f'{device.host_label}="{device.host}"')
     parts.append(f'DCGM_FI_DRIVER_VERSION="{DRIVER_VERSION}"')
+    attributes = dict(attributes or {})
     if device.pod is not None:
-        attributes = {"container": device.pod.container, "namespace": device.pod.namespace, "pod": device.pod.name}
-        parts += [f'{k}="{v}"' for k, v in sorted(attributes.items())]
+        attributes |= {"container": device.pod.container, "namespace": device.pod.namespace, "pod": device.pod.name}
+    parts += [f'{k}="{v}"' for k, v in sorted(attributes.items())]
     return ",".join(parts)
 
 
@@ -125,15 +136,23 @@ def render(readings: Iterable[Reading]) -> str:
     readings = list(readings)
     out: list[str] = []
     for (name, kind, help_text), lines in (
-            (GPU_UTIL, [(r.device, r.util_text) for r in readings if r.util_text is not None]),
-            (GR_ENGINE_ACTIVE, [(r.device, f"{r.active:f}") for r in readings if r.active is not None])):
+            (GPU_UTIL, [(_labels(r.device), r.util_text) for r in readings if r.util_text is not None]),
+            (GR_ENGINE_ACTIVE, [(_labels(r.device), f"{r.active:f}") for r in readings if r.active is not None]),
+            (XID_ERRORS, [(_labels(r.device, _xid_attributes(r.xid)), str(r.xid)) for r in readings
+                          if r.xid is not None])):
         if not lines:
             continue
         out.append(f"# HELP {name} {help_text}")
         out.append(f"# TYPE {name} {kind}")
-        out.extend(f"{name}{{{_labels(device)}}} {value}" for device, value in lines)
+        out.extend(f"{name}{{{labels}}} {value}" for labels, value in lines)
         out.append("")
     return "\n".join(out) + ("\n" if out else "")
+
+
+def _xid_attributes(code: int) -> dict[str, str]:
+    if code not in XID_MESSAGES:
+        raise ValueError(f"XID {code}: add its text from dcgm-exporter's xid_errors.go to XID_MESSAGES")
+    return {"err_code": str(code), "err_msg": XID_MESSAGES[code]}
 
 
 class Exporter:

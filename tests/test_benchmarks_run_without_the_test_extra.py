@@ -46,6 +46,7 @@ SHORTEST: dict[str, Shortest | str] = {
     "balancer_scale.py": Shortest(("--nodes", "40", "--pods", "400", "--events", "100"), "labelled"),
     "create_latency.py": Shortest(("--pods", "4", "--rounds", "1", "--parallel", "2"), "creators",
                                   control_plane=True, timeout=400),
+    "dra_counting.py": Shortest(("--quick",), "ratio:"),
     "chaos.py": Shortest(("--minutes", "0.05", "--clients", "2"), "alive at the end: True"),
     "extender_latency.py": Shortest(("--nodes", "20", "--pods", "60"), "p99"),
     "mutate_core.py": Shortest(("--seconds", "0.3", "--before", "HEAD"), "x floor"),

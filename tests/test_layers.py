@@ -41,7 +41,7 @@ LAYERS: dict[str, dict[str, str]] = {
     "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE,
               "chartrender": EDGE, "site": EDGE,
               "matrix": EDGE, "manifests": EDGE, "gitrepo": EDGE, "status": EDGE, "upgrade": EDGE,
-              "verify": EDGE, "chartvalues": EDGE, "manifestcheck": EDGE},
+              "verify": EDGE, "chartvalues": EDGE, "manifestcheck": EDGE, "canary": CORE, "canary_watch": EDGE},
     "replay": {"__init__": CORE, "records": CORE, "model": CORE, "cluster": CORE, "metrics": CORE, "reference": CORE,
                "arrival": CORE, "demand": CORE, "workload": CORE, "labels": CORE,
                "migcluster": CORE, "trace": EDGE, "report": EDGE, "runner": EDGE, "sizing": EDGE},

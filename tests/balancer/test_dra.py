@@ -308,3 +308,15 @@ def test_the_extender_counts_a_mapped_gpu_request_once() -> None:
     feed.dra(node, devices)
     feed.pod("ml/mapped", placementfeed.pod_record(pod))
     assert feed.state.view(node).gpu_free == 7000
+
+
+def test_the_dra_counting_benchmark_runs_in_its_quick_mode() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "benchmarks/dra_counting.py", "--quick"], cwd=repo, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "per pool (DraCache)" in done.stdout and "recount from scratch" in done.stdout and "ratio:" in done.stdout

@@ -180,3 +180,45 @@ def test_a_mig_partition_is_allocated_from_shared_counters_and_takes_its_gpu_out
     wait_until(lambda: marks(cluster, node)[0] == "1", what="one GPU partly taken: gpu-free 2 -> 1",
                timeout=30, explain=cluster.logs_tail)
     assert replica.api_errors() == 0
+
+
+def test_shared_counters_hold_a_third_3g_partition_back_until_one_is_released(
+        cluster: Cluster, dra_nodes: Any, namespace: str, replicas: Any) -> None:
+    """Two ``3g.40gb`` partitions use the GPU's eight memory slices: a third waits, Unschedulable, and
+    gets a placement once a pod ends; ``gpu-free`` stays 0 (the GPU is partly taken) all along."""
+    node = dra_nodes("dra-3g", dra_slices.gpus(1, node="dra-3g", mig=True), product=H100)
+    replicas("dra-3g")
+    wait_until(lambda: marks(cluster, node)[0] == "1", what="1 whole GPU free", timeout=60,
+               explain=cluster.logs_tail)
+    core = cluster.core()
+    client.ResourceV1Api(cluster.api_client()).create_namespaced_resource_claim_template(
+        namespace, dra_slices.claim_template("three-g", device_class="mig.nvidia.com",
+                                             selector="device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"))
+    core.create_namespaced_pod(namespace, claim_pod("first", "three-g", complete_after=8))
+    core.create_namespaced_pod(namespace, claim_pod("second", "three-g"))
+
+    def placements() -> dict[str, str]:
+        out = {}
+        for stored in claims_of(cluster, namespace):
+            owner = stored["metadata"]["ownerReferences"][0]["name"]
+            for result in allocations.parse(stored).results:
+                out[owner] = result.key.device
+        return out
+
+    wait_until(lambda: len(placements()) == 2, what="two 3g.40gb claims allocated", timeout=60,
+               explain=cluster.logs_tail)
+    first = placements()
+    assert sorted(first.values()) == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-3g40gb-9-4"]
+    core.create_namespaced_pod(namespace, claim_pod("third", "three-g"))
+
+    def unschedulable() -> bool:
+        conditions = raw(core.read_namespaced_pod, "third", namespace)["status"].get("conditions") or []
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
+
+    wait_until(unschedulable, what="the third 3g.40gb pod Unschedulable", timeout=30, explain=cluster.logs_tail)
+    wait_until(lambda: marks(cluster, node)[0] == "0", what="gpu-free 0 with two partitions held", timeout=30)
+    wait_until(lambda: "third" in placements(), what="the third pod's claim allocated once the first ended",
+               timeout=60, explain=cluster.logs_tail)
+    assert placements()["third"] == first["first"]
+    assert raw(core.read_namespaced_pod, "first", namespace)["status"]["phase"] == "Succeeded"
+    assert marks(cluster, node)[0] == "0"

@@ -57,18 +57,31 @@ class DraCache:
     resource_claims: dict[str, allocations.Claim] = field(default_factory=dict)
     nodes: dict[str, NodeDevices] = field(default_factory=dict)
     _held: dict[DeviceKey, int] = field(default_factory=dict)
+    # Indexes, so an event costs its pool, not the cluster (benchmarks/dra_counting.py).
+    _by_pool: dict[Pool, dict[str, slices.Slice]] = field(default_factory=dict)
+    _held_by_pool: dict[Pool, set[DeviceKey]] = field(default_factory=dict)
+    _pool_nodes: dict[Pool, set[str]] = field(default_factory=dict)
 
     # ---- slices ---------------------------------------------------------------------------
     def replace_slices(self, found: Mapping[str, slices.Slice | None]) -> set[str]:
         """A (re)list; returns the nodes whose devices changed."""
-        touched = {(s.driver, s.pool) for s in self.resource_slices.values()}
+        touched = set(self._by_pool)
         self.resource_slices = {k: v for k, v in found.items() if v is not None}
-        return self._recompute(touched | {(s.driver, s.pool) for s in self.resource_slices.values()})
+        self._by_pool = {}
+        for name, found_slice in self.resource_slices.items():
+            self._by_pool.setdefault((found_slice.driver, found_slice.pool), {})[name] = found_slice
+        return self._recompute(touched | set(self._by_pool))
 
     def set_slice(self, name: str, found: slices.Slice | None) -> set[str]:
         old = self.resource_slices.pop(name, None)
+        if old is not None:
+            pool = self._by_pool.get((old.driver, old.pool), {})
+            pool.pop(name, None)
+            if not pool:
+                self._by_pool.pop((old.driver, old.pool), None)
         if found is not None:
             self.resource_slices[name] = found
+            self._by_pool.setdefault((found.driver, found.pool), {})[name] = found
         return self._recompute({(s.driver, s.pool) for s in (old, found) if s is not None})
 
     # ---- claims ---------------------------------------------------------------------------
@@ -76,6 +89,7 @@ class DraCache:
         before = set(self._held)
         self.resource_claims = {k: v for k, v in found.items() if v is not None}
         self._held = {}
+        self._held_by_pool = {}
         for claim in self.resource_claims.values():
             self._count(claim, +1)
         return self._recompute({(k.driver, k.pool) for k in before | set(self._held)})
@@ -96,10 +110,16 @@ class DraCache:
         keys = {r.key for r in claim.held()}
         for key in keys:
             left = self._held.get(key, 0) + sign
+            pool = (key.driver, key.pool)
             if left > 0:
                 self._held[key] = left
+                self._held_by_pool.setdefault(pool, set()).add(key)
             else:
                 self._held.pop(key, None)
+                in_pool = self._held_by_pool.get(pool, set())
+                in_pool.discard(key)
+                if not in_pool:
+                    self._held_by_pool.pop(pool, None)
         return keys
 
     # ---- per node -------------------------------------------------------------------------
@@ -107,12 +127,14 @@ class DraCache:
         """Recompute the nodes of ``pools``; return the nodes whose NodeDevices changed."""
         if not pools:
             return set()
-        found = [s for s in self.resource_slices.values() if (s.driver, s.pool) in pools]
-        held = frozenset(k for k in self._held if (k.driver, k.pool) in pools)
+        found = [s for pool in pools for s in self._by_pool.get(pool, {}).values()]
+        held = frozenset(k for pool in pools for k in self._held_by_pool.get(pool, ()))
         fresh = nodedevices.by_node(found, held)
         # Nodes these pools published before (their slices may be gone now).
-        stale = {name for name, devs in self.nodes.items() if any((d.key.driver, d.key.pool) in pools
-                                                                  for d in devs.devices)}
+        stale = {name for pool in pools for name in self._pool_nodes.pop(pool, ())}
+        for name, devs in fresh.items():
+            for d in devs.devices:
+                self._pool_nodes.setdefault((d.key.driver, d.key.pool), set()).add(name)
         changed = set()
         for name in stale | set(fresh):
             old, new = self.nodes.get(name), self._merge(name, pools, fresh.get(name))

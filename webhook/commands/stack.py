@@ -445,7 +445,8 @@ def canary_command(ctx: click.Context, pool: str | None, analysis_file: Path | N
                    schemas: Path | None, output: str) -> None:
     """Watch the canary pool until every node is upgrade-done at the driver Git pins for it and the
     conditions of canary.yaml held for the window (promote), or a node is upgrade-failed, a condition
-    fails or the timeout passes (roll back). Exit 0 promote, 1 roll back, 3 undecided (--once)."""
+    fails or the timeout passes (roll back). Exit 0 promote, 1 roll back, 3 undecided (--once, or
+    the cluster or Prometheus did not answer: nothing is committed)."""
     from dataclasses import replace
 
     root = _root(repo)
@@ -461,8 +462,15 @@ def canary_command(ctx: click.Context, pool: str | None, analysis_file: Path | N
         if output == "text":
             click.echo(f"canary {analysis.pool} at driver {driver}: {verdict.decision}: {'; '.join(verdict.reasons)}")
 
-    verdict = canary_watch.watch(stack_now, analysis, driver, server=server, prometheus=prometheus, once=once,
-                                 report=report)
+    try:
+        verdict = canary_watch.watch(stack_now, analysis, driver, server=server, prometheus=prometheus, once=once,
+                                     report=report)
+    except GpugateError as err:
+        # An unanswered look decides nothing: promoting would skip the analysis, rolling back would
+        # revert a driver nothing showed to be bad (Argo Rollouts: an Error measurement is inconclusive).
+        click.echo(f"error: {err}", err=True)
+        click.echo(f"canary {analysis.pool} at driver {driver}: undecided: nothing committed", err=True)
+        ctx.exit(3)
     sha = None
     if verdict.decision != "wait" and make_commit:
         Repo(root).require_clean(stack_upgrade.STACK_PATHS)

@@ -66,6 +66,18 @@ SCHEMA: dict[str, Any] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Sample:
+    """One value of an instant query and the series it came from (so a failure names the node and GPU)."""
+
+    value: float
+    series: str = ""
+    """The series' labels as PromQL writes them (``{Hostname="gpu-c1",gpu="0"}``); empty for a scalar."""
+
+    def __str__(self) -> str:
+        return f"{self.value:g}{' on ' + self.series if self.series else ''}"
+
+
+@dataclass(frozen=True, slots=True)
 class Condition:
     """One PromQL query whose every value must stay within [min, max] while the canary is watched."""
 
@@ -76,18 +88,20 @@ class Condition:
     no_data: str = "fail"
     """An empty result: a failure (the default: a metric that vanished proves nothing) or a pass."""
 
-    def violation(self, values: Sequence[float]) -> str | None:
-        """Why ``values`` (one query's result) fail this condition, or None when they pass."""
+    def violation(self, values: Sequence[float | Sample]) -> str | None:
+        """Why ``values`` (one query's result) fail this condition, naming every failing series, or None."""
         if not values:
             return None if self.no_data == "pass" else f"{self.name}: the query returned no data"
-        for value in values:
-            if math.isnan(value):
-                return f"{self.name}: the query returned NaN"
-            if self.max is not None and value > self.max:
-                return f"{self.name}: {value:g} > max {self.max:g}"
-            if self.min is not None and value < self.min:
-                return f"{self.name}: {value:g} < min {self.min:g}"
-        return None
+        samples = [v if isinstance(v, Sample) else Sample(float(v)) for v in values]
+        failing = []
+        for sample in samples:
+            if math.isnan(sample.value):
+                failing.append(f"{sample} (the query returned NaN)")
+            elif self.max is not None and sample.value > self.max:
+                failing.append(f"{sample} > max {self.max:g}")
+            elif self.min is not None and sample.value < self.min:
+                failing.append(f"{sample} < min {self.min:g}")
+        return f"{self.name}: {'; '.join(failing)}" if failing else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +194,7 @@ class Observation:
 
     at: float
     nodes: tuple[NodeUpgrade, ...]
-    measurements: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    measurements: Mapping[str, tuple[float | Sample, ...]] = field(default_factory=dict)
     """condition name -> the values its query returned (absent: not measured this time)."""
 
 

@@ -26,6 +26,7 @@ from webhook.stack.canary import (
     Gate,
     NodeUpgrade,
     Observation,
+    Sample,
     Verdict,
     Watch,
     gate,
@@ -79,22 +80,36 @@ def cluster_gate(stack: Stack, pool: str, server: str | None) -> Gate:
     return gate(pool, driver, node_upgrades(stack, pool, raw["nodes"]))
 
 
-def query(url: str, promql: str) -> tuple[float, ...]:
-    """The values of an instant query (vector or scalar); a failed query is an error, not 'no data'."""
+def query(url: str, promql: str) -> tuple[Sample, ...]:
+    """The samples of an instant query (vector or scalar); a failed query is an error, not 'no data'."""
     address = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
     try:
         with urllib.request.urlopen(address, timeout=PROMETHEUS_TIMEOUT_SECONDS) as response:
             body = json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        # Prometheus answers a bad query with 400 (422 for an evaluation error) and its reason in the
+        # JSON body: that is a refusal to report, not a Prometheus that did not answer.
+        try:
+            body = json.loads(err.read())
+        except (OSError, json.JSONDecodeError):
+            raise GpugateError(f"Prometheus at {url} answered {promql!r} with HTTP {err.code}") from err
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as err:
         raise GpugateError(f"Prometheus at {url} did not answer {promql!r}: {err}") from err
     if body.get("status") != "success":
         raise GpugateError(f"Prometheus refused {promql!r}: {body.get('error') or body}")
     data = body.get("data") or {}
     if data.get("resultType") == "scalar":
-        return (float(data["result"][1]),)
+        return (Sample(float(data["result"][1])),)
     if data.get("resultType") == "vector":
-        return tuple(float(sample["value"][1]) for sample in data.get("result") or [])
+        return tuple(Sample(float(s["value"][1]), series_name(s.get("metric") or {})) for s in data.get("result") or [])
     raise GpugateError(f"Prometheus answered {promql!r} with a {data.get('resultType')}, not a vector or scalar")
+
+
+def series_name(labels: Mapping[str, str]) -> str:
+    """A series' labels as PromQL writes a selector (``__name__`` first, bare), for messages."""
+    name = labels.get("__name__", "")
+    rest = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
+    return f"{name}{{{rest}}}" if rest else name
 
 
 def observe(stack: Stack, analysis: Analysis, *, server: str | None, prometheus: str | None,
