@@ -258,6 +258,8 @@ def test_without_the_priority_class_list_nothing_partial_is_published(fake_kube:
     """A server that refuses PriorityClasses (a missing RBAC rule) gets no inventory, and says so in a metric:
     one without the default class would make the webhook keep an API-server default as if the pod chose it."""
     fake_kube.put(node("gpu-1", {"nvidia.com/gpu": "8"}))
+    # The fake serves PriorityClasses; refuse every list and watch of them, as RBAC would.
+    fake_kube.fail_next("GET", r"^/apis/scheduling\.k8s\.io/v1/priorityclasses$", code=403, count=1_000_000)
     running = start_balancer(publishing())
     wait_for(lambda: running.balancer.metrics.registry.get_sample_value(
         "gpugate_balancer_api_errors_total", {"operation": "priorityclasses.list"}), what="the refused list")

@@ -3,7 +3,6 @@ where the policies and the node mix say, and the table says so."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.webhook_fixture import GPUGATE
+from tests.prerequisites import missing
 from webhook.localcluster import binaries
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,10 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def demo_output() -> tuple[int, str, float]:
     if binaries.paths() is None:
-        message = "the control-plane binaries are not built: `python -m tests.e2e.binaries build`"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {message}", pytrace=False)
-        pytest.skip(message)
+        missing("the control-plane binaries are not built: `python -m tests.e2e.binaries build`")
     started = time.monotonic()
     done = subprocess.run([str(GPUGATE), "demo", "--once"], cwd=ROOT, capture_output=True, text=True, timeout=400,
                           check=False)

@@ -44,6 +44,7 @@ from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, NodeHistory, UpgradeContro
 from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
 from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import wait_until
+from tests.prerequisites import missing, needed
 
 Obj = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,12 +54,6 @@ OLD, NEW = "595.91.07", "610.57.04"
 STACK = ROOT / "manifests" / "gpu-operator" / "stack.yaml"
 
 pytestmark = pytest.mark.e2e
-
-
-def _missing(message: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set and {message}", pytrace=False)
-    pytest.skip(message)
 
 
 @dataclass
@@ -104,11 +99,10 @@ def nvidia_driver(name: str, pool: Obj, version: str) -> Obj:
 def rig() -> Iterator[Rig]:
     if os.environ.get(KUBECONFIG_ENV):
         pytest.skip(f"{KUBECONFIG_ENV}: these tests need a control plane of their own")
-    if not (SCHEMAS / "nvidia.com_nvidiadrivers.yaml").is_file():
-        pytest.skip(f"{SCHEMAS} is absent (a fresh clone has no ../shared): no NVIDIA CRDs")
+    needed(SCHEMAS / "nvidia.com_nvidiadrivers.yaml", "a fresh clone has no ../shared: no NVIDIA CRDs")
     found, controller = binaries.paths(), binaries.upgrade_controller()
     if found is None or controller is None or shutil.which("kubectl") is None:
-        _missing("the e2e binaries (with gpu-upgrade-controller) or kubectl are missing; run "
+        missing("the e2e binaries (with gpu-upgrade-controller) or kubectl are missing; run "
                  "`python -m tests.e2e.binaries build`")
         raise AssertionError("unreachable")
     workdir = Path(tempfile.mkdtemp(prefix="gpugate-upgrades-"))
