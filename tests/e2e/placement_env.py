@@ -121,6 +121,9 @@ BALANCER_CONFIG = """\
 # once (write_interval 0), so a label follows a binding within milliseconds, as the replay's
 # --label-lag 1 assumes.
 lease: {enabled: false}
+# No GPUInventory: this balancer only keeps labels (right-sizing has tests of its own), and a
+# namespace another module deleted must not stop it (a missing one is now a clear exit).
+inventory: {enabled: false}
 write_interval: 0
 resync_interval: 5
 backoff_initial: 0.2

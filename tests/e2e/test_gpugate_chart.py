@@ -96,9 +96,26 @@ def release_values(server: GpugateServer, workdir: Path, **extra: object) -> Pat
     return path
 
 
+def _forget_unowned_cluster_objects(cluster: Cluster) -> None:
+    """Earlier modules on this worker's control plane apply the kustomize bases, whose cluster-wide
+    objects (PriorityClasses, ClusterRoles and their bindings) carry the chart's names; helm
+    refuses to adopt objects it does not own, so those leftovers go first."""
+    api = cluster.api_client()
+    scheduling, rbac = client.SchedulingV1Api(api), client.RbacAuthorizationV1Api(api)
+    kinds = ((scheduling.list_priority_class, scheduling.delete_priority_class),
+             (rbac.list_cluster_role, rbac.delete_cluster_role),
+             (rbac.list_cluster_role_binding, rbac.delete_cluster_role_binding))
+    for list_them, delete in kinds:
+        for obj in list_them().items:
+            labels = obj.metadata.labels or {}
+            if obj.metadata.name.startswith("gpugate-") and labels.get("app.kubernetes.io/managed-by") != "Helm":
+                delete(obj.metadata.name)
+
+
 @pytest.fixture(scope="module")
 def installed(local: Cluster, server: GpugateServer, module_nodes: Nodes, workdir: Path) -> Iterator[Path]:
     values = release_values(server, workdir)
+    _forget_unowned_cluster_objects(local)
     result = helm(local, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
                   "--values", str(values), "--wait", "--timeout", "180s")
     assert result.returncode == 0, result.stdout + result.stderr + local.logs_tail()
