@@ -102,13 +102,16 @@ def _forget_unowned_cluster_objects(cluster: Cluster) -> None:
     refuses to adopt objects it does not own, so those leftovers go first."""
     api = cluster.api_client()
     scheduling, rbac = client.SchedulingV1Api(api), client.RbacAuthorizationV1Api(api)
+    admission = client.AdmissionregistrationV1Api(api)
     kinds = ((scheduling.list_priority_class, scheduling.delete_priority_class),
              (rbac.list_cluster_role, rbac.delete_cluster_role),
-             (rbac.list_cluster_role_binding, rbac.delete_cluster_role_binding))
+             (rbac.list_cluster_role_binding, rbac.delete_cluster_role_binding),
+             (admission.list_mutating_webhook_configuration, admission.delete_mutating_webhook_configuration),
+             (admission.list_validating_webhook_configuration, admission.delete_validating_webhook_configuration))
     for list_them, delete in kinds:
         for obj in list_them().items:
-            labels = obj.metadata.labels or {}
-            if obj.metadata.name.startswith("gpugate-") and labels.get("app.kubernetes.io/managed-by") != "Helm":
+            owner = (obj.metadata.annotations or {}).get("meta.helm.sh/release-name")
+            if obj.metadata.name.startswith("gpugate-") and owner != RELEASE:
                 delete(obj.metadata.name)
 
 
