@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,17 +34,18 @@ import numpy as np
 
 from webhook import names
 from webhook.errors import InputError
+from webhook.kube import demand as kube_demand
+from webhook.kube.demand import PodDemand
 from webhook.kube.inventory import EMPTY as EMPTY_INVENTORY
 from webhook.kube.inventory import Inventory
 from webhook.placement import scoring
 from webhook.placement.extender import ExtenderSettings, ExtenderState
-from webhook.placement.inputs import PodDemand, demand_from_pod
 from webhook.placement.shapes import ShapeMix
 from webhook.policy import loading
 from webhook.replay import demand as demand_reading
 from webhook.replay import migcluster, workload
 from webhook.replay.arrival import arrival_order
-from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.cluster import ClusterState
 from webhook.replay.labels import Relabeler
 from webhook.replay.metrics import FragmentTracker, typical_pods
 from webhook.replay.model import (
@@ -139,19 +140,19 @@ class RunResult:
 
 
 def demand_from_trace(records: Iterable[PodRecord]) -> list[PodDemand]:
-    """The pod list as the extender would read its pods (a configured mix: what FGD's typical pods use)."""
-    return [PodDemand(cpu=r.cpu_milli, memory=r.memory_mib * demand_reading.MIB,
-                      gpus=r.num_gpu if r.num_gpu and not r.shares_gpu else 0,
-                      share_milli=r.gpu_milli if r.shares_gpu else 0,
-                      products=frozenset(workload.product_of(m) for m in r.gpu_spec)) for r in records]
+    """The pod list as the extender would read its pods (a configured mix: what FGD's typical pods use);
+    products as the nodes' ``nvidia.com/gpu.product`` labels spell them."""
+    return [replace(record_demand(r), products=frozenset(workload.product_of(m) for m in r.gpu_spec))
+            for r in records]
 
 
-def record_demand(record: PodRecord) -> Demand:
-    """A trace row as the published schedulers read it (non-zero cpu/memory defaults for scoring)."""
-    return Demand(cpu=record.cpu_milli, memory=record.memory_mib, num_gpu=record.num_gpu,
-                  gpu_milli=record.gpu_milli if record.num_gpu else 0, models=frozenset(record.gpu_spec),
-                  cpu_score=record.cpu_milli or demand_reading.DEFAULT_CPU_MILLI,
-                  memory_score=record.memory_mib or -(-demand_reading.DEFAULT_MEMORY_BYTES // demand_reading.MIB))
+def record_demand(record: PodRecord) -> PodDemand:
+    """A trace row as the published schedulers read it (non-zero cpu/memory defaults for scoring);
+    products as the trace names GPU models."""
+    return PodDemand.of_gpus(record.num_gpu, record.gpu_milli, cpu=record.cpu_milli,
+                             memory_bytes=record.memory_mib * kube_demand.MIB, products=frozenset(record.gpu_spec),
+                             cpu_score=record.cpu_milli or kube_demand.DEFAULT_CPU_MILLI,
+                             memory_score_bytes=record.memory_mib * kube_demand.MIB or kube_demand.DEFAULT_MEMORY_BYTES)
 
 
 class Admission:
@@ -203,11 +204,8 @@ class Admission:
 
 def placement_demand(pod: dict[str, Any], view: PodView) -> PodDemand:
     """The extender's reading of an admitted Pod; a share's size from the replay's annotation (via the view)."""
-    found = demand_from_pod(pod)
-    if view.demand.shares_gpu:
-        found = PodDemand(cpu=found.cpu, memory=found.memory, share_milli=view.demand.gpu_milli,
-                          products=found.products)
-    return found
+    found = kube_demand.of_pod(pod)
+    return replace(found, share_milli=view.demand.share_milli) if view.demand.shares_gpu else found
 
 
 class BlindExtender:
@@ -226,7 +224,7 @@ class BlindExtender:
                                     window=spec.extender_window, tolerance=spec.extender_tolerance)
         self.state = ExtenderState(settings)
         for node in trace.nodes:
-            self.state.set_node(node.name, cpu=node.cpu_milli, memory=node.memory_mib * demand_reading.MIB,
+            self.state.set_node(node.name, cpu=node.cpu_milli, memory=node.memory_mib * kube_demand.MIB,
                                 product=workload.product_of(node.model) if node.gpus else "", gpus=node.gpus)
         if spec.extender_mix == "history":
             # The window as a balancer restarted on a running cluster finds it: full of pods created
