@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests.kubeversion import KUBERNETES_VERSION
 from tests.policy.kit import container, load, pod, policy
 from webhook import names
-from webhook.admission import dra, validation
+from webhook.admission import chain, dra, validation
 from webhook.kube import claims
 from webhook.policy import PolicySet
 
@@ -156,6 +156,47 @@ def test_a_pod_using_a_gpu_claim_in_a_web_namespace_meets_the_deny_rule() -> Non
                                      resolved={("ResourceClaim", "one"): claims.parse(resource_claim(exactly(),
                                                                                                      name="one"))})
     assert not result.allowed and "GPUs are not available in web namespaces" in result.message
+
+
+def claim_only_pod(*, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    p = pod(container("trainer"), labels=labels)
+    p["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "two"}]
+    p["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
+    return p
+
+
+TWO = {("ResourceClaimTemplate", "two"): claims.parse(template(exactly(count=2), name="two"))}
+SHAPING = load(policy("everyone", """
+    match: {namespaces: ["ml-*"], gpuOnly: false}
+    gpu: {default: 1, products: [NVIDIA-H100-80GB-HBM3]}
+    placement: {strategy: pack, avoidCongested: preferred}
+"""))
+
+
+def test_a_pod_asking_gpus_only_through_claims_gets_tolerations_and_placement_terms() -> None:
+    admitted = chain.admit(claim_only_pod(), namespace="ml-team", policies=SHAPING, resolved=TWO)
+    spec = admitted.stored["spec"] if admitted.stored else {}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    preferred = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    # pack for two GPUs (the claim's count): fewer free GPUs than 3, 4, 6 and 10; then not congested
+    assert [t["preference"]["matchExpressions"][0].get("values") for t in preferred] == [
+        ["3"], ["4"], ["6"], ["10"], ["congested"]]
+    # no device-plugin GPU on top of the claim's (the policy's default would add one to a CPU pod), and no
+    # required node affinity: the claim's CEL selectors carry the product requirement
+    assert not any("nvidia.com/gpu" in (c.get("resources") or {}).get("limits", {}) for c in spec["containers"])
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in spec["affinity"]["nodeAffinity"]
+
+
+def test_claims_not_read_get_no_default_gpu_and_a_gpus_label_adds_nothing_to_a_claim_pod() -> None:
+    unread = chain.mutate(claim_only_pod(), namespace="ml-team", policies=SHAPING, resolved={})
+    assert "limits" not in unread.desired["spec"]["containers"][0]["resources"]
+    assert any("--resolve-claims" in w for w in unread.warnings)
+    cpu_pod = chain.mutate(pod(container("trainer")), namespace="ml-team", policies=SHAPING)
+    assert cpu_pod.desired["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    labelled = chain.mutate(claim_only_pod(labels={names.GPUS_LABEL: "4"}), namespace="ml-team", policies=SHAPING,
+                            resolved=TWO)
+    assert any("holds GPUs through its ResourceClaims" in w for w in labelled.warnings)
+    assert "limits" not in labelled.desired["spec"]["containers"][0]["resources"]
 
 
 # --- properties: the pod rules hold for claims ---------------------------------------------------

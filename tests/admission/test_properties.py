@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from tests.kubeversion import KUBERNETES_VERSION
 from webhook import names
-from webhook.admission import mutation, patches, validation
-from webhook.kube import pods
+from webhook.admission import dra, mutation, patches, validation
+from webhook.kube import claims, pods
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, matching, parsing
 
@@ -449,3 +449,102 @@ def test_make_patch_changing_two_members_of_an_equal_length_list(source, desired
     patch = list(patches.make_patch(source, desired))
     assert "\0new-" not in repr(patch)
     assert jsonpatch.apply_patch(source, patch) == desired
+
+
+# --- pods that ask GPUs only through ResourceClaims (issue 24) -----------------------------------
+
+CLAIM_TEMPLATE = "train-gpus"
+GPU_LABELS = {names.GPUS_LABEL, names.GPU_MEMORY_LABEL, names.GPU_FRACTION_LABEL}
+
+
+def _without_gpus(p: dict[str, Any]) -> dict[str, Any]:
+    """The pod with no NVIDIA resource in any container and no gpugate label asking for GPUs."""
+    out = copy.deepcopy(p)
+    for _, container in pods.all_containers(out):
+        for section in ("requests", "limits"):
+            found = pods.resource_section(container, section)
+            for resource in [r for r in found if r.startswith(names.NVIDIA_PREFIX)]:
+                del found[resource]
+    labels = out["metadata"].get("labels")
+    if labels:
+        out["metadata"]["labels"] = {k: v for k, v in labels.items() if k not in GPU_LABELS}
+    return out
+
+
+def _template(count: int) -> dict[str, Any]:
+    return {"apiVersion": claims.API_VERSION, "kind": claims.TEMPLATE_KIND, "metadata": {"name": CLAIM_TEMPLATE},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": names.DRA_GPU_CLASS, "count": count}}]}}}}
+
+
+@st.composite
+def claim_pods(draw) -> tuple[dict[str, Any], dict[str, Any], dict[tuple[str, str], claims.ClaimAsk]]:
+    """(a pod asking ``count`` GPUs only through a claim template, its twin asking ``nvidia.com/gpu: count``
+    of the device plugin on its first container instead, what the template asks)."""
+    base = _without_gpus(draw(gpu_pods()))
+    count = draw(st.integers(1, 4))
+    claimed = copy.deepcopy(base)
+    claimed["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": CLAIM_TEMPLATE}]
+    first = claimed["spec"]["containers"][0]
+    first["resources"] = {**(first.get("resources") or {}), "claims": [{"name": "gpus"}]}
+    twin = copy.deepcopy(base)
+    resources = twin["spec"]["containers"][0].setdefault("resources", {})
+    for section in ("requests", "limits"):
+        if resources.get(section) is None:
+            resources[section] = {}
+        resources[section][names.GPU_RESOURCE] = str(count)
+    return claimed, twin, dra.resolve_documents([_template(count)])
+
+
+claim_cases = st.tuples(claim_pods(), policy_sets(), st.sampled_from(NAMESPACES))
+
+
+def _tolerations_and_preferences(p: dict[str, Any]) -> tuple[Any, Any]:
+    spec = p["spec"]
+    return spec.get("tolerations"), ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "preferredDuringSchedulingIgnoredDuringExecution")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(claim_cases, st.sampled_from([EMPTY, PRESSURED]))
+def test_a_claim_only_pod_is_shaped_as_its_device_plugin_twin(case, inventory):
+    """(1) patch applies, (3) idempotent (with the same claims read), (4) user fields kept, and the
+    tolerations and preferred node affinity the claim-only pod gets are exactly its twin's, the pod
+    asking the same count of ``nvidia.com/gpu`` from a device plugin."""
+    (claimed, twin, resolved), policies, namespace = case
+    original = copy.deepcopy(claimed)
+    result = mutation.mutate(claimed, namespace=namespace, policies=policies, inventory=inventory, resolved=resolved)
+    assert claimed == original, "mutate edited its input"
+    check_patch_applies(claimed, result)
+    again = mutation.mutate(result.desired, namespace=namespace, policies=policies, inventory=inventory,
+                            resolved=resolved)
+    assert again.patch == (), f"(3) second mutation still patches: {again.patch}"
+    check_user_fields_kept(claimed, result, policies, namespace)
+    assert not pods.requested_gpu_resources(result.desired), "a GPU resource was added to a pod a claim serves"
+    expected = mutation.mutate(twin, namespace=namespace, policies=policies, inventory=inventory)
+    assert (result.policy, result.mode) == (expected.policy, expected.mode)
+    assert _tolerations_and_preferences(result.desired) == _tolerations_and_preferences(expected.desired)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(claim_cases, st.sampled_from([EMPTY, PRESSURED]))
+def test_a_shaped_claim_only_pod_passes_kubernetes_validation(case, inventory):
+    """(2) for claim-only pods: the desired pod is a valid Pod of the target cluster, strict."""
+    (claimed, _, resolved), policies, namespace = case
+    assume(valid_pod(claimed))
+    result = mutation.mutate(claimed, namespace=namespace, policies=policies, inventory=inventory, resolved=resolved)
+    kubernetes_validate.validate(copy.deepcopy(result.desired), K8S, strict=True)
+
+
+def test_claim_only_pods_reach_tolerations_and_placement() -> None:
+    """Guard: the claim strategy produces shaped pods (a toleration of the GPU taint, a pack term)."""
+    quick = settings(max_examples=400, database=None, phases=[Phase.generate])
+
+    def shaped(case) -> dict[str, Any]:
+        (claimed, _, resolved), policies, namespace = case
+        return mutation.mutate(claimed, namespace=namespace, policies=policies, resolved=resolved).desired
+
+    gpu_taint = {"key": names.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    find(claim_cases, lambda c: gpu_taint in (shaped(c)["spec"].get("tolerations") or []), settings=quick)
+    find(claim_cases, lambda c: names.GPU_FREE_LABEL in str(_tolerations_and_preferences(shaped(c))[1]),
+         settings=quick)

@@ -51,7 +51,7 @@ def admit(pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory
     ``pod`` may also be a ResourceClaim or ResourceClaimTemplate (``admission.dra``); for a pod,
     ``resolved`` holds the claims and templates it references that the caller has read.
     """
-    mutated = mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
+    mutated = mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now, resolved=resolved)
     if mutated.denials:
         return Admission(mutation=mutated, verdict=None, stored=None)
     stored = jsonpatch.apply_patch(pod, list(mutated.patch)) if mutated.patch else pod
@@ -60,11 +60,13 @@ def admit(pod: dict[str, Any], *, namespace: str, policies: PolicySet, inventory
 
 
 def mutate(obj: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
-           now: datetime | None = None) -> mutation.Mutation:
-    """The mutating endpoint's decision on a pod or a DRA claim."""
+           now: datetime | None = None, resolved: dra.Resolved | None = None) -> mutation.Mutation:
+    """The mutating endpoint's decision on a pod (with the claims it references in ``resolved``:
+    a pod asking GPUs only through them is shaped as a GPU pod) or a DRA claim."""
     if claims.is_claim_document(obj):
         return dra.mutate_claim(obj, namespace=namespace, policies=policies)
-    return mutation.mutate(obj, namespace=namespace, policies=policies, inventory=inventory, now=now)
+    return mutation.mutate(obj, namespace=namespace, policies=policies, inventory=inventory, now=now,
+                           resolved=resolved)
 
 
 def validate(obj: dict[str, Any], *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,

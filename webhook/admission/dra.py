@@ -21,7 +21,7 @@ from typing import Any
 
 from webhook import names
 from webhook.admission import patches
-from webhook.admission.mutation import Mutation
+from webhook.admission.mutation import Mutation, governed_classes
 from webhook.admission.validation import Verdict, allowed_resources, deny_rule_reasons, pod_total
 from webhook.kube import claims, pods
 from webhook.kube import demand as kube_demand
@@ -32,12 +32,6 @@ from webhook.policy.model import GPUPolicy, PolicyRef
 Resolved = Mapping[tuple[str, str], ClaimAsk]
 """(kind, name) -> what that claim or template asks: the objects a pod references that the
 caller could read (from the same file, or the API); a reference not in it is not counted."""
-
-
-def governed_classes(policies: PolicySet) -> frozenset[str]:
-    """The NVIDIA DeviceClasses and every class a policy of the set lists: asks of these are GPU asks."""
-    listed = {c for p in policies.policies for c in (p.claims.device_classes or ())}
-    return frozenset(claims.NVIDIA_DEVICE_CLASSES) | listed
 
 
 def allowed_classes(policy: GPUPolicy) -> frozenset[str]:

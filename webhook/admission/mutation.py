@@ -18,8 +18,8 @@ from webhook import names
 from webhook.admission import affinity, patches, rightsizing
 from webhook.errors import InputError
 from webhook.kube import affinity as kube_affinity
+from webhook.kube import claims, pods, resources
 from webhook.kube import demand as kube_demand
-from webhook.kube import pods, resources
 from webhook.kube.inventory import EMPTY, MAX_AGE_SECONDS, Inventory
 from webhook.kube.quantity import out_of_range, whole_count
 from webhook.policy import PolicySet, matching
@@ -91,6 +91,11 @@ class StepContext:
     now: datetime | None = None
     warnings: list[str] = field(default_factory=list)
     denials: list[str] = field(default_factory=list)
+    claim_devices: int | None = None
+    claims_unread: bool = False
+    """The pod references claims the caller did not read: they may hold GPUs (no default is added)."""
+    """GPU devices the pod holds at most through the claims it references (``claim_devices``); None
+    when it asks no GPU through a claim that was read."""
     _requested: frozenset[str] | None = None
     _owned: set[int] = field(default_factory=set)
     """ids of the desired pod's containers copied for writing (see ``set_request``)."""
@@ -132,15 +137,41 @@ class StepContext:
 Step = Callable[[Pod, StepContext], None]
 
 
+def governed_classes(policies: PolicySet) -> frozenset[str]:
+    """The NVIDIA DeviceClasses and every class a policy of the set lists: asks of these are GPU asks."""
+    listed = {c for p in policies.policies for c in (p.claims.device_classes or ())}
+    return frozenset(claims.NVIDIA_DEVICE_CLASSES) | listed
+
+
+def claim_devices(pod: Pod, policies: PolicySet, resolved: kube_demand.Resolved | None) -> int | None:
+    """GPU devices ``pod`` holds at most through the claims it references that ``resolved`` holds
+    (asks of a governed class); None when none of them asks a GPU (or none could be read).
+
+    A pod that asks GPUs only through claims (``spec.resourceClaims``, a claim or a template of
+    ``gpu.nvidia.com``) is a GPU pod: it gets the policy's tolerations and placement terms as a
+    pod asking ``nvidia.com/gpu`` does. An ``allocationMode: All`` ask counts 0 devices here.
+    """
+    if not resolved:
+        return None
+    governed = governed_classes(policies)
+    held = kube_demand.claim_asks(kube_demand.claim_refs(pod), resolved, governed)
+    if not held:
+        return None
+    return sum(ask.most_devices(governed) for _, ask in held)
+
+
 def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
-           now: datetime | None = None) -> Mutation:
+           now: datetime | None = None, resolved: kube_demand.Resolved | None = None) -> Mutation:
     """The desired pod and patch under the policy that applies to ``pod`` in ``namespace``.
 
     ``inventory`` is what the cluster offers (the balancer's GPUInventory) and ``now`` the time to
     judge its age by (None: taken as fresh); both only refine choices, never cause a denial.
+    ``resolved`` holds the ResourceClaims and templates the pod references that the caller read
+    (``claim_devices``): a pod asking GPUs through them is shaped as a GPU pod.
     """
     requested = frozenset(pods.requested_gpu_resources(pod))
-    gpu_pod = bool(requested) or pods.labels_ask_for_gpus(pod)
+    through_claims = claim_devices(pod, policies, resolved)
+    gpu_pod = bool(requested) or pods.labels_ask_for_gpus(pod) or through_claims is not None
     policy = matching.select(policies, pod, namespace=namespace, asks_for_gpus=gpu_pod)
     if policy is None:
         return Mutation(desired=pod, patch=(), policy=None)
@@ -148,7 +179,10 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventor
         # Validation denies this pod whatever is injected: shaping it would only add warnings
         # ("set nvidia.com/gpu: 4") before the denial, which the author should read alone.
         return Mutation(desired=pod, patch=(), policy=PolicyRef(policy.name, policies.revision))
-    desired, context = _shape(pod, policy, namespace, policies, inventory, now, requested=requested, gpu_pod=gpu_pod)
+    refs = kube_demand.claim_refs(pod)
+    unread = any(ref.key is not None and ref.key not in (resolved or {}) for ref in refs)
+    desired, context = _shape(pod, policy, namespace, policies, inventory, now, requested=requested, gpu_pod=gpu_pod,
+                              claim_devices=through_claims, claims_unread=unread)
     ref = context.ref
     policy = context.policy
     if policy.mode == "audit":
@@ -273,7 +307,8 @@ class PolicyLoopError(RuntimeError):
 
 def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
            inventory: Inventory, now: datetime | None, *, requested: frozenset[str],
-           gpu_pod: bool) -> tuple[Pod, StepContext]:
+           gpu_pod: bool, claim_devices: int | None = None, claims_unread: bool = False
+           ) -> tuple[Pod, StepContext]:
     """Run the steps, then again under whichever policy matches the shaped pod, until it is stable.
 
     A gpuOnly:false policy that injects a GPU can make a higher-priority gpuOnly policy match the
@@ -291,7 +326,8 @@ def _shape(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
     for _ in range(len(policies.policies) + 1):
         desired = working_copy(pod)
         context = StepContext(policy=policy, ref=PolicyRef(policy.name, policies.revision), namespace=namespace,
-                              inventory=inventory, now=now, _requested=requested)
+                              inventory=inventory, now=now, claim_devices=claim_devices, claims_unread=claims_unread,
+                              _requested=requested)
         if given is not None:
             _carry_gpu_requests(given, desired, context)
         for step in STEPS:
@@ -341,6 +377,13 @@ def requested_gpu_count(pod: Pod, policy: GPUPolicy, context: StepContext | None
     label = pods.labels(pod).get(names.GPUS_LABEL)
     if label is None:
         if not policy.match.gpu_only and policy.gpu.default and not pods.requested_gpu_resources(pod):
+            if context is not None and context.claim_devices is not None:
+                return None  # a claim holds its GPUs already
+            if context is not None and context.claims_unread:
+                context.note(f"the pod references ResourceClaims that were not read (gpugate serve "
+                             f"--resolve-claims reads them); they may hold its GPUs, so the policy's default "
+                             f"{policy.gpu.resource}: {policy.gpu.default} was not added")
+                return None
             return policy.gpu.default
         return None
     if label == "":
@@ -384,6 +427,10 @@ def inject_gpu_requests(pod: Pod, context: StepContext) -> None:
     _match_requests_and_limits(pod, context)
     count = requested_gpu_count(pod, context.policy, context)
     if count is None:
+        return
+    if context.claim_devices is not None:
+        context.note(f"the pod holds GPUs through its ResourceClaims; the {names.GPUS_LABEL} label added no "
+                     f"{context.policy.gpu.resource}")
         return
     resource = context.policy.gpu.resource
     # Regular containers and sidecars count; an init container's GPU is released before they start.
@@ -440,12 +487,14 @@ def _tolerates(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
     return value_ok and (effect in (None, "") or effect == wanted.get("effect"))
 
 
-def wanted_tolerations(requested: frozenset[str], policy: GPUPolicy) -> list[dict[str, Any]]:
-    """The tolerations the policy prescribes for a pod asking for the GPU resources ``requested``."""
+def wanted_tolerations(requested: frozenset[str], policy: GPUPolicy, *, through_claims: bool = False
+                       ) -> list[dict[str, Any]]:
+    """The tolerations the policy prescribes for a pod asking for the GPU resources ``requested``
+    (``through_claims``: and for GPUs through ResourceClaims, which tolerates the GPU taint ``auto`` adds)."""
     if policy.tolerations == "none":
         return []
     if policy.tolerations == "auto":
-        if not requested:
+        if not requested and not through_claims:
             return []
         keys = [names.GPU_TAINT_KEY] + sorted(r for r in requested if r != names.GPU_TAINT_KEY)
         return [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in keys]
@@ -454,7 +503,8 @@ def wanted_tolerations(requested: frozenset[str], policy: GPUPolicy) -> list[dic
 
 def add_tolerations(pod: Pod, context: StepContext) -> None:
     """Tolerate the GPU taints as a set: nothing duplicated, nothing the user wrote removed."""
-    wanted = wanted_tolerations(context.requested(pod), context.policy)
+    wanted = wanted_tolerations(context.requested(pod), context.policy,
+                                through_claims=context.claim_devices is not None)
     if not wanted:
         return
     existing = pods.spec(pod).get("tolerations") or []
@@ -546,6 +596,9 @@ def right_size(pod: Pod, context: StepContext) -> None:
         return
     if ask is None:
         return
+    if context.claim_devices is not None:
+        context.note(f"the pod holds GPUs through its ResourceClaims: {ask.describe()} is not right-sized")
+        return
     own = set().union(*(pods.gpu_resources(c) for c in pods.long_running_containers(pod)))
     if own:
         return  # the pod (or a previous pass) chose its GPU; validation judges it against the ladder
@@ -580,19 +633,19 @@ def whole_gpus_asked(pod: Pod) -> int:
 
 
 def preferred_terms(pod: Pod, requested: frozenset[str], policy: GPUPolicy, inventory: Inventory = EMPTY,
-                    now: datetime | None = None) -> list[dict[str, Any]]:
+                    now: datetime | None = None, claim_devices: int | None = None) -> list[dict[str, Any]]:
     """The preferred node-affinity terms the policy's placement prescribes for ``pod``, which asks
-    for the GPU resources ``requested``."""
+    for the GPU resources ``requested`` and ``claim_devices`` GPUs through claims (None: none)."""
     placement = policy.placement
     terms: list[dict[str, Any]] = []
-    if placement.strategy == "pack" and not requested:
+    if placement.strategy == "pack" and not requested and claim_devices is None:
         # A CPU pod (shaped by a gpuOnly:false policy): a node without GPUs first, else the GPU
         # node with the fewest free GPUs, so it stops taking the CPU an 8-GPU job needs on an empty node.
         terms.append(_term(CPU_POD_NO_GPU_WEIGHT, names.GPU_FREE_LABEL, "DoesNotExist", []))
         for step, weight in CPU_POD_PACK_TERMS:
             terms.append(_term(weight, names.GPU_FREE_LABEL, "Lt", [str(step)]))
     elif placement.strategy == "pack":
-        n = whole_gpus_asked(pod)
+        n = whole_gpus_asked(pod) + (claim_devices or 0)  # gpugate.io/gpu-free counts DRA-held GPUs too
         for step, weight in PACK_TERMS:
             terms.append(_term(weight, names.GPU_FREE_LABEL, "Lt", [str(n + step)]))
         relieved = pressured_products(pod, inventory, now)
@@ -632,9 +685,9 @@ def add_placement_preferences(pod: Pod, context: StepContext) -> None:
     GPU pods always; CPU pods only under a gpuOnly:false policy, which asked to shape them.
     """
     requested = context.requested(pod)
-    if not requested and context.policy.match.gpu_only:
+    if not requested and context.claim_devices is None and context.policy.match.gpu_only:
         return
-    wanted = preferred_terms(pod, requested, context.policy, context.inventory, context.now)
+    wanted = preferred_terms(pod, requested, context.policy, context.inventory, context.now, context.claim_devices)
     if not wanted:
         return
     existing = kube_affinity.field(pods.spec(pod), kube_affinity.PREFERRED) or []

@@ -119,11 +119,16 @@ class ClaimCore:
     """The DRA half of the core (``admission.dra``): claims, templates and the pods that use them."""
 
     def __init__(self, lookup: Any = None) -> None:
-        from webhook.admission import dra
+        from webhook.admission import dra, mutation
 
         self.dra = dra
+        self.mutation = mutation
         self.lookup = lookup
         """A ``claimlookup.ClaimLookup`` when ``resolve_claims`` is on, else None."""
+
+    def resolving(self, pod: dict[str, Any]) -> bool:
+        """The pod references claims and the lookup is on: read them for the core."""
+        return self.lookup is not None and bool(kube_demand.claim_refs(pod))
 
 
 @dataclass(frozen=True)
@@ -326,6 +331,11 @@ def _claim_needs_judging(endpoint: str, review: reviews.Review) -> bool:
 
 def _mutated(st: ServerState, pod: dict[str, Any], namespace: str, policies: PolicySet,
              result: Any = None) -> _Outcome:
+    if result is None and st.claims is not None and st.claims.resolving(pod):
+        # A pod asking GPUs only through claims is shaped as a GPU pod (tolerations, placement terms).
+        result = st.claims.mutation.mutate(pod, namespace=namespace, policies=policies,
+                                           inventory=st.inventory.current(), now=datetime.now(UTC),
+                                           resolved=st.claims.lookup.resolve(pod, namespace))
     if result is None:
         result = st.core.mutate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
                                 now=datetime.now(UTC))
@@ -359,7 +369,7 @@ def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: P
     if verdict is None:
         verdict = st.core.validate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
                                    now=datetime.now(UTC))
-        if st.claims is not None and st.claims.lookup is not None and kube_demand.claim_refs(pod):
+        if st.claims is not None and st.claims.resolving(pod):
             resolved = st.claims.lookup.resolve(pod, namespace)
             verdict = st.claims.dra.merge(verdict, st.claims.dra.validate_pod_claims(
                 pod, namespace=namespace, policies=policies, resolved=resolved))

@@ -180,19 +180,26 @@ class PodDemand:
 
     def claim_asks(self, resolved: Resolved, classes: frozenset[str]) -> tuple[tuple[PodClaimRef, ClaimAsk], ...]:
         """The referenced claims (those ``resolved`` holds) that ask a device of ``classes``."""
-        out = []
-        for ref in self.claims:
-            key = ref.key
-            if key is None or key not in resolved:
-                continue
-            ask = resolved[key]
-            if any(a.device_class in classes for a in ask.asks()):
-                out.append((ref, ask))
-        return tuple(out)
+        return claim_asks(self.claims, resolved, classes)
 
     def claim_devices(self, resolved: Resolved, classes: frozenset[str]) -> int:
         """Devices of ``classes`` the pod holds at most through the claims ``resolved`` holds."""
         return sum(ask.most_devices(classes) for _, ask in self.claim_asks(resolved, classes))
+
+
+def claim_asks(refs: tuple[PodClaimRef, ...], resolved: Resolved,
+               classes: frozenset[str]) -> tuple[tuple[PodClaimRef, ClaimAsk], ...]:
+    """Of a pod's claim references, those ``resolved`` holds that ask a device of ``classes``, each
+    with what it asks (a reference the caller could not read is not among them)."""
+    out = []
+    for ref in refs:
+        key = ref.key
+        if key is None or key not in resolved:
+            continue
+        ask = resolved[key]
+        if any(a.device_class in classes for a in ask.asks()):
+            out.append((ref, ask))
+    return tuple(out)
 
 
 # --- reading a pod ------------------------------------------------------------------------------
