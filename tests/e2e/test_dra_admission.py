@@ -1,8 +1,10 @@
 """Policies govern DRA claims, judged by the real kube-apiserver v1.36 (issue 24).
 
-One ``gpugate serve --resolve-claims`` (KUBECONFIG: the admin kubeconfig, so the validating
-endpoint can read the templates a pod references) serves the module, registered exactly as
-``kubectl kustomize manifests/webhook`` renders it with only ``clientConfig`` pointed at it.
+One ``gpugate serve --resolve-claims`` serves the module as the ``gpugate-webhook`` ServiceAccount:
+its RBAC is applied exactly as ``kubectl kustomize manifests/webhook`` renders it and the server
+reads claims with a TokenRequest token of that account, so the real RBAC authorizer judges every
+read (a test shows it may GET claims and templates and nothing else). It is registered exactly as
+the same rendering says, with only ``clientConfig`` pointed at it.
 Policies: the repository's ``policies/`` plus ``e2e-dra-pinned``, which pins products, families
 and memory, so the CEL selectors gpugate writes go through the API server's own CEL compiler.
 
@@ -19,21 +21,28 @@ What is proven, each claim failing if the behaviour broke:
 6. those selectors mean what the policy means when kube-scheduler v1.36 allocates: a template that
    names no product, in a namespace whose policy pins ``NVIDIA-A100-SXM4-80GB`` (GFD's spelling),
    is allocated on the node whose ResourceSlice says ``productName: NVIDIA A100-SXM4-80GB``, not on
-   the H100 node beside it (slices as tests/e2e/dra_slices.py publishes them for the driver).
+   the H100 node beside it (slices as tests/e2e/dra_slices.py publishes them for the driver);
+7. the claim kube-scheduler itself makes for a plain ``nvidia.com/gpu`` pod on a DRA-only node
+   (extended-resource mapping: the chart's ``gpu.nvidia.com`` class names ``nvidia.com/gpu``) is
+   judged by the pod that owns it, which gpugate already admitted: it is never refused, so the
+   pod is bound, even when the policy the claim alone would match allows fewer devices.
 """
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+import yaml
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import dra_slices
 from tests.e2e.cluster import Cluster, Nodes
+from tests.e2e.namespaces import shared_namespace
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     ROOT,
@@ -97,12 +106,49 @@ def certs(workdir: Path) -> ServingCerts:
     return ServingCerts(workdir / "certs")
 
 
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+
+
 @pytest.fixture(scope="module")
-def server(local: Cluster, certs: ServingCerts, policy_dir: Path) -> Iterator[GpugateServer]:
+def webhook_kubeconfig(local: Cluster, workdir: Path) -> Iterator[Path]:
+    """The webhook's ServiceAccount and RBAC as manifests/webhook renders them, applied; a kubeconfig
+    with a TokenRequest token of that account (what the pod's mounted token gives it)."""
+    docs = [d for d in kustomize(WEBHOOK_BASE) if d["kind"] in RBAC_KINDS]
+    assert sorted(d["kind"] for d in docs) == sorted(RBAC_KINDS)
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
+    text = yaml.safe_dump_all(docs)
+    core = local.core()
+    with shared_namespace(core, account["namespace"]):
+        _kubectl(local, "apply", "-f", "-", stdin=text)
+        try:
+            token = core.create_namespaced_service_account_token(
+                account["name"], account["namespace"], client.AuthenticationV1TokenRequest(
+                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+            admin = yaml.safe_load(Path(local.kubeconfig).read_text())
+            path = workdir / "webhook-kubeconfig.yaml"
+            path.write_text(yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": "webhook",
+                "clusters": [{"name": "local", "cluster": admin["clusters"][0]["cluster"]}],
+                "users": [{"name": account["name"], "user": {"token": token}}],
+                "contexts": [{"name": "webhook", "context": {"cluster": "local", "user": account["name"]}}]}))
+            yield path
+        finally:
+            _kubectl(local, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+
+
+def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def server(local: Cluster, certs: ServingCerts, policy_dir: Path, webhook_kubeconfig: Path) -> Iterator[GpugateServer]:
     assert local.plane is not None
     started = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policy_dir,
                             log=local.plane.logs / "gpugate-serve-dra.log", extra_args=("--resolve-claims",),
-                            env={"KUBECONFIG": str(local.kubeconfig)})
+                            env={"KUBECONFIG": str(webhook_kubeconfig)})
     started.start()
     try:
         yield started
@@ -311,3 +357,65 @@ def _unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> bool:
     # kube-scheduler v1.36's DynamicResources plugin: "0/2 nodes are available: 2 cannot allocate all claims."
     return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
                and "cannot allocate all claims" in (c.message or "") for c in conditions)
+
+
+def test_the_webhooks_account_may_get_claims_and_templates_and_nothing_else(
+        local: Cluster, webhook_kubeconfig: Path) -> None:
+    """The shipped RBAC (manifests/webhook/rbac.yaml), asked of the real RBAC authorizer as the account."""
+    api = client.AuthorizationV1Api(config.new_client_from_config(config_file=str(webhook_kubeconfig)))
+
+    def allowed(verb: str, resource: str, group: str = "resource.k8s.io", name: str = "x") -> bool:
+        review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(namespace="ml-any", verb=verb, group=group,
+                                                            resource=resource, name=name or None)))
+        return bool(api.create_self_subject_access_review(review).status.allowed)
+
+    for resource in ("resourceclaims", "resourceclaimtemplates"):
+        assert allowed("get", resource)
+        for verb in ("list", "watch", "create", "update", "delete"):
+            assert not allowed(verb, resource, name="" if verb in ("list", "watch", "create") else "x"), verb
+    assert not allowed("get", "pods", group="") and not allowed("get", "secrets", group="")
+    assert not allowed("get", "resourceslices", name="x")
+
+
+def test_the_claim_kube_scheduler_makes_for_a_mapped_nvidia_gpu_pod_is_judged_by_its_pod(
+        local: Cluster, registered: Registration, namespaces: Namespaces, nodes: Nodes) -> None:
+    """A training pod asks ``nvidia.com/gpu: 6`` (training allows 8) on a DRA-only node. kube-scheduler
+    (DynamicResources, extendeddynamicresources.go) makes a ResourceClaim for it in PreBind: no labels,
+    owned by the pod, annotated ``resource.kubernetes.io/extended-resource-claim``, asking 6
+    ``gpu.nvidia.com``. Judged alone, that claim matches default-gpu (max 4) and would be refused,
+    which fails the binding again and again: the pod would stay Pending for ever. gpugate judges it
+    by its pod instead, so the pod is bound and the claim allocated, untouched by the webhook."""
+    api = local.api_client()
+    dra_slices.install_device_classes(api)
+    node = nodes.gpu("dra-mapped", gpus=8, whole_gpus=0, product="NVIDIA-H100-80GB-HBM3")
+    try:
+        dra_slices.publish(api, node, dra_slices.gpus(8, node=node))
+        ml = namespaces.make("ml-mapped")
+        core = local.core()
+        core.create_namespaced_pod(ml, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "mapped", "labels": {"gpugate.io/profile": "training"}},
+            "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {"kubernetes.io/hostname": node},
+                     "containers": [{"name": "main", "image": "trainer",
+                                     "resources": {"limits": {"nvidia.com/gpu": "6"}}}]}})
+        wait_until(lambda: (core.read_namespaced_pod("mapped", ml).spec.node_name or "") != "",
+                   what="kube-scheduler binding the mapped pod (its claim admitted)", timeout=90,
+                   explain=lambda: local.logs_tail() + _events(core, ml))
+        (claim,) = api.sanitize_for_serialization(resource_api(local).list_namespaced_resource_claim(ml).items)
+        assert claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+        assert "gpugate.io/policy" not in claim["metadata"]["annotations"]  # not shaped: allocated before admission
+        assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == ["mapped"]
+        assert len(claim["status"]["allocation"]["devices"]["results"]) == 6
+        # A pod that names such a claim itself is refused: only the scheduler may use one.
+        error = denial(lambda: core.create_namespaced_pod(ml, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "borrower"},
+            "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": claim["metadata"]["name"]}],
+                     "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "g"}]}}]}}))
+        assert error.status == 403 and "made by kube-scheduler" in api_message(error)
+    finally:
+        dra_slices.unpublish(api, node)
+
+
+def _events(core: client.CoreV1Api, namespace: str) -> str:
+    return "\n".join(f"{e.reason}: {e.message}" for e in core.list_namespaced_event(namespace).items)

@@ -19,6 +19,7 @@ from tests.manifests.helpers import (
     find,
     one,
     render_variant,
+    rule_allows,
 )
 from webhook.admission import routes, serving
 from webhook.stack import manifestcheck
@@ -241,13 +242,27 @@ def test_probes_use_https_on_8443_with_the_servers_paths() -> None:
         assert (path, "GET") in routes
 
 
-def test_webhook_has_no_api_token() -> None:
+def test_the_webhooks_token_may_only_get_claims_and_templates() -> None:
+    """--resolve-claims needs a token; it GETs the ResourceClaims and templates a pod references and
+    nothing else. Other pods of the account get no token."""
     objs = render_variant("webhook")
     account = one(objs, "ServiceAccount", "gpugate-webhook")
     assert account["automountServiceAccountToken"] is False
     pod = _deployment(objs)["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == "gpugate-webhook"
-    assert pod.get("automountServiceAccountToken") is not True
+    assert pod["serviceAccountName"] == "gpugate-webhook" and pod["automountServiceAccountToken"] is True
+    assert "--resolve-claims" in _container(objs)["args"]
+    bindings = [b for b in objs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and any(s.get("name") == "gpugate-webhook" and s["kind"] == "ServiceAccount" for s in b["subjects"])]
+    assert [(b["kind"], b["roleRef"]["name"]) for b in bindings] == [("ClusterRoleBinding", "gpugate-webhook-claims")]
+    assert bindings[0]["subjects"][0]["namespace"] == account["metadata"]["namespace"]
+    rules = one(objs, "ClusterRole", "gpugate-webhook-claims")["rules"]
+    for resource in ("resourceclaims", "resourceclaimtemplates"):
+        assert rule_allows(rules, verb="get", group="resource.k8s.io", resource=resource, name="x")
+        for verb in ("list", "watch", "create", "update", "patch", "delete"):
+            assert not rule_allows(rules, verb=verb, group="resource.k8s.io", resource=resource, name=None)
+    for group, resource in (("", "pods"), ("", "secrets"), ("resource.k8s.io", "resourceslices"),
+                            ("resource.k8s.io", "deviceclasses")):
+        assert not rule_allows(rules, verb="get", group=group, resource=resource, name="x")
 
 
 def test_priority_class_is_shipped_and_below_the_system_classes() -> None:

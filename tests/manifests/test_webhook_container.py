@@ -7,7 +7,9 @@ listen addresses to free ports on 127.0.0.1; every other argument is the manifes
 
 from __future__ import annotations
 
+import base64
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -19,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.manifests.helpers import NAMESPACE, find, one, render_variant
+from tests.kubefake import FakeKube, fake_kube  # noqa: F401 - the fixture is used by name
+from tests.manifests.helpers import NAMESPACE, find, one, render_variant, rule_allows
+from webhook.admission import reviews
 from webhook.certs import pki
 
 pytestmark = pytest.mark.slow
@@ -46,7 +50,49 @@ def _get(port: int, path: str, context: ssl.SSLContext | None, server_name: str)
         connection.close()
 
 
-def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_path: Path) -> None:
+def _kubeconfig(path: Path, server: str) -> Path:
+    """What the pod's mounted token gives ``--resolve-claims`` in the cluster: the API server's address."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+        "clusters": [{"name": "in-cluster", "cluster": {"server": server}}],
+        "users": [{"name": "gpugate-webhook", "user": {"token": "service-account-token"}}],
+        "contexts": [{"name": "pod", "context": {"cluster": "in-cluster", "user": "gpugate-webhook"}}]}))
+    return path
+
+
+CLAIM_ONLY_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer", "namespace": "team-a"},
+                  "spec": {"containers": [{"name": "main", "image": "registry.example/app:1",
+                                           "resources": {"claims": [{"name": "gpus"}]}}],
+                           "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]}}
+TWO_GPUS = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two-gpus", "namespace": "team-a"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}}}
+
+
+def _review(port: int, path: str, context: ssl.SSLContext, server_name: str, pod: dict) -> list[dict]:
+    """POST an AdmissionReview for ``pod`` as the API server does; the JSON patch of the answer."""
+    connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
+    connection.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), 10),
+                                          server_hostname=server_name)
+    try:
+        connection.request("POST", path, body=json.dumps(reviews.wrap_pod(pod, uid="u-1")),
+                           headers={"Content-Type": "application/json"})
+        response = json.loads(connection.getresponse().read())["response"]
+    finally:
+        connection.close()
+    assert response["allowed"] is True, response
+    return json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+
+
+def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_path: Path, fake_kube: FakeKube
+                                                                            ) -> None:
+    """... and, with the Deployment's --resolve-claims and the token its RBAC binds, a pod asking GPUs
+    only through a claim template is shaped (tolerations), every API call it made being one the
+    rendered RBAC grants."""
+    fake_kube.register("resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates", namespaced=True)
+    fake_kube.register("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", namespaced=True)
+    fake_kube.put(TWO_GPUS)
     objs = render_variant("webhook")
     deployment = one(objs, "Deployment", "gpugate-webhook")
     pod = deployment["spec"]["template"]["spec"]
@@ -94,6 +140,8 @@ def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_
             value = local_path(value)
         args.append(f"{flag}={value}" if value else flag)
     env = {**os.environ, **{e["name"]: local_path(e["value"]) for e in container.get("env", []) if "value" in e}}
+    if pod.get("automountServiceAccountToken"):
+        env["KUBECONFIG"] = str(_kubeconfig(tmp_path / "kubeconfig.json", fake_kube.url))
     log = (tmp_path / "serve.log").open("wb")  # a file, not a pipe: a full pipe would stall the server
     process = subprocess.Popen([sys.executable, "-m", "webhook.cli", "serve", *args], env=env,
                                stdout=log, stderr=subprocess.STDOUT)
@@ -118,6 +166,9 @@ def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_
         assert live_status == 200
         metrics_status, body = _get(metrics_port, "/metrics", None, name)
         assert metrics_status == 200 and b"gpugate_" in body
+        patch = _review(https_port, "/mutate", context, name, CLAIM_ONLY_POD)
+        tolerations = [op["value"] for op in patch if op["path"] == "/spec/tolerations"]
+        assert tolerations == [[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]], patch
     finally:
         process.terminate()
         try:
@@ -126,3 +177,12 @@ def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_
             process.kill()
             process.wait()
         log.close()
+    rules = [rule for role in find(objs, "ClusterRole") for rule in role["rules"]
+             if any(b["roleRef"]["name"] == role["metadata"]["name"] and b["subjects"][0]["name"] == "gpugate-webhook"
+                    for b in find(objs, "ClusterRoleBinding"))]
+    made = [(r.method, r.path) for r in fake_kube.requests]
+    assert ("GET", "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates/two-gpus") in made
+    for method, path in made:
+        *_, resource, name = path.strip("/").split("/")
+        assert method == "GET" and rule_allows(rules, verb="get", group="resource.k8s.io", resource=resource,
+                                               name=name), f"{method} {path} is not granted to gpugate-webhook"
