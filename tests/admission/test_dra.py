@@ -199,6 +199,64 @@ def test_claims_not_read_get_no_default_gpu_and_a_gpus_label_adds_nothing_to_a_c
     assert "limits" not in labelled.desired["spec"]["containers"][0]["resources"]
 
 
+def scheduler_made(count: int = 6, **changes: Any) -> dict[str, Any]:
+    """The claim kube-scheduler v1.36 creates for a pod's mapped nvidia.com/gpu (as seen on the e2e plane)."""
+    claim = {"apiVersion": claims.API_VERSION, "kind": claims.CLAIM_KIND,
+             "metadata": {"generateName": "mapped-extended-resources-",
+                          "annotations": {claims.EXTENDED_RESOURCE_CLAIM_ANNOTATION: "true"},
+                          "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "mapped", "uid": "u-1",
+                                               "controller": True}]},
+             "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
+                 "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}}]}}}
+    for path, value in changes.items():
+        target = claim
+        *parents, last = path.split(".")
+        for key in parents:
+            target = target[key] if not key.isdigit() else target[int(key)]  # type: ignore[index]
+        target[last] = value
+    return claim
+
+
+def test_a_claim_kube_scheduler_made_for_a_pods_extended_resources_is_judged_by_its_pod() -> None:
+    """Over training's max per claim and with no product selector, yet allowed and left as it is: the
+    pod's nvidia.com/gpu was judged when it was admitted, and kube-scheduler allocated it already."""
+    document = scheduler_made(count=9)
+    assert claims.parse(document).scheduler_made
+    assert dra.mutate_claim(document, namespace="ml-team", policies=POLICIES).patch == ()
+    assert dra.validate_claim(document, namespace="ml-team", policies=POLICIES).allowed
+    assert dra.validate_claim(document, namespace="web-a", policies=POLICIES).allowed  # its pod was judged there
+
+
+@pytest.mark.parametrize("changes", [
+    {"metadata.annotations": {}},
+    {"metadata.ownerReferences": []},
+    {"metadata.ownerReferences.0.kind": "Job"},
+    {"metadata.ownerReferences.0.controller": False},
+    {"spec.devices.requests.0.name": "gpu"},
+    {"spec.devices.requests.0.exactly.selectors": [{"cel": {"expression": "true"}}]},
+    {"spec.devices.requests.0.exactly.adminAccess": True},
+    {"spec.devices.requests.0.exactly.allocationMode": "All"},
+    {"spec.devices.config": []},
+    {"kind": claims.TEMPLATE_KIND},
+], ids=lambda c: next(iter(c)))
+def test_a_claim_of_any_other_shape_is_judged_on_its_own(changes: dict[str, Any]) -> None:
+    document = scheduler_made(count=9, **changes)
+    if document["kind"] == claims.TEMPLATE_KIND:
+        document["spec"] = {"spec": document["spec"]}
+    assert not claims.parse(document).scheduler_made
+    assert not dra.validate_claim(document, namespace="ml-team", policies=POLICIES).allowed
+
+
+def test_a_pod_may_not_reference_a_claim_kube_scheduler_made_for_another() -> None:
+    p = pod(container("borrower"))
+    p["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimName": "mapped-extended-resources-x"}]
+    made = claims.parse({**scheduler_made(), "metadata": {**scheduler_made()["metadata"],
+                                                          "name": "mapped-extended-resources-x"}})
+    result = dra.validate_pod_claims(p, namespace="ml-team", policies=POLICIES,
+                                     resolved={("ResourceClaim", "mapped-extended-resources-x"): made})
+    assert not result.allowed and "made by kube-scheduler for another pod's extended resources" in result.message
+
+
 # --- properties: the pod rules hold for claims ---------------------------------------------------
 
 CLASSES = ["gpu.nvidia.com", "mig.nvidia.com", "nic.example.com"]

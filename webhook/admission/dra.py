@@ -95,6 +95,8 @@ def mutate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> Mut
     ask = claims.parse(document)
     if not any(a.device_class in governed for a in ask.asks()) or pods.is_skipped(_subject(document)):
         return Mutation(desired=document, patch=(), policy=None)  # gpugate.io/skip opts out of shaping only
+    if ask.scheduler_made:
+        return Mutation(desired=document, patch=(), policy=None)  # allocated already: see validate_claim
     policy = select(policies, document, namespace=namespace)
     if policy is None:
         return Mutation(desired=document, patch=(), policy=None)
@@ -130,6 +132,12 @@ def validate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> V
     governed = governed_classes(policies)
     ask = claims.parse(document)
     if not any(a.device_class in governed for a in ask.asks()):
+        return Verdict(allowed=True)
+    if ask.scheduler_made:
+        # kube-scheduler made it for a pod's nvidia.com/gpu (extended-resource mapping) and allocated it
+        # already: the pod's request was judged when the pod was admitted (max per pod, deny rules,
+        # products as node affinity). Judged alone it would match by its labels (it has none) another
+        # policy than its pod did, and a refusal fails the pod's binding for ever (tests/e2e).
         return Verdict(allowed=True)
     subject = _subject(document)
     where = _describe(document, namespace)
@@ -211,6 +219,13 @@ def validate_pod_claims(pod: pods.Pod, *, namespace: str, policies: PolicySet, r
     if not held:
         return Verdict(allowed=True)
     where = f"pod '{pods.display_name(pod)}' in namespace '{namespace}'"
+    borrowed = [ref for ref in refs if ref.key is not None and ref.key in resolved and resolved[ref.key].scheduler_made]
+    if borrowed:
+        names_ = ", ".join(f"'{ref.name}' ({ref.key[1] if ref.key else ''})" for ref in borrowed)
+        return Verdict(allowed=False, reasons=(
+            f"{where} references the ResourceClaim {names_} made by kube-scheduler for another pod's extended "
+            f"resources; only that pod may use it. Ask for nvidia.com/gpu in the pod's resources, or reference a "
+            f"claim or template of your own",))
     through = "; ".join(f"claim '{ref.name}' ({ask.kind} {ask.name}) asks up to {ask.most_devices(governed)}"
                         for ref, ask in held)
     denials: list[str] = []

@@ -16,6 +16,7 @@ what gpugate reads of it, and :func:`render_request` writes one back in the same
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,6 +34,11 @@ API_VERSION = "resource.k8s.io/v1"
 AllocationMode = Literal["ExactCount", "All"]
 EXACT_COUNT: AllocationMode = "ExactCount"
 ALL: AllocationMode = "All"
+
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+"""Set to "true" on the claim kube-scheduler makes for a pod's extended resources that a DRA
+DeviceClass serves (``extendedResourceName``): k8s.io/api/resource/v1 ``ExtendedResourceClaimAnnotation``."""
+_SCHEDULER_REQUEST = re.compile(r"^container-[0-9]+-request-[0-9]+$")
 
 NVIDIA_DEVICE_CLASSES: tuple[str, ...] = (names.DRA_GPU_CLASS, names.DRA_MIG_CLASS)
 """The DeviceClasses the NVIDIA DRA driver's chart installs (deployments/helm/dra-driver-nvidia-gpu/
@@ -93,6 +99,8 @@ class ClaimAsk:
     name: str
     """``metadata.name`` (or ``generateName``), for messages."""
     requests: tuple[ClaimRequest, ...] = ()
+    scheduler_made: bool = False
+    """kube-scheduler made it for a pod's extended resources (:func:`is_scheduler_made`)."""
 
     def asks(self) -> tuple[DeviceAsk, ...]:
         return tuple(a for r in self.requests for a in r.alternatives)
@@ -165,7 +173,46 @@ def parse(document: Claim) -> ClaimAsk:
     """The typed asks of a ResourceClaim or ResourceClaimTemplate; ClaimError names a malformed field."""
     requests = tuple(parse_request(raw, f"spec.devices.requests[{i}]")
                      for i, raw in enumerate(requests_list(claim_spec(document))))
-    return ClaimAsk(kind=str(document.get("kind")), name=display_name(document), requests=requests)
+    return ClaimAsk(kind=str(document.get("kind")), name=display_name(document), requests=requests,
+                    scheduler_made=is_scheduler_made(document, requests))
+
+
+def is_scheduler_made(document: Mapping[str, Any], requests: tuple[ClaimRequest, ...] | None = None) -> bool:
+    """The claim kube-scheduler makes for a pod whose extended resources a DRA DeviceClass serves.
+
+    kube-scheduler v1.36 (pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go,
+    ``preFilterExtendedResources`` and ``createRequestsAndMappings``; created in PreBind by
+    ``createExtendedResourceClaimInAPI``, dynamicresources.go ``bindClaim``) writes exactly: the
+    annotation ``resource.kubernetes.io/extended-resource-claim: "true"``, one owner reference to
+    the pod (``controller: true``), and requests named ``container-<i>-request-<j>``, each an
+    ``exactly`` of one class with ExactCount and a count, nothing else (no selectors, capacity,
+    admin access, constraints or config). It allocates the claim before it creates it, so the
+    claim's admission can only accept it as it is or make the pod's binding fail, again and again.
+    A claim of any other shape (one a user wrote) is not this.
+    """
+    if document.get("kind") != CLAIM_KIND:
+        return False
+    found = document.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+    annotations: dict[str, Any] = meta["annotations"] if isinstance(meta.get("annotations"), dict) else {}
+    owners: list[Any] = meta["ownerReferences"] if isinstance(meta.get("ownerReferences"), list) else []
+    if annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) != "true" or len(owners) != 1:
+        return False
+    owner = owners[0]
+    if not isinstance(owner, dict) or (owner.get("apiVersion"), owner.get("kind"), owner.get("controller")) != (
+            "v1", "Pod", True):
+        return False
+    spec = claim_spec(dict(document))
+    devices: dict[str, Any] = spec["devices"] if isinstance(spec.get("devices"), dict) else {}
+    if set(spec) - {"devices"} or set(devices) - {"requests"}:
+        return False
+    raw = requests_list(spec)
+    if not raw or any(not isinstance(r, dict) or set(r) != {"name", "exactly"} or not isinstance(r["exactly"], dict)
+                      or set(r["exactly"]) - {"deviceClassName", "allocationMode", "count"} for r in raw):
+        return False
+    parsed = requests if requests is not None else tuple(parse_request(r, "request") for r in raw)
+    return all(_SCHEDULER_REQUEST.match(r.name) and r.exactly is not None
+               and r.exactly.allocation_mode == EXACT_COUNT for r in parsed)
 
 
 def parse_request(raw: Any, where: str) -> ClaimRequest:
