@@ -12,7 +12,8 @@ What is proven, each claim failing if the behaviour broke:
 
 1. the API server serves ``resource.k8s.io/v1`` without any flag (1.36: GA, on by default);
 2. a ResourceClaimTemplate asking GPUs in a web namespace is refused with the policy's message;
-3. a pod in an ML namespace over ``max`` through the claim templates it references is refused;
+3. a pod in an ML namespace over ``max`` through the claim templates it references is refused, and
+   within it, a pod asking GPUs only through a template gets its policy's tolerations and pack terms;
 4. ``allocationMode: All`` is refused;
 5. an allowed template is stored with the policy's CEL selectors (the API server compiles them:
    ``replace``, ``lowerAscii``, ``quantity`` and ``compareTo`` are in its DRA CEL environment), and
@@ -258,7 +259,14 @@ def test_a_pod_over_max_through_its_claim_templates_is_refused(
     # One template's worth fits: the same pod with one claim is stored.
     pod["spec"]["resourceClaims"] = pod["spec"]["resourceClaims"][:1]
     pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "a"}]
-    core.create_namespaced_pod(ml, pod, dry_run="All")
+    stored = core.create_namespaced_pod(ml, pod, dry_run="All")
+    # ... shaped as a GPU pod by the mutating endpoint, which read the template as the webhook's account:
+    # training's tolerations and its pack terms for six GPUs (gpu-free below 7, 8, 10, 14).
+    tolerations = [(t.key, t.operator, t.effect) for t in stored.spec.tolerations or []]
+    assert ("nvidia.com/gpu", "Exists", "NoSchedule") in tolerations
+    preferred = stored.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
+    assert [t.preference.match_expressions[0].values for t in preferred][:4] == [["7"], ["8"], ["10"], ["14"]]
+    assert not any((c.resources.limits or {}).get("nvidia.com/gpu") for c in stored.spec.containers)
 
 
 def test_allocation_mode_all_is_refused(local: Cluster, registered: Registration, namespaces: Namespaces) -> None:
