@@ -29,7 +29,7 @@ from webhook.kube.claims import Claim, ClaimAsk, DeviceAsk
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
 
-Resolved = Mapping[tuple[str, str], ClaimAsk]
+Resolved = kube_demand.Resolved
 """(kind, name) -> what that claim or template asks: the objects a pod references that the
 caller could read (from the same file, or the API); a reference not in it is not counted."""
 
