@@ -344,9 +344,11 @@ class AdmissionWorker(ThreadWorker):
             self._read(conn)
 
     def _watch(self, conn: Conn, events: int) -> None:
-        try:
+        # Registered or not is looked up, not found out from modify's KeyError: its message formats
+        # the socket's repr, a getsockname and getpeername per request (issue 28).
+        if conn.sock.fileno() in self.poller.get_map():
             self.poller.modify(conn.sock, events, _ConnCallback(self, conn))
-        except KeyError:
+        else:
             self.poller.register(conn.sock, events, _ConnCallback(self, conn))
 
     def _unwatch(self, conn: Conn) -> None:
@@ -453,7 +455,7 @@ class AdmissionWorker(ThreadWorker):
             req = next(conn.parser)
             if not req:
                 return False
-            return bool(self._keepalive_after(conn, self.handle_request(req, conn)))
+            return bool(self._keepalive_after(conn, self._answer_in_one_write(req, conn)))
         except (NoMoreData, StopIteration):
             return False
         except ssl.SSLError as err:
@@ -464,6 +466,22 @@ class AdmissionWorker(ThreadWorker):
         except Exception as err:  # gunicorn's parser refused the request: it answers 400 itself
             self.handle_error(req, conn.sock, conn.client, err)
         return False
+
+    def _answer_in_one_write(self, req: Any, conn: Conn) -> bool:
+        """gunicorn's handle_request, with the whole answer sent in one write (one TLS record).
+
+        gunicorn writes the status line and headers, then the body, each with its own ``sendall``:
+        two TLS records, two wake-ups of the client (which reads the headers, then waits again for
+        the body), and two trips through the kernel's loopback or network path per answer (issue 28).
+        """
+        real = conn.sock
+        buffered = _AnswerBuffer(real)
+        conn.sock = buffered
+        try:
+            return bool(self.handle_request(req, conn))
+        finally:
+            conn.sock = real
+            buffered.flush()
 
     def finish_request(self, conn: Conn, fs: Any) -> None:  # back on the loop
         try:
@@ -629,6 +647,31 @@ class AdmissionWorker(ThreadWorker):
                     break
                 if self.nr_conns == before:
                     break
+
+
+class _AnswerBuffer:
+    """Stands in for a connection's socket while gunicorn writes an answer: writes are kept, then
+    sent together by ``flush``. Everything else goes to the real socket."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._parts: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self._parts.append(bytes(data))
+
+    def send(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        """Send what was written, in one ``sendall`` (the socket's timeout bounds it)."""
+        if self._parts:
+            data, self._parts = b"".join(self._parts), []
+            self._sock.sendall(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 class _ConnCallback:
