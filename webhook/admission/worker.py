@@ -324,6 +324,7 @@ class AdmissionWorker(ThreadWorker):
             sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False,
                                        suppress_ragged_eofs=True)
         conn = Conn(self.cfg, sock, client, listener.getsockname())
+        metrics.CONNECTIONS.inc()
         self.nr_conns += 1
         self.conns.add(conn)
         self._publish()
