@@ -180,6 +180,25 @@ def test_an_answer_is_one_tls_record(live: Server) -> None:
             assert json.loads(body)["response"]["allowed"] is True
 
 
+def test_back_to_back_requests_race_the_loop_and_all_get_answered(live: Server) -> None:
+    """The thread that answers puts the socket back in the poller itself (issue 28), so the next
+    request can reach the loop before the loop has heard the last one was answered. Single and
+    pipelined requests, sent the moment each answer is read, must all be answered, in order."""
+    payload = json.dumps(review_of(example_pod())).encode()
+    one = (b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+    answered = 0
+    with tls_socket(live) as sock:
+        for i in range(150):
+            count = 2 if i % 10 == 9 else 1
+            sock.sendall(one * count)
+            for _ in range(count):
+                status, body = read_response(sock)
+                assert status == 200 and json.loads(body)["response"]["allowed"] is True
+                answered += 1
+    assert answered == 165
+
+
 def test_sixteen_kept_alive_connections_spread_over_both_workers(tmp_path: Path) -> None:
     """The API server keeps its connections; with one shared socket most of them went to one worker."""
     srv = Server(tmp_path, policies=copy_policies(tmp_path / "policies")).start()

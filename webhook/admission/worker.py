@@ -193,6 +193,8 @@ class Conn(TConn):
         self.last_activity = time.monotonic()
         self.events = 0
         self.generation = 0   # bumped whenever the deadline changes, so stale heap entries are skipped
+        self.request_id = 0   # bumped for each request handed to a thread
+        self.rearmed = False  # the thread that answered has put the socket back in the poller
 
 
 class AdmissionWorker(ThreadWorker):
@@ -339,6 +341,10 @@ class AdmissionWorker(ThreadWorker):
 
     # --- per-connection state machine --------------------------------------------------------
     def on_event(self, conn: Conn) -> None:
+        if conn.phase is Phase.BUSY:
+            if not conn.rearmed:
+                return
+            self._resume(conn)  # the next request came before the loop heard the last one was answered
         if conn.phase is Phase.HANDSHAKE:
             self._handshake(conn)
         elif conn.phase in (Phase.READING, Phase.IDLE, Phase.DISCARDING, Phase.CLOSING):
@@ -446,7 +452,14 @@ class AdmissionWorker(ThreadWorker):
         conn.phase = Phase.BUSY
         conn.continue_sent = False
         conn.parser = http.get_parser(self.cfg, iter([data]), conn.client)
+        conn.request_id += 1
+        conn.rearmed = False
         self.enqueue_req(conn)
+
+    def enqueue_req(self, conn: Conn) -> None:
+        request_id = conn.request_id
+        done = self.tpool.submit(self.handle, conn)
+        done.add_done_callback(lambda fs: self.method_queue.defer(self.finish_request, conn, fs, request_id))
 
     def handle(self, conn: Conn) -> bool:  # runs in a pool thread
         req = None
@@ -456,7 +469,10 @@ class AdmissionWorker(ThreadWorker):
             req = next(conn.parser)
             if not req:
                 return False
-            return bool(self._keepalive_after(conn, self._answer_in_one_write(req, conn)))
+            keep = bool(self._keepalive_after(conn, self._answer_in_one_write(req, conn)))
+            if keep and not conn.buffer:
+                self._rearm(conn)
+            return keep
         except (NoMoreData, StopIteration):
             return False
         except ssl.SSLError as err:
@@ -484,25 +500,54 @@ class AdmissionWorker(ThreadWorker):
             conn.sock = real
             buffered.flush()
 
-    def finish_request(self, conn: Conn, fs: Any) -> None:  # back on the loop
+    def _rearm(self, conn: Conn) -> None:  # runs in the pool thread, after the answer is sent
+        """Put the answered connection back in the poller from the thread that answered it.
+
+        Left to the loop, the socket was watched again only once the loop had woken up for the
+        finished request: on a busy machine the API server's next call (validate right after mutate,
+        on the same kept-alive connection) waited for that wake-up too (issue 28). The thread no
+        longer touches the socket; the loop's own bookkeeping (``_resume``) runs on whichever comes
+        first, the next request's bytes or the finished-request callback.
+        """
+        try:
+            conn.sock.setblocking(False)
+            conn.rearmed = True
+            self.poller.register(conn.sock, selectors.EVENT_READ, _ConnCallback(self, conn))
+        except (OSError, KeyError, ValueError):
+            conn.rearmed = False  # the loop's finish_request watches it as before
+
+    def _resume(self, conn: Conn) -> None:
+        """A connection whose answer went out waits for its next request (loop bookkeeping)."""
+        conn.rearmed = False
+        conn.phase = Phase.IDLE
+        conn.last_activity = time.monotonic()
+        self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
+
+    def finish_request(self, conn: Conn, fs: Any, request_id: int | None = None) -> None:  # back on the loop
         try:
             keep = bool(fs.result()) and not fs.cancelled()
         except Exception:
             keep = False
         if conn not in self.conns:
             return
+        if request_id is not None and (request_id != conn.request_id or conn.phase is not Phase.BUSY):
+            return  # the next request's bytes came first and resumed the connection already
         if not keep:
+            if conn.rearmed:
+                self._unwatch(conn)
+                conn.rearmed = False
             self._close_gracefully(conn)
             return
-        try:
-            conn.sock.setblocking(False)
-        except OSError:
-            self._close(conn)
-            return
-        conn.phase = Phase.IDLE
-        conn.last_activity = time.monotonic()
-        self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
-        self._watch(conn, selectors.EVENT_READ)
+        if conn.rearmed:
+            self._resume(conn)
+        else:
+            try:
+                conn.sock.setblocking(False)
+            except OSError:
+                self._close(conn)
+                return
+            self._resume(conn)
+            self._watch(conn, selectors.EVENT_READ)
         if conn.buffer:  # the client sent its next request behind the last one
             conn.phase = Phase.READING
             self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
