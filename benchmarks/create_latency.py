@@ -364,12 +364,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of null and gpugate")
     parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
+    parser.add_argument("--floor", type=Path, metavar="BINARY",
+                        help="the floor webhook binary to run (default: the cached build, built on first use)")
     args = parser.parse_args()
     arm_names = (*ARMS, "before") if args.before else ARMS
     found = binaries.paths()
     if found is None:
         raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
-    floor = binaries.own_program(binaries.FLOOR_WEBHOOK)
+    floor = args.floor or binaries.own_program(binaries.FLOOR_WEBHOOK)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="create-latency-")))
         print("starting the control plane ...", flush=True)
