@@ -18,8 +18,10 @@ revision (a temporary worktree).
 
 How the arms are kept comparable on a shared machine whose load swings (issue 28): serial creates
 are interleaved, one create per arm in turn (none, go, null, gpugate, none, ...), so a slow spell
-falls on every arm alike; the parallel phase (``--parallel`` creators on their own clients) runs
-one arm at a time, in blocks of ``--pods`` creates, the order rotated each round. An arm's *added*
+falls on every arm alike; in the parallel phase each of the ``--parallel`` creators (each on its own
+client) moves to the next arm after each create, so the creators are spread over the arms at every
+moment; an arm's create rate is then the creators' count over its mean create time (Little's law
+for closed-loop creators). An arm's *added*
 latency at p50 or p99 is its percentile minus ``none``'s percentile over the same rounds. Its
 noise is shown as a 90% bootstrap interval: the serial interleaving steps (one create of every arm)
 are resampled whole, the parallel creates per arm. A ratio to the Go floor is *decided* when its
@@ -85,10 +87,8 @@ class Arm:
     port: int | None = None
     serial: list[float] | None = None
     parallel: list[float] | None = None
-    parallel_seconds: float = 0.0
     pid: int | None = None
     server_cpu: float = 0.0   # CPU seconds of the webhook server (all its processes) over the rounds
-    plane_cpu: float = 0.0    # CPU seconds of kube-apiserver and etcd over the arm's parallel phases
     pods: int = 0
 
     def __post_init__(self) -> None:
@@ -211,19 +211,27 @@ def serial_interleaved(core: client.CoreV1Api, arms: list[Arm], count: int, tag:
             arm.serial.append(create_one(core, arm.namespace, f"s-{tag}-{i}"))
 
 
-def parallel(cores: list[client.CoreV1Api], arm: Arm, count: int, tag: str) -> tuple[list[float], float]:
-    """``len(cores)`` creators, each on its own client (its own connections), ``count`` pods in all."""
-    per = [count // len(cores) + (1 if i < count % len(cores) else 0) for i in range(len(cores))]
-    barrier = threading.Barrier(len(cores))
+def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: int, tag: str) -> None:
+    """``len(cores)`` creators, each on its own client (its own connections), ``count`` pods per arm
+    in all; creator i's j-th create goes to arm (i + j) mod arms, so at every moment the creators
+    are spread over the arms and every arm meets the same spells of load."""
+    creators = len(cores)
+    steps = count * len(arms)
+    per = [steps // creators + (1 if i < steps % creators else 0) for i in range(creators)]
+    barrier = threading.Barrier(creators)
+    lock = threading.Lock()
 
-    def creator(index: int) -> list[float]:
+    def creator(index: int) -> None:
         barrier.wait()
-        return [create_one(cores[index], arm.namespace, f"p-{tag}-{index}-{i}") for i in range(per[index])]
+        for j in range(per[index]):
+            arm = arms[(index + j) % len(arms)]
+            took = create_one(cores[index], arm.namespace, f"p-{tag}-{index}-{j}")
+            with lock:
+                assert arm.parallel is not None
+                arm.parallel.append(took)
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(len(cores)) as pool:
-        found = list(pool.map(creator, range(len(cores))))
-    return [t for times in found for t in times], time.perf_counter() - started
+    with ThreadPoolExecutor(creators) as pool:
+        list(pool.map(creator, range(creators)))
 
 
 def clear(core: client.CoreV1Api, namespace: str) -> None:
@@ -319,10 +327,13 @@ def report(arms: dict[str, Arm], parallel_count: int, notes: list[str]) -> None:
     assert base.serial is not None and base.parallel is not None
     print(f"\n{'arm':<9}{'serial p50':>11}{'p99':>8}{'+p50':>7}{'+p99':>7}   "
           f"{parallel_count} creators: {'p50':>6}{'p99':>8}{'/s':>7}{'+p50':>7}{'+p99':>7}{'rate/none':>10}")
+    print(f"(creates/s with {parallel_count} creators: {parallel_count} / the arm's mean create time, Little's law "
+          "for closed-loop creators; the creators' creates are interleaved over the arms)")
     rates: dict[str, float] = {}
     for name, arm in arms.items():
         assert arm.serial is not None and arm.parallel is not None
-        rates[name] = len(arm.parallel) / arm.parallel_seconds
+        # Closed-loop creators (Little's law): the rate N creators reach is N / the mean create time.
+        rates[name] = parallel_count / (sum(arm.parallel) / len(arm.parallel))
         a = added(arms, name)
         print(f"{name:<9}{pct(arm.serial, 0.5):>9.1f}ms{pct(arm.serial, 0.99):>6.1f}ms{a[0]:>7.1f}{a[1]:>7.1f}   "
               f"{'':>12}{pct(arm.parallel, 0.5):>6.1f}{pct(arm.parallel, 0.99):>8.1f}{rates[name]:>7.0f}"
@@ -348,11 +359,9 @@ def report(arms: dict[str, Arm], parallel_count: int, notes: list[str]) -> None:
         rate = rates["gpugate"] / rates["go"]
         print(f"  {'create rate':<15}{rate:>6.2f}x  ({parallel_count} creators)  "
               f"{'met' if rate >= GOAL_RATE else 'MISSED'}")
-    print("\nCPU per pod created (serial and parallel phases), ms:")
-    print(f"{'arm':<9}{'webhook server':>15}{'apiserver+etcd':>16}  (the latter: parallel phase only)")
+    print("\nCPU of each webhook server per pod created (serial and parallel phases), ms:")
     for name, arm in arms.items():
-        per = 1000 / max(arm.pods, 1)
-        print(f"{name:<9}{arm.server_cpu * per:>15.2f}{arm.plane_cpu * per:>16.2f}")
+        print(f"{name:<9}{arm.server_cpu * 1000 / max(arm.pods, 1):>8.2f}")
     for note in notes:
         print(note)
 
@@ -433,25 +442,21 @@ def main() -> int:
         counts_before = {arm.name: gunicorn_counts(arm, certs.ca) for arm in order
                          if arm.name in ("null", "gpugate", "before")}
         server_before = {arm.name: tree_cpu(arm.pid) for arm in order}
+        plane_before = sum(map(tree_cpu, plane_pids))
         for round_ in range(args.rounds):
             serial_interleaved(core, order, args.pods, f"{round_}")
             for arm in order:
                 clear(core, arm.namespace)
+            parallel_interleaved(cores, order, args.pods, f"{round_}")
             for current in order:
-                assert current.parallel is not None
-                plane_before = sum(map(tree_cpu, plane_pids))
-                times, seconds = parallel(cores, current, args.pods, f"{round_}")
-                current.plane_cpu += sum(map(tree_cpu, plane_pids)) - plane_before
-                current.parallel += times
-                current.parallel_seconds += seconds
                 clear(core, current.namespace)
-            for current in order:
                 current.pods += 2 * args.pods
-            print(f"round {round_ + 1}/{args.rounds} done (parallel order {', '.join(a.name for a in order)})",
+            print(f"round {round_ + 1}/{args.rounds} done (serial order {', '.join(a.name for a in order)})",
                   flush=True)
             order = order[1:] + order[:1]
         for arm in order:
             arm.server_cpu = tree_cpu(arm.pid) - server_before[arm.name]
+        plane_cpu = sum(map(tree_cpu, plane_pids)) - plane_before
         go_after = go_stats(arms["go"], certs.ca)
         notes = [f"\nhow the API server called each server (during the rounds): go: "
                  f"{go_after['connections'] - go_before['connections']} connections opened, requests "
@@ -461,6 +466,8 @@ def main() -> int:
             after_connections, after_reviews = gunicorn_counts(arms[name], certs.ca)
             notes.append(f"{name}: {after_connections - connections:.0f} connections accepted for "
                          f"{after_reviews - reviews:.0f} reviews (HTTP/1.1)")
+        notes.append(f"kube-apiserver + etcd: {1000 * plane_cpu / sum(a.pods for a in arms.values()):.2f} ms "
+                     "of CPU per pod created, all arms together")
         report(arms, args.parallel, notes)
     return 0
 
