@@ -13,14 +13,21 @@ Every webhook arm registers the Mutating- and ValidatingWebhookConfiguration exa
 ``kubectl kustomize manifests/webhook`` renders them, with ``clientConfig`` pointed at the arm's
 server by url and the namespaceSelector narrowed to the arm's namespace, so the API server makes
 the same two calls per pod for each. Pods: a GPU pod with one gpugate label (``gpugate.io/gpus``)
-in an ``ml-*`` namespace. Each round runs every arm, serial creates then ``--parallel`` creators,
-in a rotated order; the pods are deleted between phases. ``--before REV`` adds a fifth arm,
-``before``: gpugate at an older git revision (a temporary worktree), in the same rounds. Prints
-p50/p99 per create and creates/s per arm, the latency each webhook adds over ``none``, gpugate's
-ratios to the Go floor, the CPU per pod of each server and of kube-apiserver + etcd, and how the
-API server talked to each server (connections opened, HTTP/2 or HTTP/1.1).
+in an ``ml-*`` namespace. ``--before REV`` adds a fifth arm, ``before``: gpugate at an older git
+revision (a temporary worktree).
 
-    python benchmarks/create_latency.py [--pods 150] [--parallel 8] [--rounds 3] [--before REV]
+How the arms are kept comparable on a shared machine whose load swings (issue 28): serial creates
+are interleaved, one create per arm in turn (none, go, null, gpugate, none, ...), so a slow spell
+falls on every arm alike; in the parallel phase each of the ``--parallel`` creators (each on its own
+client) moves to the next arm after each create, so the creators are spread over the arms at every
+moment; an arm's create rate is then the creators' count over its mean create time (Little's law
+for closed-loop creators). An arm's *added*
+latency at p50 or p99 is its percentile minus ``none``'s percentile over the same rounds. Its
+noise is shown as a 90% bootstrap interval: the serial interleaving steps (one create of every arm)
+are resampled whole, the parallel creates per arm. A ratio to the Go floor is *decided* when its
+whole interval lies on one side of the goal; otherwise it is printed as "within noise".
+
+    python benchmarks/create_latency.py [--pods 150] [--parallel 8] [--rounds 4] [--before REV]
     python benchmarks/create_latency.py --pods 6 --rounds 1      # shortest
 """
 
@@ -30,6 +37,8 @@ import argparse
 import copy
 import json
 import os
+import random
+import re
 import ssl
 import subprocess
 import sys
@@ -78,10 +87,8 @@ class Arm:
     port: int | None = None
     serial: list[float] | None = None
     parallel: list[float] | None = None
-    parallel_seconds: float = 0.0
     pid: int | None = None
     server_cpu: float = 0.0   # CPU seconds of the webhook server (all its processes) over the rounds
-    plane_cpu: float = 0.0    # CPU seconds of kube-apiserver and etcd over the rounds
     pods: int = 0
 
     def __post_init__(self) -> None:
@@ -146,11 +153,16 @@ def go_stats(arm: Arm, ca: Path) -> dict[str, int]:
         return dict(json.loads(answer.read()))
 
 
-def established(port: int) -> int:
-    """TCP connections established to ``port`` on loopback now (the API server's, plus ours if any)."""
-    done = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"], capture_output=True,
-                          text=True, check=False)
-    return len([line for line in done.stdout.splitlines() if line.strip()])
+def gunicorn_counts(arm: Arm, ca: Path) -> tuple[float, float]:
+    """TLS connections accepted and reviews answered so far by a gunicorn arm, from its /metrics
+    (an arm at a revision without the connections counter reports NaN)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with urllib.request.urlopen(f"{arm.base_url}/metrics", context=context, timeout=5) as answer:
+        text = answer.read().decode()
+    found = re.search(r"^gpugate_connections_accepted_total (\S+)$", text, re.MULTILINE)
+    reviews = sum(float(m.group(1)) for m in re.finditer(r"^gpugate_admissions_total\{.*\} (\S+)$", text, re.MULTILINE))
+    return (float(found.group(1)) if found else float("nan")), reviews
+
 
 
 # --- registration ----------------------------------------------------------------------------
@@ -190,23 +202,36 @@ def create_one(core: client.CoreV1Api, namespace: str, name: str) -> float:
     return time.perf_counter() - started
 
 
-def serial(core: client.CoreV1Api, arm: Arm, count: int, tag: str) -> list[float]:
-    return [create_one(core, arm.namespace, f"s-{tag}-{i}") for i in range(count)]
+def serial_interleaved(core: client.CoreV1Api, arms: list[Arm], count: int, tag: str) -> None:
+    """``count`` steps of one create per arm in turn: every arm meets the same spells of load, and
+    step i of one arm pairs with step i of the others (the bootstrap resamples whole steps)."""
+    for i in range(count):
+        for arm in arms:
+            assert arm.serial is not None
+            arm.serial.append(create_one(core, arm.namespace, f"s-{tag}-{i}"))
 
 
-def parallel(cores: list[client.CoreV1Api], arm: Arm, count: int, tag: str) -> tuple[list[float], float]:
-    """``len(cores)`` creators, each on its own client (its own connections), ``count`` pods in all."""
-    per = [count // len(cores) + (1 if i < count % len(cores) else 0) for i in range(len(cores))]
-    barrier = threading.Barrier(len(cores))
+def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: int, tag: str) -> None:
+    """``len(cores)`` creators, each on its own client (its own connections), ``count`` pods per arm
+    in all; creator i's j-th create goes to arm (i + j) mod arms, so at every moment the creators
+    are spread over the arms and every arm meets the same spells of load."""
+    creators = len(cores)
+    steps = count * len(arms)
+    per = [steps // creators + (1 if i < steps % creators else 0) for i in range(creators)]
+    barrier = threading.Barrier(creators)
+    lock = threading.Lock()
 
-    def creator(index: int) -> list[float]:
+    def creator(index: int) -> None:
         barrier.wait()
-        return [create_one(cores[index], arm.namespace, f"p-{tag}-{index}-{i}") for i in range(per[index])]
+        for j in range(per[index]):
+            arm = arms[(index + j) % len(arms)]
+            took = create_one(cores[index], arm.namespace, f"p-{tag}-{index}-{j}")
+            with lock:
+                assert arm.parallel is not None
+                arm.parallel.append(took)
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(len(cores)) as pool:
-        found = list(pool.map(creator, range(len(cores))))
-    return [t for times in found for t in times], time.perf_counter() - started
+    with ThreadPoolExecutor(creators) as pool:
+        list(pool.map(creator, range(creators)))
 
 
 def clear(core: client.CoreV1Api, namespace: str) -> None:
@@ -240,38 +265,103 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] * 1000
 
 
+RESAMPLES = 1000
+GOAL_LATENCY, GOAL_RATE = 1.5, 0.85
+MEASURES = ("serial +p50", "serial +p99", "parallel +p50", "parallel +p99")
+
+
+def added(arms: dict[str, Arm], name: str, serial_steps: list[int] | None = None,
+          parallel_pick: dict[str, list[int]] | None = None) -> tuple[float, float, float, float]:
+    """Added serial p50, p99 and parallel p50, p99 of arm ``name`` over ``none`` (ms), on the given
+    resample (step indices for serial, indices per arm for parallel) or on all creates."""
+    def serial_of(arm: Arm) -> list[float]:
+        assert arm.serial is not None
+        return arm.serial if serial_steps is None else [arm.serial[i] for i in serial_steps]
+
+    def parallel_of(arm: Arm) -> list[float]:
+        assert arm.parallel is not None
+        return arm.parallel if parallel_pick is None else [arm.parallel[i] for i in parallel_pick[arm.name]]
+
+    base, arm = arms["none"], arms[name]
+    s_base, s_arm, p_base, p_arm = serial_of(base), serial_of(arm), parallel_of(base), parallel_of(arm)
+    return (pct(s_arm, 0.5) - pct(s_base, 0.5), pct(s_arm, 0.99) - pct(s_base, 0.99),
+            pct(p_arm, 0.5) - pct(p_base, 0.5), pct(p_arm, 0.99) - pct(p_base, 0.99))
+
+
+def bootstrap(arms: dict[str, Arm], seed: int = 28) -> dict[str, list[tuple[float, float, float, float]]]:
+    """Each arm's added latencies on ``RESAMPLES`` resamples: serial steps drawn whole (paired
+    across arms), parallel creates drawn per arm."""
+    rng = random.Random(seed)
+    steps = len(arms["none"].serial or [])
+    out: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in arms if name != "none"}
+    for _ in range(RESAMPLES):
+        serial_steps = [rng.randrange(steps) for _ in range(steps)]
+        pick = {name: [rng.randrange(len(arm.parallel or [])) for _ in range(len(arm.parallel or []))]
+                for name, arm in arms.items()}
+        for name in out:
+            out[name].append(added(arms, name, serial_steps, pick))
+    return out
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """The 5th and 95th percentiles: a 90% interval."""
+    ordered = sorted(values)
+    return ordered[int(0.05 * (len(ordered) - 1))], ordered[int(0.95 * (len(ordered) - 1))]
+
+
+def ratio(mine: float, floor: float) -> float:
+    """gpugate's added latency over the floor's; the floor at or under 0 makes any positive cost infinite."""
+    if floor <= 0:
+        return float("inf") if mine > 0 else 0.0
+    return mine / floor
+
+
+def verdict(low: float, high: float, goal: float, *, at_most: bool) -> str:
+    if at_most:
+        return "met" if high <= goal else "MISSED" if low > goal else "within noise"
+    return "met" if low >= goal else "MISSED" if high < goal else "within noise"
+
+
 def report(arms: dict[str, Arm], parallel_count: int, notes: list[str]) -> None:
     base = arms["none"]
     assert base.serial is not None and base.parallel is not None
-    print(f"\n{'arm':<9}{'serial p50':>11}{'p99':>8}{'/s':>7}{'+p50':>7}{'+p99':>7}   "
+    print(f"\n{'arm':<9}{'serial p50':>11}{'p99':>8}{'+p50':>7}{'+p99':>7}   "
           f"{parallel_count} creators: {'p50':>6}{'p99':>8}{'/s':>7}{'+p50':>7}{'+p99':>7}{'rate/none':>10}")
+    print(f"(creates/s with {parallel_count} creators: {parallel_count} / the arm's mean create time, Little's law "
+          "for closed-loop creators; the creators' creates are interleaved over the arms)")
     rates: dict[str, float] = {}
-    added: dict[str, tuple[float, float, float, float]] = {}
     for name, arm in arms.items():
         assert arm.serial is not None and arm.parallel is not None
-        s50, s99 = pct(arm.serial, 0.5), pct(arm.serial, 0.99)
-        p50, p99 = pct(arm.parallel, 0.5), pct(arm.parallel, 0.99)
-        serial_rate = len(arm.serial) / sum(arm.serial)
-        rate = len(arm.parallel) / arm.parallel_seconds
-        rates[name] = rate
-        added[name] = (s50 - pct(base.serial, 0.5), s99 - pct(base.serial, 0.99),
-                       p50 - pct(base.parallel, 0.5), p99 - pct(base.parallel, 0.99))
-        a = added[name]
-        print(f"{name:<9}{s50:>9.1f}ms{s99:>6.1f}ms{serial_rate:>7.0f}{a[0]:>7.1f}{a[1]:>7.1f}   "
-              f"{'':>12}{p50:>6.1f}{p99:>8.1f}{rate:>7.0f}{a[2]:>7.1f}{a[3]:>7.1f}"
-              f"{rate / rates['none']:>10.2f}")
-    if "go" in added and "gpugate" in added:
-        go, gg = added["go"], added["gpugate"]
-        names = ("serial +p50", "serial +p99", "parallel +p50", "parallel +p99")
-        ratios = "  ".join(f"{n} {g / max(f, 0.05):.2f}x" for n, g, f in zip(names, gg, go, strict=True))
-        print(f"\ngpugate's added latency / the Go floor's (goal <= 1.5x): {ratios}")
-        print(f"gpugate's create rate / the Go floor's ({parallel_count} creators; goal >= 0.85): "
-              f"{rates['gpugate'] / rates['go']:.2f}")
-    print("\nCPU per pod created (serial and parallel phases), ms:")
-    print(f"{'arm':<9}{'webhook server':>15}{'apiserver+etcd':>16}")
+        # Closed-loop creators (Little's law): the rate N creators reach is N / the mean create time.
+        rates[name] = parallel_count / (sum(arm.parallel) / len(arm.parallel))
+        a = added(arms, name)
+        print(f"{name:<9}{pct(arm.serial, 0.5):>9.1f}ms{pct(arm.serial, 0.99):>6.1f}ms{a[0]:>7.1f}{a[1]:>7.1f}   "
+              f"{'':>12}{pct(arm.parallel, 0.5):>6.1f}{pct(arm.parallel, 0.99):>8.1f}{rates[name]:>7.0f}"
+              f"{a[2]:>7.1f}{a[3]:>7.1f}{rates[name] / rates['none']:>10.2f}")
+    print(f"\n{len(base.serial)} serial creates per arm (interleaved), {len(base.parallel)} parallel; "
+          f"added = the arm's percentile minus none's; [90% bootstrap interval, {RESAMPLES} resamples]")
+    samples = bootstrap(arms)
+    print(f"{'added, ms':<16}" + "".join(f"{name:>22}" for name in samples))
+    for index, measure in enumerate(MEASURES):
+        cells = []
+        for name in samples:
+            low, high = interval([sample[index] for sample in samples[name]])
+            cells.append(f"{added(arms, name)[index]:>6.1f} [{low:>5.1f}, {high:>5.1f}]")
+        print(f"{measure:<16}" + "".join(f"{cell:>22}" for cell in cells))
+    if "go" in arms and "gpugate" in arms:
+        print(f"\ngpugate / the Go floor (goal: added latency <= {GOAL_LATENCY}x, create rate >= {GOAL_RATE}x):")
+        go, gg = added(arms, "go"), added(arms, "gpugate")
+        for index, measure in enumerate(MEASURES):
+            ratios = [ratio(g[index], f[index]) for g, f in zip(samples["gpugate"], samples["go"], strict=True)]
+            low, high = interval(ratios)
+            print(f"  {measure:<15}{ratio(gg[index], go[index]):>6.2f}x  [{low:.2f}, {high:.2f}]  "
+                  f"{verdict(low, high, GOAL_LATENCY, at_most=True)}")
+        rate = rates["gpugate"] / rates["go"]
+        print(f"  {'create rate':<15}{rate:>6.2f}x  ({parallel_count} creators)  "
+              f"{'met' if rate >= GOAL_RATE else 'MISSED'}")
+    print("\nCPU of each webhook server per pod created (serial and parallel phases), ms:")
     for name, arm in arms.items():
-        per = 1000 / max(arm.pods, 1)
-        print(f"{name:<9}{arm.server_cpu * per:>15.2f}{arm.plane_cpu * per:>16.2f}")
+        print(f"{name:<9}{arm.server_cpu * 1000 / max(arm.pods, 1):>8.2f}")
     for note in notes:
         print(note)
 
@@ -280,15 +370,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=150, help="pods per arm, per phase, per round")
     parser.add_argument("--parallel", type=int, default=8, help="creators of the parallel phase")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of null and gpugate")
     parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
+    parser.add_argument("--floor", type=Path, metavar="BINARY",
+                        help="the floor webhook binary to run (default: the cached build, built on first use)")
     args = parser.parse_args()
     arm_names = (*ARMS, "before") if args.before else ARMS
     found = binaries.paths()
     if found is None:
         raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
-    floor = binaries.own_program(binaries.FLOOR_WEBHOOK)
+    floor = args.floor or binaries.own_program(binaries.FLOOR_WEBHOOK)
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="create-latency-")))
         print("starting the control plane ...", flush=True)
@@ -346,31 +438,36 @@ def main() -> int:
             clear(core, arm.namespace)
         go_before = go_stats(arms["go"], certs.ca)
 
-        order = list(arm_names)
+        order = [arms[name] for name in arm_names]
+        counts_before = {arm.name: gunicorn_counts(arm, certs.ca) for arm in order
+                         if arm.name in ("null", "gpugate", "before")}
+        server_before = {arm.name: tree_cpu(arm.pid) for arm in order}
+        plane_before = sum(map(tree_cpu, plane_pids))
         for round_ in range(args.rounds):
+            serial_interleaved(core, order, args.pods, f"{round_}")
             for arm in order:
-                current = arms[arm]
-                assert current.serial is not None and current.parallel is not None
-                server_before, plane_before = tree_cpu(current.pid), sum(map(tree_cpu, plane_pids))
-                current.serial += serial(core, current, args.pods, f"{round_}")
-                times, seconds = parallel(cores, current, args.pods, f"{round_}")
-                current.server_cpu += tree_cpu(current.pid) - server_before
-                current.plane_cpu += sum(map(tree_cpu, plane_pids)) - plane_before
-                current.pods += 2 * args.pods
-                current.parallel += times
-                current.parallel_seconds += seconds
+                clear(core, arm.namespace)
+            parallel_interleaved(cores, order, args.pods, f"{round_}")
+            for current in order:
                 clear(core, current.namespace)
-            print(f"round {round_ + 1}/{args.rounds} done ({', '.join(order)})", flush=True)
+                current.pods += 2 * args.pods
+            print(f"round {round_ + 1}/{args.rounds} done (serial order {', '.join(a.name for a in order)})",
+                  flush=True)
             order = order[1:] + order[:1]
+        for arm in order:
+            arm.server_cpu = tree_cpu(arm.pid) - server_before[arm.name]
+        plane_cpu = sum(map(tree_cpu, plane_pids)) - plane_before
         go_after = go_stats(arms["go"], certs.ca)
         notes = [f"\nhow the API server called each server (during the rounds): go: "
                  f"{go_after['connections'] - go_before['connections']} connections opened, requests "
                  + ", ".join(f"{k} {go_after.get(k, 0) - go_before.get(k, 0)}" for k in sorted(go_after)
                              if k.startswith("HTTP"))]
-        for name in [n for n in ("null", "gpugate", "before") if n in arms]:
-            port = arms[name].port
-            assert port is not None
-            notes.append(f"{name}: {established(port)} connections established at the end (HTTP/1.1)")
+        for name, (connections, reviews) in counts_before.items():
+            after_connections, after_reviews = gunicorn_counts(arms[name], certs.ca)
+            notes.append(f"{name}: {after_connections - connections:.0f} connections accepted for "
+                         f"{after_reviews - reviews:.0f} reviews (HTTP/1.1)")
+        notes.append(f"kube-apiserver + etcd: {1000 * plane_cpu / sum(a.pods for a in arms.values()):.2f} ms "
+                     "of CPU per pod created, all arms together")
         report(arms, args.parallel, notes)
     return 0
 

@@ -122,3 +122,18 @@ def test_label_values_stay_bounded_whatever_the_client_sends(server):
     samples = server.metrics()
     assert not any("PATCH-ME" in key for key in samples)
     assert any('operation="other"' in key and 'result="skipped"' in key for key in samples)
+
+
+def test_accepted_connections_are_counted_once_each(server):
+    """``gpugate_connections_accepted_total`` tells kept-alive clients from a handshake per review
+    (benchmarks/create_latency.py reads it to show how the API server connects, issue 28)."""
+    name = "gpugate_connections_accepted_total"
+    server.metrics()  # the harness' own kept-alive session is open from here on
+    before = server.metrics()[name]
+    with https_session(server.ca, pool=1) as kept:
+        for _ in range(10):
+            assert kept.post(f"{server.url}/mutate", json=review_of(example_pod()), timeout=10).status_code == 200
+    for _ in range(3):
+        with https_session(server.ca) as fresh:
+            assert fresh.post(f"{server.url}/mutate", json=review_of(example_pod()), timeout=10).status_code == 200
+    assert server.metrics()[name] - before == 1 + 3

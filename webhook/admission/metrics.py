@@ -44,6 +44,11 @@ PATCH_OPERATIONS = Counter(
     "JSON Patch operations returned to the API server.",
     ["policy"],
 )
+CONNECTIONS = Counter(
+    "gpugate_connections_accepted_total",
+    "TLS connections accepted. Clients that keep connections alive (the API server does) make this grow "
+    "slowly; a rate near the admission rate means a TLS handshake per review.",
+)
 POLICY_RELOADS = Counter(
     "gpugate_policy_reloads_total",
     "Policy sets loaded and swapped in (each worker process loads and counts its own).",

@@ -193,6 +193,8 @@ class Conn(TConn):
         self.last_activity = time.monotonic()
         self.events = 0
         self.generation = 0   # bumped whenever the deadline changes, so stale heap entries are skipped
+        self.request_id = 0   # bumped for each request handed to a thread
+        self.rearmed = False  # the thread that answered has put the socket back in the poller
 
 
 class AdmissionWorker(ThreadWorker):
@@ -324,6 +326,7 @@ class AdmissionWorker(ThreadWorker):
             sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False,
                                        suppress_ragged_eofs=True)
         conn = Conn(self.cfg, sock, client, listener.getsockname())
+        metrics.CONNECTIONS.inc()
         self.nr_conns += 1
         self.conns.add(conn)
         self._publish()
@@ -338,15 +341,21 @@ class AdmissionWorker(ThreadWorker):
 
     # --- per-connection state machine --------------------------------------------------------
     def on_event(self, conn: Conn) -> None:
+        if conn.phase is Phase.BUSY:
+            if not conn.rearmed:
+                return
+            self._resume(conn)  # the next request came before the loop heard the last one was answered
         if conn.phase is Phase.HANDSHAKE:
             self._handshake(conn)
         elif conn.phase in (Phase.READING, Phase.IDLE, Phase.DISCARDING, Phase.CLOSING):
             self._read(conn)
 
     def _watch(self, conn: Conn, events: int) -> None:
-        try:
+        # Registered or not is looked up, not found out from modify's KeyError: its message formats
+        # the socket's repr, a getsockname and getpeername per request (issue 28).
+        if conn.sock.fileno() in self.poller.get_map():
             self.poller.modify(conn.sock, events, _ConnCallback(self, conn))
-        except KeyError:
+        else:
             self.poller.register(conn.sock, events, _ConnCallback(self, conn))
 
     def _unwatch(self, conn: Conn) -> None:
@@ -443,7 +452,14 @@ class AdmissionWorker(ThreadWorker):
         conn.phase = Phase.BUSY
         conn.continue_sent = False
         conn.parser = http.get_parser(self.cfg, iter([data]), conn.client)
+        conn.request_id += 1
+        conn.rearmed = False
         self.enqueue_req(conn)
+
+    def enqueue_req(self, conn: Conn) -> None:
+        request_id = conn.request_id
+        done = self.tpool.submit(self.handle, conn)
+        done.add_done_callback(lambda fs: self.method_queue.defer(self.finish_request, conn, fs, request_id))
 
     def handle(self, conn: Conn) -> bool:  # runs in a pool thread
         req = None
@@ -453,7 +469,10 @@ class AdmissionWorker(ThreadWorker):
             req = next(conn.parser)
             if not req:
                 return False
-            return bool(self._keepalive_after(conn, self.handle_request(req, conn)))
+            keep = bool(self._keepalive_after(conn, self._answer_in_one_write(req, conn)))
+            if keep and not conn.buffer:
+                self._rearm(conn)
+            return keep
         except (NoMoreData, StopIteration):
             return False
         except ssl.SSLError as err:
@@ -465,25 +484,70 @@ class AdmissionWorker(ThreadWorker):
             self.handle_error(req, conn.sock, conn.client, err)
         return False
 
-    def finish_request(self, conn: Conn, fs: Any) -> None:  # back on the loop
+    def _answer_in_one_write(self, req: Any, conn: Conn) -> bool:
+        """gunicorn's handle_request, with the whole answer sent in one write (one TLS record).
+
+        gunicorn writes the status line and headers, then the body, each with its own ``sendall``:
+        two TLS records, two wake-ups of the client (which reads the headers, then waits again for
+        the body), and two trips through the kernel's loopback or network path per answer (issue 28).
+        """
+        real = conn.sock
+        buffered = _AnswerBuffer(real)
+        conn.sock = buffered
+        try:
+            return bool(self.handle_request(req, conn))
+        finally:
+            conn.sock = real
+            buffered.flush()
+
+    def _rearm(self, conn: Conn) -> None:  # runs in the pool thread, after the answer is sent
+        """Put the answered connection back in the poller from the thread that answered it.
+
+        Left to the loop, the socket was watched again only once the loop had woken up for the
+        finished request: on a busy machine the API server's next call (validate right after mutate,
+        on the same kept-alive connection) waited for that wake-up too (issue 28). The thread no
+        longer touches the socket; the loop's own bookkeeping (``_resume``) runs on whichever comes
+        first, the next request's bytes or the finished-request callback.
+        """
+        try:
+            conn.sock.setblocking(False)
+            conn.rearmed = True
+            self.poller.register(conn.sock, selectors.EVENT_READ, _ConnCallback(self, conn))
+        except (OSError, KeyError, ValueError):
+            conn.rearmed = False  # the loop's finish_request watches it as before
+
+    def _resume(self, conn: Conn) -> None:
+        """A connection whose answer went out waits for its next request (loop bookkeeping)."""
+        conn.rearmed = False
+        conn.phase = Phase.IDLE
+        conn.last_activity = time.monotonic()
+        self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
+
+    def finish_request(self, conn: Conn, fs: Any, request_id: int | None = None) -> None:  # back on the loop
         try:
             keep = bool(fs.result()) and not fs.cancelled()
         except Exception:
             keep = False
         if conn not in self.conns:
             return
+        if request_id is not None and (request_id != conn.request_id or conn.phase is not Phase.BUSY):
+            return  # the next request's bytes came first and resumed the connection already
         if not keep:
+            if conn.rearmed:
+                self._unwatch(conn)
+                conn.rearmed = False
             self._close_gracefully(conn)
             return
-        try:
-            conn.sock.setblocking(False)
-        except OSError:
-            self._close(conn)
-            return
-        conn.phase = Phase.IDLE
-        conn.last_activity = time.monotonic()
-        self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
-        self._watch(conn, selectors.EVENT_READ)
+        if conn.rearmed:
+            self._resume(conn)
+        else:
+            try:
+                conn.sock.setblocking(False)
+            except OSError:
+                self._close(conn)
+                return
+            self._resume(conn)
+            self._watch(conn, selectors.EVENT_READ)
         if conn.buffer:  # the client sent its next request behind the last one
             conn.phase = Phase.READING
             self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
@@ -629,6 +693,31 @@ class AdmissionWorker(ThreadWorker):
                     break
                 if self.nr_conns == before:
                     break
+
+
+class _AnswerBuffer:
+    """Stands in for a connection's socket while gunicorn writes an answer: writes are kept, then
+    sent together by ``flush``. Everything else goes to the real socket."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._parts: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self._parts.append(bytes(data))
+
+    def send(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        """Send what was written, in one ``sendall`` (the socket's timeout bounds it)."""
+        if self._parts:
+            data, self._parts = b"".join(self._parts), []
+            self._sock.sendall(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 class _ConnCallback:
