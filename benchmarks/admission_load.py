@@ -54,6 +54,15 @@ SERVICE_HOST = "gpugate-webhook.gpugate-system.svc"
 
 # --- the server under test ---------------------------------------------------------------------
 
+
+def ratio(numerator: float, denominator: float) -> str:
+    """``numerator / denominator`` to two places, or ``n/a`` when nothing was measured below it.
+
+    A phase that got no answer in its seconds (a very short run on a loaded machine) has 0 req/s;
+    the table says so instead of dividing by zero after the whole run.
+    """
+    return f"{numerator / denominator:.2f}" if denominator else "n/a"
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -395,22 +404,22 @@ def main() -> None:
     print(f"{'phase':<24}{'null webhook':>16}{'gpugate':>16}{'ratio':>9}")
     for phase, label in (("fixed", f"fixed {args.rate:.0f}/s"), ("max", "max")):
         a, b = null[phase], real[phase]
-        print(f"{label + ' req/s':<24}{a['rps']:>16.0f}{b['rps']:>16.0f}{b['rps'] / a['rps']:>9.2f}")
+        print(f"{label + ' req/s':<24}{a['rps']:>16.0f}{b['rps']:>16.0f}{ratio(b['rps'], a['rps']):>9}")
         for q in ("p50", "p95", "p99"):
-            print(f"{label + ' ' + q + ' ms':<24}{a[q]:>16.2f}{b[q]:>16.2f}{b[q] / a[q]:>9.2f}")
+            print(f"{label + ' ' + q + ' ms':<24}{a[q]:>16.2f}{b[q]:>16.2f}{ratio(b[q], a[q]):>9}")
         print(f"{label + ' errors':<24}{a['errors']:>16}{b['errors']:>16}")
-    per_round = "  ".join(f"{b['rps'] / a['rps']:.2f}" for a, b in zip(null["rounds"], real["rounds"], strict=True))
+    per_round = "  ".join(ratio(b['rps'], a['rps']) for a, b in zip(null["rounds"], real["rounds"], strict=True))
     print(f"{'max req/s ratio by round':<24}  {per_round}")
     if "before" in results:
         old = results["before"]
-        ratios = "  ".join(f"{b['rps'] / a['rps']:.2f}" for a, b in zip(null["rounds"], old["rounds"], strict=True))
+        ratios = "  ".join(ratio(b['rps'], a['rps']) for a, b in zip(null["rounds"], old["rounds"], strict=True))
         old_rps, old_cpu = old["max"]["rps"], old["max"]["cpu_us"]
-        print(f"{'before (' + args.before + ') max req/s':<24}{old_rps:>32.0f}{old_rps / null['max']['rps']:>9.2f}"
-              f"   gpugate/before {real['max']['rps'] / old_rps:.2f}")
+        print(f"{'before (' + args.before + ') max req/s':<24}{old_rps:>32.0f}{ratio(old_rps, null['max']['rps']):>9}"
+              f"   gpugate/before {ratio(real['max']['rps'], old_rps)}")
         print(f"{'before ratio by round':<24}  {ratios}")
-        print(f"{'before CPU us/review':<24}{old_cpu:>32.0f}{old_cpu / null['max']['cpu_us']:>9.2f}")
+        print(f"{'before CPU us/review':<24}{old_cpu:>32.0f}{ratio(old_cpu, null['max']['cpu_us']):>9}")
     a_cpu, b_cpu = null["max"]["cpu_us"], real["max"]["cpu_us"]
-    print(f"{'worker CPU us/review':<24}{a_cpu:>16.0f}{b_cpu:>16.0f}{b_cpu / a_cpu:>9.2f}")
+    print(f"{'worker CPU us/review':<24}{a_cpu:>16.0f}{b_cpu:>16.0f}{ratio(b_cpu, a_cpu):>9}")
     print(f"{'RSS per worker MiB':<24}{' / '.join(f'{r:.0f}' for r in null['rss']):>16}"
           f"{' / '.join(f'{r:.0f}' for r in real['rss']):>16}")
     for name, res in results.items():

@@ -23,4 +23,5 @@ def test_admission_load_prints_progress_and_separated_figures() -> None:
     assert [(int(a), int(b)) for a, b, _ in steps] == [(i, 6) for i in range(1, 7)], done.stderr[-3000:]
     ratios = re.search(r"^max req/s ratio by round(.*)$", done.stdout, flags=re.M)
     assert ratios is not None, done.stdout
-    assert re.fullmatch(r"\s{2,}\d+\.\d\d  \d+\.\d\d", ratios.group(1)), ratios.group(0)
+    # A round that got no answer in its 0.3 s on a loaded machine prints n/a, not a ZeroDivisionError.
+    assert re.fullmatch(r"\s{2,}(\d+\.\d\d|n/a)  (\d+\.\d\d|n/a)", ratios.group(1)), ratios.group(0)
