@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any, TextIO
 
-from webhook.replay.runner import RunResult
+from webhook.replay.runspec import RunResult
 
 POINTS = range(0, 131)
 
