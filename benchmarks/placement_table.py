@@ -111,13 +111,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def medians(path: Path, seeds: list[int]) -> dict[tuple[str, str], tuple[float, int]]:
-    values: dict[tuple[str, str], list[float]] = {}
+def rows_of(path: Path, seeds: list[int]) -> dict[tuple[str, str, int], dict]:
+    """The last row per (list, tag, seed) among ``seeds`` (a run repeated counts once)."""
+    found: dict[tuple[str, str, int], dict] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
             if row["seed"] in seeds:
-                values.setdefault((row["list"], row["tag"]), []).append(row["alloc_100"])
+                found[(row["list"], row["tag"], row["seed"])] = row
+    return found
+
+
+def medians(path: Path, seeds: list[int], field: str = "alloc_100") -> dict[tuple[str, str], tuple[float, int]]:
+    values: dict[tuple[str, str], list[float]] = {}
+    for (name, tag, _), row in rows_of(path, seeds).items():
+        if row.get(field) is not None:
+            values.setdefault((name, tag), []).append(row[field])
     return {key: (statistics.median(v), len(v)) for key, v in values.items()}
 
 
