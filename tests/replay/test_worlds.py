@@ -182,7 +182,8 @@ def test_the_balancers_extender_reads_consumable_shares_from_slices_and_claims()
     view = feed.state.view("dra-1")
     assert view is not None and view.ordered and view.left == (250, 1000, 0)
     feed.state.prioritize("ns/p", PodDemand(cpu=1, share_milli=200), ["dra-1"], now=0.0)
-    assert feed.state.view("dra-1").left == (50, 1000, 0)  # the assumption: first fit, as the allocator
+    assumed = feed.state.view("dra-1")
+    assert assumed is not None and assumed.left == (50, 1000, 0)  # the assumption: first fit, as the allocator
     cache.set_claim("ns/b", None)
     feed.dra("dra-1", cache.node("dra-1"))
     assert feed.state.nodes["dra-1"].left == (750, 1000, 0)
