@@ -259,8 +259,8 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     arm = arm_table.BY_NAME.get(spec.arm)
     if arm is None:
         raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
-    if spec.sharing not in SHARING:
-        raise InputError(f"unknown sharing world {spec.sharing!r}; choose from {', '.join(SHARING)}")
+    if spec.sharing not in (*SHARING, PUBLISHED):
+        raise InputError(f"unknown sharing world {spec.sharing!r}; choose from {', '.join((*SHARING, PUBLISHED))}")
     if arm.kind == "sizing":
         return sizing.run(trace, spec)
     started = time.perf_counter()
