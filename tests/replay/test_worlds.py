@@ -12,12 +12,13 @@ from click.testing import CliRunner
 from webhook import names
 from webhook.cli import main
 from webhook.kube import claims, nodedevices
+from webhook.kube.demand import PodDemand
 from webhook.placement import devices as device_plugin
 from webhook.placement import dra as placement_dra
 from webhook.placement.extender import ExtenderState
-from webhook.placement.inputs import NodeView, PodDemand
+from webhook.placement.inputs import NodeView
 from webhook.replay import arms, demand, runner, worlds
-from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.cluster import ClusterState
 from webhook.replay.records import NodeRecord, PodRecord, Trace
 from webhook.replay.runspec import RunSpec
 
@@ -46,8 +47,8 @@ def test_in_timeslice_whole_gpus_and_slots_live_on_different_nodes() -> None:
     trace = small_trace()
     sliced = worlds.sliced_nodes(trace.nodes, trace.pods)
     state = ClusterState(trace.nodes, sliced=sliced)
-    share = Demand(cpu=1, memory=1, num_gpu=1, gpu_milli=worlds.slot_milli())
-    whole = Demand(cpu=1, memory=1, num_gpu=1, gpu_milli=1000)
+    share = PodDemand.of_gpus(1, worlds.slot_milli(), cpu=1, memory_bytes=1)
+    whole = PodDemand.of_gpus(1, 1000, cpu=1, memory_bytes=1)
     assert (state.fits(share) == np.array(sliced)).all()
     assert (state.fits(whole) == ~np.array(sliced)).all()
 
@@ -81,7 +82,7 @@ def test_the_timeslice_pod_carries_no_size_and_reads_as_one_slot() -> None:
     pod = worlds.pod_for(PodRecord("p", 1000, 1024, 1, 700), "timeslice")
     assert "annotations" not in pod["metadata"]
     view = demand.view(pod, slot_milli=worlds.slot_milli())
-    assert (view.demand.num_gpu, view.demand.gpu_milli) == (1, 250)
+    assert (view.demand.num_gpu, view.demand.milli_per_gpu) == (1, 250)
 
 
 # --- dra ------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from webhook import names
 from webhook.admission import affinity, patches, rightsizing
 from webhook.errors import InputError
 from webhook.kube import affinity as kube_affinity
+from webhook.kube import demand as kube_demand
 from webhook.kube import pods, resources
 from webhook.kube.inventory import EMPTY, MAX_AGE_SECONDS, Inventory
 from webhook.kube.quantity import out_of_range, whole_count
@@ -539,8 +540,8 @@ def right_size(pod: Pod, context: StepContext) -> None:
     if sizing is None:
         return
     try:
-        ask = rightsizing.ask_of(pod)
-    except rightsizing.AskError as err:
+        ask = kube_demand.size_of(pod)
+    except kube_demand.SizeError as err:
         context.note(f"{err}; not right-sized")
         return
     if ask is None:
