@@ -188,3 +188,7 @@ def test_the_balancers_extender_reads_consumable_shares_from_slices_and_claims()
     cache.set_claim("ns/b", None)
     feed.dra("dra-1", cache.node("dra-1"))
     assert feed.state.nodes["dra-1"].left == (750, 1000, 0)
+
+
+def test_docs_placement_shows_the_arms_table_as_the_registry_has_it(repo_root) -> None:
+    assert arms.markdown_table() in (repo_root / "docs" / "placement.md").read_text()
