@@ -1,19 +1,9 @@
 """One replay run (an arm and a seed), and many of them in separate processes.
 
-Arms:
-  stock            the trace's Pods as written, kube-scheduler's default profile
-  gpugate          the same Pods admitted through gpugate's mutation and validation under
-                   ``--policies``; each Pod goes to the profile its schedulerName names
-  binpack-profile  the trace's Pods on gpugate's second profile (MostAllocated, GPU weight 5)
-  extender         the trace's Pods on the ``gpugate`` profile: the default plugins, weights and
-                   normalization plus gpugate's scheduler extender (``webhook.placement``), its
-                   score x weight x 10, computed from the blind view (node allocatable, bound pod
-                   requests, the modelled device allocation) delivered every ``label_lag`` placements
-  gpugate-extender the gpugate arm, where a policy's schedulerName ``gpugate`` reaches that profile
-  random, bestfit, fgd   the published schedulers, on the trace records directly
-  whole-gpu, shares-only, rightsized   the trace on an H100 twin whose partitioned nodes are whole,
-                   time-sliced or MIG; fractional pods ask a whole GPU, a slot, or memory that
-                   right-sizing turns into a rung (``webhook.replay.sizing``)
+Arms, their kind and world: ``webhook.replay.arms`` (the one table). Kube arms run the
+kube-scheduler model (``replay.model``) in the run's sharing world (``World``, from
+``replay.worlds``: timeslice, dra, or the published model); reference arms run a published
+scheduler (``replay.reference``); the right-sizing arms are ``replay.sizing``'s.
 Every arm of one seed sees the same arrival order. Pods are submitted once and never deleted; a
 pod that fits nowhere (or is denied) is counted as arrived and failed.
 """
