@@ -10,7 +10,10 @@ replay-out/table/, git-ignored) with ``webhook.replay.runner`` and appends one J
 list, arm, tag, seed, allocation at 100% and 130% arrival, fragment at 100%, failed pods up to
 100%, seconds. It resumes where it stopped. ``--tag`` names a variant of an arm (a different
 policy folder or extender setting) so variants sit next to each other in the same file.
-``table`` prints the markdown table of medians (allocation at 100% arrival) and the goal check.
+``table`` prints the markdown table of medians (allocation at 100% arrival) and the goal check;
+``worlds`` the sharing worlds' table (``run --sharing timeslice|dra`` tags runs ``arm@world``):
+GPU allocation, pods placed and overcommitted shares up to 100% arrival in timeslice, the
+extender in dra against the fgd reference column, and the issue's goals for each world.
 The lists default to every ``openb_pod_list_*.csv`` in the trace folder.
 """
 
@@ -27,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
 OUT = ROOT / "replay-out" / "table"
 ARMS = ("stock", "gpugate", "extender", "bestfit", "fgd", "random")
+"""The default ``--arms``; every arm and its world: ``webhook.replay.arms``."""
 ORDER = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80",
          "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30",
          "multigpu40", "multigpu50")
@@ -69,24 +73,36 @@ def run(args: argparse.Namespace) -> int:
     arms = args.arms.split(",")
     seeds = seeds_of(args.seeds)
     extra = json.loads(args.spec) if args.spec else {}
+    from webhook.replay import arms as arm_table
+
+    sharing = extra.get("sharing", args.sharing)
+    extra = {**extra, "sharing": sharing}
+
+    def tag_of(arm: str) -> str:
+        return args.tag or f"{arm}@{arm_table.world_of(arm, sharing)}"
+
     for name in lists:
         specs = []
         for arm in arms:
-            tag = args.tag or arm
             for seed in seeds:
-                if (name, tag, seed) in done:
+                if (name, tag_of(arm), seed) in done:
                     continue
-                specs.append(runner.RunSpec(arm=arm, seed=seed, policies=args.policies if "gpugate" in arm else None,
-                                            **extra))
+                specs.append(runner.RunSpec(arm=arm, seed=seed,
+                                            policies=args.policies if arm in arm_table.POLICY_ARMS else None, **extra))
         if not specs:
             continue
         loaded = trace.load_trace(Path(args.trace), f"openb_pod_list_{name}.csv")
 
         def record(result: runner.RunResult, name: str = name) -> None:
-            row = {"list": name, "arm": result.arm, "tag": args.tag or result.arm, "seed": result.seed,
+            row = {"list": name, "arm": result.arm, "tag": tag_of(result.arm), "world": result.world,
+                   "seed": result.seed,
                    "alloc_100": round(result.alloc_at(100), 3), "alloc_130": round(result.alloc_at(130), 3),
                    "frag_100": round(result.frag_at(100), 3),
                    "failed_100": int((~result.placed[result.arrived <= 100.0]).sum()),
+                   "placed": int(result.placed.sum()), "failed": result.failed,
+                   "placed_100": int(result.placed[result.arrived <= 100.0].sum()),
+                   "served_100": None if result.served is None else round(result.at(result.served, 100), 3),
+                   "overcommitted": result.oversubscribed,
                    "seconds": round(result.seconds, 1), "spec": extra, "policies": args.policies,
                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             with results.open("a", encoding="utf-8") as handle:
@@ -98,13 +114,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def medians(path: Path, seeds: list[int]) -> dict[tuple[str, str], tuple[float, int]]:
-    values: dict[tuple[str, str], list[float]] = {}
+def rows_of(path: Path, seeds: list[int]) -> dict[tuple[str, str, int], dict]:
+    """The last row per (list, tag, seed) among ``seeds`` (a run repeated counts once)."""
+    found: dict[tuple[str, str, int], dict] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
             if row["seed"] in seeds:
-                values.setdefault((row["list"], row["tag"]), []).append(row["alloc_100"])
+                found[(row["list"], row["tag"], row["seed"])] = row
+    return found
+
+
+def medians(path: Path, seeds: list[int], field: str = "alloc_100") -> dict[tuple[str, str], tuple[float, int]]:
+    values: dict[tuple[str, str], list[float]] = {}
+    for (name, tag, _), row in rows_of(path, seeds).items():
+        if row.get(field) is not None:
+            values.setdefault((name, tag), []).append(row[field])
     return {key: (statistics.median(v), len(v)) for key, v in values.items()}
 
 
@@ -126,6 +151,75 @@ def table(args: argparse.Namespace) -> int:
                                                                         f" ({value[1]})"))
         got = {arm: found.get((name, tag), (None, 0))[0] for arm, tag in zip(arms, tags, strict=True)}
         print(f"| {name} | " + " | ".join(cells) + f" | {goals(name, got)} |")
+    return 0
+
+
+FGD_TABLE = ROOT / "docs" / "placement.md"
+FGD_SECTION = "## The issue's 17 pod lists (allocation at 100% arrival, median of seeds 42-51)"
+
+
+def fgd_figures(path: Path = FGD_TABLE) -> dict[str, float]:
+    """The fgd column of docs/placement.md's 17-list table (the reference arm in its published
+    model, medians of seeds 42-51, printed by ``table`` in an earlier run; the arm has not changed)."""
+    text = path.read_text(encoding="utf-8").split(FGD_SECTION, 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("| ")]
+    header = [cell.strip().strip("*") for cell in rows[0]]
+    column = header.index("fgd")
+    return {cells[0].strip(): float(cells[column]) for cells in rows[1:] if cells[column].strip()[:1].isdigit()}
+
+
+def timeslice_goal(placed: list[float | None], over: list[float | None]) -> str:
+    """Issue 25 in timeslice: the extender (last) places at least as many pods as stock and
+    BestFit-on-slots (first two), with fewer overcommitted shares than both."""
+    if None in placed or None in over:
+        return "incomplete"
+    (stock, best, ext), (o_stock, o_best, o_ext) = placed, over
+    misses = []
+    if ext < max(stock, best):  # type: ignore[operator,type-var]
+        misses.append(f"places {ext - max(stock, best):+g} pods")  # type: ignore[operator,type-var]
+    if o_ext >= min(o_stock, o_best):  # type: ignore[operator,type-var]
+        misses.append("not fewer overcommitted")
+    return ", ".join(misses) or "met"
+
+
+def world_dra_goal(name: str, dra: float | None, fgd: float | None) -> str:
+    """Issue 25 in dra: the extender at least FGD's figure minus 0.5, and 95.2 on the default list."""
+    if dra is None or fgd is None:
+        return "incomplete"
+    misses = [f"fgd {dra - fgd:+.2f}"] if dra < fgd - 0.5 else []
+    if name == "default" and dra < 95.2:
+        misses.append("< 95.2")
+    return ", ".join(misses) or "met"
+
+
+def worlds_table(args: argparse.Namespace) -> int:
+    """Both sharing worlds side by side, per list, and the issue's goals for each world."""
+    found = rows_of(Path(args.out) / "results.jsonl", seeds_of(args.seeds))
+    fgd = fgd_figures()
+    by: dict[tuple[str, str], list[dict]] = {}
+    for (name, tag, _), row in found.items():
+        by.setdefault((name, tag), []).append(row)
+
+    def med(name: str, tag: str, field: str) -> float | None:
+        values = [r[field] for r in by.get((name, tag), []) if r.get(field) is not None]
+        return statistics.median(values) if values else None
+
+    tags = ("stock@timeslice", "bestfit-slots@timeslice", "extender@timeslice")
+    print("| list | timeslice: stock | bestfit-slots | **extender** | pods placed (stock / bestfit-slots / "
+          "extender, up to 100% arrival) | overcommitted shares (same arms, whole run) | timeslice goal "
+          "| dra: **extender** | fgd (published model) | dra goal |")
+    print("|---|---:|---:|---:|---|---|---|---:|---:|---|")
+    for name in [n for n in all_lists(Path(args.trace)) if any((n, t) in by for t in (*tags, "extender@dra"))]:
+        alloc = [med(name, t, "alloc_100") for t in tags]
+        placed = [med(name, t, "placed_100") for t in tags]
+        over = [med(name, t, "overcommitted") for t in tags]
+        ts_goal = timeslice_goal(placed, over)
+        dra, ref = med(name, "extender@dra", "alloc_100"), fgd.get(name)
+        dra_goal = world_dra_goal(name, dra, ref)
+        cells = ["" if v is None else f"{v:.2f}" for v in alloc]
+        counts = [" / ".join("" if v is None else f"{v:g}" for v in group) for group in (placed, over)]
+        print(f"| {name} | " + " | ".join(cells) + f" | {counts[0]} | {counts[1]} | {ts_goal} | "
+              f"{'' if dra is None else f'{dra:.2f}'} | {'' if ref is None else f'{ref:.2f}'} | {dra_goal} |")
     return 0
 
 
@@ -167,7 +261,7 @@ def _extender_misses(name: str, ext: float, stocks: list[float], best: float, fg
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("run", "table"))
+    parser.add_argument("command", choices=("run", "table", "worlds"))
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--lists", default="")
@@ -178,8 +272,10 @@ def main() -> int:
     parser.add_argument("--policies", default=str(ROOT / "policies"))
     parser.add_argument("--spec", default="", help='run: extra RunSpec fields as JSON, e.g. {"label_lag": 100}')
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--sharing", default="timeslice", choices=("timeslice", "dra"),
+                        help="run: the sharing world of the kube arms (reference arms stay in the published model)")
     args = parser.parse_args()
-    return run(args) if args.command == "run" else table(args)
+    return {"run": run, "table": table, "worlds": worlds_table}[args.command](args)
 
 
 if __name__ == "__main__":

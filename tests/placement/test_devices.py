@@ -32,11 +32,13 @@ lefts = st.lists(st.sampled_from([0, 50, 190, 250, 500, 530, 750, 1000]), min_si
 
 @given(lefts, st.integers(0, 3), st.sampled_from([0, 100, 250, 470, 810]), st.sampled_from(devices.POLICIES))
 def test_the_multiset_rule_agrees_with_the_per_device_rule(left, gpus, share, policy) -> None:
-    """The measure's memo key (sorted GPUs left) moves exactly as the device plugin allocates."""
+    """The measure's memo key (sorted GPUs left; in device order for DRA's first fit) moves exactly as
+    the device plugin (or the DRA allocator) allocates."""
     if gpus and share:
         share = 0
     found = devices.allocate(tuple(left), gpus, share, policy)
-    after = devices.after_sorted(devices.signature(left), gpus, share, policy)
+    key = devices.ordered_signature(left) if policy == "first" else devices.signature(left)
+    after = devices.after_sorted(key, gpus, share, policy)
     if found is None:
         assert after is None
     else:

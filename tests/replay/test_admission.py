@@ -115,9 +115,10 @@ def test_every_arm_runs_and_never_allocates_more_than_arrived(arm: str, repo_roo
     small = trace.synthetic(3, nodes=30)
     result = runner.run(small, runner.RunSpec(arm=arm, seed=3, policies=str(repo_root / "policies")))
     assert np.all(np.diff(result.arrived) >= 0) and result.arrived[-1] <= 130.0
-    # The right-sizing arms count capacity taken (a whole GPU for a small pod in whole-gpu), so there
-    # the trace's request of the placed pods is what cannot exceed what arrived.
-    placed = result.served if arm in runner.SIZING_ARMS else result.allocated
+    # The right-sizing arms and the timeslice world count capacity taken (a whole GPU for a small pod in
+    # whole-gpu, a quarter-GPU slot for a 10% share), so there the trace's request of the placed pods is
+    # what cannot exceed what arrived.
+    placed = result.served if result.served is not None else result.allocated
     assert placed is not None and np.all(placed <= result.arrived + 1e-9) and np.all(result.allocated <= 100 + 1e-9)
     assert np.all(np.diff(result.allocated) >= -1e-9)
     assert result.failed == int((~result.placed).sum()) and 0 < result.alloc_at(100) <= 100

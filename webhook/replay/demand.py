@@ -29,11 +29,12 @@ DEFAULT_MEMORY_BYTES = kube_demand.DEFAULT_MEMORY_BYTES
 DEFAULT_SLOT_MILLI = kube_demand.DEFAULT_SLOT_MILLI
 
 
-def _read(pod: dict[str, Any], shared_slots: bool) -> tuple[PodDemand, frozenset[str], str | None]:
+def _read(pod: dict[str, Any], shared_slots: bool,
+          slot_milli: int | None = None) -> tuple[PodDemand, frozenset[str], str | None]:
     """The pod's demand as the model places it, the resources it asks, and what the model cannot
     place (None: nothing). ``products`` stays empty: the model evaluates the pod's node affinity
     itself, and a demand's products are the trace's GPU model names, which only a trace row has."""
-    per_slot = whole_count(pods.annotations_of(pod).get(GPU_MILLI_ANNOTATION, "")) or DEFAULT_SLOT_MILLI
+    per_slot = slot_milli or whole_count(pods.annotations_of(pod).get(GPU_MILLI_ANNOTATION, "")) or DEFAULT_SLOT_MILLI
     try:
         demand = kube_demand.of_pod(pod, slot_milli=per_slot)
     except QuantityError:
@@ -50,10 +51,11 @@ def _read(pod: dict[str, Any], shared_slots: bool) -> tuple[PodDemand, frozenset
     return demand, resources, None
 
 
-def view(pod: dict[str, Any], *, shared_slots: bool = False) -> PodView:
-    """The scheduling-relevant reading of a Pod (``shared_slots``: count ``nvidia.com/gpu.shared`` as integers)."""
+def view(pod: dict[str, Any], *, shared_slots: bool = False, slot_milli: int | None = None) -> PodView:
+    """The scheduling-relevant reading of a Pod (``shared_slots``: count ``nvidia.com/gpu.shared`` as
+    integers; ``slot_milli``: a slot is that many thousandths, whatever the replay annotation says)."""
     spec = pods.spec(pod)
-    demand, resources, unsupported = _read(pod, shared_slots)
+    demand, resources, unsupported = _read(pod, shared_slots, slot_milli)
     selection = node_affinity.parse(spec)
     return PodView(demand=demand, resources=resources,
                    node_selector=selection.node_selector, required=selection.required,
