@@ -150,7 +150,8 @@ class Balancer:
                                      on_claim=self._claim_event)
         # Right-sizing through DRA: the templates right-sized pods name, created where missing (issue 25).
         self.templates = templatekeeper.TemplateKeeper(api(), informer_args=self._informer_args(),
-                                                       may_write=self.writes, on_error=self._api_error)
+                                                       may_write=self.writes, on_error=self._api_error,
+                                                       dra_served=lambda: self.dra.available)
         self._global_defaults: dict[str, bool] = {}
         self.priority_classes: Informer[bool] | None = None
         self.publisher: InventoryPublisher | None = None

@@ -55,9 +55,11 @@ class TemplateKeeper:
     """Creates the templates pending right-sized pods need; :meth:`run` blocks until ``stop``."""
 
     def __init__(self, api: client.ApiClient, *, informer_args: dict[str, Any], may_write: Callable[[], bool],
-                 on_error: Callable[[str, BaseException], None], clock: Callable[[], float] = time.monotonic) -> None:
+                 on_error: Callable[[str, BaseException], None], dra_served: Callable[[], bool | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._resource = client.ResourceV1Api(api)
         self._may_write = may_write
+        self._dra_served = dra_served
         self._on_error = on_error
         self._clock = clock
         self._lock = threading.Lock()
@@ -84,6 +86,11 @@ class TemplateKeeper:
         self._wake.set()
 
     def run(self, stop: threading.Event) -> None:
+        """Once the cluster serves ``resource.k8s.io/v1`` (no template can exist before), watch and create."""
+        while not stop.is_set() and not self._dra_served():
+            stop.wait(1.0)
+        if stop.is_set():
+            return
         thread = threading.Thread(target=self.informer.run, args=(stop,), name="informer-rightsized-pods",
                                   daemon=True)
         thread.start()
