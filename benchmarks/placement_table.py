@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
 OUT = ROOT / "replay-out" / "table"
 ARMS = ("stock", "gpugate", "extender", "bestfit", "fgd", "random")
+"""The default ``--arms``; every arm and its world: ``webhook.replay.arms``."""
 ORDER = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80",
          "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30",
          "multigpu40", "multigpu50")
@@ -69,24 +70,36 @@ def run(args: argparse.Namespace) -> int:
     arms = args.arms.split(",")
     seeds = seeds_of(args.seeds)
     extra = json.loads(args.spec) if args.spec else {}
+    from webhook.replay import arms as arm_table
+
+    sharing = extra.get("sharing", args.sharing)
+    extra = {**extra, "sharing": sharing}
+
+    def tag_of(arm: str) -> str:
+        return args.tag or f"{arm}@{arm_table.world_of(arm, sharing)}"
+
     for name in lists:
         specs = []
         for arm in arms:
-            tag = args.tag or arm
             for seed in seeds:
-                if (name, tag, seed) in done:
+                if (name, tag_of(arm), seed) in done:
                     continue
-                specs.append(runner.RunSpec(arm=arm, seed=seed, policies=args.policies if "gpugate" in arm else None,
-                                            **extra))
+                specs.append(runner.RunSpec(arm=arm, seed=seed,
+                                            policies=args.policies if arm in arm_table.POLICY_ARMS else None, **extra))
         if not specs:
             continue
         loaded = trace.load_trace(Path(args.trace), f"openb_pod_list_{name}.csv")
 
         def record(result: runner.RunResult, name: str = name) -> None:
-            row = {"list": name, "arm": result.arm, "tag": args.tag or result.arm, "seed": result.seed,
+            row = {"list": name, "arm": result.arm, "tag": tag_of(result.arm), "world": result.world,
+                   "seed": result.seed,
                    "alloc_100": round(result.alloc_at(100), 3), "alloc_130": round(result.alloc_at(130), 3),
                    "frag_100": round(result.frag_at(100), 3),
                    "failed_100": int((~result.placed[result.arrived <= 100.0]).sum()),
+                   "placed": int(result.placed.sum()), "failed": result.failed,
+                   "placed_100": int(result.placed[result.arrived <= 100.0].sum()),
+                   "served_100": None if result.served is None else round(result.at(result.served, 100), 3),
+                   "overcommitted": result.oversubscribed,
                    "seconds": round(result.seconds, 1), "spec": extra, "policies": args.policies,
                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             with results.open("a", encoding="utf-8") as handle:
@@ -98,13 +111,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def medians(path: Path, seeds: list[int]) -> dict[tuple[str, str], tuple[float, int]]:
-    values: dict[tuple[str, str], list[float]] = {}
+def rows_of(path: Path, seeds: list[int]) -> dict[tuple[str, str, int], dict]:
+    """The last row per (list, tag, seed) among ``seeds`` (a run repeated counts once)."""
+    found: dict[tuple[str, str, int], dict] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
             if row["seed"] in seeds:
-                values.setdefault((row["list"], row["tag"]), []).append(row["alloc_100"])
+                found[(row["list"], row["tag"], row["seed"])] = row
+    return found
+
+
+def medians(path: Path, seeds: list[int], field: str = "alloc_100") -> dict[tuple[str, str], tuple[float, int]]:
+    values: dict[tuple[str, str], list[float]] = {}
+    for (name, tag, _), row in rows_of(path, seeds).items():
+        if row.get(field) is not None:
+            values.setdefault((name, tag), []).append(row[field])
     return {key: (statistics.median(v), len(v)) for key, v in values.items()}
 
 
@@ -178,6 +200,8 @@ def main() -> int:
     parser.add_argument("--policies", default=str(ROOT / "policies"))
     parser.add_argument("--spec", default="", help='run: extra RunSpec fields as JSON, e.g. {"label_lag": 100}')
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--sharing", default="timeslice", choices=("timeslice", "dra"),
+                        help="run: the sharing world of the kube arms (reference arms stay in the published model)")
     args = parser.parse_args()
     return run(args) if args.command == "run" else table(args)
 

@@ -57,6 +57,8 @@ class DraCache:
     resource_claims: dict[str, allocations.Claim] = field(default_factory=dict)
     nodes: dict[str, NodeDevices] = field(default_factory=dict)
     _held: dict[DeviceKey, int] = field(default_factory=dict)
+    _consumed: dict[DeviceKey, int] = field(default_factory=dict)
+    """Memory bytes held claims consumed per shared device (consumable capacity)."""
     # Indexes, so an event costs its pool, not the cluster (benchmarks/dra_counting.py).
     _by_pool: dict[Pool, dict[str, slices.Slice]] = field(default_factory=dict)
     _held_by_pool: dict[Pool, set[DeviceKey]] = field(default_factory=dict)
@@ -89,6 +91,7 @@ class DraCache:
         before = set(self._held)
         self.resource_claims = {k: v for k, v in found.items() if v is not None}
         self._held = {}
+        self._consumed = {}
         self._held_by_pool = {}
         for claim in self.resource_claims.values():
             self._count(claim, +1)
@@ -108,6 +111,14 @@ class DraCache:
 
     def _count(self, claim: allocations.Claim, sign: int) -> set[DeviceKey]:
         keys = {r.key for r in claim.held()}
+        for result in claim.held():
+            used = nodedevices.consumed_memory(result)
+            if used:
+                total = self._consumed.get(result.key, 0) + sign * used
+                if total > 0:
+                    self._consumed[result.key] = total
+                else:
+                    self._consumed.pop(result.key, None)
         for key in keys:
             left = self._held.get(key, 0) + sign
             pool = (key.driver, key.pool)
@@ -129,7 +140,7 @@ class DraCache:
             return set()
         found = [s for pool in pools for s in self._by_pool.get(pool, {}).values()]
         held = frozenset(k for pool in pools for k in self._held_by_pool.get(pool, ()))
-        fresh = nodedevices.by_node(found, held)
+        fresh = nodedevices.by_node(found, held, {k: self._consumed[k] for k in held if k in self._consumed})
         # Nodes these pools published before (their slices may be gone now).
         stale = {name for pool in pools for name in self._pool_nodes.pop(pool, ())}
         for name, devs in fresh.items():

@@ -34,6 +34,7 @@ from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.quantity import QuantityError
 from webhook.kube.resources import is_mig_resource
 from webhook.names import GPU_RESOURCE, SHARED_GPU_RESOURCE
+from webhook.placement import dra as placement_dra
 from webhook.placement.extender import ExtenderArgs, ExtenderState, HostPriority, candidate_names, host_priorities
 from webhook.placement.inputs import Counts, PodDemand, demand_from_pod
 from webhook.placement.shapes import shape_of
@@ -48,6 +49,8 @@ class NodeShape:
     product: str
     gpus: int
     mig: Counts
+    ordered: bool = False
+    """Its GPUs are DRA devices: allocated first fit in device order (``placement.devices``)."""
 
 
 def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
@@ -57,6 +60,7 @@ def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
     device plugin advertises the same GPUs (``balancer.dracount``)."""
     allocatable = dict(info.allocatable)
     replicas = max(1, info.replicas)
+    ordered = devices is not None and bool(devices.devices)
     if devices is not None and devices.devices:
         gpus = devices.gpus
     elif SHARED_GPU_RESOURCE in allocatable:
@@ -66,7 +70,8 @@ def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
     else:
         gpus = allocatable.get(GPU_RESOURCE, 0)
     mig = tuple(sorted((resource, count) for resource, count in info.allocatable if is_mig_resource(resource)))
-    return NodeShape(cpu=info.cpu_milli, memory=info.memory_bytes, product=info.product, gpus=gpus, mig=mig)
+    return NodeShape(cpu=info.cpu_milli, memory=info.memory_bytes, product=info.product, gpus=gpus, mig=mig,
+                     ordered=ordered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +156,7 @@ class Feed:
         new = name not in self._shapes
         self._shapes[name] = shape
         self.state.set_node(name, cpu=shape.cpu, memory=shape.memory, product=shape.product, gpus=shape.gpus,
-                            mig=shape.mig)
+                            mig=shape.mig, ordered=shape.ordered)
         if new:  # pods the watch delivered before their node
             for key in sorted(self._on_node.get(name, ())):
                 self.state.bind(key, name, self._pods[key][1])
@@ -161,9 +166,11 @@ class Feed:
     def dra(self, name: str, devices: NodeDevices | None) -> None:
         """The node's DRA devices changed: its GPUs (counted once) and what claims hold there.
 
-        What claims hold is one stand-in pod per node (key ``dra:<node>``, no cpu or memory) taking
-        the GPUs that are not whole-free: the measure then sees DRA-held devices exactly as it sees
-        GPUs that bound pods hold, whichever pod the claims belong to."""
+        What claims hold is one stand-in per node (key ``dra:<node>``, no cpu or memory) holding,
+        per GPU in device order, what the claims there took (``placement.dra.taken_milli``): a whole
+        device, or the memory share claims consumed of a device that allows multiple allocations
+        (consumable capacity). The measure then reads each device's true thousandths left, with no
+        device model, whichever pod the claims belong to."""
         if devices is None or not devices.devices:
             self._dra.pop(name, None)
         else:
@@ -176,10 +183,7 @@ class Feed:
     def _bind_dra(self, name: str) -> None:
         key = DRA_HOLDER_PREFIX + name
         devices = self._dra.get(name)
-        taken = devices.gpus - devices.whole_free if devices is not None else 0
-        self.state.unbind(key)
-        if taken > 0:
-            self.state.bind(key, name, PodDemand(gpus=taken))
+        self.state.hold(key, name, placement_dra.taken_milli(devices) if devices is not None else ())
 
     # --- pods --------------------------------------------------------------------------------
     def replace_pods(self, records: Mapping[str, PodRecord]) -> None:

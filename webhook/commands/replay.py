@@ -13,8 +13,10 @@ import yaml
 
 from webhook.errors import InputError
 from webhook.policy import loading
+from webhook.replay import arms as arm_table
 
-ALL_ARMS = "stock,gpugate,binpack-profile,extender,random,bestfit,fgd"
+ALL_ARMS = ",".join(arm_table.DEFAULT)
+SHARING = ("timeslice", "dra")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -50,7 +52,13 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
               help="Pod list to replay (a path, or a file name inside --trace); default openb_pod_list_default.csv.")
 @click.option("--policies", type=click.Path(file_okay=False, path_type=Path), default=Path("policies"),
               show_default=True, help="Policy folder the gpugate arm admits pods with.")
-@click.option("--arms", default=ALL_ARMS, show_default=True, help="Comma-separated arms to run.")
+@click.option("--arms", default=ALL_ARMS, show_default=True,
+              help="Comma-separated arms to run: " + ", ".join(arm_table.NAMES) + " (webhook/replay/arms.py).")
+@click.option("--sharing", type=click.Choice(SHARING), default="timeslice", show_default=True,
+              help="The sharing world of the kube arms: timeslice (a share is one time-sliced slot on the nodes "
+                   "that carry manifests/' time-slicing-4 config, as shipped) or dra (a share is a DRA "
+                   "consumable-capacity claim of its fraction of the GPU's memory). Reference arms "
+                   "(random, bestfit, fgd) stay in their published model.")
 @click.option("--seeds", default="42-51", show_default=True, help="Seeds: a range (42-51) or a list (42,43).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-out"),
               show_default=True, help="Folder for summary.json, per-run CSVs and the plot.")
@@ -58,11 +66,12 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
               help="Recompute the balancer's node labels every K placements (stale labels in between); "
                    "the extender sees bound pods K placements late too.")
 @click.option("--taint-congested", is_flag=True, help="Model the balancer's optional congested PreferNoSchedule taint.")
-@click.option("--device-allocation", type=click.Choice(["distributed", "packed"]), default="distributed",
+@click.option("--device-allocation", type=click.Choice(["distributed", "packed"]), default="packed",
               show_default=True, help="How the NVIDIA device plugin picks the GPU for a time-sliced share "
-                                      "(distributed is its default; packed is its "
-                                      "--shared-devices-allocation-policy packed, config key "
-                                      "flags.plugin.sharedDevicesAllocationPolicy, from v0.20.0).")
+                                      "(packed, its --shared-devices-allocation-policy packed from v0.20.0, is "
+                                      "what manifests/gpu-operator's time-slicing-4 sets; distributed is the "
+                                      "plugin's own default). The dra world ignores it: the scheduler allocates "
+                                      "DRA devices first fit.")
 @click.option("--extender-weight", type=click.IntRange(min=1), default=25, show_default=True,
               help="The extender's weight in the gpugate profile (its 0..10 score counts x weight x 10).")
 @click.option("--extender-nodes-percentage", type=click.IntRange(min=0, max=100), default=100, show_default=True,
@@ -86,7 +95,8 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
               help="shares-only arm: time-sliced slots per GPU on the partitioned nodes.")
 @click.option("--synthetic-nodes", type=click.IntRange(min=4), default=120, show_default=True,
               help="Nodes of the synthetic cluster (only without --trace).")
-def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, seeds: str, out: Path,
+def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, sharing: str, seeds: str,
+           out: Path,
            label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
            extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
            tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int) -> None:
@@ -122,7 +132,7 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
                             device_policy=device_allocation, extender_weight=extender_weight,
                             extender_percentage=extender_nodes_percentage, extender_mix=extender_mix,
                             extender_levels=extender_levels, extender_assume=extender_assume,
-                            mig_mix=mix, share_replicas=share_replicas,
+                            mig_mix=mix, share_replicas=share_replicas, sharing=sharing,
                             policies=str(policies) if arm in runner.POLICY_ARMS else None)
              for arm in arm_list for seed in seed_list]
     mix_file = write_pod_mix(loaded, out)
@@ -130,10 +140,10 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
     for result in results:
         report.write_run_csv(result, out / "runs")
-    data = report.summary(results, workload=loaded.workload, seeds=seed_list)
+    data = report.summary(results, workload=loaded.workload, seeds=seed_list, sharing=sharing)
     report.write_summary(data, out)
     report.plot(results, out / "allocation.png", title=f"GPU allocation vs arrival: {loaded.workload}")
-    click.echo(report.table(results, workload=loaded.workload, seeds=seed_list))
+    click.echo(report.table(results, workload=loaded.workload, seeds=seed_list, sharing=sharing))
     sized = report.sizing_table(results)
     if sized:
         click.echo(f"{sized}\n(MIG mix {mix}; docs/rightsizing.md)")
@@ -150,7 +160,7 @@ def write_pod_mix(loaded: Any, out: Path) -> Path:
     from webhook.placement.shapes import mix_entries
     from webhook.replay.runner import trace_mix
 
-    mix = trace_mix(loaded.pods)
+    mix = trace_mix(loaded.pods)  # the trace's own sizes: what a configured mix in the dra world reads
     out.mkdir(parents=True, exist_ok=True)
     path = out / POD_MIX_FILE
     header = (f"# The typical pod shapes of {loaded.workload} (the most common, covering 95% of its pods),\n"

@@ -270,6 +270,15 @@ def _render_ask(ask: DeviceAsk) -> dict[str, Any]:
     return out
 
 
+def add_template_claim(pod: dict[str, Any], name: str, template: str, container: int = 0) -> None:
+    """Make ``pod`` claim devices from ResourceClaimTemplate ``template`` under ``name``, used by its
+    ``container``-th container (the inverse of ``pod_claim_refs`` for one template reference)."""
+    spec = pod.setdefault("spec", {})
+    spec.setdefault("resourceClaims", []).append({"name": name, "resourceClaimTemplateName": template})
+    resources = spec["containers"][container].setdefault("resources", {})
+    resources.setdefault("claims", []).append({"name": name})
+
+
 def pod_claim_refs(pod: Mapping[str, Any]) -> tuple[PodClaimRef, ...]:
     """The pod's ``spec.resourceClaims``, each with the containers that use it."""
     spec = pod.get("spec")

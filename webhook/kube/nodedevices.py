@@ -14,7 +14,11 @@ Rules, each the scheduler's own (``k8s.io/dynamic-resource-allocation/structured
   partitionable GPUs that is what makes a whole GPU unavailable once one MIG partition of it is
   allocated, and a partition unavailable once the whole GPU is;
 - without counters (static MIG), a MIG device's parent GPU (``parentUUID``) is not whole-free
-  while the MIG device is held.
+  while the MIG device is held;
+- consumable capacity (``allowMultipleAllocations``, KEP-5075): several claims may hold one device,
+  each consuming part of its ``memory`` capacity (``consumedCapacity``); what is left is the
+  capacity minus what the holding claims consumed (``DeviceState.memory_left``). A held device is
+  never whole-free, whatever is left of it.
 
 Units: a full GPU device is one ``nvidia.com/gpu``; a MIG device of profile ``<g>g.<mem>gb`` is one
 ``nvidia.com/mig-<g>g.<mem>gb``, the device plugin's name for the same slice, so every rule that
@@ -24,7 +28,7 @@ weighs a unit against a physical GPU (``balancer.marks.gpu_weight``) reads DRA d
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from webhook import names
@@ -50,6 +54,10 @@ class DeviceState:
     """Not held and allocatable now (counters left, parent GPU not partly taken)."""
     uuid: str = ""
     parent_uuid: str = ""
+    shared: bool = False
+    """``allowMultipleAllocations``: claims share the device by its capacity."""
+    memory_left: int | None = None
+    """Bytes of ``memory`` capacity no holding claim consumed (None: the device announces none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +113,27 @@ def held_keys(found: Iterable[allocations.Claim]) -> frozenset[DeviceKey]:
     return frozenset(r.key for claim in found for r in claim.held())
 
 
-def by_node(found: Iterable[slices.Slice], held: frozenset[DeviceKey]) -> dict[str, NodeDevices]:
-    """NodeDevices for every node that has NVIDIA DRA devices in ``found``'s newest generations."""
+def consumed_memory(result: allocations.Allocated) -> int:
+    """The ``memory`` one held result consumes of a shared device (0 when it names none)."""
+    value = dict(result.consumed).get(names.DRA_MEMORY_CAPACITY)
+    return 0 if value is None else slices.amount(value)
+
+
+def consumed_by_key(found: Iterable[allocations.Claim]) -> dict[DeviceKey, int]:
+    """Per device, the ``memory`` the claims holding it consumed (consumable capacity)."""
+    out: dict[DeviceKey, int] = {}
+    for claim in found:
+        for result in claim.held():
+            used = consumed_memory(result)
+            if used:
+                out[result.key] = out.get(result.key, 0) + used
+    return out
+
+
+def by_node(found: Iterable[slices.Slice], held: frozenset[DeviceKey],
+            consumed: Mapping[DeviceKey, int] | None = None) -> dict[str, NodeDevices]:
+    """NodeDevices for every node that has NVIDIA DRA devices in ``found``'s newest generations;
+    ``consumed``: memory bytes the holding claims consumed per shared device (``consumed_by_key``)."""
     live = [s for s in current(found) if s.driver == names.DRA_DRIVER]
     # Counter sets are per pool; from Kubernetes 1.35 they are published in a slice of their own.
     left: dict[tuple[str, str], dict[str, int]] = {}
@@ -135,10 +162,15 @@ def by_node(found: Iterable[slices.Slice], held: frozenset[DeviceKey]) -> dict[s
         fits = all(left.get((s.pool, use.counter_set), {}).get(name, 0) >= slices.amount(value)
                    for use in device.consumes for name, value in use.counters)
         parent_taken = device_class == names.DRA_GPU_CLASS and device.uuid in taken_parents
+        memory = device.memory_bytes
+        memory_left = memory
+        if memory is not None and is_held:
+            memory_left = max(0, memory - (consumed or {}).get(key, 0)) if device.multiple_allocations else 0
         devices[s.node].append(DeviceState(
             key=key, device_class=device_class, unit=unit_of(device), product=device.product,
-            memory_bytes=device.memory_bytes, held=is_held, free=not is_held and fits and not parent_taken,
-            uuid=device.uuid, parent_uuid=device.parent_uuid))
+            memory_bytes=memory, held=is_held, free=not is_held and fits and not parent_taken,
+            uuid=device.uuid, parent_uuid=device.parent_uuid, shared=device.multiple_allocations,
+            memory_left=memory_left))
     return {node: NodeDevices(node=node, devices=tuple(sorted(found, key=lambda d: d.key.device)))
             for node, found in devices.items()}
 

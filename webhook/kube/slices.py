@@ -33,6 +33,7 @@ stored (so a slice renders back byte for byte) and are read as integers where co
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
@@ -196,8 +197,10 @@ class Slice:
     shared_counters: tuple[CounterSet, ...] = ()
 
 
+@functools.lru_cache(maxsize=4096)
 def amount(text: str) -> int:
-    """A capacity or counter quantity as a whole number (bytes for memory), rounded up."""
+    """A capacity or counter quantity as a whole number (bytes for memory), rounded up. Memoized:
+    a cluster's slices and claims repeat a few quantities, and every recount reads them again."""
     return bytes_(text)
 
 

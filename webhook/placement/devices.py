@@ -11,6 +11,13 @@ the node's pods in bind order:
 * ``packed`` (``flags.plugin.sharedDevicesAllocationPolicy: packed``, k8s-device-plugin PR
   #1621): the fullest GPU that fits.
 * Whole GPUs (``nvidia.com/gpu: N``): the lowest-index fully free GPUs.
+* ``first`` (DRA): kube-scheduler's DynamicResources allocator, which walks a node's devices in
+  the order of its pool's slices and takes the first that satisfies the request
+  (k8s.io/dynamic-resource-allocation/structured, ``allocator.go``: ``allocateOne`` iterates
+  ``pool.Slices`` and their ``Devices`` in order and stops at the first device that fits;
+  NVIDIA's driver publishes ``gpu-0``, ``gpu-1``, ... in minor order). A share is a
+  consumable-capacity claim for its memory: the first device with that much left. The order of
+  a node's GPUs then matters, not only their multiset: ``ordered_signature``.
 
 The replay's cluster asks this module too, so the extender's model and the replayed device plugin
 are one rule, not two copies that could drift.
@@ -25,8 +32,8 @@ from webhook.kube import units
 MILLI = units.MILLI
 """A GPU in thousandths, as the trace's ``gpu_milli`` counts it."""
 
-DevicePolicy = Literal["distributed", "packed"]
-POLICIES: tuple[DevicePolicy, ...] = ("distributed", "packed")
+DevicePolicy = Literal["distributed", "packed", "first"]
+POLICIES: tuple[DevicePolicy, ...] = ("distributed", "packed", "first")
 
 
 def share_device(left: tuple[int, ...] | list[int], milli: int, policy: DevicePolicy = "distributed") -> int:
@@ -35,6 +42,8 @@ def share_device(left: tuple[int, ...] | list[int], milli: int, policy: DevicePo
     for index, free in enumerate(left):
         if free < milli:
             continue
+        if policy == "first":
+            return index
         # distributed: the most left (first on ties); packed: the least left (first on ties).
         if chosen < 0 or (free > best if policy == "distributed" else free < best):
             chosen, best = index, free
@@ -83,7 +92,10 @@ def after_sorted(ordered: tuple[int, ...], gpus: int, share_milli: int,
     ``ordered`` is the node's GPUs with something left, sorted high to low (``signature``).
     Fragmentation depends only on that multiset, and on a multiset both rules are exact: whole
     GPUs take entries of 1000; distributed takes the largest entry, packed the smallest that fits.
+    ``first`` needs the device order: ``ordered`` is then ``ordered_signature`` (device order).
     """
+    if policy == "first":
+        return _after_first(ordered, gpus, share_milli)
     if gpus:
         if len(ordered) < gpus or ordered[gpus - 1] < MILLI:
             return None
@@ -100,6 +112,19 @@ def after_sorted(ordered: tuple[int, ...], gpus: int, share_milli: int,
         rest.sort(reverse=True)
         return tuple(free for free in rest if free > 0)
     return ordered
+
+
+def _after_first(ordered: tuple[int, ...], gpus: int, share_milli: int) -> tuple[int, ...] | None:
+    """``after_sorted`` under ``first``: the multiset left (sorted high to low) after first fit."""
+    found = allocate(ordered, gpus, share_milli, "first")
+    if found is None:
+        return None
+    return signature(found[1])
+
+
+def ordered_signature(left: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The GPUs with something left, in device order: what first fit (DRA) reads of a node."""
+    return tuple(free for free in left if free > 0)
 
 
 def signature(left: tuple[int, ...] | list[int]) -> tuple[int, ...]:

@@ -104,15 +104,18 @@ class ExtenderState:
     # --- what the watches report -----------------------------------------------------------
 
     def set_node(self, name: str, *, cpu: int, memory: int = 0, product: str = "", gpus: int = 0,
-                 mig: Counts = ()) -> None:
-        """A node appeared or its allocatable changed; its bound pods stay, in their order."""
+                 mig: Counts = (), ordered: bool = False) -> None:
+        """A node appeared or its allocatable changed; its bound pods stay, in their order.
+        ``ordered``: its GPUs are DRA devices (allocated first fit in device order)."""
         node = self.nodes.get(name)
         policy = self.settings.device_policy
         if node is None:
-            self.nodes[name] = NodeView.empty(name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig)
-        elif (node.cpu, node.memory, node.product, node.gpus, node.mig) != (cpu, memory, product, gpus, tuple(mig)):
+            self.nodes[name] = NodeView.empty(name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig,
+                                              ordered=ordered)
+        elif (node.cpu, node.memory, node.product, node.gpus, node.mig, node.ordered) != \
+                (cpu, memory, product, gpus, tuple(mig), ordered):
             self.nodes[name] = node.resized(cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig,
-                                            policy=policy)
+                                            policy=policy, ordered=ordered)
         self._update(name)
         self._rescale()
 
@@ -146,6 +149,16 @@ class ExtenderState:
             self._update(node)
         if assumed is not None and assumed[0] != node:
             self._update(assumed[0])
+
+    def hold(self, key: str, node: str, taken: tuple[int, ...]) -> None:
+        """What DRA claims hold on ``node``, per GPU in device order (thousandths), under ``key``:
+        replaces what ``key`` held before. Claims say which device, so nothing is modelled."""
+        self.unbind(key)
+        view = self.nodes.get(node)
+        if view is not None and any(taken):
+            self.nodes[node] = view.hold(key, taken)
+            self._where[key] = node
+            self._update(node)
 
     def unbind(self, key: str) -> None:
         """Pod ``key`` was deleted or finished (Succeeded, Failed): its resources are free."""

@@ -116,23 +116,24 @@ class Fragmenter:
         return lost[cpu_class] + (1.0 - usable[cpu_class]) * total
 
     def delta(self, product: str, signature: tuple[int, ...], cpu_left: int, cpu: int, gpus: int,
-              share_milli: int) -> float | None:
-        """F_n after the pod minus before (negative: the pod fills a fragment); None: it does not fit."""
+              share_milli: int, ordered: bool = False) -> float | None:
+        """F_n after the pod minus before (negative: the pod fills a fragment); None: it does not fit.
+        ``ordered``: a DRA node, whose signature is in device order and allocated first fit."""
         after = self.cpu_class(cpu_left - cpu)
-        remaining = devices.after_sorted(signature, gpus, share_milli, self.policy)
+        remaining = devices.after_sorted(signature, gpus, share_milli, "first" if ordered else self.policy)
         if remaining is None or after < 0:
             return None
         return self.fragment(product, remaining, after) - self.fragment(product, signature, self.cpu_class(cpu_left))
 
     def points(self, product: str, signature: tuple[int, ...], cpu_left: int, cpu: int, gpus: int,
-               share_milli: int) -> int:
+               share_milli: int, ordered: bool = False) -> int:
         """FGD's 0..100 score of placing the pod on the node (``NO_FIT``: it does not fit); memoized."""
         thresholds = self.thresholds
         key = (product, signature, bisect_right(thresholds, cpu_left) if cpu_left >= 0 else -1,
-               bisect_right(thresholds, cpu_left - cpu) if cpu_left >= cpu else -1, gpus, share_milli)
+               bisect_right(thresholds, cpu_left - cpu) if cpu_left >= cpu else -1, gpus, share_milli, ordered)
         found = self.memo.get(key)
         if found is None:
-            delta = self.delta(product, signature, cpu_left, cpu, gpus, share_milli)
+            delta = self.delta(product, signature, cpu_left, cpu, gpus, share_milli, ordered)
             found = NO_FIT if delta is None else fgd_points(delta)
             if len(self.memo) >= MEMO_LIMIT:
                 self.memo.clear()

@@ -109,13 +109,18 @@ class Bound:
     key: str
     demand: PodDemand
     devices: tuple[int, ...] = ()
+    taken: tuple[int, ...] = ()
+    """Thousandths held per GPU, in device order, when the API says where (DRA claims): ``NodeView.hold``."""
 
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
     """A node's allocatable and what its bound pods take; ``bind`` and ``release`` return new views.
 
-    ``left`` is thousandths left per physical GPU (the device model). The derived fields are
+    ``left`` is thousandths left per physical GPU (the device model). ``ordered``: the node's GPUs
+    are DRA devices, which the scheduler allocates first fit in device order (``devices``'s
+    ``first``): pods without a claim's answer are modelled so, and the signature keeps that order.
+    The derived fields are
     computed once per view, since the extender reads them for every candidate of every call:
     ``signature`` is ``left`` without empty GPUs, sorted high to low (all the fragment measure
     reads of the GPUs, and its memo key), ``gpu_free`` its sum.
@@ -132,6 +137,7 @@ class NodeView:
     mig_requested: Counts = ()
     left: tuple[int, ...] = ()
     pods: tuple[Bound, ...] = ()
+    ordered: bool = False
     cpu_left: int = field(init=False)
     memory_left: int = field(init=False)
     gpu_free: int = field(init=False)
@@ -141,14 +147,15 @@ class NodeView:
         object.__setattr__(self, "cpu_left", self.cpu - self.cpu_requested)
         object.__setattr__(self, "memory_left", self.memory - self.memory_requested)
         object.__setattr__(self, "gpu_free", sum(self.left))
-        object.__setattr__(self, "signature", devices.signature(self.left))
+        object.__setattr__(self, "signature", devices.ordered_signature(self.left) if self.ordered
+                           else devices.signature(self.left))
 
     @classmethod
     def empty(cls, name: str, *, cpu: int, memory: int = 0, product: str = "", gpus: int = 0,
-              mig: Counts = ()) -> NodeView:
+              mig: Counts = (), ordered: bool = False) -> NodeView:
         """A node with nothing bound."""
         return cls(name=name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=tuple(sorted(mig)),
-                   left=(MILLI,) * gpus)
+                   left=(MILLI,) * gpus, ordered=ordered)
 
     def mig_free(self, resource: str) -> int:
         return dict(self.mig).get(resource, 0) - dict(self.mig_requested).get(resource, 0)
@@ -162,7 +169,7 @@ class NodeView:
         taken: tuple[int, ...] = ()
         left = self.left
         if demand.uses_devices:
-            found = devices.allocate(self.left, demand.gpus, demand.share_milli, policy)
+            found = devices.allocate(self.left, demand.gpus, demand.share_milli, "first" if self.ordered else policy)
             if found is not None:
                 taken, left = found
         mig = self.mig_requested
@@ -175,6 +182,13 @@ class NodeView:
                        memory_requested=self.memory_requested + demand.memory, mig_requested=mig,
                        left=left, pods=self.pods + (Bound(key, demand, taken),))
 
+    def hold(self, key: str, taken: tuple[int, ...]) -> NodeView:
+        """The node with ``taken`` thousandths held per GPU (device order) under ``key``: what DRA
+        claims hold, where the API says which device (no model needed). Capped at what is left."""
+        held = tuple(min(max(0, amount), free) for amount, free in zip(taken, self.left, strict=False))
+        left = tuple(free - amount for free, amount in zip(self.left, held + (0,) * len(self.left), strict=False))
+        return replace(self, left=left, pods=self.pods + (Bound(key, PodDemand(), (), held),))
+
     def release(self, key: str) -> NodeView:
         """The node without the pod ``key`` (unchanged when it is not here): its GPUs are free again."""
         gone = next((bound for bound in self.pods if bound.key == key), None)
@@ -182,6 +196,8 @@ class NodeView:
             return self
         demand = gone.demand
         left = list(self.left)
+        for index, amount in enumerate(gone.taken):
+            left[index] += amount
         for index in gone.devices:
             left[index] += MILLI if demand.gpus else demand.share_milli
         mig = dict(self.mig_requested)
@@ -193,9 +209,9 @@ class NodeView:
                        left=tuple(left), pods=tuple(bound for bound in self.pods if bound.key != key))
 
     def resized(self, *, cpu: int, memory: int, product: str, gpus: int, mig: Counts = (),
-                policy: DevicePolicy = "distributed") -> NodeView:
+                policy: DevicePolicy = "distributed", ordered: bool = False) -> NodeView:
         """The node with a new allocatable, its pods bound again in their order (the device model replayed)."""
-        node = NodeView.empty(self.name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig)
+        node = NodeView.empty(self.name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig, ordered=ordered)
         for bound in self.pods:
-            node = node.bind(bound.key, bound.demand, policy)
+            node = node.hold(bound.key, bound.taken) if bound.taken else node.bind(bound.key, bound.demand, policy)
         return node

@@ -156,9 +156,9 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
             continue
         product = node.product
         found = memo.get((product, node.signature, bisect_right(thresholds, left),
-                          bisect_right(thresholds, left - cpu), gpus, share))
+                          bisect_right(thresholds, left - cpu), gpus, share, node.ordered))
         if found is None:
-            found = points(product, node.signature, left, cpu, gpus, share)
+            found = points(product, node.signature, left, cpu, gpus, share, node.ordered)
         if found < 0:
             append(NO_FIT)
             continue

@@ -53,7 +53,8 @@ class ClusterState:
     ``extended`` maps an extended resource to its allocatable on each node (in node order).
     """
 
-    def __init__(self, nodes: tuple[NodeRecord, ...], extended: Mapping[str, Sequence[int]] | None = None) -> None:
+    def __init__(self, nodes: tuple[NodeRecord, ...], extended: Mapping[str, Sequence[int]] | None = None,
+                 sliced: Sequence[bool] | None = None) -> None:
         self.nodes = nodes
         self.names = [node.name for node in nodes]
         self.size = len(nodes)
@@ -76,6 +77,9 @@ class ClusterState:
         for column, resource in enumerate(self.extended_names):
             self.extended_cap[:, column] = np.asarray((extended or {})[resource], dtype=np.int64)
         self.extended_used = np.zeros_like(self.extended_cap)
+        self.sliced = None if sliced is None else np.asarray(sliced, dtype=bool)
+        """The timeslice world's time-sliced nodes (``renameByDefault``): they offer only slots
+        (``nvidia.com/gpu.shared``), the others only whole GPUs. None: any GPU takes either."""
 
     @property
     def cpu_left(self) -> np.ndarray:
@@ -103,6 +107,8 @@ class ClusterState:
                 mask &= (self.gpu_left >= demand.gpu_milli).any(axis=1)
             else:
                 mask &= (self.gpu_left >= MILLI).sum(axis=1) >= demand.num_gpu
+            if self.sliced is not None:
+                mask &= self.sliced if demand.shares_gpu else ~self.sliced
         for resource, count in demand.extended:
             if resource not in self.extended_names:
                 return np.zeros(self.size, dtype=bool)  # no node has it: allocatable 0 everywhere

@@ -47,8 +47,9 @@ def _pod_amounts(pod: dict[str, Any]) -> tuple[dict[str, int], int, int]:
 
 
 
-def view(pod: dict[str, Any], *, shared_slots: bool = False) -> PodView:
-    """The scheduling-relevant reading of a Pod (``shared_slots``: count ``nvidia.com/gpu.shared`` as integers)."""
+def view(pod: dict[str, Any], *, shared_slots: bool = False, slot_milli: int | None = None) -> PodView:
+    """The scheduling-relevant reading of a Pod (``shared_slots``: count ``nvidia.com/gpu.shared`` as
+    integers; ``slot_milli``: a slot is that many thousandths, whatever the replay annotation says)."""
     spec = pods.spec(pod)
     unsupported = None
     try:
@@ -69,7 +70,8 @@ def view(pod: dict[str, Any], *, shared_slots: bool = False) -> PodView:
     elif whole:
         num_gpu, milli = whole, MILLI
     elif slots:
-        per_slot = whole_count(pods.annotations_of(pod).get(GPU_MILLI_ANNOTATION, "")) or DEFAULT_SLOT_MILLI
+        per_slot = slot_milli or whole_count(pods.annotations_of(pod).get(GPU_MILLI_ANNOTATION, "")) \
+            or DEFAULT_SLOT_MILLI
         num_gpu, milli = 1, min(MILLI, per_slot * slots)
     demand = Demand(cpu=amounts.get("cpu", 0), memory=-(-amounts.get("memory", 0) // MIB), num_gpu=num_gpu,
                     gpu_milli=milli, cpu_score=cpu_nz, memory_score=-(-mem_nz // MIB),

@@ -1,7 +1,12 @@
 """What a replay leaves behind: the table, one CSV per run, OUT/summary.json and the plot.
 
-summary.json is shaped ``{"workload", "seeds", "arms": {arm: {"alloc_at_100", "alloc_at_130",
-"frag_at_100", "runs"}}}``: medians over seeds, in percent of GPU capacity, rounded to 2 places.
+summary.json is shaped ``{"workload", "seeds", "sharing", "arms": {arm: {"world", "alloc_at_100",
+"alloc_at_130", "frag_at_100", "runs", ...}}}``: medians over seeds, in percent of GPU capacity,
+rounded to 2 places. ``sharing`` is the run's sharing world (``--sharing``); each arm's ``world`` is
+the world it ran in (``published`` for the reference arms, ``mig-twin`` for the right-sizing arms).
+Arms in a sharing world add ``served_at_100`` (the trace's GPU ask of the pods placed),
+``placed``, ``failed`` (whole run), ``failed_at_100`` and ``overcommitted`` (timeslice: placed
+shares whose trace ask is larger than a slot).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any, TextIO
 
-from webhook.replay.runner import RunResult
+from webhook.replay.runspec import MIG_TWIN, PUBLISHED, RunResult
 
 POINTS = range(0, 131)
 
@@ -30,36 +35,55 @@ def by_arm(results: list[RunResult]) -> dict[str, list[RunResult]]:
     return grouped
 
 
-def summary(results: list[RunResult], *, workload: str, seeds: list[int]) -> dict[str, Any]:
+def summary(results: list[RunResult], *, workload: str, seeds: list[int], sharing: str = "") -> dict[str, Any]:
     arms = {}
     for arm, runs in by_arm(results).items():
-        arms[arm] = {"alloc_at_100": _median([r.alloc_at(100) for r in runs]),
+        arms[arm] = {"world": runs[0].world,
+                     "alloc_at_100": _median([r.alloc_at(100) for r in runs]),
                      "alloc_at_130": _median([r.alloc_at(130) for r in runs]),
                      "frag_at_100": _median([r.frag_at(100) for r in runs]),
                      "runs": len(runs)}
+        if runs[0].world not in (PUBLISHED, MIG_TWIN, ""):
+            arms[arm].update(world_counts(runs))
     for row in sizing_rows(results):
         arms[row["arm"]].update({k: v for k, v in row.items() if k not in ("arm", "alloc_at_100", "runs")})
-    return {"workload": workload, "seeds": list(seeds), "arms": arms}
+    return {"workload": workload, "seeds": list(seeds), "sharing": sharing, "arms": arms}
 
 
-def table(results: list[RunResult], *, workload: str, seeds: list[int]) -> str:
-    """Arm by metric, medians over seeds; failed pods are those that arrived up to 100%."""
-    data = summary(results, workload=workload, seeds=seeds)["arms"]
+def world_counts(runs: list[RunResult]) -> dict[str, Any]:
+    """What matters in a sharing world, medians over seeds: the trace's ask of the placed pods,
+    pods placed and failed (whole run, and failed up to 100% arrival), overcommitted shares."""
+    return {"served_at_100": _median([r.at(r.served, 100) for r in runs if r.served is not None]),
+            "placed": statistics.median([int(r.placed.sum()) for r in runs]),
+            "failed": statistics.median([r.failed for r in runs]),
+            "failed_at_100": statistics.median([int((~r.placed[r.arrived <= 100.0]).sum()) for r in runs]),
+            "overcommitted": statistics.median([r.oversubscribed for r in runs])}
+
+
+def table(results: list[RunResult], *, workload: str, seeds: list[int], sharing: str = "") -> str:
+    """Arm by metric, medians over seeds, with the world each arm ran in; failed pods are those
+    that arrived up to 100%; placed and overcommitted over the whole run (n/a outside a sharing world)."""
+    data = summary(results, workload=workload, seeds=seeds, sharing=sharing)["arms"]
     grouped = by_arm(results)
-    header = ("arm", "alloc@100%", "alloc@130%", "frag@100%", "failed@100%", "runs", "s/run")
+    header = ("arm", "world", "alloc@100%", "alloc@130%", "served@100%", "frag@100%", "failed@100%", "placed",
+              "overcommitted", "runs", "s/run")
     rows = [header]
     for arm, values in data.items():
         runs = grouped[arm]
         failed = statistics.median([int((~r.placed[r.arrived <= 100.0]).sum()) for r in runs])
         seconds = statistics.mean([r.seconds for r in runs])
-        rows.append((arm, _fmt(values["alloc_at_100"]), _fmt(values["alloc_at_130"]),
-                     _fmt(values["frag_at_100"]), f"{failed:g}", str(values["runs"]), f"{seconds:.1f}"))
+        in_world = "overcommitted" in values
+        rows.append((arm, values["world"] or "-", _fmt(values["alloc_at_100"]), _fmt(values["alloc_at_130"]),
+                     _fmt(values.get("served_at_100")), _fmt(values["frag_at_100"]), f"{failed:g}",
+                     f"{statistics.median([int(r.placed.sum()) for r in runs]):g}",
+                     f"{values['overcommitted']:g}" if in_world else "n/a", str(values["runs"]), f"{seconds:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     several = len(seeds) > 1
-    lines = [f"workload {workload}, {'seeds' if several else 'seed'} {_seed_text(seeds)}; "
+    world = f"sharing world {sharing} (reference arms: their published model); " if sharing else ""
+    lines = [f"workload {workload}, {'seeds' if several else 'seed'} {_seed_text(seeds)}; {world}"
              f"{'medians over seeds, ' if several else ''}% of GPU capacity"]
     for number, row in enumerate(rows):
-        cells = (cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+        cells = (cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i]) for i, cell in enumerate(row))
         lines.append("  ".join(cells))
         if number == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -72,7 +96,7 @@ def sizing_rows(results: list[RunResult]) -> list[dict[str, Any]]:
     per GPU resource the fractional pods got, placed/failed (over the whole run)."""
     rows = []
     for arm, runs in by_arm(results).items():
-        if runs[0].served is None:
+        if runs[0].served is None or runs[0].world != MIG_TWIN:
             continue
         rungs: dict[str, tuple[list[int], list[int]]] = {}
         for run in runs:

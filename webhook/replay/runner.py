@@ -20,29 +20,31 @@ pod that fits nowhere (or is denied) is counted as arrived and failed.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from webhook import names
 from webhook.errors import InputError
+from webhook.kube import allocations, claims, nodedevices
+from webhook.kube import slices as slices_module
 from webhook.kube.inventory import EMPTY as EMPTY_INVENTORY
 from webhook.kube.inventory import Inventory
-from webhook.placement import scoring
+from webhook.placement import dra as placement_dra
+from webhook.placement.devices import DevicePolicy
 from webhook.placement.extender import ExtenderSettings, ExtenderState
 from webhook.placement.inputs import PodDemand, demand_from_pod
 from webhook.placement.shapes import ShapeMix
-from webhook.policy import loading
+from webhook.replay import arms as arm_table
 from webhook.replay import demand as demand_reading
-from webhook.replay import migcluster, workload
+from webhook.replay import sizing, workload, worlds
+from webhook.replay.admitting import Admission as Admission
 from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState, Demand
 from webhook.replay.labels import Relabeler
@@ -58,156 +60,90 @@ from webhook.replay.model import (
 )
 from webhook.replay.records import PodRecord, Trace
 from webhook.replay.reference import REFERENCE_SCHEDULERS
+from webhook.replay.runspec import DRA, PUBLISHED, SHARING, TIMESLICE, RunResult, RunSpec
 
-KUBE_ARMS = ("stock", "gpugate", "binpack-profile", "extender", "gpugate-extender")
-SIZING_ARMS = migcluster.ARMS
+KUBE_ARMS = tuple(arm.name for arm in arm_table.ARMS if arm.kind == "kube")
+SIZING_ARMS = arm_table.SIZING_ARMS
 """On the trace's MIG-capable twin (webhook.replay.migcluster), through ``--policies``: webhook.replay.sizing."""
-ARMS = KUBE_ARMS + tuple(REFERENCE_SCHEDULERS) + SIZING_ARMS
-POLICY_ARMS = ("gpugate", "gpugate-extender") + SIZING_ARMS
+ARMS = arm_table.NAMES
+POLICY_ARMS = arm_table.POLICY_ARMS
 """Arms that admit pods through the policy folder."""
 BINPACK = "gpugate-binpack"
 EXTENDER_PROFILE = names.EXTENDER_SCHEDULER_NAME
 """schedulerName of the second scheduler's profile with the default plugins and the extender (manifests/scheduler)."""
-EXTENDER_ARMS = ("extender", "gpugate-extender")
+EXTENDER_ARMS = arm_table.EXTENDER_ARMS
+DRA_HOLDER_PREFIX = "dra:"
 
 
-@dataclass(frozen=True, slots=True)
-class RunSpec:
-    arm: str
-    seed: int
-    label_lag: int = 1
-    tune: float = 1.3
-    policies: str | None = None
-    """Policy folder for the gpugate arm (a path, so a worker process loads it itself)."""
-    taint_congested: bool = False
-    device_policy: str = "distributed"
-    """How the device plugin picks a GPU for a time-sliced share: distributed (its default) or packed."""
-    extender_weight: int = scoring.RECOMMENDED_WEIGHT
-    extender_percentage: int = 100
-    """percentageOfNodesToScore of the extender's profile: 100 (proposed), 0 for the adaptive default."""
-    extender_levels: str = "rank"
-    extender_mix: str = "history"
-    """Where the extender's pod-shape mix comes from: history (default) learns from the pods created,
-    its window starting full of earlier pods, as a balancer restarted on a running cluster finds it
-    (a seeded draw from the pod list, the cluster's history); window learns from the pods created
-    in this replay only (a new, empty cluster); trace is a configured mix, the pod list's."""
-    extender_assume: bool = True
-    extender_window: int = 2000
-    extender_tolerance: float = 0.05
-    extender_cpu_pods: bool = True
-    """The extender arm sends CPU-only pods to the extender's profile too (else to default-scheduler)."""
-    mig_mix: str = migcluster.DEFAULT_MIX
-    """The right-sizing arms: which share of the GPU nodes is partitioned, with which MIG layout."""
-    share_replicas: int = migcluster.DEFAULT_REPLICAS
-    """The shares-only arm: time-sliced slots per GPU on the partitioned nodes."""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """Per submitted pod: arrived GPU request, allocation and fragment (% of GPU capacity)."""
-
-    arm: str
-    seed: int
-    workload: str
-    arrived: np.ndarray
-    allocated: np.ndarray
-    fragment: np.ndarray
-    placed: np.ndarray
-    failed: int
-    denied: int
-    seconds: float
-    served: np.ndarray | None = None
-    """The right-sizing arms: the trace's GPU request of the pods placed so far (% of GPU capacity)."""
-    rungs: tuple[tuple[str, int, int], ...] = ()
-    """The right-sizing arms: per GPU resource the fractional pods asked, (resource, placed, failed)."""
-    oversubscribed: int = 0
-    """Placed fractional pods whose trace share is larger than the capacity their resource reserves."""
-
-    def at(self, values: np.ndarray, arrived_percent: int) -> float:
-        """The published binning: mean over pods whose arrived % rounds to the point (else +-1)."""
-        rounded = np.round(self.arrived)
-        chosen = values[rounded == arrived_percent]
-        if len(chosen) == 0:
-            chosen = values[np.abs(rounded - arrived_percent) <= 1]
-        return float(chosen.mean()) if len(chosen) else float("nan")
-
-    def alloc_at(self, arrived_percent: int) -> float:
-        return self.at(self.allocated, arrived_percent)
-
-    def frag_at(self, arrived_percent: int) -> float:
-        return self.at(self.fragment, arrived_percent)
-
-
-def demand_from_trace(records: Iterable[PodRecord]) -> list[PodDemand]:
-    """The pod list as the extender would read its pods (a configured mix: what FGD's typical pods use)."""
+def demand_from_trace(records: Iterable[PodRecord], slot: int | None = None) -> list[PodDemand]:
+    """The pod list as the extender would read its pods (a configured mix: what FGD's typical pods use);
+    ``slot``: the timeslice world, where a share reads as one slot of that many thousandths."""
     return [PodDemand(cpu=r.cpu_milli, memory=r.memory_mib * demand_reading.MIB,
                       gpus=r.num_gpu if r.num_gpu and not r.shares_gpu else 0,
-                      share_milli=r.gpu_milli if r.shares_gpu else 0,
+                      share_milli=(slot or r.gpu_milli) if r.shares_gpu else 0,
                       products=frozenset(workload.product_of(m) for m in r.gpu_spec)) for r in records]
 
 
-def record_demand(record: PodRecord) -> Demand:
-    """A trace row as the published schedulers read it (non-zero cpu/memory defaults for scoring)."""
+def record_demand(record: PodRecord, slot: int | None = None) -> Demand:
+    """A trace row as the published schedulers read it (non-zero cpu/memory defaults for scoring);
+    ``slot``: BestFit-on-slots in the timeslice world, a share is a slot of that many thousandths."""
+    milli = record.gpu_milli if record.num_gpu else 0
+    if slot and record.shares_gpu:
+        milli = slot
     return Demand(cpu=record.cpu_milli, memory=record.memory_mib, num_gpu=record.num_gpu,
-                  gpu_milli=record.gpu_milli if record.num_gpu else 0, models=frozenset(record.gpu_spec),
+                  gpu_milli=milli, models=frozenset(record.gpu_spec),
                   cpu_score=record.cpu_milli or demand_reading.DEFAULT_CPU_MILLI,
                   memory_score=record.memory_mib or -(-demand_reading.DEFAULT_MEMORY_BYTES // demand_reading.MIB))
 
 
-class Admission:
-    """The webhook's decision for each Pod: validate, then apply the mutation's JSON patch.
+class World:
+    """What a run's sharing world changes: the nodes, how a pod is written and read, the device rule."""
 
-    Pure functions of (pod, namespace, policies): pods equal but for their name are admitted once
-    and the answer reused, which is what makes the real mutation code affordable per trace pod.
-    """
+    def __init__(self, trace: Trace, sharing: str, spec: RunSpec) -> None:
+        self.sharing = sharing
+        self.replicas = spec.share_replicas
+        self.slot = worlds.slot_milli(self.replicas) if sharing == TIMESLICE else None
+        self.sliced = worlds.sliced_nodes(trace.nodes, trace.pods, self.replicas) if sharing == TIMESLICE else None
+        self.models = sorted({node.model for node in trace.nodes if node.gpus})
+        self.memory_of = worlds.memory_by_subrequest(self.models)
+        self.device_policy = "first" if sharing == DRA else spec.device_policy
+        self._asks: dict[int, int] = {}
 
-    def __init__(self, policies_dir: str | None) -> None:
-        from webhook.admission import chain
-        from webhook.policy import PolicySet
+    def pod_for(self, record: PodRecord) -> dict[str, Any]:
+        if self.sharing == PUBLISHED:
+            return workload.pod_for(record)
+        return worlds.pod_for(record, self.sharing)
 
-        self.chain = chain
-        self.policies = loading.load_dir(Path(policies_dir)) if policies_dir else PolicySet.empty()
-        self.cache: dict[str, dict[str, Any] | None] = {}
-        self.applied: dict[str, int] = {}
+    def claim_milli(self, milli: int) -> int:
+        """A share claim's size as the scheduler and the extender read it from its template."""
+        if milli not in self._asks:
+            self._asks[milli] = placement_dra.share_milli(worlds.share_ask(milli, self.models), self.memory_of)
+        return self._asks[milli]
 
-    def admit(self, pod: dict[str, Any], inventory: Inventory = EMPTY_INVENTORY,
-              inventory_key: str = "") -> dict[str, Any] | None:
-        """The stored Pod, or None when the validating webhook denies it.
+    def view(self, pod: dict[str, Any], record: PodRecord) -> PodView:
+        found = demand_reading.view(pod, slot_milli=self.slot)
+        if self.sharing == DRA and record.shares_gpu and claims.pod_claim_refs(pod):
+            demand = dataclasses.replace(found.demand, num_gpu=1, gpu_milli=self.claim_milli(record.gpu_milli))
+            found = dataclasses.replace(found, demand=demand)
+        return found
 
-        ``inventory`` is the balancer's GPUInventory the webhook reads; ``inventory_key`` names
-        what in it can change the answer (equal keys, equal answers), so the cache stays exact.
-        """
-        template = copy.deepcopy(pod)
-        name = template["metadata"].pop("name")
-        key = json.dumps(template, sort_keys=True) + inventory_key
-        if key not in self.cache:
-            namespace = pod["metadata"]["namespace"]
-            # The API server's order: mutate, then validate the mutated pod.
-            outcome = self.chain.admit(copy.deepcopy(pod), namespace=namespace, policies=self.policies,
-                                       inventory=inventory)
-            if outcome.stored is None:
-                self.cache[key] = None
-            else:
-                stored = copy.deepcopy(outcome.stored)
-                stored["metadata"].pop("name", None)
-                self.cache[key] = stored
-                policy = str(outcome.mutation.policy) if outcome.mutation.policy else "(none)"
-                self.applied[policy] = self.applied.get(policy, 0) + 1
-        admitted = self.cache[key]
-        if admitted is None:
-            return None
-        out = copy.copy(admitted)
-        out["metadata"] = {**admitted["metadata"], "name": name}
-        return out
+    def extender_demand(self, pod: dict[str, Any], view: PodView, record: PodRecord) -> PodDemand:
+        """The extender's reading of an admitted Pod: its requests, and in dra its share claim; in the
+        published model (no world) a share's size from the replay's annotation, via the view."""
+        found = demand_from_pod(pod, slot_milli=self.slot or demand_reading.DEFAULT_SLOT_MILLI)
+        if self.sharing == PUBLISHED and view.demand.shares_gpu:
+            return dataclasses.replace(found, share_milli=view.demand.gpu_milli, gpus=0)
+        if self.sharing == DRA and view.demand.shares_gpu:
+            return dataclasses.replace(found, share_milli=view.demand.gpu_milli, gpus=0)
+        return found
 
-
-def placement_demand(pod: dict[str, Any], view: PodView) -> PodDemand:
-    """The extender's reading of an admitted Pod; a share's size from the replay's annotation (via the view)."""
-    found = demand_from_pod(pod)
-    if view.demand.shares_gpu:
-        found = PodDemand(cpu=found.cpu, memory=found.memory, share_milli=view.demand.gpu_milli,
-                          products=found.products)
-    return found
+    def cluster(self, trace: Trace) -> KubeCluster:
+        state = ClusterState(trace.nodes, sliced=self.sliced)
+        labels = [workload.node_labels(node) for node in trace.nodes]
+        if self.sliced is not None:
+            labels = [worlds.timeslice_labels(found, self.replicas) if sliced else found
+                      for found, sliced in zip(labels, self.sliced, strict=True)]
+        return KubeCluster(state=state, labels=NodeLabels(state.names, labels))
 
 
 class BlindExtender:
@@ -217,27 +153,34 @@ class BlindExtender:
     learns nodes from the trace (allocatable and GPU product label), pod shapes as pods arrive
     (created, before scheduling) and bound pods in batches every ``lag`` placements: the watch's
     delay. The real mutation of the kube cluster stays in ClusterState; this sees only the API.
+    In the dra world the nodes' GPUs are DRA devices: what bound pods hold comes from each node's
+    ResourceSlice and the allocated claims, through ``kube.nodedevices`` and ``placement.dra``.
     """
 
-    def __init__(self, trace: Trace, spec: RunSpec, mix: ShapeMix | None) -> None:
-        settings = ExtenderSettings(device_policy="packed" if spec.device_policy == "packed" else "distributed",
-                                    levels=spec.extender_levels, mix=mix, assume=spec.extender_assume,
-                                    assume_ttl=float(4 * max(1, spec.label_lag)), warm_keys=False,
-                                    window=spec.extender_window, tolerance=spec.extender_tolerance)
+    def __init__(self, trace: Trace, spec: RunSpec, mix: ShapeMix | None, world: World | None = None) -> None:
+        policy: DevicePolicy = "packed" if spec.device_policy == "packed" else "distributed"
+        settings = ExtenderSettings(device_policy=policy, levels=spec.extender_levels, mix=mix,
+                                    assume=spec.extender_assume, assume_ttl=float(4 * max(1, spec.label_lag)),
+                                    warm_keys=False, window=spec.extender_window, tolerance=spec.extender_tolerance)
         self.state = ExtenderState(settings)
+        self.dra = world is not None and world.sharing == DRA
+        self.trace_nodes = trace.nodes
         for node in trace.nodes:
             self.state.set_node(node.name, cpu=node.cpu_milli, memory=node.memory_mib * demand_reading.MIB,
-                                product=workload.product_of(node.model) if node.gpus else "", gpus=node.gpus)
+                                product=workload.product_of(node.model) if node.gpus else "", gpus=node.gpus,
+                                ordered=self.dra and node.gpus > 0)
         if spec.extender_mix == "history":
             # The window as a balancer restarted on a running cluster finds it: full of pods created
             # before, here a seeded draw from the pod list (the trace is that cluster's history).
             history = np.random.default_rng((spec.seed, 3)).integers(len(trace.pods), size=spec.extender_window)
-            demands = demand_from_trace(trace.pods)
+            demands = demand_from_trace(trace.pods, world.slot if world else None)
             for index in history.tolist():
                 self.state.seen(demands[index])
         self.names = [node.name for node in trace.nodes]
         self.lag = max(1, spec.label_lag)
-        self.pending: list[tuple[str, str, PodDemand]] = []
+        self.pending: list[tuple[str, int, PodDemand, tuple[int, ...]]] = []
+        self.claims: dict[int, list[allocations.Claim]] = {}
+        self.slices: dict[int, slices_module.Slice] = {}
         self.step = 0
         self.demand = PodDemand()
 
@@ -249,13 +192,32 @@ class BlindExtender:
         return self.state.prioritize(f"pod-{self.step}", self.demand, [self.names[n] for n in nodes.tolist()],
                                      now=float(self.step))
 
-    def bound(self, node: int) -> None:
+    def bound(self, node: int, devices: tuple[int, ...] = ()) -> None:
         """The pod of this step was bound; the watch delivers binds every ``lag`` placements."""
-        self.pending.append((f"pod-{self.step}", self.names[node], self.demand))
+        self.pending.append((f"{workload.NAMESPACE}/pod-{self.step}", node, self.demand, devices))
         if len(self.pending) >= self.lag:
-            for key, name, demand in self.pending:
-                self.state.bind(key, name, demand)
+            for key, index, demand, taken in self.pending:
+                self._deliver(key, index, demand, taken)
             self.pending.clear()
+
+    def _deliver(self, key: str, index: int, demand: PodDemand, devices: tuple[int, ...]) -> None:
+        name = self.names[index]
+        assumed_key = "pod-" + key.rsplit("-", 1)[-1]
+        if not self.dra or not demand.uses_devices:
+            self.state.bind(assumed_key, name, demand)
+            return
+        # The pod's GPUs are in its allocated claim: the pod itself counts its cpu and memory only.
+        self.state.bind(assumed_key, name, dataclasses.replace(demand, gpus=0, share_milli=0))
+        node = self.trace_nodes[index]
+        milli = demand.share_milli or 1000
+        self.claims.setdefault(index, []).append(worlds.allocated_claim(key, node, devices, milli))
+        if index not in self.slices:
+            self.slices[index] = worlds.node_slice(node)
+        held = self.claims[index]
+        found = nodedevices.by_node([self.slices[index]], nodedevices.held_keys(held),
+                                    nodedevices.consumed_by_key(held)).get(name)
+        if found is not None:
+            self.state.hold(DRA_HOLDER_PREFIX + name, name, placement_dra.taken_milli(found))
 
 
 def extender_profile(extender: BlindExtender, spec: RunSpec) -> Profile:
@@ -271,10 +233,10 @@ def kube_cluster(trace: Trace) -> KubeCluster:
     return KubeCluster(state=state, labels=labels)
 
 
-def trace_mix(records: Iterable[PodRecord]) -> ShapeMix:
+def trace_mix(records: Iterable[PodRecord], slot: int | None = None) -> ShapeMix:
     """The pod list's own shape mix: what ``--extender-mix trace`` configures, and what
     ``gpugate replay`` writes as ``pod-mix.yaml`` for the balancer."""
-    return ShapeMix.from_demands(demand_from_trace(records))
+    return ShapeMix.from_demands(demand_from_trace(records, slot))
 
 
 def balancer_inventory(trace: Trace, spec: RunSpec, extender: BlindExtender | None = None) -> Inventory:
@@ -294,16 +256,18 @@ def balancer_inventory(trace: Trace, spec: RunSpec, extender: BlindExtender | No
 
 def run(trace: Trace, spec: RunSpec) -> RunResult:
     """Replay one arm with one seed; pure apart from loading the policy folder named in ``spec``."""
-    if spec.arm not in ARMS:
+    arm = arm_table.BY_NAME.get(spec.arm)
+    if arm is None:
         raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
-    if spec.arm in SIZING_ARMS:
-        from webhook.replay import sizing  # it builds on this module's Admission and RunResult
-
+    if spec.sharing not in SHARING:
+        raise InputError(f"unknown sharing world {spec.sharing!r}; choose from {', '.join(SHARING)}")
+    if arm.kind == "sizing":
         return sizing.run(trace, spec)
     started = time.perf_counter()
+    world = World(trace, arm_table.world_of(spec.arm, spec.sharing), spec)
     records = trace.pods
-    demands = [record_demand(record) for record in records]
-    cluster = kube_cluster(trace)
+    demands = [record_demand(record, world.slot) for record in records]
+    cluster = world.cluster(trace)
     state = cluster.state
     tracker = FragmentTracker(state, typical_pods(demands, state))
     order = arrival_order(records, state.capacity_milli, spec.seed, tune=spec.tune)
@@ -312,8 +276,8 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     relabeler: Relabeler | None = None
     denied = 0
     arrivals = [0]  # the current arrival step, read by the extender's closure
-    if spec.arm in REFERENCE_SCHEDULERS:
-        scheduler = REFERENCE_SCHEDULERS[spec.arm](np.random.default_rng((spec.seed, 2)).permutation(state.size))
+    if arm.kind == "reference":
+        scheduler = REFERENCE_SCHEDULERS[arm.reference](np.random.default_rng((spec.seed, 2)).permutation(state.size))
 
         def place(index: int) -> tuple[int, tuple[int, ...]] | None:
             feasible = np.flatnonzero(state.fits(demands[index]))
@@ -323,14 +287,14 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     else:
         profiles = [DEFAULT_PROFILE, binpack_profile()]
         extender: BlindExtender | None = None
-        if spec.arm in EXTENDER_ARMS:
-            mix = trace_mix(records) if spec.extender_mix == "trace" else None
-            extender = BlindExtender(trace, spec, mix)
+        if arm.extender:
+            mix = trace_mix(records, world.slot) if spec.extender_mix == "trace" else None
+            extender = BlindExtender(trace, spec, mix, world)
             profiles.append(extender_profile(extender, spec))
         kube = KubeScheduler(tuple(profiles), rng)
         relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
         relabeler.start(cluster)
-        admission = Admission(spec.policies) if spec.arm in ("gpugate", "gpugate-extender") else None
+        admission = Admission(spec.policies) if arm.policies else None
         published = balancer_inventory(trace, spec, extender) if admission is not None else EMPTY_INVENTORY
         published_key = json.dumps(published.type_pressure)
         views: dict[int, PodView | None] = {}
@@ -338,21 +302,20 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
 
         def view_of(index: int) -> PodView | None:
             if index not in views:
-                pod: dict[str, Any] | None = workload.pod_for(records[index])
+                pod: dict[str, Any] | None = world.pod_for(records[index])
                 if admission is not None and pod is not None:
                     pod = admission.admit(pod, published, published_key)
                 if pod is None:
                     views[index] = None
                 else:
-                    found = demand_reading.view(pod)
+                    found = world.view(pod, records[index])
                     routed = {"binpack-profile": BINPACK}.get(spec.arm)
                     if spec.arm == "extender" and (spec.extender_cpu_pods or found.demand.num_gpu):
                         routed = EXTENDER_PROFILE
                     if routed:
-                        found = PodView(**{**{f: getattr(found, f) for f in PodView.__slots__},
-                                           "scheduler_name": routed})
+                        found = dataclasses.replace(found, scheduler_name=routed)
                     views[index] = found
-                    placement_demands[index] = placement_demand(pod, found)
+                    placement_demands[index] = world.extender_demand(pod, found, records[index])
             return views[index]
 
         def place(index: int) -> tuple[int, tuple[int, ...]] | None:
@@ -366,35 +329,43 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
             node = kube.schedule(cluster, pod_view)
             if node is None:
                 return None
+            devices = kube.devices(cluster, node, pod_view.demand, world.device_policy)
             if extender is not None:
-                extender.bound(node)
-            return node, kube.devices(cluster, node, pod_view.demand, spec.device_policy)
+                extender.bound(node, devices)
+            return node, devices
 
     arrived = np.empty(len(order))
     allocated = np.empty(len(order))
+    served = np.empty(len(order))
     fragment = np.empty(len(order))
     placed = np.zeros(len(order), dtype=bool)
-    total = 0
+    total = useful = overcommitted = 0
     capacity = state.capacity_milli
     for step, index in enumerate(order):
         arrivals[0] = step
-        total += records[index].gpu_request_milli
+        record = records[index]
+        total += record.gpu_request_milli
         placement = place(index)
         if placement is not None:
             node, devices = placement
             # The kube arms bind what the admitted Pod asks for; the references, the trace row.
-            bound = demands[index] if spec.arm in REFERENCE_SCHEDULERS else views[index].demand  # type: ignore
+            bound = demands[index] if arm.kind == "reference" else views[index].demand  # type: ignore
             state.bind(node, bound, devices)
             tracker.refresh(state, node)
             if relabeler is not None:  # the balancer sees the pod once it is bound
                 relabeler.placed(cluster, node)
             placed[step] = True
+            useful += record.gpu_request_milli
+            if world.slot and record.shares_gpu and record.gpu_milli > world.slot:
+                overcommitted += 1
         arrived[step] = 100.0 * total / capacity
         allocated[step] = 100.0 * state.used_milli / capacity
+        served[step] = 100.0 * useful / capacity
         fragment[step] = 100.0 * tracker.cluster_fragment() / capacity
     return RunResult(arm=spec.arm, seed=spec.seed, workload=trace.workload, arrived=arrived, allocated=allocated,
                      fragment=fragment, placed=placed, failed=int((~placed).sum()), denied=denied,
-                     seconds=time.perf_counter() - started)
+                     seconds=time.perf_counter() - started, served=served if world.sharing != PUBLISHED else None,
+                     oversubscribed=overcommitted, world=world.sharing)
 
 
 _WORKER_TRACE: Trace | None = None

@@ -44,12 +44,13 @@ from webhook.errors import InputError
 from webhook.kube.inventory import Inventory
 from webhook.replay import demand as demand_reading
 from webhook.replay import migcluster
+from webhook.replay.admitting import Admission
 from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState, Demand
 from webhook.replay.labels import Relabeler
 from webhook.replay.model import DEFAULT_PROFILE, KubeCluster, KubeScheduler, NodeLabels, binpack_profile
 from webhook.replay.records import MILLI, Trace
-from webhook.replay.runner import Admission, RunResult, RunSpec
+from webhook.replay.runspec import MIG_TWIN, RunResult, RunSpec
 
 GENERATED_AT = datetime(2026, 1, 1, tzinfo=UTC)
 """A fixed stamp: the replay's inventory is always fresh (the webhook is called without a clock)."""
@@ -190,4 +191,5 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     return RunResult(arm=spec.arm, seed=spec.seed, workload=trace.workload, arrived=arrived, allocated=allocated,
                      fragment=np.full(len(order), np.nan), placed=placed, failed=int((~placed).sum()),
                      denied=denied, seconds=time.perf_counter() - started, served=served,
-                     rungs=tuple((r, c[0], c[1]) for r, c in sorted(rungs.items())), oversubscribed=oversubscribed)
+                     rungs=tuple((r, c[0], c[1]) for r, c in sorted(rungs.items())), oversubscribed=oversubscribed,
+                     world=MIG_TWIN)

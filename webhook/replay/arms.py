@@ -1,0 +1,77 @@
+"""Every replay arm in one table: its name, which model it runs in, and what it needs (pure data).
+
+The CLI (``gpugate replay --arms``), ``benchmarks/placement_table.py`` and docs/placement.md read
+this table; ``runner.run`` dispatches on ``Arm.kind``. Adding an arm is one row here plus its code
+in the module its kind names (and its test).
+
+Kinds:
+  kube       the kube-scheduler model (``replay.model``) in the run's sharing world
+             (``--sharing timeslice|dra``), run by ``replay.runner``
+  reference  a published scheduler (``replay.reference``) in the FGD artifact's own model, whatever
+             the sharing world; ``bestfit-slots`` is the exception, BestFit in the timeslice world
+  sizing     the right-sizing arms on the trace's MIG-capable twin (``replay.sizing``)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["kube", "reference", "sizing"]
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    name: str
+    kind: Kind
+    summary: str
+    policies: bool = False
+    """Admits pods through the ``--policies`` folder."""
+    extender: bool = False
+    """Runs gpugate's scheduler extender (the ``gpugate`` profile)."""
+    default: bool = False
+    """In ``gpugate replay``'s default ``--arms``."""
+    reference: str = ""
+    """For a reference arm, the published scheduler it runs (``replay.reference``)."""
+    world: str = ""
+    """A fixed world for arms that ignore ``--sharing`` (reference: ``published``; sizing: ``mig-twin``);
+    empty: the run's sharing world."""
+
+
+ARMS: tuple[Arm, ...] = (
+    Arm("stock", "kube", "the trace's pods as written, kube-scheduler's default profile", default=True),
+    Arm("gpugate", "kube", "the pods admitted through gpugate's policies; each to the profile its "
+        "schedulerName names", policies=True, default=True),
+    Arm("binpack-profile", "kube", "the pods on gpugate's second profile (MostAllocated, GPU weight 5)",
+        default=True),
+    Arm("extender", "kube", "the pods on the gpugate profile: default plugins plus gpugate's extender",
+        extender=True, default=True),
+    Arm("gpugate-extender", "kube", "the gpugate arm, where a policy's schedulerName gpugate reaches the "
+        "extender's profile", policies=True, extender=True),
+    Arm("random", "reference", "Random, on the trace rows (published model)", default=True,
+        reference="random", world="published"),
+    Arm("bestfit", "reference", "BestFit, on the trace rows (published model)", default=True,
+        reference="bestfit", world="published"),
+    Arm("fgd", "reference", "FGD, on the trace rows (published model)", default=True,
+        reference="fgd", world="published"),
+    Arm("bestfit-slots", "reference", "BestFit in the timeslice world: shares are slots on time-sliced nodes",
+        reference="bestfit", world="timeslice"),
+    Arm("whole-gpu", "sizing", "fractional pods ask a whole GPU on the H100 twin", policies=True, world="mig-twin"),
+    Arm("shares-only", "sizing", "fractional pods ask a time-sliced slot on the H100 twin", policies=True,
+        world="mig-twin"),
+    Arm("rightsized", "sizing", "fractional pods ask memory that right-sizing turns into a rung on the H100 twin",
+        policies=True, world="mig-twin"),
+)
+
+BY_NAME = {arm.name: arm for arm in ARMS}
+NAMES = tuple(arm.name for arm in ARMS)
+DEFAULT = tuple(arm.name for arm in ARMS if arm.default)
+POLICY_ARMS = tuple(arm.name for arm in ARMS if arm.policies)
+EXTENDER_ARMS = tuple(arm.name for arm in ARMS if arm.extender)
+REFERENCE_ARMS = tuple(arm.name for arm in ARMS if arm.kind == "reference")
+SIZING_ARMS = tuple(arm.name for arm in ARMS if arm.kind == "sizing")
+
+
+def world_of(arm: str, sharing: str) -> str:
+    """The world a run of ``arm`` is in when the replay runs ``--sharing sharing``."""
+    return BY_NAME[arm].world or sharing
