@@ -64,6 +64,10 @@ class PodView:
     tolerations: tuple[Toleration, ...] = ()
     scheduler_name: str = "default-scheduler"
     unsupported: str | None = None
+    claim_models: tuple[str, ...] = ()
+    """For a pod whose claim is one ``firstAvailable`` request with a sub-request per GPU model (the
+    dra world's shares, ``worlds.share_ask``): the models in sub-request order, which
+    :func:`dynamic_resources_score` ranks nodes by; empty for every other pod."""
 
 
 # --- node labels, evaluated column-wise --------------------------------------------------------
@@ -246,6 +250,27 @@ def taint_toleration_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray
     return default_normalize(_untolerated(cluster, pod, ("PreferNoSchedule",))[nodes], reverse=True)
 
 
+FIRST_AVAILABLE_MAX = 8
+"""resource.k8s.io/v1 FirstAvailableDeviceRequestMaxSize."""
+
+
+def dynamic_resources_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
+    """kube-scheduler's DynamicResources Score (v1.36, DRAPrioritizedList GA, weight 2 in the default
+    plugins: pkg/scheduler/apis/config/v1/default_plugins.go ``applyDynamicResources``): per claim,
+    ``FirstAvailableDeviceRequestMaxSize - i`` for the ``firstAvailable`` sub-request ``i`` the node
+    would allocate (pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go
+    ``computeScore``), normalized to the best node. With one sub-request per GPU model, a node of
+    the first model listed scores 100, of the second 87, and so on; a pod without such a claim
+    scores 0 everywhere."""
+    if not pod.claim_models:
+        return np.zeros(len(nodes), dtype=np.int64)
+    order = {model: i for i, model in enumerate(pod.claim_models)}
+    models = cluster.state.models
+    raw = np.array([FIRST_AVAILABLE_MAX - order[models[i]] if models[i] in order else 0
+                    for i in cluster.state.model_index[nodes].tolist()], dtype=np.int64)
+    return default_normalize(raw, reverse=False)
+
+
 def node_affinity_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
     raw = np.zeros(len(nodes), dtype=np.int64)
     for preferred in pod.preferred:
@@ -347,7 +372,7 @@ DEFAULT_PROFILE = Profile(
     name="default-scheduler",
     filters=DEFAULT_FILTERS,
     scores=((taint_toleration_score, 3), (node_affinity_score, 2), (LEAST_ALLOCATED, 1),
-            (balanced_allocation_score, 1)),
+            (balanced_allocation_score, 1), (dynamic_resources_score, 2)),
 )
 
 
@@ -357,7 +382,8 @@ def binpack_profile(weights: tuple[tuple[str, int], ...] = BINPACK_WEIGHTS, perc
         name="gpugate-binpack",
         filters=DEFAULT_FILTERS,
         scores=((taint_toleration_score, 3), (node_affinity_score, 2),
-                (resources_fit_score("MostAllocated", weights), 1), (balanced_allocation_score, 1)),
+                (resources_fit_score("MostAllocated", weights), 1), (balanced_allocation_score, 1),
+                (dynamic_resources_score, 2)),
         percentage_of_nodes_to_score=percentage,
     )
 
