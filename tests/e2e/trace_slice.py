@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import random
 import secrets
@@ -233,6 +234,8 @@ class Outcome:
     node: str | None
     gpus: int
     why: str = ""
+    devices: tuple[int, ...] | None = None
+    """In the dra world: the GPUs (``gpu-<minor>``) kube-scheduler allocated, read from the pod's claims."""
 
 
 def gpus_of(pod: Obj) -> int:
@@ -360,6 +363,10 @@ class Lockstep:
     disagreements: list[str] = field(default_factory=list)
     by_source: dict[str, list[int]] = field(default_factory=dict)
     """Per pod list: [agreed, decisions]."""
+    device_decisions: int = 0
+    """In the dra world: GPU pods whose allocated devices were read back from their claims."""
+    device_differences: list[str] = field(default_factory=list)
+    """...and those where the model's device rule would have chosen other GPUs."""
     best_shares: list[float] = field(default_factory=list)
     """Per decision with more than one feasible node: the model's best nodes / feasible nodes. The
     smaller, the more a real choice among the best says (a scheduler picking any feasible node
@@ -382,6 +389,8 @@ class Lockstep:
         self.agreed += other.agreed
         self.disagreements += other.disagreements
         self.best_shares += other.best_shares
+        self.device_decisions += other.device_decisions
+        self.device_differences += other.device_differences
         for source, (agreed, decisions) in other.by_source.items():
             tally = self.by_source.setdefault(source, [0, 0])
             tally[0] += agreed
@@ -673,8 +682,27 @@ def run_real_world(cluster: Cluster, slice_: Slice, world: World, namespace: str
                 delete_now(core, namespace, record.name)  # never retried, as in the replay
                 outcomes.append(Outcome(record.name, None, record.num_gpu, verdict.split(":", 1)[1]))
                 continue
-            outcomes.append(Outcome(record.name, verdict.split(":", 1)[1], record.num_gpu))
+            devices = allocated_devices(cluster, namespace, record.name) if world.sharing == DRA else None
+            outcomes.append(Outcome(record.name, verdict.split(":", 1)[1], record.num_gpu, devices=devices))
     return outcomes
+
+
+def allocated_devices(cluster: Cluster, namespace: str, pod: str) -> tuple[int, ...]:
+    """The GPU minors the pod's claims hold: its share claim (``resourceClaimStatuses``) or the claim
+    kube-scheduler made for ``nvidia.com/gpu`` (``extendedResourceClaimStatus``)."""
+    api = cluster.api_client()
+    status = json.loads(k8s.CoreV1Api(api).read_namespaced_pod(pod, namespace, _preload_content=False).data)
+    status = status.get("status") or {}
+    names_ = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []]
+    names_.append((status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
+    minors: list[int] = []
+    resource = k8s.ResourceV1Api(api)
+    for claim_name in filter(None, names_):
+        claim = json.loads(resource.read_namespaced_resource_claim(claim_name, namespace,
+                                                                   _preload_content=False).data)
+        for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
+            minors.append(int(str(result["device"]).removeprefix("gpu-")))
+    return tuple(sorted(minors))
 
 
 def world_views(slice_: Slice, world: World, namespace: str) -> list[PodView]:
@@ -703,16 +731,18 @@ def world_run_model(slice_: Slice, world: World, views: Sequence[PodView], seed:
     return placed
 
 
-def world_allocation(slice_: Slice, world: World, views: Sequence[PodView], placements: Sequence[str | None]) -> float:
+def world_allocation(slice_: Slice, world: World, views: Sequence[PodView], placements: Sequence[str | None],
+                     devices: Sequence[tuple[int, ...] | None] | None = None) -> float:
     """GPU capacity taken after binding ``placements`` in the model's state, in % (whole GPUs, slots
     and claimed memory alike, as the replay reports allocation in the world)."""
     cluster = world_cluster(slice_, world)
     index = {name: i for i, name in enumerate(cluster.state.names)}
-    for view, node in zip(views, placements, strict=True):
+    for k, (view, node) in enumerate(zip(views, placements, strict=True)):
         if node is not None:
             chosen = index[node]
-            cluster.state.bind(chosen, view.demand, KubeScheduler.devices(cluster, chosen, view.demand,
-                                                                          world.device_policy))
+            real = devices[k] if devices is not None else None
+            cluster.state.bind(chosen, view.demand, real if real is not None else KubeScheduler.devices(
+                cluster, chosen, view.demand, world.device_policy))
     return 100.0 * cluster.state.used_milli / cluster.state.capacity_milli
 
 
@@ -731,12 +761,24 @@ def world_lockstep(slice_: Slice, world: World, views: Sequence[PodView], real: 
         if len(nodes) > 1:
             result.best_shares.append(len(best) / len(nodes))
         result.count(source, agreed)
+        kind = "share" if view.demand.shares_gpu else f"{view.demand.num_gpu} GPU(s)"
         if not agreed:
-            kind = "share" if view.demand.shares_gpu else f"{view.demand.num_gpu} GPU(s)"
             result.disagreements.append(f"[{kind}] " + _explain(cluster, outcome, chosen, nodes, parts, best))
         if chosen is not None:
-            cluster.state.bind(chosen, view.demand, KubeScheduler.devices(cluster, chosen, view.demand,
-                                                                          world.device_policy))
+            fits_here = bool(cluster.state.fits(view.demand)[chosen])
+            modelled = KubeScheduler.devices(cluster, chosen, view.demand, world.device_policy) if fits_here else None
+            devices = outcome.devices if outcome.devices is not None else modelled
+            if devices and any(cluster.state.gpu_left[chosen, g] < view.demand.gpu_milli for g in devices):
+                result.device_differences.append(f"[{kind}] {outcome.pod} on {outcome.node}: the model's state "
+                                                 f"cannot hold real GPUs {devices} ({view.demand.gpu_milli} each)")
+                devices = modelled
+            if outcome.devices is not None and view.demand.num_gpu:
+                result.device_decisions += 1
+                if modelled is None or tuple(sorted(modelled)) != outcome.devices:
+                    result.device_differences.append(f"[{kind}] {outcome.pod} on {outcome.node}: real GPUs "
+                                                     f"{outcome.devices}, model {modelled}")
+            if devices is not None:
+                cluster.state.bind(chosen, view.demand, devices)
     return result
 
 
@@ -777,6 +819,11 @@ class WorldReport:
             f"[{self.world}] lockstep: real choice among the model's best in {self.lockstep.agreed}/"
             f"{self.lockstep.decisions} ({self.lockstep.percent:.1f}%; chance {self.lockstep.chance:.0f}%)",
         ]
+        if self.lockstep.device_decisions:
+            lines.append(f"[{self.world}] devices: the model's device rule picks the GPUs kube-scheduler allocated "
+                         f"for {self.lockstep.device_decisions - len(self.lockstep.device_differences)}/"
+                         f"{self.lockstep.device_decisions} GPU pods")
+            lines += [f"[{self.world}]   e.g. {d}" for d in self.lockstep.device_differences[:examples]]
         lines += [f"[{self.world}]   e.g. {d}" for d in self.lockstep.disagreements[:examples]]
         lines.append(f"[{self.world}] wall time {self.seconds:.0f} s")
         return "\n".join(lines)
@@ -812,7 +859,8 @@ def world_fidelity(cluster: Cluster, spec: SliceSpec, *, repeats: int = 1,
     for real in reals:
         steps.add(world_lockstep(slice_, world, views, real))
     return WorldReport(spec=spec, slice=slice_,
-                       real_allocs=[world_allocation(slice_, world, views, [o.node for o in r]) for r in reals],
+                       real_allocs=[world_allocation(slice_, world, views, [o.node for o in r],
+                                                     [o.devices for o in r]) for r in reals],
                        real_failed=[sum(1 for o in r if o.node is None) for r in reals],
                        model_allocs=allocs, model_failed=failed, lockstep=steps,
                        seconds=time.monotonic() - started)
