@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -447,7 +448,8 @@ class KubeScheduler:
     def devices(cluster: KubeCluster, node: int, demand: Demand, policy: str = "distributed") -> tuple[int, ...]:
         """GPUs the device plugin hands the pod on the chosen node: ``webhook.placement.devices``.
 
-        Whole GPUs: the first free ones. A time-sliced share: NVIDIA's device plugin defaults to
+        Whole GPUs: the first free ones. A DRA share (``first``): the first device with room. A
+        time-sliced share: NVIDIA's device plugin defaults to
         its ``distributed`` allocation policy (the GPU with the fewest replicas taken, here the most
         left that fits); ``packed`` (k8s-device-plugin PR #1621) takes the fullest GPU that fits.
         The extender models the same rule, from the same module.
@@ -456,6 +458,9 @@ class KubeScheduler:
             return ()
         left = cluster.state.gpu_left[node].tolist()
         if demand.shares_gpu:
-            return (device_plugin.share_device(left, demand.gpu_milli, "packed" if policy == "packed"
-                                               else "distributed"),)
+            # "first": the dra world, where kube-scheduler's allocator takes the first device (in the
+            # slice's order) with the memory left (found by tests/e2e/test_replay_fidelity.py, issue 25:
+            # "first" used to fall through to distributed here).
+            rule = cast(device_plugin.DevicePolicy, policy if policy in ("packed", "first") else "distributed")
+            return (device_plugin.share_device(left, demand.gpu_milli, rule),)
         return device_plugin.whole_devices(left, demand.num_gpu)
