@@ -33,8 +33,8 @@ def percentile(values: list[float], point: float) -> float:
 def main() -> int:
     sys.path.insert(0, str(ROOT))
     from webhook.placement.extender import ExtenderState
-    from webhook.placement.inputs import PodDemand
     from webhook.replay import trace, workload
+    from webhook.replay.runner import demand_from_trace
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -58,10 +58,7 @@ def main() -> int:
     placed = 0
     for number in range(args.pods):
         record = rng.choice(loaded.pods)
-        demand = PodDemand(cpu=record.cpu_milli, memory=record.memory_mib * 2**20,
-                           gpus=record.num_gpu if not record.shares_gpu else 0,
-                           share_milli=record.gpu_milli if record.shares_gpu else 0,
-                           products=frozenset(workload.product_of(m) for m in record.gpu_spec))
+        [demand] = demand_from_trace([record])
         state.seen(demand)
         key = f"pod-{number}"
         started, cpu_started = time.perf_counter(), time.thread_time()

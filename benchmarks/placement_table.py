@@ -10,7 +10,10 @@ replay-out/table/, git-ignored) with ``webhook.replay.runner`` and appends one J
 list, arm, tag, seed, allocation at 100% and 130% arrival, fragment at 100%, failed pods up to
 100%, seconds. It resumes where it stopped. ``--tag`` names a variant of an arm (a different
 policy folder or extender setting) so variants sit next to each other in the same file.
-``table`` prints the markdown table of medians (allocation at 100% arrival) and the goal check.
+``table`` prints the markdown table of medians (allocation at 100% arrival) and the goal check;
+``worlds`` the sharing worlds' table (``run --sharing timeslice|dra`` tags runs ``arm@world``):
+GPU allocation, pods placed and overcommitted shares up to 100% arrival in timeslice, the
+extender in dra against the fgd reference column, and the issue's goals for each world.
 The lists default to every ``openb_pod_list_*.csv`` in the trace folder.
 """
 
@@ -151,6 +154,75 @@ def table(args: argparse.Namespace) -> int:
     return 0
 
 
+FGD_TABLE = ROOT / "docs" / "placement.md"
+FGD_SECTION = "## The issue's 17 pod lists (allocation at 100% arrival, median of seeds 42-51)"
+
+
+def fgd_figures(path: Path = FGD_TABLE) -> dict[str, float]:
+    """The fgd column of docs/placement.md's 17-list table (the reference arm in its published
+    model, medians of seeds 42-51, printed by ``table`` in an earlier run; the arm has not changed)."""
+    text = path.read_text(encoding="utf-8").split(FGD_SECTION, 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("| ")]
+    header = [cell.strip().strip("*") for cell in rows[0]]
+    column = header.index("fgd")
+    return {cells[0].strip(): float(cells[column]) for cells in rows[1:] if cells[column].strip()[:1].isdigit()}
+
+
+def timeslice_goal(placed: list[float | None], over: list[float | None]) -> str:
+    """Issue 25 in timeslice: the extender (last) places at least as many pods as stock and
+    BestFit-on-slots (first two), with fewer overcommitted shares than both."""
+    if None in placed or None in over:
+        return "incomplete"
+    (stock, best, ext), (o_stock, o_best, o_ext) = placed, over
+    misses = []
+    if ext < max(stock, best):  # type: ignore[operator,type-var]
+        misses.append(f"places {ext - max(stock, best):+g} pods")  # type: ignore[operator,type-var]
+    if o_ext >= min(o_stock, o_best):  # type: ignore[operator,type-var]
+        misses.append("not fewer overcommitted")
+    return ", ".join(misses) or "met"
+
+
+def world_dra_goal(name: str, dra: float | None, fgd: float | None) -> str:
+    """Issue 25 in dra: the extender at least FGD's figure minus 0.5, and 95.2 on the default list."""
+    if dra is None or fgd is None:
+        return "incomplete"
+    misses = [f"fgd {dra - fgd:+.2f}"] if dra < fgd - 0.5 else []
+    if name == "default" and dra < 95.2:
+        misses.append("< 95.2")
+    return ", ".join(misses) or "met"
+
+
+def worlds_table(args: argparse.Namespace) -> int:
+    """Both sharing worlds side by side, per list, and the issue's goals for each world."""
+    found = rows_of(Path(args.out) / "results.jsonl", seeds_of(args.seeds))
+    fgd = fgd_figures()
+    by: dict[tuple[str, str], list[dict]] = {}
+    for (name, tag, _), row in found.items():
+        by.setdefault((name, tag), []).append(row)
+
+    def med(name: str, tag: str, field: str) -> float | None:
+        values = [r[field] for r in by.get((name, tag), []) if r.get(field) is not None]
+        return statistics.median(values) if values else None
+
+    tags = ("stock@timeslice", "bestfit-slots@timeslice", "extender@timeslice")
+    print("| list | timeslice: stock | bestfit-slots | **extender** | pods placed (stock / bestfit-slots / "
+          "extender, up to 100% arrival) | overcommitted shares (same arms, whole run) | timeslice goal "
+          "| dra: **extender** | fgd (published model) | dra goal |")
+    print("|---|---:|---:|---:|---|---|---|---:|---:|---|")
+    for name in [n for n in all_lists(Path(args.trace)) if any((n, t) in by for t in (*tags, "extender@dra"))]:
+        alloc = [med(name, t, "alloc_100") for t in tags]
+        placed = [med(name, t, "placed_100") for t in tags]
+        over = [med(name, t, "overcommitted") for t in tags]
+        ts_goal = timeslice_goal(placed, over)
+        dra, ref = med(name, "extender@dra", "alloc_100"), fgd.get(name)
+        dra_goal = world_dra_goal(name, dra, ref)
+        cells = ["" if v is None else f"{v:.2f}" for v in alloc]
+        counts = [" / ".join("" if v is None else f"{v:g}" for v in group) for group in (placed, over)]
+        print(f"| {name} | " + " | ".join(cells) + f" | {counts[0]} | {counts[1]} | {ts_goal} | "
+              f"{'' if dra is None else f'{dra:.2f}'} | {'' if ref is None else f'{ref:.2f}'} | {dra_goal} |")
+    return 0
+
+
 def goals(name: str, got: dict[str, float | None]) -> str:
     """The issue's goals on one list: the extender as shipped (``extender-packed``, the device
     plugin's packed allocation, when that column is there; else ``extender``) at or above BestFit,
@@ -189,7 +261,7 @@ def _extender_misses(name: str, ext: float, stocks: list[float], best: float, fg
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("run", "table"))
+    parser.add_argument("command", choices=("run", "table", "worlds"))
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--lists", default="")
@@ -203,7 +275,7 @@ def main() -> int:
     parser.add_argument("--sharing", default="timeslice", choices=("timeslice", "dra"),
                         help="run: the sharing world of the kube arms (reference arms stay in the published model)")
     args = parser.parse_args()
-    return run(args) if args.command == "run" else table(args)
+    return {"run": run, "table": table, "worlds": worlds_table}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Seconds per replay run, per arm, and the fidelity medians over seeds 42..51.
 
-    python benchmarks/replay_speed.py [--arms stock,...] [--fidelity-seeds 42-51] [--no-fidelity]
+    python benchmarks/replay_speed.py [--arms stock,...] [--sharing timeslice,dra] [--fidelity-seeds 42-51]
+                                      [--no-fidelity]
 
 Speed: one arm, one seed, the default pod list on the 1213-node cluster, in this process (one
-core). Goal <= 10 s per run; the published artifact needed ~150 core-minutes per run.
+core), in each sharing world asked (reference arms run once: their published model has no world).
+Goal <= 10 s per run; the published artifact needed ~150 core-minutes per run.
 Fidelity: Random, BestFit and FGD medians at 100% arrival against the published 86.25 / 92.91 /
 95.23 (bound: 0.5 points), run in separate processes. Prints figures; asserts nothing.
 """
@@ -31,6 +33,7 @@ def main() -> int:
     parser.add_argument("--arms", default=",".join(runner.ARMS))
     parser.add_argument("--fidelity-seeds", default="42-51")
     parser.add_argument("--no-fidelity", action="store_true")
+    parser.add_argument("--sharing", default="timeslice,dra", help="sharing worlds to time the kube arms in")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     if not TRACE.is_dir():
@@ -40,14 +43,20 @@ def main() -> int:
     policies = str(ROOT / "policies")  # the starter set
     print(f"speed: one run = one arm, seed 42, {len(openb.pods)} pods inflated to 130%, "
           f"{len(openb.nodes)} nodes, one core")
-    print(f"{'arm':<16} {'s/run':>7} {'vs 10 s goal':>13} {'vs artifact (150 core-min)':>27} {'pods/s':>8}")
+    from webhook.replay import arms as arm_table
+
+    print(f"{'arm':<16} {'world':<10} {'s/run':>7} {'vs 10 s goal':>13} {'vs artifact (150 core-min)':>27} "
+          f"{'pods/s':>8}")
     for arm in args.arms.split(","):
-        spec = runner.RunSpec(arm=arm, seed=42, policies=policies if arm == "gpugate" else None)
-        started = time.perf_counter()
-        result = runner.run(openb, spec)
-        seconds = time.perf_counter() - started
-        print(f"{arm:<16} {seconds:7.2f} {seconds / 10:12.2f}x {ARTIFACT_SECONDS / seconds:25.0f}x faster "
-              f"{len(result.arrived) / seconds:8.0f}")
+        worlds = args.sharing.split(",") if not arm_table.BY_NAME[arm].world else [args.sharing.split(",")[0]]
+        for sharing in worlds:
+            spec = runner.RunSpec(arm=arm, seed=42, sharing=sharing, device_policy="packed",
+                                  policies=policies if arm in arm_table.POLICY_ARMS else None)
+            started = time.perf_counter()
+            result = runner.run(openb, spec)
+            seconds = time.perf_counter() - started
+            print(f"{arm:<16} {result.world:<10} {seconds:7.2f} {seconds / 10:12.2f}x "
+                  f"{ARTIFACT_SECONDS / seconds:25.0f}x faster {len(result.arrived) / seconds:8.0f}")
     if args.no_fidelity:
         return 0
     seeds = parse_seeds(args.fidelity_seeds)

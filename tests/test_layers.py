@@ -23,7 +23,7 @@ LAYERS: dict[str, dict[str, str]] = {
           "cli": EDGE, "logs": EDGE, "kubeclient": EDGE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
              "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
-             "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE,
+             "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE, "demand": CORE,
              "documents": EDGE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
                "loading": EDGE, "store": EDGE, "cases": EDGE},
@@ -170,3 +170,51 @@ def test_the_rederivation_check_sees_one(tmp_path: Path) -> None:
     tree = ast.parse("share = g / 7\nkey = 'deviceClassName'\npat = r'^nvidia\\.com/mig-[0-9]+g'\n"
                      "na = spec['affinity'].get('nodeAffinity')\nclass Toleration: pass\n")
     assert len(gpu_fact_rederivations(tree)) == 5
+
+
+# --- one reading of what a pod demands (issue 24) -------------------------------------------------
+# kube/demand.py reads a pod's requests, claims, DRA-backed resources and right-sizing labels into
+# one PodDemand; a module elsewhere that calls the readers under it, or declares a demand shape of
+# its own, is reading the pod a second way.
+DEMAND_READERS = {("pods", "effective_requests"), ("pods", "gpu_requests"), ("claims", "pod_claim_refs"),
+                  ("allocations", "dra_backed_resources")}
+DEMAND_FIELDS = {"share_milli", "num_gpu", "fraction"}
+
+
+def demand_rederivations(tree: ast.AST) -> list[str]:
+    """Calls of the readers kube/demand.py wraps, imports of them by name, and classes named
+    ``*Demand`` or holding a demand's fields (a slot's share, a GPU count per pod, a right-size)."""
+    found = []
+    wrapped = {name for _, name in DEMAND_READERS}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in DEMAND_READERS:
+            found.append(f"line {node.lineno}: {node.func.value.id}.{node.func.attr}() (kube.demand)")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("webhook.kube.") \
+                and node.module != "webhook.kube.demand":
+            found += [f"line {node.lineno}: imports {a.name} (kube.demand)" for a in node.names if a.name in wrapped]
+        if isinstance(node, ast.ClassDef):
+            fields = {t.target.id for t in node.body if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}
+            if node.name.endswith("Demand") or fields & DEMAND_FIELDS:
+                found.append(f"line {node.lineno}: class {node.name}, its own demand shape (kube.demand.PodDemand)")
+    return found
+
+
+# The trace's row (num_gpu x gpu_milli, as the published CSV spells it) is read into a PodDemand by
+# replay.runner.record_demand; the row itself is the file's shape, not a pod's.
+TRACE_ROWS = {"webhook.replay.records"}
+OUTSIDE_DEMAND = sorted(name for name in placed()
+                        if name not in ("webhook.kube.demand", "webhook.kube.pods", "webhook.kube.claims",
+                                        "webhook.kube.allocations") and name not in TRACE_ROWS)
+
+
+@pytest.mark.parametrize("module", OUTSIDE_DEMAND)
+def test_no_module_reads_a_pods_demand_a_second_way(module: str) -> None:
+    found = demand_rederivations(ast.parse(module_path(module).read_text()))
+    assert not found, f"{module} re-reads what kube.demand.PodDemand holds: {found}"
+
+
+def test_the_demand_check_sees_one(tmp_path: Path) -> None:
+    tree = ast.parse("from webhook.kube.pods import effective_requests\nn = pods.gpu_requests(p)\n"
+                     "r = claims.pod_claim_refs(p)\nclass Demand: pass\nclass Ask:\n    fraction: float\n")
+    assert len(demand_rederivations(tree)) == 5

@@ -22,9 +22,9 @@ from tests.kubeversion import KUBERNETES_VERSION
 from tests.policy.kit import container, load, pod, policy
 from webhook import names
 from webhook.admission import claimladder, dra, mutation, validation
-from webhook.admission.rightsizing import Ask
 from webhook.errors import PolicyLoadError
 from webhook.kube import claims, rightsizedclaims
+from webhook.kube.demand import Size as Ask
 
 LADDER = """
 match: {namespaces: ["ml-*"]}

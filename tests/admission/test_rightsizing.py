@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from tests.kubeversion import KUBERNETES_VERSION
 from tests.policy.kit import container, load, node_feasible, pod, policy
 from webhook import names
-from webhook.admission import mutation, rightsizing, validation
+from webhook.admission import mutation, validation
+from webhook.kube import demand
 from webhook.kube.inventory import Inventory, Offer
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -69,7 +70,7 @@ class TestAsks:
         ({names.GPU_MEMORY_LABEL: "8Gi", names.GPU_FRACTION_LABEL: "0.5"}, 8 * 2**30, 0.5),
     ])
     def test_labels_are_read_as_memory_and_compute(self, labels, memory, fraction):
-        assert rightsizing.ask_of(pod(container(), labels=labels)) == rightsizing.Ask(memory, fraction)
+        assert demand.size_of(pod(container(), labels=labels)) == demand.Size(memory, fraction)
 
     @pytest.mark.parametrize(("labels", "says"), [
         ({names.GPU_MEMORY_LABEL: "lots"}, "not a quantity"),

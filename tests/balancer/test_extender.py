@@ -81,11 +81,13 @@ class TestPodRecord:
         record = placementfeed.pod_record(pod("a", "n1", gpus=2))
         assert record.usage is not None and record.usage.requests == (("nvidia.com/gpu", 2),)
         assert record.node == "n1"
-        assert record.demand == PodDemand(cpu=4000, memory=16 * 2**30, gpus=2)
+        assert record.demand == PodDemand(cpu=4000, memory_bytes=16 * 2**30, gpus=2, cpu_score=4000,
+                                         memory_score_bytes=16 * 2**30)
 
     def test_a_cpu_pod_counts_for_the_measure_only(self) -> None:
         record = placementfeed.pod_record(pod("a", "n1"))
-        assert record.usage is None and record.demand == PodDemand(cpu=4000, memory=16 * 2**30)
+        assert record.usage is None and record.demand == PodDemand(cpu=4000, memory_bytes=16 * 2**30, cpu_score=4000,
+                                                                  memory_score_bytes=16 * 2**30)
 
     @pytest.mark.parametrize(("node_name", "phase"), [("", "Pending"), ("n1", "Succeeded"), ("n1", "Failed")])
     def test_an_unbound_or_finished_pod_holds_nothing(self, node_name: str, phase: str) -> None:

@@ -22,14 +22,18 @@ def test_the_before_and_after_is_what_gpugate_mutate_prints() -> None:
     assert real[:len(shown)] == shown
 
 
-def test_the_measured_figure_is_docs_placements() -> None:
-    table = (ROOT / "docs" / "placement.md").read_text().split("## Every pod list and both device allocations")[1]
+def test_the_measured_figures_are_docs_placements_worlds_table() -> None:
+    """The first screen's figures are the default row of docs/placement.md's sharing-worlds table
+    (printed by ``benchmarks/placement_table.py worlds``), with the command that made them."""
+    table = (ROOT / "docs" / "placement.md").read_text().split("## What a user gets, in each sharing world")[1]
     default = next(line for line in table.splitlines() if line.startswith("| default |"))
-    cells = [cell.strip() for cell in default.strip("|").split("|")]
-    stock_packed, gpugate_packed = cells[2], cells[4]  # columns: list, stock, stock-packed, gpugate, gpugate-packed
+    cells = [cell.strip().strip("*") for cell in default.strip("|").split("|")]
+    stock, extender, dra = cells[1], cells[3], cells[7]  # list, stock, bestfit-slots, extender, ..., dra extender
     first_screen = README.split("## Quick start", 1)[0]
-    assert f"**{gpugate_packed}%**" in first_screen and f"**{stock_packed}%**" in first_screen
-    assert "--arms stock,gpugate --device-allocation packed --seeds 42-44" in first_screen
+    for figure in (stock, extender, dra):
+        assert f"**{figure}%**" in first_screen
+    assert "--arms stock,bestfit-slots,extender --sharing timeslice" in first_screen
+    assert "--arms extender --sharing dra" in first_screen
 
 
 def test_the_replay_section_names_the_default_arms_and_their_run_count() -> None:

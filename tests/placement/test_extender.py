@@ -6,14 +6,14 @@ import random
 
 import pytest
 
+from webhook.kube.demand import PodDemand
 from webhook.placement import scoring
 from webhook.placement.extender import ExtenderSettings, ExtenderState, candidate_names, host_priorities
-from webhook.placement.inputs import PodDemand
 from webhook.placement.shapes import Shape, ShapeMix
 
 MIX = ShapeMix((Shape(2000, 500, 1), Shape(4000, 1000, 1), Shape(1000)), (0.5, 0.25, 0.25))
-PODS = (PodDemand(cpu=2000, memory=2**30, share_milli=500), PodDemand(cpu=4000, memory=2**31, gpus=1),
-        PodDemand(cpu=1000, memory=2**29), PodDemand(cpu=3000, share_milli=250), PodDemand(cpu=8000, gpus=2))
+PODS = (PodDemand(cpu=2000, memory_bytes=2**30, share_milli=500), PodDemand(cpu=4000, memory_bytes=2**31, gpus=1),
+        PodDemand(cpu=1000, memory_bytes=2**29), PodDemand(cpu=3000, share_milli=250), PodDemand(cpu=8000, gpus=2))
 
 
 def cluster(settings: ExtenderSettings) -> ExtenderState:
@@ -66,7 +66,7 @@ def test_without_assumption_a_stale_view_scores_the_same_node_again() -> None:
 
 def test_unbind_and_node_changes_keep_the_accounting_exact() -> None:
     state = cluster(ExtenderSettings(mix=MIX, assume=False))
-    pod = PodDemand(cpu=4000, memory=2**30, share_milli=500)
+    pod = PodDemand(cpu=4000, memory_bytes=2**30, share_milli=500)
     before = state.nodes["n0"]
     state.bind("x", "n0", pod)
     state.bind("x", "n0", pod)                      # a repeated event is harmless
@@ -84,7 +84,7 @@ def test_the_learned_mix_follows_the_pods_seen() -> None:
     for _ in range(40):
         state.seen(PodDemand(cpu=4000, gpus=1))
     assert state.fragmenter.mix.shapes == (Shape(4000, 1000, 1),)
-    state.seen(PodDemand(mig=(("nvidia.com/mig-1g.10gb", 1),)))     # MIG pods are not shapes
+    state.seen(PodDemand(extended=(("nvidia.com/mig-1g.10gb", 1),)))     # MIG pods are not shapes
     assert state.fragmenter.mix.shapes == (Shape(4000, 1000, 1),)
 
 

@@ -7,11 +7,12 @@ import random
 import numpy as np
 import pytest
 
+from webhook.kube.demand import PodDemand
 from webhook.placement.fragment import Fragmenter, fgd_points
-from webhook.placement.inputs import NodeView, PodDemand
+from webhook.placement.inputs import NodeView
 from webhook.placement.shapes import Shape, ShapeMix, ShapeWindow, distance
 from webhook.replay import workload
-from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.cluster import ClusterState
 from webhook.replay.metrics import node_fragment, shape_stats, typical_pods
 from webhook.replay.records import NodeRecord
 
@@ -23,8 +24,8 @@ ROWS = ([(4000, 1000, 1, ())] * 30 + [(8000, 470, 1, ())] * 20 + [(2000, 0, 0, (
         + [(64_000, 1000, 8, ())] * 3 + [(1000, 250, 1, ())] * 1)
 
 
-def replay_demand(cpu: int, milli: int, gpus: int, models: tuple[str, ...]) -> Demand:
-    return Demand(cpu=cpu, memory=0, num_gpu=gpus, gpu_milli=milli, models=frozenset(models), cpu_score=cpu)
+def replay_demand(cpu: int, milli: int, gpus: int, models: tuple[str, ...]) -> PodDemand:
+    return PodDemand.of_gpus(gpus, milli, cpu=cpu, cpu_score=cpu, products=frozenset(models))
 
 
 def placement_demand(cpu: int, milli: int, gpus: int, models: tuple[str, ...]) -> PodDemand:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from webhook.placement.inputs import NodeView, PodDemand, demand_from_pod
+from webhook.kube.demand import PodDemand
+from webhook.kube.demand import of_pod as demand_from_pod
+from webhook.placement.inputs import NodeView
 
 
 def pod(requests: dict[str, str], spec: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -15,11 +17,11 @@ def pod(requests: dict[str, str], spec: dict[str, Any] | None = None) -> dict[st
 
 def test_a_pod_reads_into_millicores_bytes_gpus_and_shares() -> None:
     found = demand_from_pod(pod({"cpu": "1500m", "memory": "2Gi", "nvidia.com/gpu": "2"}))
-    assert found == PodDemand(cpu=1500, memory=2 * 2**30, gpus=2)
+    assert found == PodDemand(cpu=1500, memory_bytes=2 * 2**30, gpus=2, cpu_score=1500, memory_score_bytes=2 * 2**30)
     share = demand_from_pod(pod({"cpu": "1", "nvidia.com/gpu.shared": "1"}), slot_milli=250)
-    assert (share.gpus, share.share_milli, share.gpu_milli) == (0, 250, 250)
+    assert (share.gpus, share.share_milli, share.gpu_request_milli) == (0, 250, 250)
     mig = demand_from_pod(pod({"nvidia.com/mig-1g.10gb": "2"}))
-    assert mig.mig == (("nvidia.com/mig-1g.10gb", 2),) and not mig.uses_devices
+    assert mig.extended == (("nvidia.com/mig-1g.10gb", 2),) and not mig.uses_devices
 
 
 def test_products_come_from_required_affinity_only_when_every_term_names_them() -> None:
@@ -36,7 +38,7 @@ def test_products_come_from_required_affinity_only_when_every_term_names_them() 
 
 def test_binding_then_releasing_a_pod_gives_the_node_back() -> None:
     empty = NodeView.empty("n", cpu=32_000, memory=64 * 2**30, product="Tesla-T4", gpus=2)
-    share = PodDemand(cpu=2000, memory=2**30, share_milli=300)
+    share = PodDemand(cpu=2000, memory_bytes=2**30, share_milli=300)
     whole = PodDemand(cpu=4000, gpus=1)
     node = empty.bind("a", share).bind("b", whole).bind("c", share)
     assert node.left == (400, 0) and node.signature == (400,)

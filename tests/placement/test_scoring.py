@@ -5,9 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from webhook.kube.demand import PodDemand
 from webhook.placement import scoring
 from webhook.placement.fragment import NO_FIT, Fragmenter
-from webhook.placement.inputs import NodeView, PodDemand
+from webhook.placement.inputs import NodeView
 from webhook.placement.shapes import Shape, ShapeMix
 
 # Half the pods take a 0.5 share, a quarter one whole GPU, a quarter are CPU-only.
@@ -87,7 +88,7 @@ def test_mig_pods_pack_on_slices_and_never_go_where_they_do_not_fit() -> None:
     full = NodeView(name="a", cpu=8000, mig=mig, mig_requested=(("nvidia.com/mig-1g.10gb", 7),))
     busy = NodeView(name="b", cpu=8000, mig=mig, mig_requested=(("nvidia.com/mig-1g.10gb", 5),))
     idle = NodeView(name="c", cpu=8000, mig=mig)
-    pod = PodDemand(cpu=1000, mig=(("nvidia.com/mig-1g.10gb", 1),))
+    pod = PodDemand(cpu=1000, extended=(("nvidia.com/mig-1g.10gb", 1),))
     assert scoring.prioritize(pod, [full, busy, idle], Fragmenter(MIX)) == [0, 10, 9]
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from webhook import names
+from webhook.kube.demand import PodDemand
 from webhook.replay import demand, labels, model, runner, workload
 from webhook.replay.records import NodeRecord, PodRecord, Trace
 
@@ -21,12 +22,12 @@ NODES = (NodeRecord("t4", 104_000, 524_288, 2, "T4"), NodeRecord("v100", 48_000,
 
 def test_trace_rows_become_pods_the_scheduler_reads_back() -> None:
     whole = demand.view(workload.pod_for(WHOLE))
-    assert ((whole.demand.num_gpu, whole.demand.gpu_milli, whole.demand.cpu, whole.demand.memory)
+    assert ((whole.demand.num_gpu, whole.demand.milli_per_gpu, whole.demand.cpu, whole.demand.memory_mib)
             == (2, 1000, 8000, 32768))
     share_pod = workload.pod_for(SHARE)
     assert share_pod["metadata"]["labels"][names.PROFILE_LABEL] == workload.SHARED_GPU_PROFILE
     share = demand.view(share_pod)
-    assert ((share.demand.num_gpu, share.demand.gpu_milli, share.resources >= {names.SHARED_GPU_RESOURCE})
+    assert ((share.demand.num_gpu, share.demand.milli_per_gpu, share.resources >= {names.SHARED_GPU_RESOURCE})
             == (1, 470, True))
     kc = runner.kube_cluster(Trace("t", NODES, (SHARE,)))
     assert model.node_affinity_filter(kc, share).tolist() == [True, True, False]  # gpu_spec -> product In [...]
@@ -74,8 +75,8 @@ def test_the_starter_cpu_pods_policy_packs_cpu_pods_off_free_gpus(repo_root: Pat
     assert view.demand.num_gpu == 0 and not view.tolerations  # no GPU injected, no GPU taint tolerated
     nodes = (NodeRecord("cpu-only", 96_000, 393_216, 0, ""),) + NODES
     kc = runner.kube_cluster(Trace("t", nodes, ()))
-    kc.state.bind(1, model.Demand(cpu=1, memory=1, num_gpu=2, gpu_milli=1000), (0, 1))
-    kc.state.bind(2, model.Demand(cpu=1, memory=1, num_gpu=1, gpu_milli=1000), (0,))
+    kc.state.bind(1, PodDemand.of_gpus(2, 1000, cpu=1, memory_bytes=2**20), (0, 1))
+    kc.state.bind(2, PodDemand.of_gpus(1, 1000, cpu=1, memory_bytes=2**20), (0,))
     labels.Relabeler(lag=1).start(kc)
     # no GPUs, then 0 free, then 3 free, then an empty 8-GPU node last
     assert model.node_affinity_score(kc, view, np.arange(4)).tolist() == [100, 60, 10, 0]
@@ -87,10 +88,10 @@ def test_balancer_labels_follow_allocation_only_every_k_placements() -> None:
     relabel.start(kc)
     assert [kc.labels.value(n, names.GPU_FREE_LABEL) for n in range(3)] == ["2", "4", "8"]
     assert {kc.labels.value(n, names.GPU_LOAD_LABEL) for n in range(3)} == {"idle"}
-    kc.state.bind(0, model.Demand(cpu=1, memory=1, num_gpu=1, gpu_milli=300), (0,))
+    kc.state.bind(0, PodDemand.of_gpus(1, 300, cpu=1, memory_bytes=2**20), (0,))
     relabel.placed(kc, 0)
     assert kc.labels.value(0, names.GPU_FREE_LABEL) == "2"  # stale: the balancer has not run yet
-    kc.state.bind(0, model.Demand(cpu=1, memory=1, num_gpu=1, gpu_milli=1000), (1,))
+    kc.state.bind(0, PodDemand.of_gpus(1, 1000, cpu=1, memory_bytes=2**20), (1,))
     relabel.placed(kc, 0)
     assert kc.labels.value(0, names.GPU_FREE_LABEL) == "0"
     assert kc.labels.value(0, names.GPU_LOAD_LABEL) == "congested"  # every device slot taken
@@ -100,7 +101,7 @@ def test_the_congested_taint_is_written_when_asked() -> None:
     kc = runner.kube_cluster(Trace("t", NODES, ()))
     relabel = labels.Relabeler(lag=1, taint_congested=True)
     relabel.start(kc)
-    kc.state.bind(0, model.Demand(cpu=1, memory=1, num_gpu=2, gpu_milli=1000), (0, 1))
+    kc.state.bind(0, PodDemand.of_gpus(2, 1000, cpu=1, memory_bytes=2**20), (0, 1))
     relabel.placed(kc, 0)
     assert kc.taints[0] == (labels.CONGESTED,) and kc.taints[1] == ()
     view = demand.view(workload.pod_for(CPU))
@@ -114,9 +115,10 @@ def test_every_arm_runs_and_never_allocates_more_than_arrived(arm: str, repo_roo
     small = trace.synthetic(3, nodes=30)
     result = runner.run(small, runner.RunSpec(arm=arm, seed=3, policies=str(repo_root / "policies")))
     assert np.all(np.diff(result.arrived) >= 0) and result.arrived[-1] <= 130.0
-    # The right-sizing arms count capacity taken (a whole GPU for a small pod in whole-gpu), so there
-    # the trace's request of the placed pods is what cannot exceed what arrived.
-    placed = result.served if arm in runner.SIZING_ARMS else result.allocated
+    # The right-sizing arms and the timeslice world count capacity taken (a whole GPU for a small pod in
+    # whole-gpu, a quarter-GPU slot for a 10% share), so there the trace's request of the placed pods is
+    # what cannot exceed what arrived.
+    placed = result.served if result.served is not None else result.allocated
     assert placed is not None and np.all(placed <= result.arrived + 1e-9) and np.all(result.allocated <= 100 + 1e-9)
     assert np.all(np.diff(result.allocated) >= -1e-9)
     assert result.failed == int((~result.placed).sum()) and 0 < result.alloc_at(100) <= 100

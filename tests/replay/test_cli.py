@@ -28,11 +28,14 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
                                   "--out", str(out), "--workers", "2")
     assert code == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"workload", "seeds", "arms"}
+    assert set(summary) == {"workload", "seeds", "sharing", "arms"} and summary["sharing"] == "timeslice"
     assert summary["workload"] == "synthetic-5" and summary["seeds"] == [5, 6]
     assert list(summary["arms"]) == ["stock", "gpugate", "fgd"]
-    for values in summary["arms"].values():
-        assert set(values) == {"alloc_at_100", "alloc_at_130", "frag_at_100", "runs"}
+    base = {"world", "alloc_at_100", "alloc_at_130", "frag_at_100", "runs"}
+    in_world = {"served_at_100", "placed", "failed", "failed_at_100", "overcommitted"}
+    for arm, values in summary["arms"].items():
+        assert set(values) == (base if arm == "fgd" else base | in_world)
+        assert values["world"] == ("published" if arm == "fgd" else "timeslice")
         assert values["runs"] == 2 and 0 < values["alloc_at_100"] <= 100
     assert "stock" in stdout and "alloc@100%" in stdout and "6/6 runs" in stderr
     rows = list(csv.DictReader((out / "runs" / "fgd-seed6.csv").open()))

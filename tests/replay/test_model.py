@@ -183,7 +183,7 @@ def test_gpus_fit_at_per_gpu_thousandths_and_unknown_profiles_or_resources_never
     kc.state.gpu_left[1] = [1000, 300]
     share = demand.view(pod(extra={"nvidia.com/gpu.shared": "1"}) | {
         "metadata": {"name": "s", "annotations": {"replay.gpugate.io/gpu-milli": "500"}}})
-    assert (share.demand.num_gpu, share.demand.gpu_milli) == (1, 500)
+    assert (share.demand.num_gpu, share.demand.milli_per_gpu) == (1, 500)
     assert model.fit_filter(kc, share).tolist() == [True, True]
     assert model.fit_filter(kc, demand.view(pod(gpus=2))).tolist() == [False, False]
     assert model.fit_filter(kc, demand.view(pod(gpus=1))).tolist() == [False, True]
@@ -207,7 +207,7 @@ def test_init_containers_raise_the_request_to_their_maximum() -> None:
     spec_pod = pod(cpu="1", memory="1Gi")
     spec_pod["spec"]["initContainers"] = [{"name": "init", "resources": {"requests": {"cpu": "3", "memory": "512Mi"}}}]
     view = demand.view(spec_pod)
-    assert (view.demand.cpu, view.demand.memory) == (3000, 1024)
+    assert (view.demand.cpu, view.demand.memory_mib) == (3000, 1024)
 
 
 def test_the_binpack_profile_matches_the_shipped_scheduler_config(repo_root) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.placement_table import goals
+from benchmarks.placement_table import fgd_figures, goals, timeslice_goal, world_dra_goal
 
 REFS = {"stock": 90.0, "stock-packed": 91.0, "bestfit": 92.0, "fgd": 95.0}
 
@@ -18,3 +18,18 @@ def test_each_miss_is_named_and_the_configured_mix_apart() -> None:
                                      "gpugate -1.00 vs stock, gpugate-packed -0.10 vs stock-packed")
     assert goals("cpu300", {**REFS, "extender": 90.5}) == "< bestfit, fgd -4.50, < stock"
     assert goals("cpu300", {"stock": 90.0, "extender": 99.0}) == "incomplete"
+
+
+def test_the_sharing_worlds_goals() -> None:
+    assert timeslice_goal([100, 90, 101], [50, 40, 39]) == "met"
+    assert timeslice_goal([100, 90, 95], [50, 40, 45]) == "places -5 pods, not fewer overcommitted"
+    assert timeslice_goal([100, None, 95], [50, 40, 45]) == "incomplete"
+    assert world_dra_goal("default", 95.25, 95.19) == "met"
+    assert world_dra_goal("default", 94.6, 95.19) == "fgd -0.59, < 95.2"
+    assert world_dra_goal("cpu050", 94.6, 95.07) == "met"
+    assert world_dra_goal("cpu050", None, 95.07) == "incomplete"
+
+
+def test_the_fgd_reference_is_docs_placements_fgd_column() -> None:
+    found = fgd_figures()
+    assert len(found) == 17 and found["default"] == 95.19

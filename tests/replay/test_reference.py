@@ -5,19 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from webhook.kube.demand import PodDemand
 from webhook.replay import arrival, metrics, reference
-from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.cluster import ClusterState
 from webhook.replay.records import NodeRecord, PodRecord
 
 NODES = (NodeRecord("a", 96_000, 400_000, 8, "G2"), NodeRecord("b", 104_000, 500_000, 2, "T4"),
          NodeRecord("c", 16_000, 100_000, 2, "P100"), NodeRecord("d", 64_000, 250_000, 4, "V100M16"))
-SHAPES = [Demand(cpu=4000, memory=1, num_gpu=1, gpu_milli=1000, cpu_score=4000)] * 5 + \
-         [Demand(cpu=2000, memory=1, num_gpu=1, gpu_milli=500, cpu_score=2000)] * 3 + \
-         [Demand(cpu=8000, memory=1, num_gpu=0, gpu_milli=0, cpu_score=8000)] * 2
+SHAPES = [PodDemand.of_gpus(1, 1000, cpu=4000, cpu_score=4000, memory_bytes=2**20)] * 5 + \
+         [PodDemand.of_gpus(1, 500, cpu=2000, cpu_score=2000, memory_bytes=2**20)] * 3 + \
+         [PodDemand.of_gpus(0, 0, cpu=8000, cpu_score=8000, memory_bytes=2**20)] * 2
 
 
-def demand(cpu: int, milli: int = 0, num: int = 0) -> Demand:
-    return Demand(cpu=cpu, memory=1, num_gpu=num, gpu_milli=milli, cpu_score=cpu)
+def demand(cpu: int, milli: int = 0, num: int = 0) -> PodDemand:
+    return PodDemand.of_gpus(num, milli, cpu=cpu, cpu_score=cpu, memory_bytes=2**20)
 
 
 def brute_force_fragment(state: ClusterState, typical: metrics.TypicalPods) -> np.ndarray:
@@ -70,7 +71,7 @@ def test_fgd_picks_the_steepest_fragment_descent(seed: int) -> None:
         node, gpus = fgd.place(state, pod, feasible, rng, tracker)
         best = {}
         for n in feasible:
-            options = ([g for g in range(state.max_gpus) if state.gpu_left[n, g] >= pod.gpu_milli]
+            options = ([g for g in range(state.max_gpus) if state.gpu_left[n, g] >= pod.milli_per_gpu]
                        if pod.shares_gpu else [None])
             for g in options:
                 after = ClusterState(NODES * 3)

@@ -34,9 +34,10 @@ import math
 from dataclasses import dataclass
 
 from webhook import names
-from webhook.admission.rightsizing import Ask, fits, largest
+from webhook.admission.rightsizing import fits, largest
 from webhook.kube import claims, rightsizedclaims
 from webhook.kube.claims import Claim, ClaimRequest, DeviceAsk
+from webhook.kube.demand import Size
 from webhook.policy.model import RightSizing, Rung
 
 MIB = 2**20
@@ -79,7 +80,7 @@ def sub_request_name(rung: Rung) -> str:
     return "share" if rung.resource == names.SHARED_GPU_RESOURCE else REQUEST_NAME
 
 
-def memory_asked(ask: Ask, sizing: RightSizing) -> int | None:
+def memory_asked(ask: Size, sizing: RightSizing) -> int | None:
     """The memory the claim must hold: the ask's, else its fraction of the ladder's whole GPU."""
     if ask.memory_bytes is not None:
         return ask.memory_bytes
@@ -89,7 +90,7 @@ def memory_asked(ask: Ask, sizing: RightSizing) -> int | None:
     return math.ceil(whole.memory_bytes * ask.fraction / MIB) * MIB
 
 
-def ladder(ask: Ask, sizing: RightSizing, *, selectors: tuple[str, ...] = (), min_memory_mib: int | None = None,
+def ladder(ask: Size, sizing: RightSizing, *, selectors: tuple[str, ...] = (), min_memory_mib: int | None = None,
            labels: dict[str, str] | None = None) -> ClaimLadder | str:
     """The template for ``ask``; a str is the denial when no rung of the ladder is large enough.
 

@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from webhook import kubeclient, logs
 from webhook.errors import ClusterAPIError
-from webhook.kube import claims
+from webhook.kube import claims, demand
 from webhook.kube.claims import ClaimAsk
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
@@ -44,7 +44,7 @@ class ClaimLookup:
 
     def resolve(self, pod: dict[str, Any], namespace: str) -> dict[tuple[str, str], ClaimAsk]:
         out: dict[tuple[str, str], ClaimAsk] = {}
-        for ref in claims.pod_claim_refs(pod)[:MAX_REFERENCES]:
+        for ref in demand.claim_refs(pod)[:MAX_REFERENCES]:
             if ref.key is None or ref.key in out:
                 continue
             document = self.get(ref.key[0], ref.key[1], namespace)

@@ -24,6 +24,7 @@ from webhook.admission import patches
 from webhook.admission.mutation import Mutation
 from webhook.admission.validation import Verdict, allowed_resources, deny_rule_reasons, pod_total
 from webhook.kube import claims, pods
+from webhook.kube import demand as kube_demand
 from webhook.kube.claims import Claim, ClaimAsk, DeviceAsk
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
@@ -210,7 +211,7 @@ def validate_pod_claims(pod: pods.Pod, *, namespace: str, policies: PolicySet, r
     """A pod's GPU devices through the claims it references (those in ``resolved``) plus its own
     GPU resources, against ``max`` per pod; and deny rules, which a GPU claim triggers for the pod."""
     governed = governed_classes(policies)
-    refs = claims.pod_claim_refs(pod)
+    refs = kube_demand.claim_refs(pod)
     held = [(ref, resolved[ref.key]) for ref in refs if ref.key is not None and ref.key in resolved
             and any(a.device_class in governed for a in resolved[ref.key].asks())]
     if not held:

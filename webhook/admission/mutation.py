@@ -18,7 +18,8 @@ from webhook import names
 from webhook.admission import affinity, claimladder, patches, rightsizing
 from webhook.errors import InputError
 from webhook.kube import affinity as kube_affinity
-from webhook.kube import claims, pods, resources, rightsizedclaims
+from webhook.kube import demand as kube_demand
+from webhook.kube import pods, resources, rightsizedclaims
 from webhook.kube.inventory import EMPTY, MAX_AGE_SECONDS, Inventory
 from webhook.kube.quantity import out_of_range, whole_count
 from webhook.policy import PolicySet, matching
@@ -539,8 +540,8 @@ def right_size(pod: Pod, context: StepContext) -> None:
     if sizing is None:
         return
     try:
-        ask = rightsizing.ask_of(pod)
-    except rightsizing.AskError as err:
+        ask = kube_demand.size_of(pod)
+    except kube_demand.SizeError as err:
         context.note(f"{err}; not right-sized")
         return
     if ask is None:
@@ -569,14 +570,14 @@ def right_size(pod: Pod, context: StepContext) -> None:
                  f"'{container.get('name')}': {choice.why}")
 
 
-def right_size_claim(pod: Pod, ask: rightsizing.Ask, context: StepContext) -> None:
+def right_size_claim(pod: Pod, ask: kube_demand.Size, context: StepContext) -> None:
     """Right-sizing through DRA: the pod references the ladder's ResourceClaimTemplate (its name
     labelled, its content annotated, for the balancer to create it) and its container uses the claim.
 
     A pod that already references a claim of its own chose its devices: it is left as it is."""
     sizing = context.policy.rightsizing
     assert sizing is not None
-    refs = claims.pod_claim_refs(pod)
+    refs = kube_demand.claim_refs(pod)
     if any(ref.name == names.RIGHTSIZED_CLAIM for ref in refs):
         return  # a previous pass (reinvocation) did it
     if refs:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from webhook import names
-from webhook.kube import pods
+from webhook.kube import demand, pods
 from webhook.kube.pods import Pod
 
 
@@ -47,7 +47,7 @@ def admitted(pod: Pod, *, namespace: str) -> Outcome:
     return Outcome(
         name=pods.display_name(pod), namespace=namespace,
         policy=pods.annotations_of(pod).get(names.POLICY_ANNOTATION),
-        gpus=tuple(sorted(pods.gpu_requests(pod).items())),
+        gpus=tuple(sorted(demand.gpu_requests(pod).items())),
         node=spec.get("nodeName") or None, phase=(status or {}).get("phase"),
     )
 

@@ -23,66 +23,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from webhook import names
-from webhook.kube import pods
+from webhook.kube.demand import Size, human_bytes
 from webhook.kube.inventory import Inventory, Offer
-from webhook.kube.quantity import QuantityError, bytes_
 from webhook.policy.model import RightSizing, Rung
 
 MIB = 2**20
 Expression = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
-    memory_bytes: int | None = None
-    fraction: float | None = None
-
-    def describe(self) -> str:
-        parts = []
-        if self.memory_bytes is not None:
-            parts.append(f"{names.GPU_MEMORY_LABEL}={_human(self.memory_bytes)}")
-        if self.fraction is not None:
-            parts.append(f"{names.GPU_FRACTION_LABEL}={self.fraction:g}")
-        return " and ".join(parts)
-
-
-class AskError(ValueError):
-    """A right-sizing label that is not a usable ask; str() says which and why."""
-
-
-def ask_of(pod: pods.Pod) -> Ask | None:
-    """The pod's ask, or None when it has no right-sizing label. AskError for a label that is not one."""
-    pod_labels = pods.labels(pod)
-    memory_text = pod_labels.get(names.GPU_MEMORY_LABEL)
-    fraction_text = pod_labels.get(names.GPU_FRACTION_LABEL)
-    if memory_text is None and fraction_text is None:
-        return None
-    memory = None
-    if memory_text is not None:
-        try:
-            memory = bytes_(memory_text)
-        except QuantityError as err:
-            raise AskError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} is not a quantity such as 20Gi") from err
-        if memory <= 0:
-            raise AskError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} must be more than 0")
-    fraction = None
-    if fraction_text is not None:
-        try:
-            value = Decimal(str(fraction_text).strip())
-        except InvalidOperation as err:
-            raise AskError(f"label {names.GPU_FRACTION_LABEL}={fraction_text!r} is not a number such as "
-                           f"\"0.25\"") from err
-        if not value.is_finite() or not 0 < value <= 1:
-            raise AskError(f"label {names.GPU_FRACTION_LABEL}={fraction_text!r} must be more than 0 and at most 1")
-        fraction = float(value)
-    return Ask(memory_bytes=memory, fraction=fraction)
-
-
-def fits(rung: Rung, ask: Ask) -> bool:
+def fits(rung: Rung, ask: Size) -> bool:
     return ((ask.memory_bytes is None or rung.memory_bytes >= ask.memory_bytes)
             and (ask.fraction is None or rung.compute + 1e-9 >= ask.fraction))
 
@@ -101,13 +53,13 @@ def largest(ladder: tuple[Rung, ...]) -> Rung:
     return max(ladder, key=lambda r: (r.memory_bytes, r.compute))
 
 
-def choose(ask: Ask, sizing: RightSizing, inventory: Inventory, now: datetime | None) -> Choice | str:
+def choose(ask: Size, sizing: RightSizing, inventory: Inventory, now: datetime | None) -> Choice | str:
     """The rung for ``ask``; a str is the denial message when no rung of the ladder is large enough."""
     fitting = [rung for rung in sizing.ladder if fits(rung, ask)]
     if not fitting:
         top = largest(sizing.ladder)
         return (f"asks {ask.describe()}; the largest the policy offers is {top.name} "
-                f"({_human(top.memory_bytes)}, {top.compute:.2g} of a GPU). Ask for less, or use a profile "
+                f"({human_bytes(top.memory_bytes)}, {top.compute:.2g} of a GPU). Ask for less, or use a profile "
                 f"whose policy offers more")
     smaller = [r.name for r in sizing.ladder[:sizing.ladder.index(fitting[0])]]
     too_small = f" ({', '.join(smaller)} too small)" if smaller else ""
@@ -126,7 +78,7 @@ def choose(ask: Ask, sizing: RightSizing, inventory: Inventory, now: datetime | 
     return _without_inventory(fitting, sizing, ask, too_small)
 
 
-def _without_inventory(fitting: list[Rung], sizing: RightSizing, ask: Ask, too_small: str) -> Choice:
+def _without_inventory(fitting: list[Rung], sizing: RightSizing, ask: Size, too_small: str) -> Choice:
     """No fresh inventory: nothing says which slices the cluster has, so prefer a whole GPU.
 
     ``nvidia.com/gpu`` is what every GPU node offers under the device plugin's default config; a
@@ -149,7 +101,7 @@ def _without_inventory(fitting: list[Rung], sizing: RightSizing, ask: Ask, too_s
                    f"has one free")
 
 
-def offered_form(rung: Rung, ask: Ask, inventory: Inventory) -> str | None:
+def offered_form(rung: Rung, ask: Size, inventory: Inventory) -> str | None:
     """How the cluster offers the rung now ("mixed", "single", "plain"), or None if nowhere free."""
     if rung.mig:
         if any(o.resource == f"{names.MIG_RESOURCE_PREFIX}{rung.mig}" and o.free > 0 for o in inventory.offers):
@@ -167,11 +119,11 @@ def offered_form(rung: Rung, ask: Ask, inventory: Inventory) -> str | None:
     return None
 
 
-def _memory_enough(offer: Offer, ask: Ask) -> bool:
+def _memory_enough(offer: Offer, ask: Size) -> bool:
     return ask.memory_bytes is None or offer.memory_mib is None or offer.memory_mib * MIB >= ask.memory_bytes
 
 
-def _choice(rung: Rung, form: str, ask: Ask, why: str) -> Choice:
+def _choice(rung: Rung, form: str, ask: Size, why: str) -> Choice:
     memory_mib = (ask.memory_bytes or 0) // MIB
     if rung.mig and form == "mixed":
         return Choice(rung, f"{names.MIG_RESOURCE_PREFIX}{rung.mig}", (), why)
@@ -208,12 +160,3 @@ def resources_of(sizing: RightSizing) -> frozenset[str]:
         elif rung.resource:
             out.add(rung.resource)
     return frozenset(out)
-
-
-def _human(size: int) -> str:
-    for unit, factor in (("Gi", 2**30), ("Mi", 2**20)):
-        if size >= factor and size % factor == 0:
-            return f"{size // factor}{unit}"
-    if size % 10**9 == 0:
-        return f"{size // 10**9}G"
-    return f"{size / 2**30:.1f}Gi"

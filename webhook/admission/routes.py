@@ -33,7 +33,8 @@ from webhook import logs
 from webhook.admission import metrics, patchcheck, reviews, worker
 from webhook.admission.inventoryfile import InventoryFile
 from webhook.errors import BadReview, InputError
-from webhook.kube import claims, pods
+from webhook.kube import demand as kube_demand
+from webhook.kube import pods
 from webhook.kube.inventory import Inventory
 from webhook.policy import PolicySet
 from webhook.policy.store import PolicyStore
@@ -358,7 +359,7 @@ def _validated(st: ServerState, pod: dict[str, Any], namespace: str, policies: P
     if verdict is None:
         verdict = st.core.validate(pod, namespace=namespace, policies=policies, inventory=st.inventory.current(),
                                    now=datetime.now(UTC))
-        if st.claims is not None and st.claims.lookup is not None and claims.pod_claim_refs(pod):
+        if st.claims is not None and st.claims.lookup is not None and kube_demand.claim_refs(pod):
             resolved = st.claims.lookup.resolve(pod, namespace)
             verdict = st.claims.dra.merge(verdict, st.claims.dra.validate_pod_claims(
                 pod, namespace=namespace, policies=policies, resolved=resolved))

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from webhook import names
 from webhook.admission import affinity, rightsizing
+from webhook.kube import demand as kube_demand
 from webhook.kube import pods
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.kube.quantity import QuantityError, out_of_range, whole_count
@@ -166,8 +167,8 @@ def _rightsizing_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, 
                        now: datetime | None) -> list[str]:
     """A right-sizing ask is judged by the same ladder as mutation uses, whoever chose the resource."""
     try:
-        ask = rightsizing.ask_of(pod)
-    except rightsizing.AskError as err:
+        ask = kube_demand.size_of(pod)
+    except kube_demand.SizeError as err:
         return [f"{err} (policy {ref})"]
     sizing = policy.rightsizing
     if ask is None or sizing is None:
@@ -208,7 +209,7 @@ def pod_total(pod: pods.Pod, resource: str) -> int:
     """What the pod holds of ``resource`` on its node: Kubernetes' effective request, as the balancer
     and the replay count it (0 when a quantity is not a whole number: the container rules say so)."""
     try:
-        return pods.gpu_requests(pod).get(resource, 0)
+        return kube_demand.gpu_requests(pod).get(resource, 0)
     except QuantityError:
         return 0
 

@@ -4,7 +4,7 @@ balancer's node and pod caches (pure: no I/O, no clock).
 The extender needs no watch of its own: the balancer already lists and watches every node and the
 bound, unfinished pods (issue 16). Here a node's record becomes the shape the fragmentation measure
 reads, and a pod's JSON becomes both what the node labels count (``state.PodUsage``) and what the
-measure counts (``placement.inputs.PodDemand``: cpu, memory and GPUs, not only GPUs).
+measure counts (``kube.demand.PodDemand``: cpu, memory and GPUs, not only GPUs): one reading of the pod.
 
 Physical GPUs from what the device plugin advertises (gpu-operator.md, section 4):
 
@@ -15,7 +15,7 @@ Physical GPUs from what the device plugin advertises (gpu-operator.md, section 4
   counted as a GPU: that is what a pod asking ``nvidia.com/gpu: 1`` gets there);
 - MIG slices (mixed strategy) by resource, outside the measure's GPU thousandths.
 
-A time-sliced slot counts as ``placement.inputs.DEFAULT_SLOT_MILLI`` of its GPU (4 replicas, the
+A time-sliced slot counts as ``kube.demand.DEFAULT_SLOT_MILLI`` of its GPU (4 replicas, the
 ``time-slicing-4`` config of manifests/gpu-operator); a node with another replica count is measured
 as if its slots were that size (a coarser model there, never a misplaced pod: the scheduler's
 filters decide fit).
@@ -24,19 +24,19 @@ filters decide fit).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from webhook.balancer import marks
 from webhook.balancer.state import TERMINAL_PHASES, NodeInfo, PodUsage, pod_usage
-from webhook.kube import allocations
+from webhook.kube import demand as kube_demand
+from webhook.kube.demand import Counts, PodDemand
 from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.quantity import QuantityError
 from webhook.kube.resources import is_mig_resource
 from webhook.names import GPU_RESOURCE, SHARED_GPU_RESOURCE
 from webhook.placement import dra as placement_dra
 from webhook.placement.extender import ExtenderArgs, ExtenderState, HostPriority, candidate_names, host_priorities
-from webhook.placement.inputs import Counts, PodDemand, demand_from_pod
 from webhook.placement.shapes import shape_of
 
 
@@ -91,23 +91,15 @@ def pod_record(pod: dict[str, Any]) -> PodRecord:
     node = (pod.get("spec") or {}).get("nodeName") or ""
     if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         node = ""
-    demand = None
-    if node:
-        try:
-            demand = _without_dra_backed(demand_from_pod(pod), allocations.dra_backed_resources(pod))
-        except QuantityError:
-            demand = None
-    return PodRecord(usage=pod_usage(pod), node=node, demand=demand)
-
-
-def _without_dra_backed(demand: PodDemand, backed: frozenset[str]) -> PodDemand:
-    """The demand less the GPU requests a DRA claim serves (extended-resource mapping): the node's
-    stand-in for claims (``Feed.dra``) already holds those GPUs."""
-    if not backed:
-        return demand
-    return replace(demand, gpus=0 if GPU_RESOURCE in backed else demand.gpus,
-                   share_milli=0 if SHARED_GPU_RESOURCE in backed else demand.share_milli,
-                   mig=tuple((r, n) for r, n in demand.mig if r not in backed))
+    if not node:
+        return PodRecord(usage=None, node=node, demand=None)
+    try:
+        demand = kube_demand.of_pod(pod)
+    except QuantityError:
+        return PodRecord(usage=None, node=node, demand=None)
+    # The GPU requests a DRA claim serves (extended-resource mapping) are held by the node's
+    # stand-in for claims (``Feed.dra``): the measure counts the rest.
+    return PodRecord(usage=pod_usage(pod, demand), node=node, demand=demand.without_dra_backed())
 
 
 DRA_HOLDER_PREFIX = "dra:"
@@ -232,7 +224,7 @@ class Feed:
         if not isinstance(pod, dict):
             raise ArgsError("ExtenderArgs without a Pod")
         try:
-            demand = demand_from_pod(pod)
+            demand = kube_demand.of_pod(pod)
         except QuantityError as err:
             raise ArgsError(f"the pod's requests cannot be read: {err}") from err
         names = candidate_names(args)

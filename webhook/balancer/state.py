@@ -11,7 +11,9 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.kube import allocations, pods
+from webhook.kube import demand as kube_demand
+from webhook.kube import pods
+from webhook.kube.demand import Counts, PodDemand
 from webhook.kube.quantity import QuantityError, bytes_, millicores, whole_count
 from webhook.kube.resources import is_gpu_resource
 from webhook.names import (
@@ -27,7 +29,6 @@ from webhook.names import (
 )
 
 Obj = dict[str, Any]
-Counts = tuple[tuple[str, int], ...]  # (resource, count) sorted by resource
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -170,37 +171,38 @@ def _replicas(value: Any) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PodUsage:
-    """The NVIDIA devices one bound, non-terminal pod holds on its node."""
+    """A bound, non-terminal pod that holds NVIDIA devices: its node and what it asks (the vocabulary's
+    ``kube.demand.PodDemand``)."""
 
     node: str
-    requests: Counts
+    demand: PodDemand
+
+    @property
+    def requests(self) -> Counts:
+        """The devices a device plugin holds for it: its GPU requests less those a DRA claim serves
+        (extended-resource mapping), which the claim counts (``PodDemand.device_plugin_counts``)."""
+        return self.demand.device_plugin_counts()
 
 
-def pod_requests(pod: Obj) -> dict[str, int]:
-    """The pod's effective GPU requests by Kubernetes' rule (``kube.pods.effective_requests``).
+def pod_usage(pod: Obj, demand: PodDemand | None = None) -> PodUsage | None:
+    """What the pod holds, or None when it holds nothing (unbound, finished, or no NVIDIA request).
 
-    A quantity the API server would have refused (it cannot be stored) counts as nothing. A
-    request the scheduler served with a DRA claim (extended-resource mapping) is left out: the
-    claim counts it (``kube.allocations.dra_backed_resources``); the pod holds no device-plugin
-    device (on its DRA-only node the empty allocatable would cap the count at 0 anyway).
+    ``demand``: the pod's demand when the caller has read it already. A quantity the API server
+    would have refused (it cannot be stored) counts as nothing.
     """
-    try:
-        found = pods.gpu_requests(pod)
-    except QuantityError:
-        return {}
-    backed = allocations.dra_backed_resources(pod) if found else frozenset()
-    return {k: v for k, v in found.items() if k not in backed} if backed else found
-
-
-def pod_usage(pod: Obj) -> PodUsage | None:
-    """What the pod holds, or None when it holds nothing (unbound, finished, or no NVIDIA request)."""
     node = (pod.get("spec") or {}).get("nodeName")
     if not node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         return None
-    requests = pod_requests(pod)
-    if not requests:
+    if demand is None:
+        if not pods.requested_gpu_resources(pod):
+            return None  # most pods: no quantity to read
+        try:
+            demand = kube_demand.of_pod(pod)
+        except QuantityError:
+            return None
+    if not demand.device_plugin_counts():
         return None
-    return PodUsage(node=node, requests=tuple(sorted(requests.items())))
+    return PodUsage(node=node, demand=demand)
 
 
 def pod_key(pod: Obj) -> str:

@@ -16,7 +16,7 @@ from webhook.policy import loading
 from webhook.replay import arms as arm_table
 
 ALL_ARMS = ",".join(arm_table.DEFAULT)
-SHARING = ("timeslice", "dra")
+SHARING = ("timeslice", "dra", "published")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -57,8 +57,10 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--sharing", type=click.Choice(SHARING), default="timeslice", show_default=True,
               help="The sharing world of the kube arms: timeslice (a share is one time-sliced slot on the nodes "
                    "that carry manifests/' time-slicing-4 config, as shipped) or dra (a share is a DRA "
-                   "consumable-capacity claim of its fraction of the GPU's memory). Reference arms "
-                   "(random, bestfit, fgd) stay in their published model.")
+                   "consumable-capacity claim of its fraction of the GPU's memory); published is the FGD "
+                   "artifact's model (a share is its size on any GPU: no stock component implements it; "
+                   "earlier releases' figures). Reference arms (random, bestfit, fgd) stay in their "
+                   "published model.")
 @click.option("--seeds", default="42-51", show_default=True, help="Seeds: a range (42-51) or a list (42,43).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-out"),
               show_default=True, help="Folder for summary.json, per-run CSVs and the plot.")

@@ -367,3 +367,14 @@ def with_selectors(document: Claim, expressions: tuple[str, ...], classes: froze
                 selectors = target.get("selectors") if isinstance(target.get("selectors"), list) else []
                 target["selectors"] = [*selectors, *({"cel": {"expression": e}} for e in missing)]
     return out
+
+
+def render_pod_claim_ref(ref: PodClaimRef) -> dict[str, Any]:
+    """The ``spec.resourceClaims`` entry :func:`pod_claim_refs` reads as ``ref`` (its users are the
+    containers' ``resources.claims``, written by the pod's author)."""
+    out: dict[str, Any] = {"name": ref.name}
+    if ref.claim_name is not None:
+        out["resourceClaimName"] = ref.claim_name
+    if ref.template_name is not None:
+        out["resourceClaimTemplateName"] = ref.template_name
+    return out

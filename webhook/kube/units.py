@@ -100,8 +100,10 @@ def share_milli(resource: str, count: int = 1, *, replicas: int = 1, mig_replica
 
 
 def slot_milli(replicas: int = DEFAULT_SLOT_REPLICAS) -> int:
-    """Thousandths of its GPU one time-sliced slot stands for."""
-    return MILLI // max(replicas, 1)
+    """Thousandths of its GPU one time-sliced slot stands for: :func:`share_milli`'s rounding, so the
+    extender's and the replay's slot is the balancer's (it was ``MILLI // replicas``, a thousandth
+    short of the balancer's for 6 and 7 replicas)."""
+    return share_milli(names.SHARED_GPU_RESOURCE, 1, replicas=replicas)
 
 
 def mig_memory_bytes(profile: MigProfile) -> int:

@@ -12,12 +12,15 @@ the node's pods in bind order:
   #1621): the fullest GPU that fits.
 * Whole GPUs (``nvidia.com/gpu: N``): the lowest-index fully free GPUs.
 * ``first`` (DRA): kube-scheduler's DynamicResources allocator, which walks a node's devices in
-  the order of its pool's slices and takes the first that satisfies the request
-  (k8s.io/dynamic-resource-allocation/structured, ``allocator.go``: ``allocateOne`` iterates
-  ``pool.Slices`` and their ``Devices`` in order and stops at the first device that fits;
-  NVIDIA's driver publishes ``gpu-0``, ``gpu-1``, ... in minor order). A share is a
-  consumable-capacity claim for its memory: the first device with that much left. The order of
-  a node's GPUs then matters, not only their multiset: ``ordered_signature``.
+  the order of its pool's slices and keeps the first that satisfies the request
+  (kubernetes staging/src/k8s.io/dynamic-resource-allocation/structured/internal/incubating/
+  allocator_incubating.go, the allocator used with consumable capacity: ``allocateOne`` loops
+  over pools, slices and ``slice.Spec.Devices`` in order and returns on the first device
+  ``allocateDevice`` accepts, which for a device with ``allowMultipleAllocations`` checks
+  ``CmpRequestOverCapacity``; NVIDIA's driver publishes ``gpu-0``, ``gpu-1``, ... in minor
+  order). A share is a consumable-capacity claim for its memory: the first device with that
+  much left. The order of a node's GPUs then matters, not only their multiset:
+  ``ordered_signature``.
 
 The replay's cluster asks this module too, so the extender's model and the replayed device plugin
 are one rule, not two copies that could drift.

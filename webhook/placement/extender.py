@@ -20,10 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
+from webhook.kube.demand import PodDemand
 from webhook.placement import scoring
 from webhook.placement.devices import MILLI, DevicePolicy
 from webhook.placement.fragment import NO_FIT, Fragmenter
-from webhook.placement.inputs import Counts, NodeView, PodDemand
+from webhook.placement.inputs import Counts, NodeView
 from webhook.placement.shapes import POPULARITY, ShapeMix, ShapeWindow, shape_of
 
 
@@ -224,7 +225,7 @@ class ExtenderState:
         """
         entries = self._entries
         wanted = (demand.cpu, demand.gpus, demand.share_milli)
-        memory = demand.memory
+        memory = demand.memory_bytes
         keys: list[int] = []
         append = keys.append
         missing: list[tuple[int, NodeView, dict[tuple[int, int, int], int]]] = []
@@ -239,8 +240,8 @@ class ExtenderState:
                 found = NO_FIT
             append(found)
         if missing:
-            computed = scoring.node_keys(self._fragmenter, replace(demand, memory=0), [view for _, view, _ in missing],
-                                         self._context)
+            computed = scoring.node_keys(self._fragmenter, replace(demand, memory_bytes=0),
+                                         [view for _, view, _ in missing], self._context)
             for (index, _, memo), value in zip(missing, computed, strict=True):
                 keys[index] = memo[wanted] = value
         return keys
@@ -248,7 +249,7 @@ class ExtenderState:
     def prioritize(self, key: str, demand: PodDemand, names: Sequence[str], *, now: float = 0.0) -> list[int]:
         """0..10 per name (unknown nodes 0); assumes the pod on its best node until it is bound."""
         self.expire(now)
-        if demand.mig:  # MIG slices are not in the memo's key
+        if demand.extended:  # MIG slices are not in the memo's key
             keys = [NO_FIT if view is None else scoring.node_key(self._fragmenter, demand, view, self._context)
                     for view in map(self.view, names)]
         else:

@@ -1,4 +1,7 @@
-"""What the extender knows: a pod's demand and each node as the API shows it (typed, frozen).
+"""What the extender knows: each node as the API shows it, and the pods bound to it (typed, frozen).
+
+What one pod asks is ``webhook.kube.demand.PodDemand`` (read by ``demand.of_pod``), the value the
+admission core, the balancer and the replay read too.
 
 A node is its allocatable (cpu, memory, physical GPUs, MIG slices), its GPU product label, and the
 pods bound to it in bind order. Which GPU each pod holds is not in the API; ``devices`` replays
@@ -12,94 +15,10 @@ as device counts; a time-sliced share as the thousandths of one GPU it stands fo
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from webhook import names
-from webhook.kube import affinity as node_affinity
-from webhook.kube import pods, units
-from webhook.kube.quantity import bytes_, millicores
-from webhook.kube.resources import is_gpu_resource, is_mig_resource
+from webhook.kube.demand import Counts, PodDemand
 from webhook.placement import devices
 from webhook.placement.devices import MILLI, DevicePolicy
-
-Counts = tuple[tuple[str, int], ...]
-"""(resource, count) pairs sorted by resource: MIG slices."""
-
-DEFAULT_SLOT_MILLI = units.slot_milli(units.DEFAULT_SLOT_REPLICAS)
-"""A time-sliced slot's share of its GPU when nothing says otherwise (``units.DEFAULT_SLOT_REPLICAS``)."""
-
-
-def request_amount(resource: str, value: Any) -> int:
-    """A request as the scheduler counts it: millicores, bytes, or whole devices. Raises QuantityError."""
-    if resource == "cpu":
-        return millicores(value)
-    if resource == "memory":
-        return bytes_(value)
-    return pods.gpu_amount(resource, value)
-
-
-@dataclass(frozen=True, slots=True)
-class PodDemand:
-    """What one pod asks of a node, in the units the score compares.
-
-    ``gpus`` whole GPUs (``nvidia.com/gpu``), or one time-sliced share of ``share_milli``
-    thousandths (``nvidia.com/gpu.shared``), or MIG slices; ``products`` the GPU products its
-    required node affinity allows (empty: any), which decides which nodes its shape can use.
-    """
-
-    cpu: int = 0
-    memory: int = 0
-    gpus: int = 0
-    share_milli: int = 0
-    mig: Counts = ()
-    products: frozenset[str] = frozenset()
-
-    @property
-    def gpu_milli(self) -> int:
-        """GPU thousandths the pod takes (whole GPUs or its share)."""
-        return self.gpus * MILLI + self.share_milli
-
-    @property
-    def uses_devices(self) -> bool:
-        return bool(self.gpus or self.share_milli)
-
-
-def _products(pod: pods.Pod) -> frozenset[str]:
-    """GPU products the pod's nodeSelector and required node affinity allow (empty: any).
-
-    Terms are ORed: the pod is limited only if every term limits ``nvidia.com/gpu.product`` with
-    ``In`` (the union of their values). Other operators leave it unlimited: the set only weighs
-    which nodes a pod shape can use in the fragment measure; the scheduler's filter decides fit.
-    """
-    selection = node_affinity.parse(pods.spec(pod))
-    selected = dict(selection.node_selector).get(names.NVIDIA_PRODUCT_LABEL)
-    if selected is not None:
-        return frozenset({selected})
-    if not selection.required:
-        return frozenset()
-    allowed: set[str] = set()
-    for term in selection.required:
-        values = [r.values for r in term.expressions if r.key == names.NVIDIA_PRODUCT_LABEL and r.operator == "In"]
-        if not values:
-            return frozenset()
-        allowed.update(values[0])
-    return frozenset(allowed)
-
-
-def demand_from_pod(pod: pods.Pod, *, slot_milli: int = DEFAULT_SLOT_MILLI) -> PodDemand:
-    """Read a Pod (the ExtenderArgs' pod, or one from the watch) into its demand.
-
-    Requests by Kubernetes' own rule (``pods.effective_requests``). A pod asking for several
-    time-sliced slots is modelled as one share of their sum on one GPU (gpugate's notebooks
-    policy allows one slot). Raises QuantityError for a quantity that is not valid.
-    """
-    amounts = pods.effective_requests(pod, include=lambda r: r in ("cpu", "memory") or is_gpu_resource(r),
-                                      amount=request_amount)
-    slots = amounts.get(names.SHARED_GPU_RESOURCE, 0)
-    return PodDemand(cpu=amounts.get("cpu", 0), memory=amounts.get("memory", 0),
-                     gpus=amounts.get(names.GPU_RESOURCE, 0), share_milli=min(MILLI, slots * slot_milli),
-                     mig=tuple(sorted((r, n) for r, n in amounts.items() if is_mig_resource(r))),
-                     products=_products(pod))
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,13 +92,13 @@ class NodeView:
             if found is not None:
                 taken, left = found
         mig = self.mig_requested
-        if demand.mig:
+        if demand.extended:
             merged = dict(mig)
-            for resource, count in demand.mig:
+            for resource, count in demand.extended:
                 merged[resource] = merged.get(resource, 0) + count
             mig = tuple(sorted(merged.items()))
         return replace(self, cpu_requested=self.cpu_requested + demand.cpu,
-                       memory_requested=self.memory_requested + demand.memory, mig_requested=mig,
+                       memory_requested=self.memory_requested + demand.memory_bytes, mig_requested=mig,
                        left=left, pods=self.pods + (Bound(key, demand, taken),))
 
     def hold(self, key: str, taken: tuple[int, ...]) -> NodeView:
@@ -201,10 +120,10 @@ class NodeView:
         for index in gone.devices:
             left[index] += MILLI if demand.gpus else demand.share_milli
         mig = dict(self.mig_requested)
-        for resource, count in demand.mig:
+        for resource, count in demand.extended:
             mig[resource] = mig.get(resource, 0) - count
         return replace(self, cpu_requested=self.cpu_requested - demand.cpu,
-                       memory_requested=self.memory_requested - demand.memory,
+                       memory_requested=self.memory_requested - demand.memory_bytes,
                        mig_requested=tuple(sorted((r, n) for r, n in mig.items() if n > 0)),
                        left=tuple(left), pods=tuple(bound for bound in self.pods if bound.key != key))
 

@@ -44,9 +44,10 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from webhook.kube.demand import PodDemand
 from webhook.placement.devices import MILLI
 from webhook.placement.fragment import NO_FIT, Fragmenter
-from webhook.placement.inputs import NodeView, PodDemand
+from webhook.placement.inputs import NodeView
 from webhook.placement.shapes import ShapeMix
 
 MAX_EXTENDER_PRIORITY = 10
@@ -140,10 +141,11 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
     path, written for CPython: locals, one memo lookup per node.
     """
     where = where or context(nodes, fragmenter.mix)
-    if demand.mig:
+    if demand.extended:
         return [_mig_key(demand, node, where) for node in nodes]
     per_cpu, per_milli, pressure = where.per_cpu, where.per_milli, where.pressure
-    cpu, gpus, share, memory, milli = demand.cpu, demand.gpus, demand.share_milli, demand.memory, demand.gpu_milli
+    cpu, gpus, share, memory = demand.cpu, demand.gpus, demand.share_milli, demand.memory_bytes
+    milli = demand.gpu_request_milli
     thresholds, memo, points = fragmenter.thresholds, fragmenter.memo, fragmenter.points
     top = (1 << _FIT_BITS) - 1
     calm = _PRESSURE_LEVELS - 1
@@ -181,10 +183,10 @@ def node_key(fragmenter: Fragmenter, demand: PodDemand, node: NodeView, where: C
 
 def _mig_key(demand: PodDemand, node: NodeView, where: Context) -> int:
     """MIG slices are fixed partitions FGD's measure does not cover: a neutral 50, then best fit on slices."""
-    if (node.memory_left < demand.memory or node.cpu_left < demand.cpu
-            or any(node.mig_free(resource) < count for resource, count in demand.mig)):
+    if (node.memory_left < demand.memory_bytes or node.cpu_left < demand.cpu
+            or any(node.mig_free(resource) < count for resource, count in demand.extended)):
         return NO_FIT
-    spare = sum(node.mig_free(resource) - count for resource, count in demand.mig)
+    spare = sum(node.mig_free(resource) - count for resource, count in demand.extended)
     waste = int((node.cpu_left - demand.cpu) * where.per_cpu
                 + 0.5 * (1 << _FIT_BITS) * spare / max(1, sum(count for _, count in node.mig)))
     top = (1 << _FIT_BITS) - 1

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.kube.demand import PodDemand
 from webhook.placement.devices import MILLI
-from webhook.placement.inputs import PodDemand
 
 POPULARITY = 0.95
 
@@ -40,7 +40,7 @@ class Shape:
 
 def shape_of(demand: PodDemand) -> Shape | None:
     """The shape of a demand, or None for a MIG pod (its slices are not GPU thousandths)."""
-    if demand.mig and not demand.uses_devices:
+    if demand.extended and not demand.uses_devices:
         return None
     products = tuple(sorted(demand.products))
     if demand.gpus:

@@ -75,3 +75,13 @@ SIZING_ARMS = tuple(arm.name for arm in ARMS if arm.kind == "sizing")
 def world_of(arm: str, sharing: str) -> str:
     """The world a run of ``arm`` is in when the replay runs ``--sharing sharing``."""
     return BY_NAME[arm].world or sharing
+
+
+def markdown_table() -> str:
+    """The table as docs/placement.md shows it (a test keeps the page equal to this)."""
+    rows = ["| arm | kind | world | policies | extender | default | what it is |", "|---|---|---|---|---|---|---|"]
+    for arm in ARMS:
+        world = arm.world or "`--sharing`"
+        flags = ["yes" if flag else "" for flag in (arm.policies, arm.extender, arm.default)]
+        rows.append(f"| `{arm.name}` | {arm.kind} | {world} | " + " | ".join(flags) + f" | {arm.summary} |")
+    return "\n".join(rows)

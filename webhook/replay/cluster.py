@@ -7,44 +7,20 @@ integers) are accounted as kube-scheduler's NodeResourcesFit does: an integer al
 and resource, requests summed, a pod fits where ``allocatable - requested >= its request`` for
 every resource it asks (a node without the resource has 0). The state is an explicit argument
 everywhere: mutable, but never global.
+
+What one pod asks is the vocabulary's ``webhook.kube.demand.PodDemand``, read here in the model's
+units: ``memory_mib``, ``num_gpu`` GPUs of ``milli_per_gpu`` thousandths each, ``products``,
+``extended``; scoring reads ``cpu_score`` / ``memory_score_mib`` (kube-scheduler's non-zero requests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from webhook.kube.demand import PodDemand
 from webhook.replay.records import MILLI, NodeRecord
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """What one pod asks of a node, in the units the schedulers compare.
-
-    ``gpu_milli`` is per GPU; ``num_gpu`` GPUs of it (a sharing pod: 1 GPU, milli < 1000).
-    ``cpu_score``/``memory_score`` are kube-scheduler's non-zero requests (100m / 200MB defaults).
-    ``models`` is the set of GPU models the pod accepts (empty: any).
-    ``extended`` holds integer requests of other extended resources, (resource, count) sorted by name.
-    """
-
-    cpu: int
-    memory: int
-    num_gpu: int = 0
-    gpu_milli: int = 0
-    models: frozenset[str] = frozenset()
-    cpu_score: int = 0
-    memory_score: int = 0
-    extended: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def gpu_request_milli(self) -> int:
-        return self.num_gpu * self.gpu_milli
-
-    @property
-    def shares_gpu(self) -> bool:
-        return self.num_gpu == 1 and 0 < self.gpu_milli < MILLI
 
 
 class ClusterState:
@@ -96,15 +72,15 @@ class ClusterState:
         wanted = [index for index, model in enumerate(self.models) if model in models]
         return np.isin(self.model_index, wanted)
 
-    def fits(self, demand: Demand) -> np.ndarray:
+    def fits(self, demand: PodDemand) -> np.ndarray:
         """Resource fit: cpu, memory, and GPUs at per-GPU thousandths (the published simulator's filter)."""
-        mask = (self.cpu_left >= demand.cpu) & (self.mem_left >= demand.memory)
+        mask = (self.cpu_left >= demand.cpu) & (self.mem_left >= demand.memory_mib)
         if demand.num_gpu:
             mask &= self.gpu_count > 0
-            if demand.models:
-                mask &= self.model_mask(demand.models)
-            if demand.gpu_milli < MILLI:
-                mask &= (self.gpu_left >= demand.gpu_milli).any(axis=1)
+            if demand.products:
+                mask &= self.model_mask(demand.products)
+            if demand.milli_per_gpu < MILLI:
+                mask &= (self.gpu_left >= demand.milli_per_gpu).any(axis=1)
             else:
                 mask &= (self.gpu_left >= MILLI).sum(axis=1) >= demand.num_gpu
             if self.sliced is not None:
@@ -135,16 +111,16 @@ class ClusterState:
         free = np.flatnonzero(self.gpu_left[node] >= MILLI)
         return tuple(int(g) for g in free[:count])
 
-    def bind(self, node: int, demand: Demand, gpus: tuple[int, ...]) -> None:
+    def bind(self, node: int, demand: PodDemand, gpus: tuple[int, ...]) -> None:
         self.cpu_used[node] += demand.cpu
-        self.mem_used[node] += demand.memory
+        self.mem_used[node] += demand.memory_mib
         self.cpu_score_used[node] += demand.cpu_score
-        self.mem_score_used[node] += demand.memory_score
+        self.mem_score_used[node] += demand.memory_score_mib
         for gpu in gpus:
-            if self.gpu_left[node, gpu] < demand.gpu_milli:  # pragma: no cover - a scheduler bug
-                raise AssertionError(f"GPU {gpu} of node {self.names[node]} cannot take {demand.gpu_milli}")
-            self.gpu_left[node, gpu] -= demand.gpu_milli
-        self.used_milli += demand.gpu_milli * len(gpus)
+            if self.gpu_left[node, gpu] < demand.milli_per_gpu:  # pragma: no cover - a scheduler bug
+                raise AssertionError(f"GPU {gpu} of node {self.names[node]} cannot take {demand.milli_per_gpu}")
+            self.gpu_left[node, gpu] -= demand.milli_per_gpu
+        self.used_milli += demand.milli_per_gpu * len(gpus)
         for resource, count in demand.extended:
             column = self.extended_names.index(resource)
             if self.extended_cap[node, column] - self.extended_used[node, column] < count:  # pragma: no cover

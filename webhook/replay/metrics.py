@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from webhook.replay.cluster import ClusterState, Demand
+from webhook.kube.demand import PodDemand
+from webhook.replay.cluster import ClusterState
 
 POPULARITY = 0.95
 
@@ -35,9 +36,9 @@ class TypicalPods:
         return self.milli > 0
 
 
-def typical_pods(demands: list[Demand], state: ClusterState, *, popularity: float = POPULARITY) -> TypicalPods:
+def typical_pods(demands: list[PodDemand], state: ClusterState, *, popularity: float = POPULARITY) -> TypicalPods:
     """Shapes sorted by count (ties: larger cpu, milli, count, models first), cut where they cover ``popularity``."""
-    counts = Counter((d.cpu_score or d.cpu, d.gpu_milli, d.num_gpu, tuple(sorted(d.models))) for d in demands)
+    counts = Counter((d.cpu_score or d.cpu, d.milli_per_gpu, d.num_gpu, tuple(sorted(d.products))) for d in demands)
     ordered = sorted(counts.items(), key=lambda item: (item[1], item[0]), reverse=True)
     total = sum(counts.values())
     chosen, covered = [], 0

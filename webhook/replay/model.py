@@ -31,10 +31,11 @@ from webhook import names
 from webhook.kube.affinity import PreferredTerm as PreferredTerm
 from webhook.kube.affinity import Requirement as Requirement
 from webhook.kube.affinity import SelectorTerm as SelectorTerm
+from webhook.kube.demand import PodDemand
 from webhook.kube.tolerations import Toleration as Toleration
 from webhook.placement import devices as device_plugin
 from webhook.placement.scoring import MAX_EXTENDER_PRIORITY
-from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.cluster import ClusterState
 from webhook.replay.records import MILLI
 
 MAX_NODE_SCORE = 100
@@ -57,7 +58,7 @@ class Taint:
 class PodView:
     """The scheduling-relevant reading of one Pod; ``unsupported`` names what the model cannot place."""
 
-    demand: Demand
+    demand: PodDemand
     resources: frozenset[str] = frozenset()
     node_selector: tuple[tuple[str, str], ...] = ()
     required: tuple[SelectorTerm, ...] | None = None
@@ -287,7 +288,7 @@ def _requested_and_allocatable(cluster: KubeCluster, pod: PodView, nodes: np.nda
         return used[nodes] + (demand.cpu_score if non_zero else demand.cpu), state.cpu_cap[nodes]
     if resource == "memory":
         used = state.mem_score_used if non_zero else state.mem_used
-        return used[nodes] + (demand.memory_score if non_zero else demand.memory), state.mem_cap[nodes]
+        return used[nodes] + (demand.memory_score_mib if non_zero else demand.memory_mib), state.mem_cap[nodes]
     if resource in MODELLED_GPU_RESOURCES:
         # "if it's an extended resource, and the pod doesn't request it": skipped (resource_allocation.go).
         if resource not in pod.resources:
@@ -335,7 +336,7 @@ def balanced_allocation_score(cluster: KubeCluster, pod: PodView, nodes: np.ndar
     the non-zero defaults) capped at 1; best-effort pods are skipped (PreScore returns Skip).
     """
     demand, state = pod.demand, cluster.state
-    if demand.cpu == 0 and demand.memory == 0:
+    if demand.cpu == 0 and demand.memory_mib == 0:
         return np.zeros(len(nodes), dtype=np.int64)
     cpu_cap = np.maximum(state.cpu_cap[nodes], 1)
     mem_cap = np.maximum(state.mem_cap[nodes], 1)
@@ -344,7 +345,7 @@ def balanced_allocation_score(cluster: KubeCluster, pod: PodView, nodes: np.ndar
         std = np.abs(np.minimum(cpu / cpu_cap, 1.0) - np.minimum(memory / mem_cap, 1.0)) / 2
         return ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
 
-    with_pod = balance(state.cpu_used[nodes] + demand.cpu, state.mem_used[nodes] + demand.memory)
+    with_pod = balance(state.cpu_used[nodes] + demand.cpu, state.mem_used[nodes] + demand.memory_mib)
     without = balance(state.cpu_used[nodes], state.mem_used[nodes])
     half = MAX_NODE_SCORE // 2
     return half + (half + with_pod - without) // 2
@@ -445,7 +446,7 @@ class KubeScheduler:
         return int(nodes[best[self.rng.integers(len(best))]])
 
     @staticmethod
-    def devices(cluster: KubeCluster, node: int, demand: Demand, policy: str = "distributed") -> tuple[int, ...]:
+    def devices(cluster: KubeCluster, node: int, demand: PodDemand, policy: str = "distributed") -> tuple[int, ...]:
         """GPUs the device plugin hands the pod on the chosen node: ``webhook.placement.devices``.
 
         Whole GPUs: the first free ones. A DRA share (``first``): the first device with room. A
@@ -462,5 +463,5 @@ class KubeScheduler:
             # slice's order) with the memory left (found by tests/e2e/test_replay_fidelity.py, issue 25:
             # "first" used to fall through to distributed here).
             rule = cast(device_plugin.DevicePolicy, policy if policy in ("packed", "first") else "distributed")
-            return (device_plugin.share_device(left, demand.gpu_milli, rule),)
+            return (device_plugin.share_device(left, demand.milli_per_gpu, rule),)
         return device_plugin.whole_devices(left, demand.num_gpu)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from webhook.replay.cluster import ClusterState, Demand, best_fit_gpu
+from webhook.kube.demand import PodDemand
+from webhook.replay.cluster import ClusterState, best_fit_gpu
 from webhook.replay.metrics import FragmentTracker, node_fragment
 
 MAX_SPEC_CPU = 128_000   # the artifact's normalisers: 128 cores,
@@ -30,7 +31,7 @@ def pick_top(scores: np.ndarray, candidates: np.ndarray, rank: np.ndarray) -> in
     return int(candidates[best[np.argmin(rank[candidates[best]])]])
 
 
-def exclusive_or(state: ClusterState, node: int, demand: Demand, share_gpu: int) -> tuple[int, ...]:
+def exclusive_or(state: ClusterState, node: int, demand: PodDemand, share_gpu: int) -> tuple[int, ...]:
     if not demand.num_gpu:
         return ()
     if demand.shares_gpu:
@@ -46,12 +47,12 @@ class RandomFit:
     def __init__(self, rank: np.ndarray) -> None:
         self.rank = rank
 
-    def place(self, state: ClusterState, demand: Demand, feasible: np.ndarray, rng: np.random.Generator,
+    def place(self, state: ClusterState, demand: PodDemand, feasible: np.ndarray, rng: np.random.Generator,
               tracker: FragmentTracker) -> Placement:
         node = int(feasible[rng.integers(len(feasible))])
         gpu = -1
         if demand.shares_gpu:
-            fitting = np.flatnonzero(state.gpu_left[node] >= demand.gpu_milli)
+            fitting = np.flatnonzero(state.gpu_left[node] >= demand.milli_per_gpu)
             gpu = int(fitting[rng.integers(len(fitting))])
         return node, exclusive_or(state, node, demand, gpu)
 
@@ -64,7 +65,7 @@ class BestFit:
     def __init__(self, rank: np.ndarray) -> None:
         self.rank = rank
 
-    def place(self, state: ClusterState, demand: Demand, feasible: np.ndarray, rng: np.random.Generator,
+    def place(self, state: ClusterState, demand: PodDemand, feasible: np.ndarray, rng: np.random.Generator,
               tracker: FragmentTracker) -> Placement:
         cpu_free = state.cpu_left[feasible]
         gpu_free = state.gpu_left[feasible].sum(axis=1)
@@ -75,7 +76,7 @@ class BestFit:
         # The artifact min-max normalizes with integer division, which merges close scores into ties.
         scores = np.zeros_like(raw) if high == low else (raw - low) * 100 // (high - low)
         node = pick_top(scores, feasible, self.rank)
-        gpu = best_fit_gpu(state, node, demand.gpu_milli) if demand.shares_gpu else -1
+        gpu = best_fit_gpu(state, node, demand.milli_per_gpu) if demand.shares_gpu else -1
         return node, exclusive_or(state, node, demand, gpu)
 
 
@@ -91,7 +92,7 @@ class FragmentationGradientDescent:
     def __init__(self, rank: np.ndarray) -> None:
         self.rank = rank
 
-    def place(self, state: ClusterState, demand: Demand, feasible: np.ndarray, rng: np.random.Generator,
+    def place(self, state: ClusterState, demand: PodDemand, feasible: np.ndarray, rng: np.random.Generator,
               tracker: FragmentTracker) -> Placement:
         typical = tracker.typical
         before = tracker.fragment[feasible]
@@ -111,14 +112,14 @@ class FragmentationGradientDescent:
         width = left.shape[1]
         index = np.arange(width)
         earlier_same = (left[:, :, None] == left[:, None, :]) & (index[None, None, :] < index[None, :, None])
-        candidate = (left >= demand.gpu_milli) & ~earlier_same.any(axis=2)
+        candidate = (left >= demand.milli_per_gpu) & ~earlier_same.any(axis=2)
         rows, gpus = np.nonzero(candidate)
         old = left[rows, gpus][:, None]
-        new = old - demand.gpu_milli
+        new = old - demand.milli_per_gpu
         milli = typical.milli[None, :]
         count = tracker.count[feasible][rows] - (old >= milli) + (new >= milli)
         small = tracker.small[feasible][rows] - np.where(old < milli, old, 0) + np.where(new < milli, new, 0)
-        total = tracker.total[feasible][rows] - demand.gpu_milli
+        total = tracker.total[feasible][rows] - demand.milli_per_gpu
         after = node_fragment(count, small, total, cpu_after[rows], access[rows], typical)
         grid = np.full(left.shape, -1, dtype=np.int64)
         grid[rows, gpus] = _sigmoid_score(before[rows], after)

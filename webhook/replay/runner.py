@@ -1,19 +1,9 @@
 """One replay run (an arm and a seed), and many of them in separate processes.
 
-Arms:
-  stock            the trace's Pods as written, kube-scheduler's default profile
-  gpugate          the same Pods admitted through gpugate's mutation and validation under
-                   ``--policies``; each Pod goes to the profile its schedulerName names
-  binpack-profile  the trace's Pods on gpugate's second profile (MostAllocated, GPU weight 5)
-  extender         the trace's Pods on the ``gpugate`` profile: the default plugins, weights and
-                   normalization plus gpugate's scheduler extender (``webhook.placement``), its
-                   score x weight x 10, computed from the blind view (node allocatable, bound pod
-                   requests, the modelled device allocation) delivered every ``label_lag`` placements
-  gpugate-extender the gpugate arm, where a policy's schedulerName ``gpugate`` reaches that profile
-  random, bestfit, fgd   the published schedulers, on the trace records directly
-  whole-gpu, shares-only, rightsized   the trace on an H100 twin whose partitioned nodes are whole,
-                   time-sliced or MIG; fractional pods ask a whole GPU, a slot, or memory that
-                   right-sizing turns into a rung (``webhook.replay.sizing``)
+Arms, their kind and world: ``webhook.replay.arms`` (the one table). Kube arms run the
+kube-scheduler model (``replay.model``) in the run's sharing world (``World``, from
+``replay.worlds``: timeslice, dra, or the published model); reference arms run a published
+scheduler (``replay.reference``); the right-sizing arms are ``replay.sizing``'s.
 Every arm of one seed sees the same arrival order. Pods are submitted once and never deleted; a
 pod that fits nowhere (or is denied) is counted as arrived and failed.
 """
@@ -32,21 +22,22 @@ import numpy as np
 
 from webhook import names
 from webhook.errors import InputError
-from webhook.kube import allocations, claims, nodedevices
+from webhook.kube import allocations, nodedevices
+from webhook.kube import demand as kube_demand
 from webhook.kube import slices as slices_module
+from webhook.kube.demand import PodDemand
 from webhook.kube.inventory import EMPTY as EMPTY_INVENTORY
 from webhook.kube.inventory import Inventory
 from webhook.placement import dra as placement_dra
 from webhook.placement.devices import DevicePolicy
 from webhook.placement.extender import ExtenderSettings, ExtenderState
-from webhook.placement.inputs import PodDemand, demand_from_pod
 from webhook.placement.shapes import ShapeMix
 from webhook.replay import arms as arm_table
 from webhook.replay import demand as demand_reading
 from webhook.replay import sizing, workload, worlds
 from webhook.replay.admitting import Admission as Admission
 from webhook.replay.arrival import arrival_order
-from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.cluster import ClusterState
 from webhook.replay.labels import Relabeler
 from webhook.replay.metrics import FragmentTracker, typical_pods
 from webhook.replay.model import (
@@ -77,23 +68,21 @@ DRA_HOLDER_PREFIX = "dra:"
 
 def demand_from_trace(records: Iterable[PodRecord], slot: int | None = None) -> list[PodDemand]:
     """The pod list as the extender would read its pods (a configured mix: what FGD's typical pods use);
-    ``slot``: the timeslice world, where a share reads as one slot of that many thousandths."""
-    return [PodDemand(cpu=r.cpu_milli, memory=r.memory_mib * demand_reading.MIB,
-                      gpus=r.num_gpu if r.num_gpu and not r.shares_gpu else 0,
-                      share_milli=(slot or r.gpu_milli) if r.shares_gpu else 0,
-                      products=frozenset(workload.product_of(m) for m in r.gpu_spec)) for r in records]
+    products as the nodes' ``nvidia.com/gpu.product`` labels spell them; ``slot``: the timeslice
+    world, where a share reads as one slot of that many thousandths."""
+    return [dataclasses.replace(record_demand(r, slot), products=frozenset(workload.product_of(m) for m in r.gpu_spec))
+            for r in records]
 
 
-def record_demand(record: PodRecord, slot: int | None = None) -> Demand:
+def record_demand(record: PodRecord, slot: int | None = None) -> PodDemand:
     """A trace row as the published schedulers read it (non-zero cpu/memory defaults for scoring);
-    ``slot``: BestFit-on-slots in the timeslice world, a share is a slot of that many thousandths."""
-    milli = record.gpu_milli if record.num_gpu else 0
-    if slot and record.shares_gpu:
-        milli = slot
-    return Demand(cpu=record.cpu_milli, memory=record.memory_mib, num_gpu=record.num_gpu,
-                  gpu_milli=milli, models=frozenset(record.gpu_spec),
-                  cpu_score=record.cpu_milli or demand_reading.DEFAULT_CPU_MILLI,
-                  memory_score=record.memory_mib or -(-demand_reading.DEFAULT_MEMORY_BYTES // demand_reading.MIB))
+    products as the trace names GPU models. ``slot``: BestFit-on-slots in the timeslice world, where
+    a share is one slot of that many thousandths."""
+    milli = slot if slot and record.shares_gpu else record.gpu_milli
+    return PodDemand.of_gpus(record.num_gpu, milli, cpu=record.cpu_milli,
+                             memory_bytes=record.memory_mib * kube_demand.MIB, products=frozenset(record.gpu_spec),
+                             cpu_score=record.cpu_milli or kube_demand.DEFAULT_CPU_MILLI,
+                             memory_score_bytes=record.memory_mib * kube_demand.MIB or kube_demand.DEFAULT_MEMORY_BYTES)
 
 
 class World:
@@ -122,8 +111,8 @@ class World:
 
     def view(self, pod: dict[str, Any], record: PodRecord) -> PodView:
         found = demand_reading.view(pod, slot_milli=self.slot)
-        if self.sharing == DRA and record.shares_gpu and claims.pod_claim_refs(pod):
-            demand = dataclasses.replace(found.demand, num_gpu=1, gpu_milli=self.claim_milli(record.gpu_milli))
+        if self.sharing == DRA and record.shares_gpu and kube_demand.claim_refs(pod):
+            demand = dataclasses.replace(found.demand, share_milli=self.claim_milli(record.gpu_milli))
             # The claim's sub-requests, one per GPU model in this order (worlds.share_ask): what
             # kube-scheduler's DynamicResources plugin scores nodes by (model.dynamic_resources_score).
             found = dataclasses.replace(found, demand=demand, claim_models=tuple(self.models))
@@ -132,11 +121,9 @@ class World:
     def extender_demand(self, pod: dict[str, Any], view: PodView, record: PodRecord) -> PodDemand:
         """The extender's reading of an admitted Pod: its requests, and in dra its share claim; in the
         published model (no world) a share's size from the replay's annotation, via the view."""
-        found = demand_from_pod(pod, slot_milli=self.slot or demand_reading.DEFAULT_SLOT_MILLI)
-        if self.sharing == PUBLISHED and view.demand.shares_gpu:
-            return dataclasses.replace(found, share_milli=view.demand.gpu_milli, gpus=0)
-        if self.sharing == DRA and view.demand.shares_gpu:
-            return dataclasses.replace(found, share_milli=view.demand.gpu_milli, gpus=0)
+        found = kube_demand.of_pod(pod, slot_milli=self.slot or kube_demand.DEFAULT_SLOT_MILLI)
+        if self.sharing in (PUBLISHED, DRA) and view.demand.shares_gpu:
+            return dataclasses.replace(found, share_milli=view.demand.share_milli, gpus=0)
         return found
 
     def cluster(self, trace: Trace) -> KubeCluster:
@@ -168,7 +155,7 @@ class BlindExtender:
         self.dra = world is not None and world.sharing == DRA
         self.trace_nodes = trace.nodes
         for node in trace.nodes:
-            self.state.set_node(node.name, cpu=node.cpu_milli, memory=node.memory_mib * demand_reading.MIB,
+            self.state.set_node(node.name, cpu=node.cpu_milli, memory=node.memory_mib * kube_demand.MIB,
                                 product=workload.product_of(node.model) if node.gpus else "", gpus=node.gpus,
                                 ordered=self.dra and node.gpus > 0)
         if spec.extender_mix == "history":
@@ -209,7 +196,7 @@ class BlindExtender:
             self.state.bind(assumed_key, name, demand)
             return
         # The pod's GPUs are in its allocated claim: the pod itself counts its cpu and memory only.
-        self.state.bind(assumed_key, name, dataclasses.replace(demand, gpus=0, share_milli=0))
+        self.state.bind(assumed_key, name, dataclasses.replace(demand, gpus=0, slots=0, share_milli=0))
         node = self.trace_nodes[index]
         milli = demand.share_milli or 1000
         self.claims.setdefault(index, []).append(worlds.allocated_claim(key, node, devices, milli))
@@ -261,8 +248,8 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     arm = arm_table.BY_NAME.get(spec.arm)
     if arm is None:
         raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
-    if spec.sharing not in SHARING:
-        raise InputError(f"unknown sharing world {spec.sharing!r}; choose from {', '.join(SHARING)}")
+    if spec.sharing not in (*SHARING, PUBLISHED):
+        raise InputError(f"unknown sharing world {spec.sharing!r}; choose from {', '.join((*SHARING, PUBLISHED))}")
     if arm.kind == "sizing":
         return sizing.run(trace, spec)
     started = time.perf_counter()

@@ -54,8 +54,9 @@ class RunSpec:
     """The shares-only arm, and the timeslice world: time-sliced slots per GPU."""
     sharing: str = TIMESLICE
     """The sharing world of the kube arms (``SHARING``): timeslice (a share is a slot, as
-    manifests/ ship) or dra (a share is a consumable-capacity claim of its memory). The reference
-    arms ignore it: they stay in their published model."""
+    manifests/ ship) or dra (a share is a consumable-capacity claim of its memory); ``published``
+    runs them in the reference arms' model (a share is its size on any GPU), which no stock
+    component implements. The reference arms ignore it: they stay in their published model."""
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,13 @@ from webhook import names
 from webhook.balancer import inventory as balancer_inventory
 from webhook.balancer import marks
 from webhook.errors import InputError
+from webhook.kube.demand import PodDemand
 from webhook.kube.inventory import Inventory
 from webhook.replay import demand as demand_reading
 from webhook.replay import migcluster
 from webhook.replay.admitting import Admission
 from webhook.replay.arrival import arrival_order
-from webhook.replay.cluster import ClusterState, Demand
+from webhook.replay.cluster import ClusterState
 from webhook.replay.labels import Relabeler
 from webhook.replay.model import DEFAULT_PROFILE, KubeCluster, KubeScheduler, NodeLabels, binpack_profile
 from webhook.replay.records import MILLI, Trace
@@ -114,13 +115,13 @@ class TwinRelabeler(Relabeler):
         return marks.desired(info, load, thresholds=self.thresholds, taint_congested=self.taint_congested)
 
 
-def taken_milli(demand: Demand, replicas: int) -> int:
+def taken_milli(demand: PodDemand, replicas: int) -> int:
     """Physical GPU thousandths a bound pod takes (whole GPUs, slots, MIG slices)."""
-    total = migcluster.physical_milli(names.GPU_RESOURCE, demand.num_gpu) if demand.gpu_milli >= MILLI else 0
+    total = migcluster.physical_milli(names.GPU_RESOURCE, demand.num_gpu) if demand.milli_per_gpu >= MILLI else 0
     return total + sum(migcluster.physical_milli(resource, count, replicas) for resource, count in demand.extended)
 
 
-def gpu_resource(demand: Demand) -> str:
+def gpu_resource(demand: PodDemand) -> str:
     if demand.num_gpu:
         return names.GPU_RESOURCE
     return ",".join(resource for resource, _ in demand.extended) or "(no GPU)"
