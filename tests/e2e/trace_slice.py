@@ -768,9 +768,9 @@ def world_lockstep(slice_: Slice, world: World, views: Sequence[PodView], real: 
             fits_here = bool(cluster.state.fits(view.demand)[chosen])
             modelled = KubeScheduler.devices(cluster, chosen, view.demand, world.device_policy) if fits_here else None
             devices = outcome.devices if outcome.devices is not None else modelled
-            if devices and any(cluster.state.gpu_left[chosen, g] < view.demand.gpu_milli for g in devices):
+            if devices and any(cluster.state.gpu_left[chosen, g] < view.demand.milli_per_gpu for g in devices):
                 result.device_differences.append(f"[{kind}] {outcome.pod} on {outcome.node}: the model's state "
-                                                 f"cannot hold real GPUs {devices} ({view.demand.gpu_milli} each)")
+                                                 f"cannot hold real GPUs {devices} ({view.demand.milli_per_gpu} each)")
                 devices = modelled
             if outcome.devices is not None and view.demand.num_gpu:
                 result.device_decisions += 1
