@@ -38,8 +38,8 @@ Must: >= 99% of real decisions among the model's best, allocation within 0.5 poi
 GPUs each claim was allocated (read back from the API) the ones the model's device rule picks.
 Measured: timeslice 480/480 decisions, +0.27 point; dra 480/480, 363/363 devices, +0.08 point,
 after two model fixes (docs/placement.md, "Shares, in both sharing worlds"): the DynamicResources
-score (without it 357/480 decisions, 74%), and a dra share's device rule, which had fallen through to ``distributed`` (50 of 362 GPU
-pods on other GPUs, +2.07 points).
+score (without it 357/480 decisions, 74%), and a dra share's device rule, which had fallen
+through to ``distributed`` (50 of 362 GPU pods on other GPUs, +2.07 points).
 """
 
 from __future__ import annotations
