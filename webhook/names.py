@@ -79,3 +79,18 @@ DRA_MEMORY_CAPACITY = "memory"
 """Device memory in bytes: the whole GPU's, or a MIG device's own."""
 DRA_PROFILE_ATTRIBUTE = "profile"
 """A MIG device's profile ("1g.10gb")."""
+
+# Right-sizing through DRA (issue 25): the webhook names a ResourceClaimTemplate per ladder and ask
+# (its name is a hash of its content), labels the pod with that name and carries the template in an
+# annotation; the balancer creates the template in the pod's namespace when it is missing.
+RIGHTSIZED_CLAIM = "gpugate-gpu"
+"""The pod's ``spec.resourceClaims[].name`` (and its container's ``resources.claims[].name``)."""
+CLAIM_TEMPLATE_LABEL = "gpugate.io/claim-template"
+"""On a right-sized pod: the ResourceClaimTemplate it references; the balancer watches pods with it."""
+CLAIM_TEMPLATE_ANNOTATION = "gpugate.io/claim-template"
+"""On a right-sized pod: that template as JSON (the balancer creates it from this, after checking
+that its name is the hash of this content)."""
+RIGHTSIZED_TEMPLATE_PREFIX = "gpugate-rightsized-"
+DRA_SHARE_SELECTOR = "device.allowMultipleAllocations == true"
+"""A device that can be shared by capacity (the driver's ConsumableShares)."""
+

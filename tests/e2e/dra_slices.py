@@ -10,6 +10,9 @@ The shapes follow its source (read, not copied):
   (strings), ``cudaComputeCapability``, ``driverVersion``, ``cudaDriverVersion`` (semantic
   versions) and a ``memory`` capacity in bytes (``deviceinfo.go``: ``Attributes``, ``GetDevice``;
   ``partitions.go``: ``fullGpuCapacity``);
+- consumable shares (``Gpu.consumable_shares``, the driver's ConsumableShares): the full GPU with
+  ``allowMultipleAllocations`` and a ``memory`` capacity with a ``requestPolicy``
+  (``consumable_shares.go``), which kube-scheduler's DRAConsumableCapacity (beta, on in 1.36) enforces;
 - partitionable (dynamic MIG, Kubernetes >= 1.35): one slice holding only ``sharedCounters``, a
   counter set ``gpu-<minor>-counter-set`` per GPU (its capacities as counters, names in DNS form,
   plus ``memory-slice-<i>``), then one slice of devices per GPU: the full GPU consuming every
@@ -91,6 +94,13 @@ class Gpu:
     memory_slices: int = 8
     mig_profiles: tuple[MigProfile, ...] = field(default=())
     """Non-empty for a MIG-capable GPU published as partitionable devices."""
+    consumable_shares: str | None = None
+    """The driver's ``--consumable-shares`` (feature gate ConsumableShares): ``memory`` publishes the
+    full GPU with ``allowMultipleAllocations`` and a ``memory`` capacity whose requestPolicy is
+    default = all of it, valid range 1Mi .. all of it in steps of 1Mi (``consumable_shares.go``,
+    ``applyConsumableShares``): a claim asking ``capacity.requests.memory`` takes that much (rounded
+    up to a MiB) and the scheduler keeps the sum within the device; a claim asking no capacity takes
+    the default, the whole memory. ``unlimited`` is the same with default and minimum 0."""
 
     @property
     def name(self) -> str:
@@ -101,10 +111,11 @@ class Gpu:
         return f"{self.name}-counter-set"
 
 
-def gpus(count: int, *, node: str, mig: bool = False, **fields: Any) -> list[Gpu]:
-    """``count`` GPUs with stable UUIDs derived from the node name (so a republish is the same GPUs)."""
+def gpus(count: int, *, node: str, mig: bool = False, first: int = 0, **fields: Any) -> list[Gpu]:
+    """``count`` GPUs with stable UUIDs derived from the node name (so a republish is the same GPUs);
+    minors from ``first`` (to mix kinds of GPU on one node)."""
     return [Gpu(minor=i, uuid=f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f'{node}/{i}')}",
-                mig_profiles=H100_PROFILES if mig else (), **fields) for i in range(count)]
+                mig_profiles=H100_PROFILES if mig else (), **fields) for i in range(first, first + count)]
 
 
 def _string(value: str) -> Obj:
@@ -151,8 +162,20 @@ def _counters(capacity: Obj, start: int, size: int) -> Obj:
     return out
 
 
+def shareable_memory(gpu: Gpu) -> Obj:
+    """The ``memory`` capacity of a GPU published with consumable shares (see ``Gpu.consumable_shares``)."""
+    whole = f"{gpu.memory_mib}Mi"
+    floor = "1Mi" if gpu.consumable_shares == "memory" else "0"
+    default = whole if gpu.consumable_shares == "memory" else "0"
+    return {"value": whole, "requestPolicy": {"default": default,
+                                              "validRange": {"min": floor, "max": whole, "step": "1Mi"}}}
+
+
 def gpu_device(gpu: Gpu) -> Obj:
     device: Obj = {"name": gpu.name, "attributes": gpu_attributes(gpu), "capacity": gpu_capacity(gpu)}
+    if gpu.consumable_shares:
+        device["allowMultipleAllocations"] = True
+        device["capacity"]["memory"] = shareable_memory(gpu)
     if gpu.mig_profiles:
         device["consumesCounters"] = [{"counterSet": gpu.counter_set,
                                        "counters": _counters(gpu_capacity(gpu), 0, gpu.memory_slices)}]

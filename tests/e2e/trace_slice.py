@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import random
 import secrets
@@ -59,7 +60,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kubernetes import client as k8s
 
+from tests.e2e import dra_slices
 from tests.e2e.cluster import Cluster
 from tests.e2e.placement_env import (
     FREE,
@@ -78,8 +81,9 @@ from tests.e2e.placement_env import (
 )
 from tests.e2e.webhook_fixture import ROOT, Namespaces, Obj, create_pod
 from webhook import names
+from webhook.kube import slices
 from webhook.replay import demand as demand_reading
-from webhook.replay import workload
+from webhook.replay import workload, worlds
 from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState
 from webhook.replay.labels import Relabeler
@@ -92,8 +96,9 @@ from webhook.replay.model import (
     Profile,
     binpack_profile,
 )
-from webhook.replay.records import MILLI, NodeRecord, PodRecord
-from webhook.replay.runner import Admission
+from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
+from webhook.replay.runner import Admission, World
+from webhook.replay.runspec import DRA, TIMESLICE, RunSpec
 from webhook.replay.trace import DEFAULT_POD_FILE, NODE_FILE, load_nodes, load_pods
 
 TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
@@ -119,6 +124,9 @@ class SliceSpec:
     seed: int = 42
     pod_files: tuple[str, ...] = (DEFAULT_POD_FILE,)
     model_seeds: int = 10
+    sharing: str | None = None
+    """None: whole-GPU and CPU-only pods, the published model (issue 11). ``timeslice`` or ``dra``:
+    the trace's shares too, in that sharing world (issue 25, :func:`world_fidelity`)."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +179,8 @@ def load_slice(spec: SliceSpec, *, tag: str | None = None, trace: Path = TRACE) 
     queues: list[list[tuple[str, PodRecord]]] = []
     for position, pod_file in enumerate(spec.pod_files):
         every_pod = load_pods(trace / pod_file)
-        order = [i for i in arrival_order(every_pod, capacity, spec.seed) if not every_pod[i].shares_gpu]
+        order = [i for i in arrival_order(every_pod, capacity, spec.seed)
+                 if spec.sharing is not None or not every_pod[i].shares_gpu]
         wanted = share + (1 if position < extra else 0)
         if len(order) < wanted:
             raise ValueError(f"{pod_file}: the arrival order has only {len(order)} whole-GPU or CPU pods, "
@@ -179,7 +188,7 @@ def load_slice(spec: SliceSpec, *, tag: str | None = None, trace: Path = TRACE) 
         queues.append([(pod_file, every_pod[i]) for i in order[:wanted]])
     interleaved = [queue[k] for k in range(share + 1) for queue in queues if k < len(queue)]
     pods = tuple(dataclasses.replace(pod, name=f"{pod.name}-{k:04d}") for k, (_, pod) in enumerate(interleaved))
-    requested = sum(pod.num_gpu for pod in pods)
+    requested = sum(pod.gpu_request_milli for pod in pods) / MILLI
     return Slice(tag=tag, nodes=nodes, pods=pods, sources=tuple(source for source, _ in interleaved),
                  arrived_percent=100.0 * requested / max(1, sum(node.gpus for node in nodes)))
 
@@ -225,6 +234,8 @@ class Outcome:
     node: str | None
     gpus: int
     why: str = ""
+    devices: tuple[int, ...] | None = None
+    """In the dra world: the GPUs (``gpu-<minor>``) kube-scheduler allocated, read from the pod's claims."""
 
 
 def gpus_of(pod: Obj) -> int:
@@ -352,6 +363,10 @@ class Lockstep:
     disagreements: list[str] = field(default_factory=list)
     by_source: dict[str, list[int]] = field(default_factory=dict)
     """Per pod list: [agreed, decisions]."""
+    device_decisions: int = 0
+    """In the dra world: GPU pods whose allocated devices were read back from their claims."""
+    device_differences: list[str] = field(default_factory=list)
+    """...and those where the model's device rule would have chosen other GPUs."""
     best_shares: list[float] = field(default_factory=list)
     """Per decision with more than one feasible node: the model's best nodes / feasible nodes. The
     smaller, the more a real choice among the best says (a scheduler picking any feasible node
@@ -374,6 +389,8 @@ class Lockstep:
         self.agreed += other.agreed
         self.disagreements += other.disagreements
         self.best_shares += other.best_shares
+        self.device_decisions += other.device_decisions
+        self.device_differences += other.device_differences
         for source, (agreed, decisions) in other.by_source.items():
             tally = self.by_source.setdefault(source, [0, 0])
             tally[0] += agreed
@@ -575,3 +592,275 @@ def fidelity(cluster: Cluster, workdir: Path, spec: SliceSpec, *, arms: Sequence
             reports[arm] = compare(arm, slice_, views, reals, spec.model_seeds, seconds)
             log(f"[{arm}] model runs done")
     return Report(spec=spec, slice=slice_, arms=reports, seconds=time.monotonic() - started)
+
+
+# --- shares in a sharing world (issue 25, item 4) ---------------------------------------------------
+# The trace's shares go through the real scheduler as the world makes them (webhook.replay.worlds):
+# in ``timeslice`` the nodes ``worlds.sliced_nodes`` picks advertise only ``nvidia.com/gpu.shared``
+# (4 slots a GPU, the device plugin's renameByDefault) and a share asks one slot; in ``dra`` no node
+# advertises ``nvidia.com/gpu``: each publishes the ResourceSlice ``worlds.node_slice`` describes (a
+# consumable-capacity device per GPU), the chart's DeviceClass maps ``nvidia.com/gpu: N`` onto it
+# (DRAExtendedResource), and a share names the ``gpu-share-<milli>`` ResourceClaimTemplate
+# ``worlds.share_template`` writes. The model side is the replay's own ``runner.World`` for that
+# world. The arm is the stock one (no webhook, no balancer labels): what is compared is how the
+# scheduler counts and fits shares, which the policies' affinity does not change.
+
+def world_of(slice_: Slice, sharing: str) -> World:
+    """The replay's world for the slice (its nodes and pods, as ``gpugate replay`` builds it)."""
+    trace = Trace(workload="slice", nodes=slice_.nodes, pods=slice_.pods)
+    return World(trace, sharing, RunSpec(arm="stock", seed=0, sharing=sharing, device_policy="packed"))
+
+
+def world_pod(slice_: Slice, world: World, record: PodRecord, namespace: str) -> Obj:
+    manifest = world.pod_for(record)
+    manifest["metadata"]["namespace"] = namespace
+    manifest["spec"]["nodeSelector"] = {POOL_LABEL: slice_.tag}
+    return manifest
+
+
+def world_node_fields(node: NodeRecord, tag: str, world: World, sliced: bool) -> dict[str, Any]:
+    fields = node_fields(node, tag)
+    if world.sharing == TIMESLICE and sliced:
+        fields["replicas"] = world.replicas
+    if world.sharing == DRA and node.gpus:
+        fields["whole_gpus"] = 0  # the GPUs are DRA devices: no device plugin resource
+    return fields
+
+
+@contextmanager
+def world_nodes(cluster: Cluster, slice_: Slice, world: World) -> Iterator[list[str]]:
+    """The slice's nodes in the world; in dra each GPU node's ResourceSlice, owned by its Node."""
+    sliced = world.sliced or (False,) * len(slice_.nodes)
+    made: list[str] = []
+    api = cluster.api_client()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            made.extend(pool.map(lambda pair: cluster.add_gpu_node(
+                pair[0].name, wait=False, **world_node_fields(pair[0], slice_.tag, world, pair[1])),
+                list(zip(slice_.nodes, sliced, strict=True))))
+        for name in made:
+            cluster.kubelet.wait_schedulable(name)
+        if world.sharing == DRA:
+            dra_slices.install_device_classes(api)
+            resource = k8s.ResourceV1Api(api)
+            core = k8s.CoreV1Api(api)
+            for node in slice_.nodes:
+                if node.gpus:
+                    owner = api.sanitize_for_serialization(core.read_node(node.name))
+                    (body,) = dra_slices.owned_by(owner, [dict(slices.render(worlds.node_slice(node)))])
+                    resource.create_resource_slice(body)
+        yield made
+    finally:
+        if world.sharing == DRA:
+            for name in made:
+                dra_slices.unpublish(api, name)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(cluster.remove_node, made))
+
+
+def share_templates(cluster: Cluster, slice_: Slice, world: World, namespace: str) -> None:
+    """In dra, the ``gpu-share-<milli>`` templates the slice's shares name, in ``namespace``."""
+    if world.sharing != DRA:
+        return
+    resource = k8s.ResourceV1Api(cluster.api_client())
+    for milli in sorted({p.gpu_milli for p in slice_.pods if p.shares_gpu}):
+        resource.create_namespaced_resource_claim_template(namespace, worlds.share_template(milli, world.models,
+                                                                                            namespace))
+
+
+def run_real_world(cluster: Cluster, slice_: Slice, world: World, namespace: str,
+                   explain: Callable[[], str] | None = None) -> list[Outcome]:
+    """Create the slice's pods one at a time in the world; where each landed (None: unschedulable)."""
+    core = cluster.core()
+    outcomes: list[Outcome] = []
+    with pod_watch(cluster, namespace) as pods:
+        for record in slice_.pods:
+            create_pod(core, namespace, world_pod(slice_, world, record, namespace))
+            verdict: str = pods.wait(lambda objects, name=record.name: decision(objects.get(name)), timeout=60,
+                                     what=f"a scheduling decision for {record.name}", explain=explain)
+            if verdict.startswith("unschedulable:"):
+                delete_now(core, namespace, record.name)  # never retried, as in the replay
+                outcomes.append(Outcome(record.name, None, record.num_gpu, verdict.split(":", 1)[1]))
+                continue
+            devices = allocated_devices(cluster, namespace, record.name) if world.sharing == DRA else None
+            outcomes.append(Outcome(record.name, verdict.split(":", 1)[1], record.num_gpu, devices=devices))
+    return outcomes
+
+
+def allocated_devices(cluster: Cluster, namespace: str, pod: str) -> tuple[int, ...]:
+    """The GPU minors the pod's claims hold: its share claim (``resourceClaimStatuses``) or the claim
+    kube-scheduler made for ``nvidia.com/gpu`` (``extendedResourceClaimStatus``)."""
+    api = cluster.api_client()
+    status = json.loads(k8s.CoreV1Api(api).read_namespaced_pod(pod, namespace, _preload_content=False).data)
+    status = status.get("status") or {}
+    names_ = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []]
+    names_.append((status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
+    minors: list[int] = []
+    resource = k8s.ResourceV1Api(api)
+    for claim_name in filter(None, names_):
+        claim = json.loads(resource.read_namespaced_resource_claim(claim_name, namespace,
+                                                                   _preload_content=False).data)
+        for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
+            minors.append(int(str(result["device"]).removeprefix("gpu-")))
+    return tuple(sorted(minors))
+
+
+def world_views(slice_: Slice, world: World, namespace: str) -> list[PodView]:
+    """Each pod as the model's scheduler reads it in the world (the stock arm: as written)."""
+    return [world.view(world_pod(slice_, world, record, namespace), record) for record in slice_.pods]
+
+
+def world_cluster(slice_: Slice, world: World) -> KubeCluster:
+    cluster = world.cluster(Trace(workload="slice", nodes=slice_.nodes, pods=slice_.pods))
+    cluster.labels.set_column(POOL_LABEL, [slice_.tag] * cluster.state.size)
+    return cluster
+
+
+def world_run_model(slice_: Slice, world: World, views: Sequence[PodView], seed: int) -> list[str | None]:
+    """The replay's stock arm in the world on the slice."""
+    cluster = world_cluster(slice_, world)
+    kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), np.random.default_rng(seed))
+    placed: list[str | None] = []
+    for view in views:
+        node = kube.schedule(cluster, view)
+        if node is None:
+            placed.append(None)
+            continue
+        cluster.state.bind(node, view.demand, kube.devices(cluster, node, view.demand, world.device_policy))
+        placed.append(cluster.state.names[node])
+    return placed
+
+
+def world_allocation(slice_: Slice, world: World, views: Sequence[PodView], placements: Sequence[str | None],
+                     devices: Sequence[tuple[int, ...] | None] | None = None) -> float:
+    """GPU capacity taken after binding ``placements`` in the model's state, in % (whole GPUs, slots
+    and claimed memory alike, as the replay reports allocation in the world)."""
+    cluster = world_cluster(slice_, world)
+    index = {name: i for i, name in enumerate(cluster.state.names)}
+    for k, (view, node) in enumerate(zip(views, placements, strict=True)):
+        if node is not None:
+            chosen = index[node]
+            real = devices[k] if devices is not None else None
+            cluster.state.bind(chosen, view.demand, real if real is not None else KubeScheduler.devices(
+                cluster, chosen, view.demand, world.device_policy))
+    return 100.0 * cluster.state.used_milli / cluster.state.capacity_milli
+
+
+def world_lockstep(slice_: Slice, world: World, views: Sequence[PodView], real: Sequence[Outcome]) -> Lockstep:
+    """The real decisions replayed through the model's scoring in the world (see :func:`lockstep`)."""
+    cluster = world_cluster(slice_, world)
+    index = {name: i for i, name in enumerate(cluster.state.names)}
+    result = Lockstep()
+    sources = slice_.sources or (("",) * len(real))
+    for view, outcome, source in zip(views, real, sources, strict=True):
+        nodes, parts = scores(DEFAULT_PROFILE, cluster, view)
+        total = sum(parts.values(), np.zeros(len(nodes), dtype=np.int64))
+        best = set(nodes[total == total.max()].tolist()) if len(nodes) else set()
+        chosen = None if outcome.node is None else index[outcome.node]
+        agreed = (chosen is None and not best) or (chosen is not None and chosen in best)
+        if len(nodes) > 1:
+            result.best_shares.append(len(best) / len(nodes))
+        result.count(source, agreed)
+        kind = "share" if view.demand.shares_gpu else f"{view.demand.num_gpu} GPU(s)"
+        if not agreed:
+            result.disagreements.append(f"[{kind}] " + _explain(cluster, outcome, chosen, nodes, parts, best))
+        if chosen is not None:
+            fits_here = bool(cluster.state.fits(view.demand)[chosen])
+            modelled = KubeScheduler.devices(cluster, chosen, view.demand, world.device_policy) if fits_here else None
+            devices = outcome.devices if outcome.devices is not None else modelled
+            if devices and any(cluster.state.gpu_left[chosen, g] < view.demand.milli_per_gpu for g in devices):
+                result.device_differences.append(f"[{kind}] {outcome.pod} on {outcome.node}: the model's state "
+                                                 f"cannot hold real GPUs {devices} ({view.demand.milli_per_gpu} each)")
+                devices = modelled
+            if outcome.devices is not None and view.demand.num_gpu:
+                result.device_decisions += 1
+                if modelled is None or tuple(sorted(modelled)) != outcome.devices:
+                    result.device_differences.append(f"[{kind}] {outcome.pod} on {outcome.node}: real GPUs "
+                                                     f"{outcome.devices}, model {modelled}")
+            if devices is not None:
+                cluster.state.bind(chosen, view.demand, devices)
+    return result
+
+
+@dataclass
+class WorldReport:
+    """One sharing world: the real runs and the model's seeds (stock arm), both on the slice."""
+
+    spec: SliceSpec
+    slice: Slice
+    real_allocs: list[float]
+    real_failed: list[int]
+    model_allocs: list[float]
+    model_failed: list[int]
+    lockstep: Lockstep
+    seconds: float
+
+    @property
+    def world(self) -> str:
+        return str(self.spec.sharing)
+
+    @property
+    def difference(self) -> float:
+        return statistics.mean(self.real_allocs) - statistics.median(self.model_allocs)
+
+    def text(self, examples: int = 5) -> str:
+        s = self.slice
+        shares = sum(1 for p in s.pods if p.shares_gpu)
+        lines = [
+            f"[{self.world}] slice: {len(s.nodes)} nodes / {s.capacity} GPUs; {len(s.pods)} pods "
+            f"({shares} shares, {sum(1 for p in s.pods if not p.num_gpu)} CPU-only) from "
+            f"{len(self.spec.pod_files)} pod list(s), seed {self.spec.seed}; GPU request {s.arrived_percent:.1f}%",
+            f"[{self.world}] real kube-scheduler ({len(self.real_allocs)} run(s)): allocation mean "
+            f"{statistics.mean(self.real_allocs):.2f}% ({', '.join(f'{a:.2f}' for a in self.real_allocs)}), "
+            f"failed {statistics.median(self.real_failed):.0f}",
+            f"[{self.world}] replay model ({len(self.model_allocs)} seeds): allocation {_spread(self.model_allocs)}, "
+            f"failed {statistics.median(self.model_failed):.0f}",
+            f"[{self.world}] difference real (mean) - model (median): {self.difference:+.2f} points",
+            f"[{self.world}] lockstep: real choice among the model's best in {self.lockstep.agreed}/"
+            f"{self.lockstep.decisions} ({self.lockstep.percent:.1f}%; chance {self.lockstep.chance:.0f}%)",
+        ]
+        if self.lockstep.device_decisions:
+            lines.append(f"[{self.world}] devices: the model's device rule picks the GPUs kube-scheduler allocated "
+                         f"for {self.lockstep.device_decisions - len(self.lockstep.device_differences)}/"
+                         f"{self.lockstep.device_decisions} GPU pods")
+            lines += [f"[{self.world}]   e.g. {d}" for d in self.lockstep.device_differences[:examples]]
+        lines += [f"[{self.world}]   e.g. {d}" for d in self.lockstep.disagreements[:examples]]
+        lines.append(f"[{self.world}] wall time {self.seconds:.0f} s")
+        return "\n".join(lines)
+
+
+def world_fidelity(cluster: Cluster, spec: SliceSpec, *, repeats: int = 1,
+                   log: Callable[[str], None] = lambda _: None) -> WorldReport:
+    """The slice, shares included, through the real scheduler in ``spec.sharing``'s world and the model."""
+    assert spec.sharing in (TIMESLICE, DRA), spec.sharing
+    started = time.monotonic()
+    slice_ = load_slice(spec)
+    world = world_of(slice_, spec.sharing)
+    reals: list[list[Outcome]] = []
+    with ExitStack() as stack:
+        namespaces = Namespaces(cluster)
+        stack.callback(namespaces.delete_all)
+        stack.enter_context(world_nodes(cluster, slice_, world))
+        log(f"[{world.sharing}] {len(slice_.nodes)} nodes up after {time.monotonic() - started:.0f} s")
+        namespace = ""
+        for run in range(repeats):
+            namespace = namespaces.make(f"fidelity-{world.sharing}", {SKIP_LABEL: "true"})
+            share_templates(cluster, slice_, world, namespace)
+            reals.append(run_real_world(cluster, slice_, world, namespace, explain=lambda: cluster.logs_tail(10)))
+            log(f"[{world.sharing}] real run {run + 1} done after {time.monotonic() - started:.0f} s")
+            clear_pods(cluster, namespace)
+    views = world_views(slice_, world, namespace)
+    allocs, failed = [], []
+    for seed in range(spec.model_seeds):
+        placed = world_run_model(slice_, world, views, seed)
+        allocs.append(world_allocation(slice_, world, views, placed))
+        failed.append(sum(1 for node in placed if node is None))
+    steps = Lockstep()
+    for real in reals:
+        steps.add(world_lockstep(slice_, world, views, real))
+    return WorldReport(spec=spec, slice=slice_,
+                       real_allocs=[world_allocation(slice_, world, views, [o.node for o in r],
+                                                     [o.devices for o in r]) for r in reals],
+                       real_failed=[sum(1 for o in r if o.node is None) for r in reals],
+                       model_allocs=allocs, model_failed=failed, lockstep=steps,
+                       seconds=time.monotonic() - started)

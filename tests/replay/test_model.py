@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -222,3 +223,21 @@ def test_the_binpack_profile_matches_the_shipped_scheduler_config(repo_root) -> 
     assert shipped == dict(model.BINPACK_WEIGHTS)
     share = profile.get("percentageOfNodesToScore", config.get("percentageOfNodesToScore", 0))
     assert share == model.binpack_profile().percentage_of_nodes_to_score
+
+
+def test_dynamic_resources_ranks_nodes_by_the_first_available_sub_request_they_give() -> None:
+    """v1.36's DynamicResources Score (weight 2): 8 - the index of the sub-request allocated, normalized;
+    found by tests/e2e/test_replay_fidelity.py's dra world (issue 25), where a share's claim lists one
+    sub-request per GPU model."""
+    records = tuple(NodeRecord(f"n{i}", 32_000, 65_536, 2, m) for i, m in enumerate(("T4", "V100M32", "P100", "T4")))
+    state = ClusterState(records)
+    kube = KubeCluster(state=state, labels=NodeLabels(state.names, [{} for _ in records]))
+    view = demand.view(pod(gpus=1))
+    nodes = np.arange(4)
+    assert model.dynamic_resources_score(kube, view, nodes).tolist() == [0, 0, 0, 0]
+    ranked = model.dynamic_resources_score(kube, dataclasses.replace(view, claim_models=("P100", "T4", "V100M32")),
+                                           nodes)
+    assert ranked.tolist() == [87, 75, 100, 87]  # 8-1, 8-2, 8-0, 8-1 over 8, floored
+    assert ranked[2:3].tolist() == model.dynamic_resources_score(
+        kube, dataclasses.replace(view, claim_models=("P100",)), nodes[2:3]).tolist()
+    assert (model.dynamic_resources_score, 2) in model.DEFAULT_PROFILE.scores

@@ -15,10 +15,10 @@ from datetime import datetime
 from typing import Any
 
 from webhook import names
-from webhook.admission import affinity, patches, rightsizing
+from webhook.admission import affinity, claimladder, patches, rightsizing
 from webhook.errors import InputError
 from webhook.kube import affinity as kube_affinity
-from webhook.kube import claims, pods, resources
+from webhook.kube import claims, pods, resources, rightsizedclaims
 from webhook.kube import demand as kube_demand
 from webhook.kube.inventory import EMPTY, MAX_AGE_SECONDS, Inventory
 from webhook.kube.quantity import out_of_range, whole_count
@@ -605,6 +605,9 @@ def right_size(pod: Pod, context: StepContext) -> None:
     if names.GPUS_LABEL in pods.labels(pod):
         context.note(f"{names.GPUS_LABEL} is given: {ask.describe()} is not right-sized")
         return
+    if sizing.through == "dra":
+        right_size_claim(pod, ask, context)
+        return
     choice = rightsizing.choose(ask, sizing, context.inventory, context.now)
     if isinstance(choice, str):
         context.deny(f"pod '{pods.display_name(pod)}' {choice}")
@@ -618,6 +621,47 @@ def right_size(pod: Pod, context: StepContext) -> None:
     form = f" ({choice.rung.name})" if choice.resource != choice.rung.name else ""
     context.note(f"right-sized {ask.describe()} to {choice.resource}: 1{form} on container "
                  f"'{container.get('name')}': {choice.why}")
+
+
+def right_size_claim(pod: Pod, ask: kube_demand.Size, context: StepContext) -> None:
+    """Right-sizing through DRA: the pod references the ladder's ResourceClaimTemplate (its name
+    labelled, its content annotated, for the balancer to create it) and its container uses the claim.
+
+    A pod that already references a claim of its own chose its devices: it is left as it is."""
+    sizing = context.policy.rightsizing
+    assert sizing is not None
+    refs = kube_demand.claim_refs(pod)
+    if any(ref.name == names.RIGHTSIZED_CLAIM for ref in refs):
+        return  # a previous pass (reinvocation) did it
+    if refs:
+        context.note(f"the pod references claims of its own ({', '.join(r.name for r in refs)}): "
+                     f"{ask.describe()} is not right-sized")
+        return
+    from webhook.admission import dra  # dra builds on this module's Mutation: imported when first needed
+
+    profile = pods.labels(pod).get(names.PROFILE_LABEL)
+    made = claimladder.ladder(ask, sizing, selectors=dra.required_selectors(context.policy),
+                              min_memory_mib=context.policy.gpu.min_memory_mib,
+                              labels={names.PROFILE_LABEL: profile} if profile else None)
+    if isinstance(made, str):
+        context.deny(f"pod '{pods.display_name(pod)}' {made}")
+        return
+    container = target_container(pod, context)
+    if container is None:
+        return
+    if id(container) not in context._owned:
+        container = _own_container(pod, container)
+        context._owned.add(id(container))
+    resources = _child(container, "resources", dict)
+    resources["claims"] = [*(resources.get("claims") or ()), {"name": names.RIGHTSIZED_CLAIM}]
+    spec = pods.spec(pod)
+    rightsizedclaims.add_reference(spec, made.name)
+    meta = _child(pod, "metadata", dict)
+    meta["labels"] = {**(meta.get("labels") or {}), names.CLAIM_TEMPLATE_LABEL: made.name}
+    annotations = _child(meta, "annotations", dict)
+    annotations[names.CLAIM_TEMPLATE_ANNOTATION] = rightsizedclaims.encode(made.template)
+    context.note(f"right-sized {ask.describe()} to ResourceClaimTemplate {made.name} (claim "
+                 f"'{names.RIGHTSIZED_CLAIM}' on container '{container.get('name')}'): {made.why}")
 
 
 def _copy(expression: dict[str, Any]) -> dict[str, Any]:

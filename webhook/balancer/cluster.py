@@ -120,7 +120,8 @@ class Informer(Generic[V]):
                  page_size: int, watch_timeout: int, backoff: Backoff,
                  on_error: Callable[[str, BaseException], None], on_relist: Callable[[str], None],
                  prefilter: Callable[[bytes], bool] | None = None, on_skip: Callable[[], None] | None = None,
-                 field_selector: str | None = None, stream_lists: bool = True) -> None:
+                 field_selector: str | None = None, stream_lists: bool = True,
+                 label_selector: str | None = None) -> None:
         self.name = name
         self._list_call = list_call
         self._reduce = reduce
@@ -134,6 +135,8 @@ class Informer(Generic[V]):
         self._prefilter = prefilter
         self._on_skip = on_skip or (lambda: None)
         self._selector: dict[str, Any] = {"field_selector": field_selector} if field_selector else {}
+        if label_selector:
+            self._selector["label_selector"] = label_selector
         self.streaming = stream_lists
         """True while streaming lists are tried; a server that refuses one turns it off for good."""
         self.synced = threading.Event()

@@ -31,7 +31,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook import kubeclient
-from webhook.balancer import dracount, drawatch, placementfeed
+from webhook.balancer import dracount, drawatch, placementfeed, templatekeeper
 from webhook.balancer import inventory as inventory_mod
 from webhook.balancer import marks as marks_mod
 from webhook.balancer.backoff import Backoff, TokenBucket, WriteSchedule
@@ -148,6 +148,10 @@ class Balancer:
         self.dra = drawatch.DraWatch(api(), informer_args=self._informer_args(), on_slices=self._replace_slices,
                                      on_slice=self._slice_event, on_claims=self._replace_claims,
                                      on_claim=self._claim_event)
+        # Right-sizing through DRA: the templates right-sized pods name, created where missing (issue 25).
+        self.templates = templatekeeper.TemplateKeeper(api(), informer_args=self._informer_args(),
+                                                       may_write=self.writes, on_error=self._api_error,
+                                                       dra_served=lambda: self.dra.available)
         self._global_defaults: dict[str, bool] = {}
         self.priority_classes: Informer[bool] | None = None
         self.publisher: InventoryPublisher | None = None
@@ -409,7 +413,8 @@ class Balancer:
         self.metrics.leader.set(0)
         threads = [threading.Thread(target=self.nodes.run, args=(stop,), name="informer-nodes", daemon=True),
                    threading.Thread(target=self.pods.run, args=(stop,), name="informer-pods", daemon=True),
-                   threading.Thread(target=self.dra.run, args=(stop,), name="informer-resourceslices", daemon=True)]
+                   threading.Thread(target=self.dra.run, args=(stop,), name="informer-resourceslices", daemon=True),
+                   threading.Thread(target=self.templates.run, args=(stop,), name="claim-templates", daemon=True)]
         lease_thread = None
         if self.elector is not None:
             lease_thread = threading.Thread(target=self.elector.run, args=(stop,), name="lease", daemon=True)
@@ -461,6 +466,7 @@ class Balancer:
                 if informer is not None:
                     informer.close()
             self.dra.close()
+            self.templates.close()
             pool.shutdown(wait=True, cancel_futures=True)
             if self.elector is not None:
                 if lease_thread is not None:

@@ -111,6 +111,7 @@ class Rung:
 
 
 MigStrategy = Literal["single", "mixed"]
+Through = Literal["devicePlugin", "dra"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,9 @@ class RightSizing:
     mig_strategy: MigStrategy = "single"
     """How MIG slices are advertised when the inventory does not say (the GPU Operator's default)."""
     max_inventory_age_seconds: int = MAX_AGE_SECONDS
+    through: Through = "devicePlugin"
+    """``dra``: the ladder becomes one ResourceClaim whose ``firstAvailable`` sub-requests are its
+    rungs (webhook/admission/claimladder.py), and the real scheduler picks the first a node can give."""
 
 
 @dataclass(frozen=True, slots=True)

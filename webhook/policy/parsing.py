@@ -233,6 +233,11 @@ def _semantic_problems(policy: GPUPolicy) -> list[str]:
             if key in seen:
                 problems.append(f"spec.rightsizing.ladder[{i}]: {key} is on the ladder twice")
             seen.add(key)
+            if policy.rightsizing.through == "dra" and not rung.mig \
+                    and rung.resource not in (names.SHARED_GPU_RESOURCE, names.GPU_RESOURCE):
+                problems.append(f"spec.rightsizing.ladder[{i}]: {key} cannot be asked through DRA (through: dra "
+                                f"takes MIG profiles, {names.SHARED_GPU_RESOURCE} as a consumable-capacity share "
+                                f"and {names.GPU_RESOURCE})")
             if rung.mig and rung.compute > 1:
                 problems.append(f"spec.rightsizing.ladder[{i}]: MIG profile {rung.mig} has more than "
                                 f"{units.COMPUTE_SLICES_PER_GPU} compute slices; give compute explicitly")
@@ -330,4 +335,5 @@ def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
             rungs.append(Rung(name=item["resource"], resource=item["resource"], memory_bytes=bytes_(item["memory"]),
                               compute=float(item.get("compute", 1.0))))
     return RightSizing(ladder=tuple(rungs), mig_strategy=raw.get("migStrategy", "single"),
-                       max_inventory_age_seconds=int(raw.get("maxInventoryAgeSeconds", inventory.MAX_AGE_SECONDS)))
+                       max_inventory_age_seconds=int(raw.get("maxInventoryAgeSeconds", inventory.MAX_AGE_SECONDS)),
+                       through=raw.get("through", "devicePlugin"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -65,6 +66,10 @@ class PodView:
     tolerations: tuple[Toleration, ...] = ()
     scheduler_name: str = "default-scheduler"
     unsupported: str | None = None
+    claim_models: tuple[str, ...] = ()
+    """For a pod whose claim is one ``firstAvailable`` request with a sub-request per GPU model (the
+    dra world's shares, ``worlds.share_ask``): the models in sub-request order, which
+    :func:`dynamic_resources_score` ranks nodes by; empty for every other pod."""
 
 
 # --- node labels, evaluated column-wise --------------------------------------------------------
@@ -247,6 +252,27 @@ def taint_toleration_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray
     return default_normalize(_untolerated(cluster, pod, ("PreferNoSchedule",))[nodes], reverse=True)
 
 
+FIRST_AVAILABLE_MAX = 8
+"""resource.k8s.io/v1 FirstAvailableDeviceRequestMaxSize."""
+
+
+def dynamic_resources_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
+    """kube-scheduler's DynamicResources Score (v1.36, DRAPrioritizedList GA, weight 2 in the default
+    plugins: pkg/scheduler/apis/config/v1/default_plugins.go ``applyDynamicResources``): per claim,
+    ``FirstAvailableDeviceRequestMaxSize - i`` for the ``firstAvailable`` sub-request ``i`` the node
+    would allocate (pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go
+    ``computeScore``), normalized to the best node. With one sub-request per GPU model, a node of
+    the first model listed scores 100, of the second 87, and so on; a pod without such a claim
+    scores 0 everywhere."""
+    if not pod.claim_models:
+        return np.zeros(len(nodes), dtype=np.int64)
+    order = {model: i for i, model in enumerate(pod.claim_models)}
+    models = cluster.state.models
+    raw = np.array([FIRST_AVAILABLE_MAX - order[models[i]] if models[i] in order else 0
+                    for i in cluster.state.model_index[nodes].tolist()], dtype=np.int64)
+    return default_normalize(raw, reverse=False)
+
+
 def node_affinity_score(cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> np.ndarray:
     raw = np.zeros(len(nodes), dtype=np.int64)
     for preferred in pod.preferred:
@@ -348,7 +374,7 @@ DEFAULT_PROFILE = Profile(
     name="default-scheduler",
     filters=DEFAULT_FILTERS,
     scores=((taint_toleration_score, 3), (node_affinity_score, 2), (LEAST_ALLOCATED, 1),
-            (balanced_allocation_score, 1)),
+            (balanced_allocation_score, 1), (dynamic_resources_score, 2)),
 )
 
 
@@ -358,7 +384,8 @@ def binpack_profile(weights: tuple[tuple[str, int], ...] = BINPACK_WEIGHTS, perc
         name="gpugate-binpack",
         filters=DEFAULT_FILTERS,
         scores=((taint_toleration_score, 3), (node_affinity_score, 2),
-                (resources_fit_score("MostAllocated", weights), 1), (balanced_allocation_score, 1)),
+                (resources_fit_score("MostAllocated", weights), 1), (balanced_allocation_score, 1),
+                (dynamic_resources_score, 2)),
         percentage_of_nodes_to_score=percentage,
     )
 
@@ -422,7 +449,8 @@ class KubeScheduler:
     def devices(cluster: KubeCluster, node: int, demand: PodDemand, policy: str = "distributed") -> tuple[int, ...]:
         """GPUs the device plugin hands the pod on the chosen node: ``webhook.placement.devices``.
 
-        Whole GPUs: the first free ones. A time-sliced share: NVIDIA's device plugin defaults to
+        Whole GPUs: the first free ones. A DRA share (``first``): the first device with room. A
+        time-sliced share: NVIDIA's device plugin defaults to
         its ``distributed`` allocation policy (the GPU with the fewest replicas taken, here the most
         left that fits); ``packed`` (k8s-device-plugin PR #1621) takes the fullest GPU that fits.
         The extender models the same rule, from the same module.
@@ -431,6 +459,9 @@ class KubeScheduler:
             return ()
         left = cluster.state.gpu_left[node].tolist()
         if demand.shares_gpu:
-            return (device_plugin.share_device(left, demand.milli_per_gpu, "packed" if policy == "packed"
-                                               else "distributed"),)
+            # "first": the dra world, where kube-scheduler's allocator takes the first device (in the
+            # slice's order) with the memory left (found by tests/e2e/test_replay_fidelity.py, issue 25:
+            # "first" used to fall through to distributed here).
+            rule = cast(device_plugin.DevicePolicy, policy if policy in ("packed", "first") else "distributed")
+            return (device_plugin.share_device(left, demand.milli_per_gpu, rule),)
         return device_plugin.whole_devices(left, demand.num_gpu)

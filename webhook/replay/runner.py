@@ -113,7 +113,9 @@ class World:
         found = demand_reading.view(pod, slot_milli=self.slot)
         if self.sharing == DRA and record.shares_gpu and kube_demand.claim_refs(pod):
             demand = dataclasses.replace(found.demand, share_milli=self.claim_milli(record.gpu_milli))
-            found = dataclasses.replace(found, demand=demand)
+            # The claim's sub-requests, one per GPU model in this order (worlds.share_ask): what
+            # kube-scheduler's DynamicResources plugin scores nodes by (model.dynamic_resources_score).
+            found = dataclasses.replace(found, demand=demand, claim_models=tuple(self.models))
         return found
 
     def extender_demand(self, pod: dict[str, Any], view: PodView, record: PodRecord) -> PodDemand:
