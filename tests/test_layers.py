@@ -38,7 +38,7 @@ LAYERS: dict[str, dict[str, str]] = {
                  "publisher": EDGE, "extenderserver": EDGE, "settings": EDGE,
                  "cluster": EDGE, "controller": EDGE, "health": EDGE,
                  "lease": EDGE, "metrics": EDGE, "prometheus": EDGE},
-    "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE, "checks": CORE,
+    "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE, "checks": CORE, "releases": CORE,
               "messages": CORE, "rollback": CORE,
               "chartrender": EDGE, "site": EDGE,
               "matrix": EDGE, "manifests": EDGE, "gitrepo": EDGE, "status": EDGE, "upgrade": EDGE,

@@ -14,13 +14,13 @@ from click.testing import CliRunner
 from tests.stack.conftest import ROOT
 from webhook.commands.stack import stack as stack_group
 from webhook.commands.stack_options import WAIVER_FLAGS
-from webhook.stack import checks, compat, manifests, matrix, rollback
+from webhook.stack import checks, manifests, matrix, releases, rollback
 from webhook.stack import plan as planning
 from webhook.stack.compat import Check
 
 M = matrix.load()
 SHIPPED = manifests.load_stack(ROOT)
-OLDER = SHIPPED.replace(operator_version=compat.OperatorVersion.parse("v26.3.3"))
+OLDER = SHIPPED.replace(operator_version=releases.OperatorVersion.parse("v26.3.3"))
 
 
 def labels(plan: planning.Plan) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.stack.conftest import ROOT
-from webhook.stack import compat, manifests, matrix, messages, rollback
+from webhook.stack import compat, manifests, matrix, messages, releases, rollback
 from webhook.stack import plan as planning
 from webhook.stack.checks import Waivers
 from webhook.stack.model import Stack
@@ -76,7 +76,7 @@ def test_an_upgrade_to_a_newer_driver_passes_driver_path_and_keeps_its_title():
 
 
 def test_an_operator_upgrade_with_an_older_driver_names_both():
-    current = at(SHIPPED, default="610.57.04").replace(operator_version=compat.OperatorVersion.parse("v26.3.3"))
+    current = at(SHIPPED, default="610.57.04").replace(operator_version=releases.OperatorVersion.parse("v26.3.3"))
     plan = planning.plan_upgrade(M, current, planning.Request(operator="v26.7.0", driver="595.91.07",
                                                               pool=None, waivers=Waivers(driver_downgrade=True)), {})
     assert plan.steps[0].title == ("upgrade gpu-operator v26.3.3 -> v26.7.0; "

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from webhook.errors import GpugateError
-from webhook.stack import compat, verify
+from webhook.stack import releases, verify
 from webhook.stack import status as stack_status
 from webhook.stack.checks import Waivers
 from webhook.stack.gitrepo import Repo
@@ -83,12 +83,12 @@ def waiver_options(*fields: str) -> Any:
 
 def change_options(func: Any) -> Any:
     options = [
-        click.option("--operator", required=True, callback=form(compat.OperatorVersion.parse),
+        click.option("--operator", required=True, callback=form(releases.OperatorVersion.parse),
                      help="Target GPU Operator release, e.g. v26.7.0."),
-        click.option("--driver", default=None, callback=form(compat.driver_branch),
+        click.option("--driver", default=None, callback=form(releases.driver_branch),
                      help="Target driver version (default: keep each pool's)."),
         click.option("--pool", default=None, help="Change only this pool's NVIDIADriver (canary)."),
-        click.option("--kubernetes", default=None, callback=form(compat.parse_minor),
+        click.option("--kubernetes", default=None, callback=form(releases.parse_minor),
                      help="The cluster's Kubernetes minor, 1.NN (default: stack.yaml)."),
         waiver_options("unvalidated_driver", "unlisted_driver", "driver_downgrade"),
         click.option("--driver-management", type=_MODES, default=None,

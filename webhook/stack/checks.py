@@ -15,8 +15,9 @@ from typing import Any
 
 from webhook.errors import GpugateError
 from webhook.stack import compat
-from webhook.stack.compat import Check, Matrix
+from webhook.stack.compat import Check
 from webhook.stack.model import Stack
+from webhook.stack.releases import Matrix, Release
 
 ExistingDrivers = Mapping[str, Mapping[str, Any]]
 """NVIDIADriver objects already in Git (and so in the cluster), by CR name."""
@@ -51,7 +52,7 @@ class Change:
 
     action: str
     matrix: Matrix
-    release: compat.Release
+    release: Release
     """The matrix entry of ``final``'s operator version."""
     current: Stack
     final: Stack

@@ -26,8 +26,9 @@ from webhook.stack.checks import (
     changed_pools,
     run_checks,
 )
-from webhook.stack.compat import Check, Matrix, OperatorVersion
+from webhook.stack.compat import Check
 from webhook.stack.model import Pool, Stack
+from webhook.stack.releases import Matrix, OperatorVersion, driver_branch, parse_minor
 
 __all__ = ["ExistingDrivers", "Plan", "Request", "Step", "Waivers", "plan_promote", "plan_sync", "plan_upgrade"]
 
@@ -147,9 +148,9 @@ def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: Exi
     """Check an upgrade of the operator and/or drivers and split it into the commits it needs."""
     try:
         target = OperatorVersion.parse(request.operator)
-        minor = compat.parse_minor(request.kubernetes) if request.kubernetes else current.kubernetes_minor
+        minor = parse_minor(request.kubernetes) if request.kubernetes else current.kubernetes_minor
         if request.driver is not None:
-            compat.driver_branch(request.driver)
+            driver_branch(request.driver)
     except GpugateError as err:
         return _refused(UPGRADE, current, fail("arguments", str(err)))
     try:

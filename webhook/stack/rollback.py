@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from webhook.errors import GpugateError
 from webhook.stack.checks import NO_WAIVERS, ROLLBACK, Change, ExistingDrivers, Waivers, changed_pools, run_checks
-from webhook.stack.compat import Matrix
 from webhook.stack.model import Stack
 from webhook.stack.plan import Plan, Step, fail
+from webhook.stack.releases import Matrix
 
 
 def cannot_undo(current: Stack, target: Stack) -> list[str]:
