@@ -75,18 +75,6 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("dra-admission-e2e")
-
-
-@pytest.fixture(scope="module")
 def policy_dir(workdir: Path) -> Path:
     return deployed_policies(workdir / "policies", {"e2e-dra-pinned.yaml": PINNED_POLICY,
                                                     "e2e-dra-a100.yaml": A100_POLICY})

@@ -55,6 +55,8 @@ from webhook.certs import pki
 from webhook.placement.scoring import RECOMMENDED_WEIGHT
 
 ROOT = Path(__file__).resolve().parents[2]
+LOCAL_ONLY_REASON = "the extender and the second scheduler run on this machine's 127.0.0.1"
+"""Why this module skips against an attached cluster (the ``local`` fixture of conftest.py)."""
 BINPACK = "gpugate-binpack"
 POOL = "e2e.gpugate.io/extender-pool"
 CONFIG = """\
@@ -78,18 +80,6 @@ def scheduler_configuration() -> dict[str, Any]:
     document = yaml.safe_load(config_map["data"][config_path[len(mount["mountPath"]) + 1:]])
     assert [p["schedulerName"] for p in document["profiles"]] == [BINPACK, names.EXTENDER_SCHEDULER_NAME]
     return dict(document)
-
-
-@pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the extender and the second scheduler run on this machine's 127.0.0.1")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("extender-e2e")
 
 
 @dataclass

@@ -46,18 +46,6 @@ spec:
 
 
 @pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("chart-e2e")
-
-
-@pytest.fixture(scope="module")
 def server(local: Cluster, workdir: Path) -> Iterator[GpugateServer]:
     """`gpugate serve` with the starter policies, on 127.0.0.1."""
     assert local.plane is not None

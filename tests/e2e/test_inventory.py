@@ -95,18 +95,6 @@ def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("inventory-e2e")
-
-
-@pytest.fixture(scope="module")
 def balancer_rbac(local: Cluster) -> Iterator[None]:
     """The ServiceAccount and RBAC exactly as ``kubectl kustomize manifests/balancer`` renders them."""
     docs = [d for d in kustomize(ROOT / "manifests" / "balancer") if d["kind"] in RBAC_KINDS]

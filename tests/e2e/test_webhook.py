@@ -111,19 +111,6 @@ BATCH_CLASS = "e2e-batch-never"
 # --- fixtures ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    """The API server must reach 127.0.0.1 of this machine: only the local control plane does."""
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("webhook-e2e")
-
-
-@pytest.fixture(scope="module")
 def rendered(workdir: Path) -> dict[str, RenderedWebhooks]:
     """The configurations as the base renders them, and with components/fail-closed."""
     return {
