@@ -45,6 +45,7 @@ from tests.e2e.webhook_fixture import (
     api_message,
     deployed_policies,
     kustomize,
+    serving,
 )
 from webhook.kube import claims
 
@@ -91,26 +92,8 @@ def server(local: Cluster, certs: ServingCerts, policy_dir: Path) -> Iterator[Gp
     started = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policy_dir,
                             log=local.plane.logs / "gpugate-serve-dra.log", extra_args=("--resolve-claims",),
                             env={"KUBECONFIG": str(local.kubeconfig)})
-    started.start()
-    try:
+    with serving(started):
         yield started
-    finally:
-        if started.running():
-            started.stop()
-
-
-@pytest.fixture
-def namespaces(local: Cluster) -> Iterator[Namespaces]:
-    made = Namespaces(local)
-    yield made
-    made.delete_all()
-
-
-@pytest.fixture
-def registration(local: Cluster) -> Iterator[Registration]:
-    registered = Registration(local)
-    yield registered
-    registered.remove()
 
 
 @pytest.fixture

@@ -27,7 +27,15 @@ from tests import helmtool
 from tests.e2e import hostpod
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.waiting import wait_until
-from tests.e2e.webhook_fixture import GPUGATE, GpugateServer, ServingCerts, create_pod, pod_manifest, policy_of
+from tests.e2e.webhook_fixture import (
+    GPUGATE,
+    GpugateServer,
+    ServingCerts,
+    create_pod,
+    pod_manifest,
+    policy_of,
+    serving,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "chart" / "gpugate"
@@ -52,11 +60,8 @@ def server(local: Cluster, workdir: Path) -> Iterator[GpugateServer]:
     certs = ServingCerts(workdir / "certs")
     started = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=ROOT / "policies",
                             log=local.plane.logs / "gpugate-chart-serve.log")
-    started.start()
-    try:
+    with serving(started):
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")

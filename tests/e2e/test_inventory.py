@@ -40,13 +40,13 @@ from tests.e2e.webhook_fixture import (
     GpugateServer,
     Namespaces,
     Obj,
-    Registration,
-    RenderedWebhooks,
     ServingCerts,
     create_pod,
     kustomize,
     pod_manifest,
     read_pod,
+    registered_as_shipped,
+    serving,
 )
 from webhook.kube import inventory as webhook_inventory
 
@@ -215,16 +215,8 @@ def webhook(local: Cluster, workdir: Path, volume: Volume) -> Iterator[GpugateSe
     assert local.plane is not None
     running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies, inventory=volume.path,
                             log=local.plane.logs / "gpugate-inventory.log")
-    running.start()
-    registration = Registration(local)
-    registration.apply(RenderedWebhooks.of(kustomize(ROOT / "manifests" / "webhook"))
-                       .pointed_at(running.base_url, certs.bundle.ca_cert))
-    try:
+    with serving(running), registered_as_shipped(local, running, certs):
         yield running
-    finally:
-        registration.remove()
-        if running.running():
-            running.stop()
 
 
 @pytest.fixture

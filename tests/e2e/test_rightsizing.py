@@ -27,14 +27,13 @@ from tests.e2e.webhook_fixture import (
     GpugateServer,
     Namespaces,
     Obj,
-    Registration,
-    RenderedWebhooks,
     ServingCerts,
     api_message,
     create_pod,
-    kustomize,
     pod_manifest,
     read_pod,
+    registered_as_shipped,
+    serving,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,16 +74,8 @@ def server(local: Cluster, workdir: Path, inventory_file: Path) -> Iterator[Gpug
     assert local.plane is not None
     running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies,
                             inventory=inventory_file, log=local.plane.logs / "gpugate-rightsizing.log")
-    running.start()
-    registration = Registration(local)
-    registration.apply(RenderedWebhooks.of(kustomize(ROOT / "manifests" / "webhook"))
-                       .pointed_at(running.base_url, certs.bundle.ca_cert))
-    try:
+    with serving(running), registered_as_shipped(local, running, certs):
         yield running
-    finally:
-        registration.remove()
-        if running.running():
-            running.stop()
 
 
 @pytest.fixture(scope="module")

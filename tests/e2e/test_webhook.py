@@ -75,6 +75,7 @@ from tests.e2e.webhook_fixture import (
     pod_manifest,
     policy_of,
     read_pod,
+    serving,
 )
 from tests.prerequisites import needed
 
@@ -150,12 +151,8 @@ def gpugate(local: Cluster, certs: ServingCerts, policy_dir: Path, inventory_fil
     inventory_file.parent.mkdir()
     server = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policy_dir,
                            inventory=inventory_file, log=local.plane.logs / "gpugate-serve.log")
-    server.start()
-    try:
+    with serving(server):
         yield server
-    finally:
-        if server.running():
-            server.stop()
 
 
 @pytest.fixture
@@ -165,26 +162,12 @@ def server(gpugate: GpugateServer) -> GpugateServer:
     return gpugate
 
 
-@pytest.fixture
-def namespaces(local: Cluster) -> Iterator[Namespaces]:
-    made = Namespaces(local)
-    yield made
-    made.delete_all()
-
-
 @pytest.fixture(scope="module")
 def probe_namespace(local: Cluster) -> Iterator[str]:
     """An ``ml-*`` namespace for dry-run probes (nothing is stored in it)."""
     made = Namespaces(local)
     yield made.make("ml-probe")
     made.delete_all()
-
-
-@pytest.fixture
-def registration(local: Cluster) -> Iterator[Registration]:
-    registered = Registration(local)
-    yield registered
-    registered.remove()
 
 
 @pytest.fixture
