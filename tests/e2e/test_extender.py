@@ -45,6 +45,7 @@ import yaml
 from cryptography import x509
 from kubernetes import client
 
+from tests.e2e.balancer_access import scrape
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port
@@ -95,11 +96,7 @@ class Extender:
     log: Path
 
     def metric(self, name: str, **labels: str) -> float:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        text = opener.open(f"http://127.0.0.1:{self.health_port}/metrics", timeout=5).read().decode()
-        want = [f'{k}="{v}"' for k, v in labels.items()]
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + " ", name + "{")) and all(w in line for w in want))
+        return scrape(self.health_port, name, **labels)
 
     def ready(self) -> bool:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
