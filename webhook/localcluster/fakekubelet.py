@@ -66,7 +66,7 @@ from webhook.localcluster.kubeletobjects import (
 )
 
 __all__ = [  # the vocabulary of kubeletobjects too: tests and the demo import it from here
-    "FakeKubelet", "FakeNode", "COMPLETE_AFTER", "FAKE_NODE", "NODE_LEASE_NAMESPACE",
+    "FakeKubelet", "FakeNode", "json_lines", "COMPLETE_AFTER", "FAKE_NODE", "NODE_LEASE_NAMESPACE",
     "LEASE_DURATION_SECONDS", "LEASE_RENEW_SECONDS", "WATCH_TIMEOUT_SECONDS", "STRATEGIC", "NodeSpec",
     "PodLifecycle", "rfc3339", "micro_time", "node_manifest", "node_status", "lease_manifest",
     "creating_status", "ready_status", "crashloop_status", "running_status", "succeeded_status",
@@ -245,7 +245,7 @@ class FakeKubelet:
             allow_watch_bookmarks=True, timeout_seconds=WATCH_TIMEOUT_SECONDS, _preload_content=False)
         self._watch_response = response
         try:
-            for event in _json_lines(response):
+            for event in json_lines(response):
                 kind, pod = event["type"], event["object"]
                 if kind == "ERROR":
                     if pod.get("code") == 410:  # too old: list again
@@ -428,7 +428,7 @@ def _raw(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
         response.release_conn()
 
 
-def _json_lines(response: Any) -> Iterator[Obj]:
+def json_lines(response: Any) -> Iterator[Obj]:
     """JSON objects from a chunked watch response, one per line, across chunk boundaries."""
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=True):
