@@ -14,16 +14,14 @@ import click
 
 from webhook.commands.stack_canary import canary_command
 from webhook.commands.stack_options import (
+    Workspace,
     change_options,
-    chart_options,
     cluster_option,
     lister,
     output_option,
     repo_option,
-    root_of,
-    schema_root_of,
-    schemas_option,
     waiver_options,
+    workspace_options,
 )
 from webhook.commands.stack_render import commit, emit_plan, render_status
 from webhook.stack import canary_watch, manifests
@@ -31,7 +29,6 @@ from webhook.stack import plan as planning
 from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
 from webhook.stack.checks import Waivers
-from webhook.stack.gitrepo import Repo
 
 
 @click.group("stack")
@@ -66,50 +63,43 @@ def status_command(repo: Path, kube: bool, server: str | None, output: str) -> N
 # ---------------------------------------------------------------------------- plan / upgrade / promote
 
 
+def _finish(ctx: click.Context, where: Workspace, prepared: stack_upgrade.Prepared, output: str, *,
+            check_only: bool = False) -> None:
+    """Print the plan (``check_only``: exit 0 if it passes, 1 if not), or make its commit."""
+    if check_only:
+        emit_plan(prepared, output)
+        ctx.exit(0 if prepared.ok else 1)
+    commit(where.root, prepared, output, where.schema_root)
+
+
 @stack.command("plan", short_help="Print a change's checks and commits.")
 @change_options
 @cluster_option
-@chart_options
-@repo_option
-@schemas_option
+@workspace_options
 @output_option
 @click.pass_context
-def plan_command(ctx: click.Context, operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-                 waivers: Waivers, driver_management: str | None,
-                 kube: bool, server: str | None, helm: str | None, chart_repo: str | None, skip_chart_render: bool,
-                 repo: Path, schemas: Path | None, output: str) -> None:
+def plan_command(ctx: click.Context, request: planning.Request, kube: bool, server: str | None, where: Workspace,
+                 output: str) -> None:
     """Print every check (pass/fail and why) and the commits an upgrade would make; exit 1 if any fails."""
-    root = root_of(repo)
-    request = planning.Request(operator=operator, driver=driver, pool=pool, kubernetes=kubernetes, waivers=waivers,
-                               driver_management=driver_management)
-    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
-    prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=schema_root_of(root, schemas),
-                                             cluster_policies=lister(kube, server), chart=chart, for_commit=False)
-    emit_plan(prepared, output)
-    ctx.exit(0 if prepared.ok else 1)
+    prepared = stack_upgrade.prepare_upgrade(where.root, request, schema_root=where.schema_root,
+                                             cluster_policies=lister(kube, server), chart=where.chart(),
+                                             for_commit=False)
+    _finish(ctx, where, prepared, output, check_only=True)
 
 
 @stack.command("upgrade", short_help="Check a change and make one commit.")
 @change_options
 @cluster_option
-@chart_options
-@repo_option
-@schemas_option
+@workspace_options
 @output_option
-def upgrade_command(operator: str, driver: str | None, pool: str | None, kubernetes: str | None,
-                    waivers: Waivers, driver_management: str | None,
-                    kube: bool, server: str | None, helm: str | None, chart_repo: str | None,
-                    skip_chart_render: bool, repo: Path, schemas: Path | None, output: str) -> None:
+@click.pass_context
+def upgrade_command(ctx: click.Context, request: planning.Request, kube: bool, server: str | None, where: Workspace,
+                    output: str) -> None:
     """Check, edit stack.yaml and every derived file, render the chart, re-validate, and make one commit."""
-    root = root_of(repo)
-    Repo(root).require_clean(stack_upgrade.STACK_PATHS)
-    schema_root = schema_root_of(root, schemas)
-    request = planning.Request(operator=operator, driver=driver, pool=pool, kubernetes=kubernetes, waivers=waivers,
-                               driver_management=driver_management)
-    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
-    prepared = stack_upgrade.prepare_upgrade(root, request, schema_root=schema_root,
-                                             cluster_policies=lister(kube, server), chart=chart)
-    commit(root, prepared, output, schema_root)
+    where.clean_repo()
+    prepared = stack_upgrade.prepare_upgrade(where.root, request, schema_root=where.schema_root,
+                                             cluster_policies=lister(kube, server), chart=where.chart())
+    _finish(ctx, where, prepared, output)
 
 
 @stack.command("promote", short_help="Carry a pool's driver to other pools.")
@@ -120,73 +110,48 @@ def upgrade_command(operator: str, driver: str | None, pool: str | None, kuberne
 @click.option("--server", default=None, help="API server URL for the canary gate (default: in-cluster or kubeconfig).")
 @click.option("--to", "to", required=True, help="A pool name, or all for every other pool.")
 @waiver_options("unvalidated_driver", "unlisted_driver", "driver_downgrade")
-@chart_options
-@repo_option
-@schemas_option
+@workspace_options
 @output_option
-def promote_command(source: str, force: bool, server: str | None, to: str, waivers: Waivers,
-                    helm: str | None, chart_repo: str | None, skip_chart_render: bool, repo: Path,
-                    schemas: Path | None, output: str) -> None:
+@click.pass_context
+def promote_command(ctx: click.Context, source: str, force: bool, server: str | None, to: str, waivers: Waivers,
+                    where: Workspace, output: str) -> None:
     """Carry the canary pool's driver to another pool (or all) in one commit, once every node of the
     canary pool is upgrade-done at that driver in the cluster (--force skips that gate, and says so)."""
-    root = root_of(repo)
-    Repo(root).require_clean(stack_upgrade.STACK_PATHS)
-    schema_root = schema_root_of(root, schemas)
-    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
-    gate = canary_watch.gate_check(manifests.load_stack(root), source, server, force=force)
-    prepared = stack_upgrade.prepare_promote(root, source=source, to=to, schema_root=schema_root, waivers=waivers,
-                                             chart=chart, canary_gate=gate)
-    commit(root, prepared, output, schema_root)
+    where.clean_repo()
+    chart = where.chart()
+    gate = canary_watch.gate_check(manifests.load_stack(where.root), source, server, force=force)
+    prepared = stack_upgrade.prepare_promote(where.root, source=source, to=to, schema_root=where.schema_root,
+                                             waivers=waivers, chart=chart, canary_gate=gate)
+    _finish(ctx, where, prepared, output)
 
 
 @stack.command("sync", short_help="Commit a hand edit of stack.yaml, checked.")
 @click.option("--check", "check_only", is_flag=True, help="Only print the checks and the commit; write nothing.")
 @waiver_options("unvalidated_driver", "unlisted_driver", "driver_downgrade")
-@chart_options
-@repo_option
-@schemas_option
+@workspace_options
 @output_option
 @click.pass_context
-def sync_command(ctx: click.Context, check_only: bool, waivers: Waivers, helm: str | None, chart_repo: str | None,
-                 skip_chart_render: bool, repo: Path, schemas: Path | None, output: str) -> None:
+def sync_command(ctx: click.Context, check_only: bool, waivers: Waivers, where: Workspace, output: str) -> None:
     """Commit a hand edit of stack.yaml (a pool's upgradePolicy, a new pool) and its derived files, after the checks."""
-    root = root_of(repo)
-    git_repo = Repo(root)
-    git_repo.require_clean(stack_upgrade.STACK_PATHS, allow=(manifests.STACK_FILE,))
-    schema_root = schema_root_of(root, schemas)
-    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
-    prepared = stack_upgrade.prepare_sync(git_repo, schema_root=schema_root, waivers=waivers, chart=chart,
-                                          for_commit=not check_only)
-    if check_only:
-        emit_plan(prepared, output)
-        ctx.exit(0 if prepared.ok else 1)
-    commit(root, prepared, output, schema_root)
+    git_repo = where.clean_repo(allow=(manifests.STACK_FILE,))
+    prepared = stack_upgrade.prepare_sync(git_repo, schema_root=where.schema_root, waivers=waivers,
+                                          chart=where.chart(), for_commit=not check_only)
+    _finish(ctx, where, prepared, output, check_only=check_only)
 
 
 @stack.command("rollback", short_help="Undo the newest stack commit, checked.")
 @click.option("--check", "check_only", is_flag=True, help="Only print the checks and what cannot be undone.")
 @waiver_options("operator_downgrade", "unvalidated_driver", "unlisted_driver")
-@chart_options
-@repo_option
-@schemas_option
+@workspace_options
 @output_option
 @click.pass_context
-def rollback_command(ctx: click.Context, check_only: bool, waivers: Waivers, helm: str | None,
-                     chart_repo: str | None, skip_chart_render: bool, repo: Path, schemas: Path | None,
-                     output: str) -> None:
+def rollback_command(ctx: click.Context, check_only: bool, waivers: Waivers, where: Workspace, output: str) -> None:
     """Step back one stack commit: the newest not yet rolled back, with the upgrade checks; says what it cannot undo.
 
     A second rollback steps further back (it never re-applies what the first removed); to go
     forward again, run `gpugate stack upgrade`.
     """
-    root = root_of(repo)
-    git_repo = Repo(root)
-    git_repo.require_clean(stack_upgrade.STACK_PATHS)
-    schema_root = schema_root_of(root, schemas)
-    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
-    prepared = stack_upgrade.prepare_rollback(git_repo, schema_root=schema_root, waivers=waivers, chart=chart,
-                                              for_commit=not check_only)
-    if check_only:
-        emit_plan(prepared, output)
-        ctx.exit(0 if prepared.ok else 1)
-    commit(root, prepared, output, schema_root)
+    git_repo = where.clean_repo()
+    prepared = stack_upgrade.prepare_rollback(git_repo, schema_root=where.schema_root, waivers=waivers,
+                                              chart=where.chart(), for_commit=not check_only)
+    _finish(ctx, where, prepared, output, check_only=check_only)

@@ -14,12 +14,9 @@ from typing import Any
 import click
 
 from webhook.commands.stack_options import (
-    chart_options,
+    Workspace,
     output_option,
-    repo_option,
-    root_of,
-    schema_root_of,
-    schemas_option,
+    workspace_options,
 )
 from webhook.commands.stack_render import emit_plan
 from webhook.errors import GpugateError
@@ -29,12 +26,10 @@ from webhook.stack import upgrade as stack_upgrade
 from webhook.stack.gitrepo import Repo
 
 
-def _decided_commit(root: Path, pool: str, verdict: Any, *, schemas: Path | None, helm: str | None,
-                    chart_repo: str | None, skip_chart_render: bool, output: str) -> str:
+def _decided_commit(where: Workspace, pool: str, verdict: Any, *, output: str) -> str:
     """Make the promote (``--to all``) or rollback commit the verdict calls for; returns its sha."""
-    Repo(root).require_clean(stack_upgrade.STACK_PATHS)
-    schema_root = schema_root_of(root, schemas)
-    chart = stack_upgrade.chart_settings(root, helm=helm, chart_repo=chart_repo, skip=skip_chart_render)
+    where.clean_repo()
+    root, schema_root, chart = where.root, where.schema_root, where.chart()
     if verdict.decision == "promote":
         gate = compat.Check(name="canary-gate", subject=pool, ok=True, reason="; ".join(verdict.reasons))
         prepared = stack_upgrade.prepare_promote(root, source=pool, to="all", schema_root=schema_root, chart=chart,
@@ -77,20 +72,17 @@ def _report_end(pool: str, driver: str, verdict: Any, sha: str | None, *, commit
 @click.option("--commit", "make_commit", is_flag=True,
               help="Make the promote (--to all) or rollback commit; without it, print what it would do.")
 @click.option("--server", default=None, help="API server URL (default: in-cluster or kubeconfig).")
-@chart_options
-@repo_option
-@schemas_option
+@workspace_options
 @output_option
 @click.pass_context
 def canary_command(ctx: click.Context, pool: str | None, analysis_file: Path | None, prometheus: str | None,
                    window: float | None, timeout: float | None, once: bool, make_commit: bool, server: str | None,
-                   helm: str | None, chart_repo: str | None, skip_chart_render: bool, repo: Path,
-                   schemas: Path | None, output: str) -> None:
+                   where: Workspace, output: str) -> None:
     """Watch the canary pool until every node is upgrade-done at the driver Git pins for it and the
     conditions of canary.yaml held for the window (promote), or a node is upgrade-failed, a condition
     fails or the timeout passes (roll back). Exit 0 promote, 1 roll back, 3 undecided (--once, or
     the cluster or Prometheus did not answer: nothing is committed)."""
-    root = root_of(repo)
+    root = where.root
     stack_now = manifests.load_stack(root)
     analysis = canary_watch.load_analysis(root, stack_now, pool=pool, path=analysis_file)
     if window is not None:
@@ -115,7 +107,6 @@ def canary_command(ctx: click.Context, pool: str | None, analysis_file: Path | N
     sha = None
     make = verdict.decision != "wait" and make_commit
     if make:
-        sha = _decided_commit(root, analysis.pool, verdict, schemas=schemas, helm=helm, chart_repo=chart_repo,
-                              skip_chart_render=skip_chart_render, output=output)
+        sha = _decided_commit(where, analysis.pool, verdict, output=output)
     _report_end(analysis.pool, driver, verdict, sha, committed=make, output=output)
     ctx.exit({"promote": 0, "rollback": 1}.get(verdict.decision, 3))

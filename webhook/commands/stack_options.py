@@ -7,14 +7,17 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from webhook.errors import GpugateError
+from webhook.stack import plan as planning
 from webhook.stack import releases, verify
 from webhook.stack import status as stack_status
+from webhook.stack import upgrade as stack_upgrade
 from webhook.stack.checks import Waivers
 from webhook.stack.gitrepo import Repo
 
@@ -82,6 +85,17 @@ def waiver_options(*fields: str) -> Any:
 
 
 def change_options(func: Any) -> Any:
+    """--operator, --driver, --pool, --kubernetes, the driver waivers and --driver-management, handed to
+    the command as one ``request: plan.Request``."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        kwargs["request"] = planning.Request(
+            operator=kwargs.pop("operator"), driver=kwargs.pop("driver"), pool=kwargs.pop("pool"),
+            kubernetes=kwargs.pop("kubernetes"), waivers=kwargs.pop("waivers"),
+            driver_management=kwargs.pop("driver_management"))
+        return func(*args, **kwargs)
+
     options = [
         click.option("--operator", required=True, callback=form(releases.OperatorVersion.parse),
                      help="Target GPU Operator release, e.g. v26.7.0."),
@@ -95,8 +109,8 @@ def change_options(func: Any) -> Any:
                      help="Move the driver to NVIDIADriver CRs per pool, or back to the ClusterPolicy."),
     ]
     for option in reversed(options):
-        func = option(func)
-    return func
+        command = option(command)
+    return command
 
 
 def chart_options(func: Any) -> Any:
@@ -135,3 +149,41 @@ def schema_root_of(root: Path, schemas: Path | None) -> Path | None:
         return schemas
     default = verify.default_schema_root(root)
     return default if default.is_dir() else None
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where a stack command works: the repository, the schemas it validates with, how it renders the chart."""
+
+    root: Path
+    schemas: Path | None
+    helm: str | None
+    chart_repo: str | None
+    skip_chart_render: bool
+
+    @property
+    def schema_root(self) -> Path | None:
+        return schema_root_of(self.root, self.schemas)
+
+    def chart(self) -> verify.ChartSettings:
+        return stack_upgrade.chart_settings(self.root, helm=self.helm, chart_repo=self.chart_repo,
+                                            skip=self.skip_chart_render)
+
+    def clean_repo(self, *, allow: tuple[str, ...] = ()) -> Repo:
+        """The repository, refused when the stack's files have uncommitted changes (but ``allow``)."""
+        repo = Repo(self.root)
+        repo.require_clean(stack_upgrade.STACK_PATHS, allow=allow)
+        return repo
+
+
+def workspace_options(func: Any) -> Any:
+    """The chart options, --repo and --schemas, handed to the command as one ``where: Workspace``."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        kwargs["where"] = Workspace(root=root_of(kwargs.pop("repo")), schemas=kwargs.pop("schemas"),
+                                    helm=kwargs.pop("helm"), chart_repo=kwargs.pop("chart_repo"),
+                                    skip_chart_render=kwargs.pop("skip_chart_render"))
+        return func(*args, **kwargs)
+
+    return chart_options(repo_option(schemas_option(command)))

@@ -35,7 +35,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -49,6 +48,7 @@ from webhook.localcluster.kubeletobjects import (
     NODE_LEASE_NAMESPACE,
     STRATEGIC,
     WATCH_TIMEOUT_SECONDS,
+    FakeNode,
     NodeSpec,
     Obj,
     PodLifecycle,
@@ -74,22 +74,6 @@ __all__ = [  # the vocabulary of kubeletobjects too: tests and the demo import i
 
 
 # -- the loops ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class FakeNode:
-    """A node this kubelet serves: its spec, its uid and the addresses it hands out."""
-
-    spec: NodeSpec
-    uid: str
-    index: int
-
-    @property
-    def address(self) -> str:
-        return f"10.200.{self.index // 250}.{self.index % 250 + 1}"
-
-    def pod_ip(self, serial: int) -> str:
-        return f"10.{64 + self.index // 250}.{self.index % 250}.{serial % 250 + 2}"
 
 
 class FakeKubelet:

@@ -338,3 +338,19 @@ def exited_status(pod: Obj, *, now: float, exit_code: int) -> Obj:
                                                       "startedAt": started, "finishedAt": stamp}},
         } for c in pod["spec"]["containers"]],
     }}
+
+
+@dataclass(frozen=True, slots=True)
+class FakeNode:
+    """A node this kubelet serves: its spec, its uid and the addresses it hands out."""
+
+    spec: NodeSpec
+    uid: str
+    index: int
+
+    @property
+    def address(self) -> str:
+        return f"10.200.{self.index // 250}.{self.index % 250 + 1}"
+
+    def pod_ip(self, serial: int) -> str:
+        return f"10.{64 + self.index // 250}.{self.index % 250}.{serial % 250 + 2}"
