@@ -19,26 +19,27 @@ CORE, EDGE = "core", "edge"
 
 # folder (relative to webhook/) -> {module: layer}
 LAYERS: dict[str, dict[str, str]] = {
-    ".": {"__init__": CORE, "errors": CORE, "names": CORE,
+    ".": {"__init__": CORE, "errors": CORE, "names": CORE, "filewatch": EDGE,
           "cli": EDGE, "logs": EDGE, "kubeclient": EDGE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
              "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
              "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE, "demand": CORE,
              "documents": EDGE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
-               "loading": EDGE, "store": EDGE, "cases": EDGE},
+               "loading": EDGE, "store": EDGE},
     "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
                   "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
-                  "dra": CORE, "claimladder": CORE, "claimlookup": EDGE, "outcome": CORE,
+                  "dra": CORE, "claimladder": CORE, "claimlookup": EDGE, "outcome": CORE, "cases": EDGE,
                   "worker": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                   "client": EDGE},
-    "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE},
+    "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE, "reload": EDGE},
     "balancer": {"__init__": CORE, "tiers": CORE, "state": CORE, "marks": CORE, "backoff": CORE, "inventory": CORE,
                  "placementfeed": CORE, "dracount": CORE, "drawatch": EDGE, "templatekeeper": EDGE,
                  "publisher": EDGE, "extenderserver": EDGE, "settings": EDGE,
                  "cluster": EDGE, "controller": EDGE, "health": EDGE,
                  "lease": EDGE, "metrics": EDGE, "prometheus": EDGE},
-    "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE,
+    "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE, "checks": CORE,
+              "releases": CORE, "messages": CORE, "rollback": CORE,
               "chartrender": EDGE, "site": EDGE,
               "matrix": EDGE, "manifests": EDGE, "gitrepo": EDGE, "status": EDGE, "upgrade": EDGE,
               "verify": EDGE, "chartvalues": EDGE, "manifestcheck": EDGE, "canary": CORE, "canary_watch": EDGE},
@@ -49,9 +50,10 @@ LAYERS: dict[str, dict[str, str]] = {
     "placement": {"__init__": CORE, "devices": CORE, "inputs": CORE, "shapes": CORE, "fragment": CORE,
                   "scoring": CORE, "extender": CORE, "dra": CORE},
     "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,
-                 "replay": EDGE, "serve": EDGE, "stack": EDGE, "smoke": EDGE, "demo": EDGE},
+                 "replay": EDGE, "serve": EDGE, "stack": EDGE, "stack_options": EDGE,
+                 "stack_render": EDGE, "stack_canary": EDGE, "smoke": EDGE, "demo": EDGE},
     "localcluster": {"__init__": CORE, "binaries": EDGE, "controlplane": EDGE, "pki": EDGE, "processes": EDGE,
-                     "fakekubelet": EDGE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE},
+                     "fakekubelet": EDGE, "kubeletobjects": CORE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE},
 }
 
 FORBIDDEN_LIBRARIES = ("flask", "werkzeug", "kubernetes", "gunicorn", "requests", "urllib3", "subprocess",
@@ -218,3 +220,154 @@ def test_the_demand_check_sees_one(tmp_path: Path) -> None:
     tree = ast.parse("from webhook.kube.pods import effective_requests\nn = pods.gpu_requests(p)\n"
                      "r = claims.pod_claim_refs(p)\nclass Demand: pass\nclass Ask:\n    fraction: float\n")
     assert len(demand_rederivations(tree)) == 5
+
+
+# --- no cycles, no sideways imports between products, small rooms (issue 31) ---------------------
+# Counted over every import of a module, a lazy one inside a function too: hiding a cycle behind a
+# lazy import does not break it.
+PRODUCTS = ("admission", "balancer", "stack", "replay", "certs")
+"""Sibling products: each may import the shared vocabulary (kube/, policy/, placement/, the top-level
+modules) but not another product."""
+SHARED_PRODUCT_MODULES = {"webhook.certs.reload": "the serving certificate reloader both servers use"}
+SIDEWAYS_ALLOWED = {  # today's offenders, owned by other work of issue 31; this list must end empty
+    ("webhook.replay.labels", "webhook.balancer"), ("webhook.replay.migcluster", "webhook.balancer"),
+    ("webhook.replay.sizing", "webhook.balancer"), ("webhook.replay.admitting", "webhook.admission"),
+}
+CYCLES_ALLOWED: list[set[str]] = []  # none left: keep it so (the replay runner<->sizing cycle is broken)
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
+LONG_MODULES_ALLOWED = {  # today's offenders, being split by other work of issue 31; this list must end empty
+    "webhook/admission/mutation.py", "webhook/admission/worker.py", "webhook/admission/routes.py",
+    "webhook/balancer/controller.py", "webhook/replay/model.py",
+}
+LONG_FUNCTIONS_ALLOWED = {  # likewise: module path, function name
+    ("webhook/admission/serving.py", "gunicorn_options"), ("webhook/balancer/cluster.py", "_watch"),
+    ("webhook/balancer/controller.py", "__init__"), ("webhook/balancer/controller.py", "run"),
+    ("webhook/balancer/extenderserver.py", "__init__"), ("webhook/balancer/metrics.py", "__init__"),
+    ("webhook/replay/runner.py", "run"), ("webhook/replay/sizing.py", "run"),
+}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the gpugate modules it imports (anywhere in it)."""
+    modules = placed()
+    return {m: {i for i in imported_modules(module_path(m)) if i in modules and i != m} for m in modules}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def test_no_import_cycle() -> None:
+    found = [c for c in cycles(import_graph()) if c not in CYCLES_ALLOWED]
+    assert not found, f"import cycles (a lazy import counts): {[sorted(c) for c in found]}"
+
+
+def test_the_cycle_check_sees_one() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+def product_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in PRODUCTS else None
+
+
+def sideways(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, product package) for each import of another product's module."""
+    found = set()
+    for module, imports in graph.items():
+        mine = product_of(module)
+        for imported in imports:
+            theirs = product_of(imported) or (imported.split(".")[1] if imported.count(".") == 1
+                                              and imported.split(".")[1] in PRODUCTS else None)
+            if mine and theirs and theirs != mine and imported not in SHARED_PRODUCT_MODULES:
+                found.add((module, f"webhook.{theirs}"))
+    return found
+
+
+def test_products_import_each_other_only_through_the_shared_folders() -> None:
+    found = sorted(sideways(import_graph()) - SIDEWAYS_ALLOWED)
+    assert not found, (f"a product imports a sibling product {found}; share it through kube/, policy/ or placement/ "
+                       f"instead ({', '.join(PRODUCTS)} are siblings)")
+
+
+def test_the_sideways_check_sees_one_and_the_allow_list_is_not_stale() -> None:
+    assert sideways({"webhook.stack.plan": {"webhook.admission.chain", "webhook.kube.pods"}}) == {
+        ("webhook.stack.plan", "webhook.admission")}
+    stale = SIDEWAYS_ALLOWED - sideways(import_graph())
+    assert not stale, f"no longer imported sideways: take {sorted(stale)} off SIDEWAYS_ALLOWED"
+    gone = [sorted(c) for c in CYCLES_ALLOWED if c not in cycles(import_graph())]
+    assert not gone, f"no longer a cycle: take {gone} off CYCLES_ALLOWED"
+
+
+def long_functions(tree: ast.AST) -> list[tuple[str, int]]:
+    return [(node.name, (node.end_lineno or node.lineno) - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def sizes() -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """Modules over MAX_MODULE_LINES and functions over MAX_FUNCTION_LINES, with their lengths."""
+    modules, functions = {}, {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = str(path.relative_to(PACKAGE.parent))
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            modules[name] = len(text.splitlines())
+        for function, length in long_functions(ast.parse(text)):
+            functions[(name, function)] = length
+    return modules, functions
+
+
+def test_no_module_over_450_lines_and_no_function_over_60() -> None:
+    modules, functions = sizes()
+    big = {name: n for name, n in modules.items() if name not in LONG_MODULES_ALLOWED}
+    long = {f"{name}:{function}": n for (name, function), n in functions.items()
+            if (name, function) not in LONG_FUNCTIONS_ALLOWED}
+    assert not big, f"modules over {MAX_MODULE_LINES} lines (split along their seams): {big}"
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_size_allow_lists_only_shrink() -> None:
+    modules, functions = sizes()
+    stale = sorted(LONG_MODULES_ALLOWED - set(modules))
+    stale += sorted(f"{m}:{f}" for m, f in LONG_FUNCTIONS_ALLOWED - set(functions))
+    assert not stale, f"no longer over the limit: take {stale} off the allow-list"
+
+
+def test_the_size_check_sees_a_long_function() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(ast.parse(f"def f():\n{body}\n")) == [("f", MAX_FUNCTION_LINES + 1)]

@@ -40,7 +40,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,8 @@ from typing import Any
 from kubernetes import client, config
 
 from tests.e2e import gitops_binaries, processes
+from tests.e2e.waiting import stop_stream
+from webhook.localcluster.fakekubelet import json_lines
 
 Obj = dict[str, Any]
 
@@ -488,14 +490,7 @@ class ApplicationWatch:
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
-        response = self._response
-        if response is not None:
-            try:
-                response.shutdown()
-            except Exception:  # best effort: only unblocks the reader
-                pass
-        self._thread.join(timeout=5)
+        stop_stream(self._stopping, self._response, self._thread)
 
     def current(self) -> dict[str, AppState]:
         with self._lock:
@@ -587,19 +582,6 @@ class ApplicationWatch:
             self._response = None
             response.release_conn()
         return version
-
-
-def json_lines(response: Any) -> Iterator[Obj]:
-    """JSON objects from a chunked watch response, one per line, across chunk boundaries."""
-    buffer = b""
-    for chunk in response.stream(amt=None, decode_content=True):
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
-    if buffer.strip():
-        yield json.loads(buffer)
 
 
 def binaries_or_reason() -> tuple[dict[str, Path] | None, str]:

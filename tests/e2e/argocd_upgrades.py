@@ -30,6 +30,7 @@ from kubernetes import client
 from tests.e2e import processes
 from tests.e2e.argocd_harness import json_lines
 from tests.e2e.argocd_standin import DONE, OWNER_LABEL, REQUIRED, STATE_LABEL
+from tests.e2e.waiting import stop_stream
 
 Obj = dict[str, Any]
 NOT_UPGRADING = ("", DONE, REQUIRED)
@@ -168,14 +169,7 @@ class NodeHistory:
         return self
 
     def stop(self) -> None:
-        self._stopping.set()
-        response = self._response
-        if response is not None:
-            try:
-                response.shutdown()
-            except Exception:
-                pass
-        self._thread.join(timeout=5)
+        stop_stream(self._stopping, self._response, self._thread)
 
     def _seen(self, node: Obj) -> None:
         name = node["metadata"]["name"]

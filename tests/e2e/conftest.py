@@ -5,6 +5,12 @@
   ``.logs_tail()``. Nodes it creates stay for the session: make names unique or use ``nodes``.
 - ``nodes`` (function): ``nodes.gpu(...)``/``nodes.cpu(...)`` as above, removed after the test.
 - ``namespace`` (function): a fresh namespace, deleted after the test.
+- ``local`` (module): ``cluster`` when the API server can call a server on this machine's
+  127.0.0.1 (the local control plane), else the module skips (``tests.e2e.local``; a module's
+  ``LOCAL_ONLY_REASON`` says why in its own words).
+- ``workdir`` (module): a fresh folder for the module (``<module>-e2e``).
+- ``namespaces``, ``registration`` (function, on ``local``): namespaces made by the test, and the
+  webhook configurations it registers; both removed after the test.
 
 Without built binaries the e2e tests skip with the command that builds them; under ``CI`` they
 fail instead, so a CI that forgot to build cannot pass green. ``GPUGATE_E2E_KUBECONFIG`` runs them
@@ -28,6 +34,8 @@ from kubernetes import client
 
 from tests.e2e import binaries, controlplane
 from tests.e2e.cluster import KUBECONFIG_ENV, Cluster, Nodes
+from tests.e2e.local import LOCAL_ONLY, require_local
+from tests.e2e.webhook_fixture import Namespaces, Registration
 from tests.prerequisites import missing
 
 HERE = Path(__file__).resolve().parent
@@ -72,6 +80,35 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     running: Cluster | None = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and running is not None:
         report.sections.append(("control plane logs", running.logs_tail()))
+
+
+@pytest.fixture(scope="module")
+def local(cluster: Cluster, request: pytest.FixtureRequest) -> Cluster:
+    """The API server must reach 127.0.0.1 of this machine: only the local control plane does."""
+    return require_local(cluster, getattr(request.module, "LOCAL_ONLY_REASON", LOCAL_ONLY))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """A fresh folder for the module's servers, certificates and logs."""
+    stem = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    return tmp_path_factory.mktemp(f"{stem}-e2e")
+
+
+@pytest.fixture
+def namespaces(local: Cluster) -> Iterator[Namespaces]:
+    """Namespaces the test makes (``make``), all deleted after it."""
+    made = Namespaces(local)
+    yield made
+    made.delete_all()
+
+
+@pytest.fixture
+def registration(local: Cluster) -> Iterator[Registration]:
+    """The webhook configurations the test registers, removed after it."""
+    registered = Registration(local)
+    yield registered
+    registered.remove()
 
 
 @pytest.fixture

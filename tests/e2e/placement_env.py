@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import processes
 from tests.e2e.cluster import Cluster
+from tests.e2e.waiting import stop_stream
 from tests.e2e.webhook_fixture import (
     GPUGATE,
     ROOT,
@@ -211,14 +212,7 @@ class Watch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        response = self._response
-        if response is not None:
-            try:
-                response.shutdown()
-            except Exception:
-                pass
-        self._thread.join(timeout=5)
+        stop_stream(self._stop, self._response, self._thread)
 
     def _sync(self) -> str:
         response = self.lister(_preload_content=False, **self.selector)

@@ -46,20 +46,18 @@ import pytest
 import yaml
 from kubernetes import client, watch
 
+from tests.e2e.balancer_access import NAMESPACE, kubectl_stdout, rbac_applied, scrape
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.fakekubelet import COMPLETE_AFTER
-from tests.e2e.namespaces import shared_namespace
 from tests.e2e.placement_env import expected_marks
 from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 from webhook.kube import inventory
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE = "gpugate-system"
 ACCOUNT = "gpugate-balancer"
 LEASE = "gpugate-balancer"  # the Deployment's --lease-name: the only Lease the Role lets it read and renew
 INVENTORY = "gpugate-inventory"  # the only ConfigMap the Role lets it read and update
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 LEASE_SECONDS = 4
 FREE, LOAD = "gpugate.io/gpu-free", "gpugate.io/gpu-load"
 RETRY_SECONDS = 0.5
@@ -77,28 +75,11 @@ write_interval: 1
 """
 
 
-def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin, text=True,
-                          capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 @pytest.fixture(scope="module")
 def balancer_rbac(cluster: Cluster) -> Iterator[str]:
     """The ServiceAccount and RBAC rendered from manifests/balancer, applied as they are; yields their YAML."""
-    rendered = subprocess.run(["kubectl", "kustomize", str(ROOT / "manifests/balancer")], capture_output=True,
-                              text=True, check=True, timeout=60).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]
-    assert {d["kind"] for d in docs} == set(RBAC_KINDS)
-    text = yaml.safe_dump_all(docs)
-    core = cluster.core()
-    with shared_namespace(core, NAMESPACE):
-        _kubectl(cluster, "apply", "-f", "-", stdin=text)
-        try:
-            yield text
-        finally:
-            _kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+    with rbac_applied(cluster) as text:
+        yield text
 
 
 class Replica:
@@ -111,11 +92,7 @@ class Replica:
         self.log = log
 
     def metric(self, name: str, **labels: str) -> float:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        text = opener.open(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
-        want = [f'{k}="{v}"' for k, v in labels.items()]
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + " ", name + "{")) and all(w in line for w in want))
+        return scrape(self.port, name, **labels)
 
     def writes(self) -> float:
         return self.metric("gpugate_balancer_label_writes_total", result="ok")
@@ -480,7 +457,7 @@ def test_not_ready_and_silent_until_the_first_full_list_of_pods(
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                            "name": cluster_role["metadata"]["name"]},
                "subjects": subject}
-    _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    kubectl_stdout(cluster, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
     try:
         r = replicas("e2e-no-pods", account=account)
         why = explain(cluster, r)
@@ -492,8 +469,9 @@ def test_not_ready_and_silent_until_the_first_full_list_of_pods(
         assert marks(cluster, gpu) == (None, None), "labels written from a view without pods"
         assert r.writes() == 0
 
-        _kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(granted))
+        kubectl_stdout(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(granted))
         wait_until(r.ready, timeout=60, what="ready once it may list pods", explain=why)
         wait_until(lambda: marks(cluster, gpu) == ("8", "idle"), timeout=60, what="its first labels", explain=why)
     finally:
-        _kubectl(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=yaml.safe_dump_all([*objects, granted]))
+        kubectl_stdout(cluster, "delete", "--ignore-not-found", "-f", "-",
+                       stdin=yaml.safe_dump_all([*objects, granted]))

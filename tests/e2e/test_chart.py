@@ -31,8 +31,8 @@ from tests.e2e.helmrepo import CHARTS, HelmRepo
 from tests.prerequisites import missing, needed
 from webhook.stack import chartcheck, chartrender, manifestcheck, manifests
 from webhook.stack import matrix as matrix_data
-from webhook.stack.compat import OperatorVersion
 from webhook.stack.model import Stack
+from webhook.stack.releases import OperatorVersion
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpu-operator"

@@ -11,7 +11,7 @@ would (tests/e2e/hostpod.py): its own command and args, with a token bound to th
 ServiceAccount, so gpugate's own code and the chart's RBAC write the caBundle. Then hard refreshes
 must find the Application Synced and Healthy with no self-heal sync and the caBundle kept. Without
 the rule the same state is still Synced (see the last test: the rule guards, it is not required).
-Argo CD's harness, the Git fork and the helpers are tests/e2e/test_chart_argocd.py's.
+Argo CD's rig, the Git fork and the helpers are tests/e2e/chart_argocd_rig.py's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,18 @@ from kubernetes import client
 
 from tests.e2e import argocd_harness as harness
 from tests.e2e import hostpod
-from tests.e2e.test_chart_argocd import APP, DESTINATION, ROOT, _app, _explain, hard_refresh, rig
+from tests.e2e.chart_argocd_rig import (
+    APP,
+    DESTINATION,
+    ROOT,
+    apply_application,
+    chart_application,
+    explain,
+    get_app,
+    hard_refresh,
+    rig,
+    wait_synced,
+)
 from tests.e2e.waiting import wait_until
 
 __all__ = ["rig"]  # the module-scoped Argo CD rig, used here as a fixture
@@ -48,20 +59,7 @@ def shipped_rule() -> tuple[list[Obj], list[str]]:
 def _application(rig: dict[str, Any]) -> Obj:
     """The chart with its default values (builtin TLS), and the shipped caBundle rule."""
     ignore, options = shipped_rule()
-    return {
-        "apiVersion": f"{harness.GROUP}/{harness.VERSION}", "kind": "Application",
-        "metadata": {"name": APP, "namespace": harness.NAMESPACE,
-                     "finalizers": ["resources-finalizer.argocd.argoproj.io"]},
-        "spec": {
-            "project": "default",
-            "source": {"repoURL": rig["repo"], "targetRevision": "HEAD", "path": "manifests/chart/gpugate",
-                       "helm": {"releaseName": "gpugate"}},
-            "destination": {"server": "https://kubernetes.default.svc", "namespace": DESTINATION},
-            "syncPolicy": {"automated": {"prune": True, "selfHeal": True},
-                           "syncOptions": options},
-            "ignoreDifferences": ignore,
-        },
-    }
+    return chart_application(rig, sync_options=options, ignore=ignore)
 
 
 def _ca_bundles(cluster: Any) -> dict[str, bytes | None]:
@@ -85,30 +83,19 @@ def _running_pod(rig: dict[str, Any], name: str) -> Obj:
         return rig["cluster"].api_client().sanitize_for_serialization(started[0]) if started else None
 
     return wait_until(running, timeout=120, interval=0.5, what=f"the {name} Job's pod to be started",
-                      explain=lambda: _explain(rig))
+                      explain=lambda: explain(rig))
 
 
 @pytest.fixture(scope="module")
 def builtin_synced(rig: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Obj:
     """The first sync, with the certificate Job's pod run here; the Application once it is done."""
-    rig["kubectl"].apply_objects([{
-        "apiVersion": f"{harness.GROUP}/{harness.VERSION}", "kind": "AppProject",
-        "metadata": {"name": "default", "namespace": harness.NAMESPACE},
-        "spec": {"sourceRepos": ["*"], "destinations": [{"server": "*", "namespace": "*"}],
-                 "clusterResourceWhitelist": [{"group": "*", "kind": "*"}]},
-    }, _application(rig)])
+    apply_application(rig, _application(rig))
     # Both Sync hooks run `gpugate certs` (the webhook's patches the caBundles; the balancer's makes its Secret).
     for job in ("gpugate-certs", "gpugate-balancer-certs"):
         ran = hostpod.run(rig["cluster"], _running_pod(rig, job), Path(tmp_path_factory.mktemp(job)))
         assert ran.exit_code == 0, ran.output
 
-    def done() -> Obj | None:
-        app = _app(rig)
-        state = harness.AppState.of(app)
-        return app if (state.sync, state.health, state.phase) == ("Synced", "Healthy", "Succeeded") else None
-
-    return wait_until(done, timeout=120, interval=1, what="Argo CD to sync the chart to Synced and Healthy",
-                      explain=lambda: _explain(rig))
+    return wait_synced(rig, timeout=120)
 
 
 def test_hard_refreshes_keep_the_certs_jobs_ca_bundle_synced(builtin_synced: Obj, rig: dict[str, Any]) -> None:
@@ -127,8 +114,8 @@ def test_hard_refreshes_keep_the_certs_jobs_ca_bundle_synced(builtin_synced: Obj
                if not r.get("hook") and r.get("status") != "Synced"]
         seen.append((state.sync, state.health, out))
         time.sleep(2)
-    assert seen == [("Synced", "Healthy", [])] * 3, f"{seen}\n{_explain(rig)}"
-    assert _app(rig)["status"]["operationState"]["startedAt"] == builtin_synced["status"]["operationState"][
+    assert seen == [("Synced", "Healthy", [])] * 3, f"{seen}\n{explain(rig)}"
+    assert get_app(rig)["status"]["operationState"]["startedAt"] == builtin_synced["status"]["operationState"][
         "startedAt"], "a self-heal sync ran"
     assert _ca_bundles(rig["cluster"]) == written
 
@@ -144,8 +131,8 @@ def test_without_the_rule_the_same_state_is_still_synced(builtin_synced: Obj, ri
         harness.GROUP, harness.VERSION, harness.NAMESPACE, "applications", APP,
         {"spec": {"ignoreDifferences": None, "syncPolicy": {"automated": None}}})
     app = hard_refresh(rig)
-    assert not _app(rig)["spec"].get("ignoreDifferences")
+    assert not get_app(rig)["spec"].get("ignoreDifferences")
     out = sorted(f"{r['kind']}/{r['name']}" for r in app["status"]["resources"]
                  if not r.get("hook") and r.get("status") != "Synced")
-    assert (harness.AppState.of(app).sync, out) == ("Synced", []), _explain(rig)
+    assert (harness.AppState.of(app).sync, out) == ("Synced", []), explain(rig)
     assert set(_ca_bundles(rig["cluster"]).values()) != {None}

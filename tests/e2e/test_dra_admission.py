@@ -55,6 +55,7 @@ from tests.e2e.webhook_fixture import (
     api_message,
     deployed_policies,
     kustomize,
+    serving,
 )
 from webhook.kube import claims
 
@@ -82,18 +83,6 @@ spec:
   gpu: {products: [NVIDIA-A100-SXM4-80GB], families: [ampere], minMemoryMiB: 80000}
 """
 Obj = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("dra-admission-e2e")
 
 
 @pytest.fixture(scope="module")
@@ -150,26 +139,8 @@ def server(local: Cluster, certs: ServingCerts, policy_dir: Path, webhook_kubeco
     started = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policy_dir,
                             log=local.plane.logs / "gpugate-serve-dra.log", extra_args=("--resolve-claims",),
                             env={"KUBECONFIG": str(webhook_kubeconfig)})
-    started.start()
-    try:
+    with serving(started):
         yield started
-    finally:
-        if started.running():
-            started.stop()
-
-
-@pytest.fixture
-def namespaces(local: Cluster) -> Iterator[Namespaces]:
-    made = Namespaces(local)
-    yield made
-    made.delete_all()
-
-
-@pytest.fixture
-def registration(local: Cluster) -> Iterator[Registration]:
-    registered = Registration(local)
-    yield registered
-    registered.remove()
 
 
 @pytest.fixture

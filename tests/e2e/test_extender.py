@@ -45,6 +45,7 @@ import yaml
 from cryptography import x509
 from kubernetes import client
 
+from tests.e2e.balancer_access import scrape
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port
@@ -55,6 +56,8 @@ from webhook.certs import pki
 from webhook.placement.scoring import RECOMMENDED_WEIGHT
 
 ROOT = Path(__file__).resolve().parents[2]
+LOCAL_ONLY_REASON = "the extender and the second scheduler run on this machine's 127.0.0.1"
+"""Why this module skips against an attached cluster (the ``local`` fixture of conftest.py)."""
 BINPACK = "gpugate-binpack"
 POOL = "e2e.gpugate.io/extender-pool"
 CONFIG = """\
@@ -80,18 +83,6 @@ def scheduler_configuration() -> dict[str, Any]:
     return dict(document)
 
 
-@pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the extender and the second scheduler run on this machine's 127.0.0.1")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("extender-e2e")
-
-
 @dataclass
 class Extender:
     """``gpugate balance --extender-bind`` in its own process; its TLS folder starts empty."""
@@ -105,11 +96,7 @@ class Extender:
     log: Path
 
     def metric(self, name: str, **labels: str) -> float:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        text = opener.open(f"http://127.0.0.1:{self.health_port}/metrics", timeout=5).read().decode()
-        want = [f'{k}="{v}"' for k, v in labels.items()]
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + " ", name + "{")) and all(w in line for w in want))
+        return scrape(self.health_port, name, **labels)
 
     def ready(self) -> bool:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

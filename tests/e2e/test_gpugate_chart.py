@@ -27,7 +27,15 @@ from tests import helmtool
 from tests.e2e import hostpod
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.waiting import wait_until
-from tests.e2e.webhook_fixture import GPUGATE, GpugateServer, ServingCerts, create_pod, pod_manifest, policy_of
+from tests.e2e.webhook_fixture import (
+    GPUGATE,
+    GpugateServer,
+    ServingCerts,
+    create_pod,
+    pod_manifest,
+    policy_of,
+    serving,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "chart" / "gpugate"
@@ -46,29 +54,14 @@ spec:
 
 
 @pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("chart-e2e")
-
-
-@pytest.fixture(scope="module")
 def server(local: Cluster, workdir: Path) -> Iterator[GpugateServer]:
     """`gpugate serve` with the starter policies, on 127.0.0.1."""
     assert local.plane is not None
     certs = ServingCerts(workdir / "certs")
     started = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=ROOT / "policies",
                             log=local.plane.logs / "gpugate-chart-serve.log")
-    started.start()
-    try:
+    with serving(started):
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")

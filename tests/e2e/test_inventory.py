@@ -24,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,30 +31,27 @@ import pytest
 import yaml
 from kubernetes import client
 
+from tests.e2e.balancer_access import NAMESPACE, rbac_applied, scrape
 from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
     Namespaces,
     Obj,
-    Registration,
-    RenderedWebhooks,
     ServingCerts,
     create_pod,
-    kustomize,
     pod_manifest,
     read_pod,
+    registered_as_shipped,
+    serving,
 )
 from webhook.kube import inventory as webhook_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE = "gpugate-system"
 ACCOUNT = "gpugate-balancer"
 LEASE = "gpugate-balancer"
 CONFIGMAP = "gpugate-inventory"
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 H200 = "NVIDIA-H200"
 PROFILES = ("1g.18gb", "2g.35gb", "3g.71gb")
 # Lease timing scaled down (the ratios are the defaults'); the inventory written within half a second
@@ -87,38 +83,11 @@ spec:
 """
 
 
-def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin, text=True,
-                          capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-@pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("inventory-e2e")
-
-
 @pytest.fixture(scope="module")
 def balancer_rbac(local: Cluster) -> Iterator[None]:
     """The ServiceAccount and RBAC exactly as ``kubectl kustomize manifests/balancer`` renders them."""
-    docs = [d for d in kustomize(ROOT / "manifests" / "balancer") if d["kind"] in RBAC_KINDS]
-    assert {d["kind"] for d in docs} == set(RBAC_KINDS)
-    text = yaml.safe_dump_all(docs)
-    core = local.core()
-    with shared_namespace(core, NAMESPACE):
-        _kubectl(local, "apply", "-f", "-", stdin=text)
-        try:
-            yield
-        finally:
-            _kubectl(local, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+    with rbac_applied(local):
+        yield
 
 
 class Balancer:
@@ -128,11 +97,7 @@ class Balancer:
         self.process, self.port, self.log = process, port, log
 
     def metric(self, name: str, **labels: str) -> float:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        text = opener.open(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
-        want = [f'{k}="{v}"' for k, v in labels.items()]
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + " ", name + "{")) and all(w in line for w in want))
+        return scrape(self.port, name, **labels)
 
     def tail(self) -> str:
         return f"--- balancer (exit {self.process.poll()}):\n" + \
@@ -227,16 +192,8 @@ def webhook(local: Cluster, workdir: Path, volume: Volume) -> Iterator[GpugateSe
     assert local.plane is not None
     running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies, inventory=volume.path,
                             log=local.plane.logs / "gpugate-inventory.log")
-    running.start()
-    registration = Registration(local)
-    registration.apply(RenderedWebhooks.of(kustomize(ROOT / "manifests" / "webhook"))
-                       .pointed_at(running.base_url, certs.bundle.ca_cert))
-    try:
+    with serving(running), registered_as_shipped(local, running, certs):
         yield running
-    finally:
-        registration.remove()
-        if running.running():
-            running.stop()
 
 
 @pytest.fixture

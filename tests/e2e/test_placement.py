@@ -114,13 +114,6 @@ spec:
 # --- fixtures --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
 def gpugate(local: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpugateServer]:
     workdir = tmp_path_factory.mktemp("placement")
     policies = policy_folder(workdir / "policies", {"e2e-binpack.yaml": BINPACK_POLICY})

@@ -50,6 +50,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.cluster import Cluster
+from tests.e2e.local import require_local
 from tests.e2e.trace_slice import TRACE, Report, SliceSpec, WorldReport, every_pod_file, fidelity, world_fidelity
 from tests.prerequisites import needed
 
@@ -73,8 +74,7 @@ PER_LIST_MISSES = 1
 
 @pytest.fixture(scope="module")
 def report(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Report:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
+    require_local(cluster)
     needed(TRACE, "../shared beside the clone holds the trace")
     pod_files = every_pod_file()
     spec = SliceSpec(nodes=32, pods=PODS_PER_LIST * len(pod_files), seed=42, pod_files=pod_files,
@@ -122,8 +122,7 @@ WORLD_BOUND = 0.5
 
 @pytest.fixture(scope="module", params=["timeslice", "dra"])
 def world_report(request: pytest.FixtureRequest, cluster: Cluster) -> WorldReport:
-    if cluster.plane is None:
-        pytest.skip("the slice's nodes are fake nodes this process serves; an attached cluster has its own")
+    require_local(cluster, "the slice's nodes are fake nodes this process serves; an attached cluster has its own")
     needed(TRACE, "../shared beside the clone holds the trace")
     pod_files = every_pod_file()
     spec = SliceSpec(nodes=32, pods=WORLD_PODS_PER_LIST * len(pod_files), seed=42, pod_files=pod_files,

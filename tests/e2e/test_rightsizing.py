@@ -27,14 +27,13 @@ from tests.e2e.webhook_fixture import (
     GpugateServer,
     Namespaces,
     Obj,
-    Registration,
-    RenderedWebhooks,
     ServingCerts,
     api_message,
     create_pod,
-    kustomize,
     pod_manifest,
     read_pod,
+    registered_as_shipped,
+    serving,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,18 +59,6 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 @pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("rightsizing-e2e")
-
-
-@pytest.fixture(scope="module")
 def inventory_file(workdir: Path) -> Path:
     path = workdir / "inventory" / "inventory.json"
     path.parent.mkdir()
@@ -87,16 +74,8 @@ def server(local: Cluster, workdir: Path, inventory_file: Path) -> Iterator[Gpug
     assert local.plane is not None
     running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies,
                             inventory=inventory_file, log=local.plane.logs / "gpugate-rightsizing.log")
-    running.start()
-    registration = Registration(local)
-    registration.apply(RenderedWebhooks.of(kustomize(ROOT / "manifests" / "webhook"))
-                       .pointed_at(running.base_url, certs.bundle.ca_cert))
-    try:
+    with serving(running), registered_as_shipped(local, running, certs):
         yield running
-    finally:
-        registration.remove()
-        if running.running():
-            running.stop()
 
 
 @pytest.fixture(scope="module")

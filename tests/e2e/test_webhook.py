@@ -75,6 +75,7 @@ from tests.e2e.webhook_fixture import (
     pod_manifest,
     policy_of,
     read_pod,
+    serving,
 )
 from tests.prerequisites import needed
 
@@ -109,19 +110,6 @@ BATCH_CLASS = "e2e-batch-never"
 
 
 # --- fixtures ------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    """The API server must reach 127.0.0.1 of this machine: only the local control plane does."""
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("webhook-e2e")
-
 
 @pytest.fixture(scope="module")
 def rendered(workdir: Path) -> dict[str, RenderedWebhooks]:
@@ -163,12 +151,8 @@ def gpugate(local: Cluster, certs: ServingCerts, policy_dir: Path, inventory_fil
     inventory_file.parent.mkdir()
     server = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policy_dir,
                            inventory=inventory_file, log=local.plane.logs / "gpugate-serve.log")
-    server.start()
-    try:
+    with serving(server):
         yield server
-    finally:
-        if server.running():
-            server.stop()
 
 
 @pytest.fixture
@@ -178,26 +162,12 @@ def server(gpugate: GpugateServer) -> GpugateServer:
     return gpugate
 
 
-@pytest.fixture
-def namespaces(local: Cluster) -> Iterator[Namespaces]:
-    made = Namespaces(local)
-    yield made
-    made.delete_all()
-
-
 @pytest.fixture(scope="module")
 def probe_namespace(local: Cluster) -> Iterator[str]:
     """An ``ml-*`` namespace for dry-run probes (nothing is stored in it)."""
     made = Namespaces(local)
     yield made.make("ml-probe")
     made.delete_all()
-
-
-@pytest.fixture
-def registration(local: Cluster) -> Iterator[Registration]:
-    registered = Registration(local)
-    yield registered
-    registered.remove()
 
 
 @pytest.fixture

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -26,3 +27,15 @@ def wait_until(probe: Callable[[], T], *, timeout: float = 30.0, interval: float
             detail = f"\n{explain()}" if explain else ""
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+def stop_stream(stop: threading.Event, response: Any, thread: threading.Thread) -> None:
+    """End a watch thread blocked reading a streaming ``response``: flag ``stop``, shut the response
+    (best effort: it only unblocks the reader), wait up to 5 s for the thread."""
+    stop.set()
+    if response is not None:
+        try:
+            response.shutdown()
+        except Exception:
+            pass
+    thread.join(timeout=5)

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -165,6 +166,18 @@ class Registration:
                        self.api.delete_validating_webhook_configuration):
             _ignore_missing(lambda delete=delete: delete(WEBHOOK_NAME))
         self.current = None
+
+
+@contextmanager
+def registered_as_shipped(cluster: Cluster, server: GpugateServer, certs: ServingCerts) -> Iterator[Registration]:
+    """Both configurations as manifests/webhook renders them, pointed at ``server``; removed on the way out."""
+    registration = Registration(cluster)
+    registration.apply(RenderedWebhooks.of(kustomize(ROOT / "manifests" / "webhook"))
+                       .pointed_at(server.base_url, certs.bundle.ca_cert))
+    try:
+        yield registration
+    finally:
+        registration.remove()
 
 
 def _put(read: Callable[..., Any], create: Callable[..., Any], replace: Callable[..., Any], document: Obj) -> None:
@@ -405,6 +418,17 @@ class GpugateServer:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@contextmanager
+def serving(server: GpugateServer) -> Iterator[GpugateServer]:
+    """``server`` started, and stopped on the way out if it is still running."""
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.running():
+            server.stop()
 
 
 def _session_members(session: int) -> list[int]:

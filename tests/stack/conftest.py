@@ -109,7 +109,7 @@ def set_stack(stack_repo: Path) -> Callable[..., Stack]:
     def apply(*, message: str = "set up stack", pools: dict[str, dict] | None = None, **changes) -> Stack:
         stack = manifests.load_stack(stack_repo)
         if "operator_version" in changes and isinstance(changes["operator_version"], str):
-            from webhook.stack.compat import OperatorVersion
+            from webhook.stack.releases import OperatorVersion
             changes["operator_version"] = OperatorVersion.parse(changes["operator_version"])
         if changes.get("management") == "clusterpolicy":
             stack = stack.replace(pools=(stack.default_pool,))

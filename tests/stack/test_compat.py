@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from webhook.errors import GpugateError
-from webhook.stack import compat, matrix
-from webhook.stack.compat import OperatorVersion as V
+from webhook.stack import compat, matrix, releases
+from webhook.stack.releases import OperatorVersion as V
 
 M = matrix.load()
 
@@ -33,15 +33,15 @@ def test_every_entry_names_a_source_for_defaults_kubernetes_and_drivers():
 def test_an_entry_without_a_source_is_refused_at_load():
     data = yaml.safe_load(resources.files("webhook.stack").joinpath("data/matrix.yaml").read_text())
     del data["releases"][3]["source"]["kubernetes"]
-    with pytest.raises(compat.MatrixError, match=r"v25.3.0.*no source for kubernetes"):
-        compat.Matrix.from_dict(data)
+    with pytest.raises(releases.MatrixError, match=r"v25.3.0.*no source for kubernetes"):
+        releases.Matrix.from_dict(data)
 
 
 def test_a_listed_driver_outside_the_listed_branches_is_refused_at_load():
     data = yaml.safe_load(resources.files("webhook.stack").joinpath("data/matrix.yaml").read_text())
     data["releases"][-1]["drivers"].append("570.1.1")
-    with pytest.raises(compat.MatrixError, match="outside the listed branches"):
-        compat.Matrix.from_dict(data)
+    with pytest.raises(releases.MatrixError, match="outside the listed branches"):
+        releases.Matrix.from_dict(data)
 
 
 @pytest.mark.parametrize("tag", ["v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3", "v26.7.0"])
@@ -182,8 +182,8 @@ def test_every_release_driver_is_a_published_image_and_the_loader_checks_it():
         assert set(release.drivers) | {release.defaults["driver"]} <= set(M.published_drivers), release.version
     data = yaml.safe_load(resources.files("webhook.stack").joinpath("data/matrix.yaml").read_text())
     del data["publishedDrivers"]["610.57.04"]
-    with pytest.raises(compat.MatrixError, match="not under publishedDrivers"):
-        compat.Matrix.from_dict(data)
+    with pytest.raises(releases.MatrixError, match="not under publishedDrivers"):
+        releases.Matrix.from_dict(data)
 
 
 def test_575_57_08_is_known_bad_on_pools_mixing_mig_and_full_gpus():

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from tests.stack.conftest import ROOT
-from webhook.stack import compat, manifests, matrix
+from webhook.stack import compat, manifests, matrix, messages, releases, rollback
 from webhook.stack import plan as planning
+from webhook.stack.checks import Waivers
 from webhook.stack.model import Stack
 
 M = matrix.load()
@@ -57,10 +58,10 @@ def test_upgrade_to_an_older_driver_fails_driver_path_and_is_titled_a_downgrade(
     assert plan.steps[0].title == "downgrade driver 595.91.07 on pools default, canary (from 610.57.04)"
 
     allowed = planning.plan_upgrade(M, current, planning.Request(operator="v26.7.0", driver="595.91.07",
-                                                                 allow_driver_downgrade=True), {})
+                                                                 waivers=Waivers(driver_downgrade=True)), {})
     assert allowed.ok and allowed.steps[0].title == plan.steps[0].title
     assert "pool canary: driver downgraded 610.57.04 -> 595.91.07 (--allow-driver-downgrade)" in allowed.warnings
-    message = planning.commit_message(allowed, files=[manifests.STACK_FILE])
+    message = messages.commit_message(allowed, files=[manifests.STACK_FILE])
     assert message.startswith("gpugate stack: downgrade driver 595.91.07 on pools default, canary (from 610.57.04)\n")
     assert "Gpugate-Stack: upgrade" in message  # the command that made it, for rollback to find
 
@@ -75,36 +76,34 @@ def test_an_upgrade_to_a_newer_driver_passes_driver_path_and_keeps_its_title():
 
 
 def test_an_operator_upgrade_with_an_older_driver_names_both():
-    current = at(SHIPPED, default="610.57.04").replace(operator_version=compat.OperatorVersion.parse("v26.3.3"))
+    current = at(SHIPPED, default="610.57.04").replace(operator_version=releases.OperatorVersion.parse("v26.3.3"))
     plan = planning.plan_upgrade(M, current, planning.Request(operator="v26.7.0", driver="595.91.07",
-                                                              pool=None, allow_driver_downgrade=True), {})
+                                                              pool=None, waivers=Waivers(driver_downgrade=True)), {})
     assert plan.steps[0].title == ("upgrade gpu-operator v26.3.3 -> v26.7.0; "
                                    "downgrade driver 595.91.07 on pool default (from 610.57.04)")
 
 
 def test_promoting_an_older_canary_driver_is_a_downgrade():
     current = at(SHIPPED, default="610.57.04")
-    plan = planning.plan_promote(M, current, source="canary", to="default", allow_unvalidated_driver=False,
-                                 existing={})
+    plan = planning.plan_promote(M, current, source="canary", to="default", existing={})
     assert failed(plan) == ["driver-path[default]"]
     assert plan.steps[0].title == ("promote driver 595.91.07 from pool canary to pool default "
                                    "(a downgrade from 610.57.04)")
-    assert planning.plan_promote(M, current, source="canary", to="default", allow_unvalidated_driver=False,
-                                 existing={}, allow_driver_downgrade=True).ok
+    assert planning.plan_promote(M, current, source="canary", to="default", existing={},
+                                 waivers=Waivers(driver_downgrade=True)).ok
 
 
 def test_a_hand_edit_to_an_older_driver_needs_the_flag_too():
     current = at(SHIPPED, canary="610.57.04")
-    plan = planning.plan_sync(M, current, SHIPPED, allow_unvalidated_driver=False, existing={})
+    plan = planning.plan_sync(M, current, SHIPPED, existing={})
     assert failed(plan) == ["driver-path[canary]"]
     assert plan.steps[0].title == "sync downgrade driver 595.91.07 on pool canary (from 610.57.04)"
-    assert planning.plan_sync(M, current, SHIPPED, allow_unvalidated_driver=False, existing={},
-                              allow_driver_downgrade=True).ok
+    assert planning.plan_sync(M, current, SHIPPED, existing={},
+                              waivers=Waivers(driver_downgrade=True)).ok
 
 
 def test_rollback_goes_back_without_the_driver_flag():
     current = at(SHIPPED, canary="610.57.04")
-    plan = planning.plan_rollback(M, current, SHIPPED, sha="0" * 40, subject="gpugate stack: upgrade driver 610.57.04",
-                                  allow_operator_downgrade=False, allow_unvalidated_driver=False,
-                                  allow_unlisted_driver=False, existing={})
+    plan = rollback.plan_rollback(M, current, SHIPPED, sha="0" * 40, subject="gpugate stack: upgrade driver 610.57.04",
+                                  existing={})
     assert plan.ok and not [c for c in plan.checks if c.name == "driver-path"]

@@ -12,8 +12,8 @@ import yaml
 
 from webhook.errors import GpugateError
 from webhook.stack import chartvalues, manifestcheck, manifests, verify
-from webhook.stack.compat import OperatorVersion
 from webhook.stack.model import Stack
+from webhook.stack.releases import OperatorVersion
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_TEXT = (ROOT / manifests.STACK_FILE).read_text()

@@ -22,7 +22,7 @@ Each rung, on the devices NVIDIA's DRA driver publishes (kubernetes-sigs/dra-dri
   ``requestPolicy.default``), so a whole GPU is only given where no share is.
 
 The policy's GPU requirements (products, families, minMemoryMiB) go on every sub-request as the
-CEL selectors :func:`webhook.admission.dra.required_selectors` writes, so the template passes the
+CEL selectors :func:`required_selectors` writes, so the template passes the
 policy's own claim rules; a MIG rung smaller than ``minMemoryMiB`` can never match and is left out.
 A ``gpugate.io/gpu-fraction`` ask without memory is sized against the ladder's whole GPU (the
 share asks that fraction of its memory).
@@ -38,7 +38,21 @@ from webhook.admission.rightsizing import fits, largest
 from webhook.kube import claims, rightsizedclaims
 from webhook.kube.claims import Claim, ClaimRequest, DeviceAsk
 from webhook.kube.demand import Size
-from webhook.policy.model import RightSizing, Rung
+from webhook.policy.model import GPUPolicy, RightSizing, Rung
+
+
+def required_selectors(policy: GPUPolicy) -> tuple[str, ...]:
+    """The policy's GPU requirements as CEL selectors (the node-affinity requirements' DRA twins)."""
+    gpu = policy.gpu
+    out = []
+    if gpu.products:
+        out.append(claims.product_selector(gpu.products))
+    if gpu.families:
+        out.append(claims.family_selector(gpu.families))
+    if gpu.min_memory_mib:
+        out.append(claims.memory_selector(gpu.min_memory_mib))
+    return tuple(out)
+
 
 MIB = 2**20
 MAX_SUB_REQUESTS = 8

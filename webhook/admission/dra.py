@@ -21,6 +21,7 @@ from typing import Any
 
 from webhook import names
 from webhook.admission import patches
+from webhook.admission.claimladder import required_selectors
 from webhook.admission.mutation import Mutation, governed_classes
 from webhook.admission.validation import Verdict, allowed_resources, deny_rule_reasons, pod_total
 from webhook.kube import claims, pods
@@ -46,19 +47,6 @@ def allowed_classes(policy: GPUPolicy) -> frozenset[str]:
     if any(r.startswith(names.MIG_RESOURCE_PREFIX) for r in resources):
         out.add(names.DRA_MIG_CLASS)
     return frozenset(out)
-
-
-def required_selectors(policy: GPUPolicy) -> tuple[str, ...]:
-    """The policy's GPU requirements as CEL selectors (the node-affinity requirements' DRA twins)."""
-    gpu = policy.gpu
-    out = []
-    if gpu.products:
-        out.append(claims.product_selector(gpu.products))
-    if gpu.families:
-        out.append(claims.family_selector(gpu.families))
-    if gpu.min_memory_mib:
-        out.append(claims.memory_selector(gpu.min_memory_mib))
-    return tuple(out)
 
 
 def per_claim_limit(policy: GPUPolicy) -> int | None:

@@ -1,6 +1,6 @@
 """The cluster inventory file the webhook reads (a ConfigMap volume), re-read when it changes.
 
-Checked at most once per interval, by a stat of the file (through the ConfigMap volume's
+Checked at most once per interval (``filewatch.LastGood``), by a stat of the file (through the ConfigMap volume's
 symlinks): a request never waits on more than that. An unreadable or invalid file leaves the last
 good inventory in place, logged once per distinct problem; a file that never was good means no
 inventory (``EMPTY``).
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from webhook import logs
+from webhook import filewatch, logs
 from webhook.errors import InputError
 from webhook.kube import inventory
 
@@ -35,42 +34,36 @@ def read(path: Path) -> inventory.Inventory:
 
 
 class InventoryFile:
+    """The inventory the webhook answers with: ``filewatch.LastGood`` over the file's stat."""
+
     def __init__(self, path: Path | None, *, interval: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
-        self.interval = interval
-        self._clock = clock
-        self._current = inventory.EMPTY
-        self._seen: tuple[int, int, int] | None = None
         self._problem = ""
-        self._next = 0.0
-        self._lock = threading.Lock()
+        self._watch = filewatch.LastGood(fingerprint=self._stat, load=self._load, initial=inventory.EMPTY,
+                                         refuse=(OSError, inventory.InventoryError), interval=interval, clock=clock,
+                                         on_loaded=self._loaded, on_refused=self._report,
+                                         on_unreadable=lambda err: self._report(f"cannot read {path}: {err.strerror}"))
 
     def current(self) -> inventory.Inventory:
-        if self.path is not None and self._clock() >= self._next and self._lock.acquire(blocking=False):
-            try:
-                self._next = self._clock() + self.interval
-                self._refresh()
-            finally:
-                self._lock.release()
-        return self._current
+        if self.path is None:
+            return inventory.EMPTY
+        return self._watch.poll()
 
-    def _refresh(self) -> None:
+    def _stat(self) -> tuple[int, int, int]:
+        assert self.path is not None
+        stat = os.stat(self.path)
+        return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+    def _load(self) -> inventory.Inventory:
         assert self.path is not None
         try:
-            stat = os.stat(self.path)
-        except OSError as err:
-            self._report(f"cannot read {self.path}: {err.strerror}")
-            return
-        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        if key == self._seen:
-            return
-        try:
-            loaded = inventory.parse(self.path.read_bytes())
+            return inventory.parse(self.path.read_bytes())
         except (OSError, inventory.InventoryError) as err:
-            self._report(f"{self.path}: {err}")
-            return
-        self._seen, self._current, self._problem = key, loaded, ""
+            raise inventory.InventoryError(f"{self.path}: {err}") from err
+
+    def _loaded(self, loaded: inventory.Inventory, previous: inventory.Inventory) -> None:
+        self._problem = ""
         logs.log_event(_log, "inventory loaded", path=str(self.path),
                        default_priority_class=loaded.default_priority_class)
 
@@ -78,4 +71,4 @@ class InventoryFile:
         if problem != self._problem:
             self._problem = problem
             logs.log_event(_log, "inventory not used", logging.WARNING, error=problem,
-                           serving="last good" if self._current is not inventory.EMPTY else "none")
+                           serving="last good" if self._watch.current is not inventory.EMPTY else "none")

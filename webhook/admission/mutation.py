@@ -637,10 +637,8 @@ def right_size_claim(pod: Pod, ask: kube_demand.Size, context: StepContext) -> N
         context.note(f"the pod references claims of its own ({', '.join(r.name for r in refs)}): "
                      f"{ask.describe()} is not right-sized")
         return
-    from webhook.admission import dra  # dra builds on this module's Mutation: imported when first needed
-
     profile = pods.labels(pod).get(names.PROFILE_LABEL)
-    made = claimladder.ladder(ask, sizing, selectors=dra.required_selectors(context.policy),
+    made = claimladder.ladder(ask, sizing, selectors=claimladder.required_selectors(context.policy),
                               min_memory_mib=context.policy.gpu.min_memory_mib,
                               labels={names.PROFILE_LABEL: profile} if profile else None)
     if isinstance(made, str):

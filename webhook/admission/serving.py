@@ -2,26 +2,15 @@
 
 gunicorn (27) wraps every accepted connection with the SSLContext returned by its
 ``ssl_context(conf, default_factory)`` server hook; by default that builds a fresh context (and
-re-reads the key files) per connection. ``CertReloader`` instead keeps one context per worker
-process and, at most once per ``interval``, compares a digest of the certificate and key files.
-When they changed and form a valid pair, a new context is built and swapped in: connections
-already open (and requests in flight on them) keep the context they were made with, and new
-handshakes present the new certificate. A half-written or mismatched pair (the files are
-replaced one at a time) is refused and the old context keeps serving until the pair is whole.
-
-TLS 1.2 is the floor; TLS 1.2 ciphers are limited to ECDHE with AEAD (TLS 1.3 suites are
-OpenSSL's defaults, all AEAD).
+re-reads the key files) per connection. ``webhook.certs.reload.CertReloader`` (its
+``gunicorn_hook``) instead keeps one context per worker process, replaced when the files change.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import logging
 import os
-import ssl
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,80 +20,9 @@ from gunicorn.glogging import Logger as GunicornLogger
 
 from webhook import logs
 from webhook.admission import metrics, worker
+from webhook.certs.reload import CertReloader
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
-
-TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
-
-
-def build_context(certfile: Path, keyfile: Path) -> ssl.SSLContext:
-    """A server-side SSLContext: TLS 1.2 or newer, forward-secret AEAD ciphers only."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.set_ciphers(TLS12_CIPHERS)
-    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
-    context.options |= getattr(ssl, "OP_NO_RENEGOTIATION", 0)
-    context.load_cert_chain(certfile=str(certfile), keyfile=str(keyfile))
-    return context
-
-
-def _files_digest(certfile: Path, keyfile: Path) -> str:
-    digest = hashlib.sha256()
-    for path in (certfile, keyfile):
-        digest.update(Path(path).read_bytes())
-        digest.update(b"\0")
-    return digest.hexdigest()
-
-
-class CertReloader:
-    """One SSLContext per process, replaced when the certificate files change."""
-
-    def __init__(self, certfile: Path, keyfile: Path, *, interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.certfile, self.keyfile = Path(certfile), Path(keyfile)
-        self.interval = interval
-        self._clock = clock
-        # Loaded eagerly: a bad pair at start-up is the operator's error, reported before serving.
-        self._digest = _files_digest(self.certfile, self.keyfile)
-        self._context = build_context(self.certfile, self.keyfile)
-        self._refused_digest: str | None = None
-        self._next_check = clock() + interval
-        self._lock = threading.Lock()
-        self.reloads = 0
-
-    def context(self) -> ssl.SSLContext:
-        """The context for a new connection; checks the files when the interval has passed."""
-        if self._clock() >= self._next_check and self._lock.acquire(blocking=False):
-            try:
-                self._next_check = self._clock() + self.interval
-                self._maybe_reload()
-            finally:
-                self._lock.release()
-        return self._context
-
-    def _maybe_reload(self) -> None:
-        try:
-            digest = _files_digest(self.certfile, self.keyfile)
-        except OSError as err:  # a file missing for a moment during a replace
-            logs.log_event(_log, "certificate files unreadable; keeping the current certificate",
-                           logging.WARNING, certfile=str(self.certfile), error=str(err))
-            return
-        if digest == self._digest or digest == self._refused_digest:
-            return
-        try:
-            context = build_context(self.certfile, self.keyfile)
-        except (ssl.SSLError, OSError) as err:
-            self._refused_digest = digest
-            logs.log_event(_log, "new certificate refused; keeping the current one", logging.ERROR,
-                           certfile=str(self.certfile), keyfile=str(self.keyfile), error=str(err))
-            return
-        self._context, self._digest = context, digest
-        self.reloads += 1
-        logs.log_event(_log, "certificate reloaded", certfile=str(self.certfile), pid=os.getpid())
-
-    def gunicorn_hook(self, conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        """The ``ssl_context`` server hook: ignore the per-connection factory, use ours."""
-        return self.context()
 
 
 class NoAccessLogLogger(GunicornLogger):

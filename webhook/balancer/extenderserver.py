@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from webhook.admission.serving import CertReloader
 from webhook.balancer.metrics import Metrics
+from webhook.certs.reload import CertReloader
 
 log = logging.getLogger("gpugate.balancer.extender")
 

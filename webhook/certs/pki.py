@@ -98,8 +98,22 @@ def create_bundle(
         addresses = [ipaddress.ip_address(ip) for ip in ips]
     except ValueError as err:
         raise CertError(f"not an IP address for the certificate: {err}") from err
+    cert = _sign_serving(key, ca, ca_private, dns=dns, addresses=addresses, now=now, days=days)
+    return CertBundle(
+        ca_cert=ca_cert_pem,
+        ca_key=ca_key_pem,
+        cert=cert.public_bytes(serialization.Encoding.PEM),
+        key=_key_pem(key),
+    )
+
+
+def _sign_serving(key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, ca_private: CertificateIssuerPrivateKeyTypes,
+                  *, dns: list[str], addresses: list[ipaddress.IPv4Address | ipaddress.IPv6Address], now: datetime,
+                  days: int) -> x509.Certificate:
+    """The serving certificate itself: a leaf for TLS servers, named by ``dns`` and ``addresses``,
+    never outliving its CA."""
     not_before = now - _BACKDATE
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns[2])]))
         .issuer_name(ca.subject)
@@ -129,12 +143,6 @@ def create_bundle(
             critical=False,
         )
         .sign(ca_private, hashes.SHA256())
-    )
-    return CertBundle(
-        ca_cert=ca_cert_pem,
-        ca_key=ca_key_pem,
-        cert=cert.public_bytes(serialization.Encoding.PEM),
-        key=_key_pem(key),
     )
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from webhook import logs
+from webhook import filewatch, logs
 from webhook.errors import GpugateError
 from webhook.policy import loading, parsing
 
@@ -64,7 +64,7 @@ def folder_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-CHANGED_WHILE_LOADING = "folder changed while loading; retrying"
+CHANGED_WHILE_LOADING = filewatch.CHANGED_WHILE_LOADING
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,12 @@ class ReloadOutcome:
 
 
 class PolicyStore:
-    """Holds the current PolicySet of one process; ``check()`` reloads when the folder changed."""
+    """Holds the current PolicySet of one process; ``check()`` reloads when the folder changed.
+
+    The watching itself (digest compared, load, keep the last good set) is ``filewatch.LastGood``'s;
+    this class adds what is particular to policies: the empty-set rule, the snapshot a sibling
+    process can fall back on, and the log lines.
+    """
 
     def __init__(
         self,
@@ -96,19 +101,18 @@ class PolicyStore:
         self.snapshot_dir = snapshot_dir
         self._on_loaded = on_loaded
         self._on_refused = on_refused
-        self._current: PolicySet | None = None
-        self._seen_digest: str | None = None     # last digest acted upon (loaded or refused)
-        self._check_lock = threading.Lock()      # one check at a time; readers never take it
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._texts: loading.Texts = []             # what the last successful load read (for the snapshot)
+        self._watch: filewatch.LastGood[PolicySet | None] = filewatch.LastGood(
+            fingerprint=lambda: folder_digest(self.directory), load=self._load, initial=None,
+            refuse=(GpugateError,), recheck=True, interval=0, on_loaded=self._loaded, on_refused=self._refused)
 
     def current(self) -> PolicySet | None:
         """The set to answer with (None until one valid set has loaded). One read, no lock."""
-        return self._current
+        return self._watch.current
 
     @property
     def ready(self) -> bool:
-        return self._current is not None
+        return self._watch.current is not None
 
     def check(self, *, attempts: int = 5) -> ReloadOutcome:
         """Reload if the folder's content differs from the last content acted upon.
@@ -117,49 +121,40 @@ class PolicyStore:
         again at once, up to ``attempts`` times: a worker starting during a swap must not serve
         without any policy set until the next tick.
         """
-        outcome = self._check_once()
-        for _ in range(attempts - 1):
-            if outcome.loaded or outcome.error != CHANGED_WHILE_LOADING:
-                break
-            outcome = self._check_once()
-        return outcome
+        outcome = self._watch.check(attempts=attempts)
+        current = self._watch.current
+        return ReloadOutcome(changed=outcome.changed, loaded=outcome.loaded, error=outcome.error,
+                             revision=current.revision if outcome.loaded and current else "")
 
-    def _check_once(self) -> ReloadOutcome:
-        with self._check_lock:
-            before = folder_digest(self.directory)
-            if before == self._seen_digest:
-                return ReloadOutcome(changed=False)
-            try:
-                texts = self._read(self.directory)
-                loaded = loading.require_servable(parsing.parse(texts), self.directory, allow_empty=self.allow_empty)
-            except GpugateError as err:
-                return self._refuse(before, str(err))
-            except Exception as err:  # a loader bug must not kill the watcher; the old set serves on
-                _log.exception("policy load crashed", extra={"fields": {"directory": str(self.directory)}})
-                return self._refuse(before, f"{type(err).__name__}: {err}")
-            if folder_digest(self.directory) != before:
-                # Changed while loading (e.g. a ConfigMap swap in the middle): retry next tick.
-                return ReloadOutcome(changed=True, error=CHANGED_WHILE_LOADING)
-            previous, self._current = self._current, loaded
-            self._seen_digest = before
-            self._save_snapshot(texts)
-            logs.log_event(_log, "policy set loaded", directory=str(self.directory),
-                           revision=loaded.revision, previous=previous.revision if previous else None,
-                           policies=[p.name for p in loaded.policies])
-            if self._on_loaded:
-                self._on_loaded(loaded, previous)
-            return ReloadOutcome(changed=True, loaded=True, revision=loaded.revision)
+    def _load(self) -> PolicySet:
+        try:
+            texts = self._read(self.directory)
+            loaded = loading.require_servable(parsing.parse(texts), self.directory, allow_empty=self.allow_empty)
+        except GpugateError:
+            raise
+        except Exception as err:  # a loader bug must not kill the watcher; the old set serves on
+            _log.exception("policy load crashed", extra={"fields": {"directory": str(self.directory)}})
+            raise GpugateError(f"{type(err).__name__}: {err}") from err
+        self._texts = texts
+        return loaded
 
-    def _refuse(self, digest: str, message: str) -> ReloadOutcome:
-        self._seen_digest = digest  # one log line and one count per distinct bad content
-        if self._current is None:
+    def _loaded(self, loaded: PolicySet | None, previous: PolicySet | None) -> None:
+        assert loaded is not None
+        self._save_snapshot(self._texts)
+        logs.log_event(_log, "policy set loaded", directory=str(self.directory),
+                       revision=loaded.revision, previous=previous.revision if previous else None,
+                       policies=[p.name for p in loaded.policies])
+        if self._on_loaded:
+            self._on_loaded(loaded, previous)
+
+    def _refused(self, message: str) -> None:
+        if self._watch.current is None:
             self._serve_snapshot()
-        serving = self._current.revision if self._current else None
+        current = self._watch.current
         logs.log_event(_log, "policy reload refused", logging.ERROR, directory=str(self.directory),
-                       error=message, serving=serving)
+                       error=message, serving=current.revision if current else None)
         if self._on_refused:
             self._on_refused(message)
-        return ReloadOutcome(changed=True, error=message)
 
     def _save_snapshot(self, texts: loading.Texts) -> None:
         """Copy the accepted files to the snapshot folder: a new folder, then one rename over the old."""
@@ -191,7 +186,7 @@ class PolicyStore:
         except (GpugateError, OSError, IndexError) as err:
             logs.log_event(_log, "the last good policy set could not be read", logging.WARNING, error=str(err))
             return
-        self._current = loaded
+        self._watch.adopt(loaded)
         logs.log_event(_log, "serving the last good policy set", logging.WARNING, directory=str(self.directory),
                        revision=loaded.revision, policies=[p.name for p in loaded.policies])
         if self._on_loaded:
@@ -199,21 +194,7 @@ class PolicyStore:
 
     def start(self, interval: float) -> None:
         """Poll the folder every ``interval`` seconds on a daemon thread of this process."""
-        if self._thread is not None or interval <= 0:
-            return
-
-        def run() -> None:
-            while not self._stop.wait(interval):
-                try:
-                    self.check()
-                except Exception:  # never let the watcher die silently
-                    _log.exception("policy watcher failed", extra={"fields": {"directory": str(self.directory)}})
-
-        self._thread = threading.Thread(target=run, name="gpugate-policy-watch", daemon=True)
-        self._thread.start()
+        self._watch.start(interval, name="gpugate-policy-watch")
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._watch.stop()

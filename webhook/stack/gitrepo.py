@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from webhook.errors import GpugateError
-from webhook.stack.plan import REVERTS_TRAILER, TRAILER
+from webhook.stack.messages import REVERTS_TRAILER, TRAILER
 
 GIT_TIMEOUT_SECONDS = 60
 

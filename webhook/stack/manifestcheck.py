@@ -120,20 +120,25 @@ def validate_objects(
                 "(wrong apiVersion or kind)"
             )
             continue
-        if not use_schemas:
-            continue
-        assert schema_root is not None
-        schema_file = Path(schema_root) / "json" / group / f"{kind.lower()}_{version}.json"
-        if not schema_file.is_file():
-            problems.append(f"{label}: no schema for {api_version} {kind} (looked for {schema_file})")
-            continue
-        if schema_file not in schema_cache:
-            schema_cache[schema_file] = _strict(json.loads(schema_file.read_text()))
-        schema = schema_cache[schema_file]
-        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
-        errors = sorted(validator_cls(schema).iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
-        problems.extend(f"{label}: {_where(e.absolute_path)}{e.message}" for e in errors)
+        if use_schemas:
+            assert schema_root is not None
+            problems += _custom_resource_problems(obj, label, Path(schema_root) / "json" / group,
+                                                  api_version, kind, version, schema_cache)
     return problems
+
+
+def _custom_resource_problems(obj: KubeObject, label: str, folder: Path, api_version: str, kind: str, version: str,
+                              schema_cache: dict[Path, Any]) -> list[str]:
+    """A custom resource checked against its CRD's schema (``<folder>/<kind>_<version>.json``), strictly."""
+    schema_file = folder / f"{kind.lower()}_{version}.json"
+    if not schema_file.is_file():
+        return [f"{label}: no schema for {api_version} {kind} (looked for {schema_file})"]
+    if schema_file not in schema_cache:
+        schema_cache[schema_file] = _strict(json.loads(schema_file.read_text()))
+    schema = schema_cache[schema_file]
+    validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    errors = sorted(validator_cls(schema).iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{label}: {_where(e.absolute_path)}{e.message}" for e in errors]
 
 
 def _label(obj: Any) -> str:

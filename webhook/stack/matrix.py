@@ -7,7 +7,7 @@ from importlib import resources
 
 import yaml
 
-from webhook.stack.compat import Matrix
+from webhook.stack.releases import Matrix
 
 
 @lru_cache(maxsize=1)

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
-from webhook.stack.compat import OperatorVersion, driver_branch, parse_minor
+from webhook.stack.releases import OperatorVersion, driver_branch, parse_minor
 
 API_VERSION = "gpugate.io/v1alpha1"
 KIND = "GPUStack"

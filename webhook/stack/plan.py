@@ -1,7 +1,9 @@
 """Plan a stack change: the checks it must pass and the commits it takes. Pure: data in, Plan out.
 
-``plan_upgrade`` and ``plan_promote`` never touch files or git; ``webhook.stack.upgrade`` turns a
-passing plan into edited files and one commit, and ``gpugate stack plan`` only prints it.
+``plan_upgrade``, ``plan_sync`` and ``plan_promote`` (and ``rollback.plan_rollback``) work out the
+stack a change leaves behind and run the rules of ``webhook.stack.checks`` their action takes; they
+never touch files or git. ``webhook.stack.upgrade`` turns a passing plan into edited files and one
+commit (its message: ``webhook.stack.messages``), and ``gpugate stack plan`` only prints it.
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ from typing import Any
 
 from webhook.errors import GpugateError
 from webhook.stack import compat
-from webhook.stack.compat import Check, Matrix, OperatorVersion
+from webhook.stack.checks import (
+    NO_WAIVERS,
+    PROMOTE,
+    SYNC,
+    UPGRADE,
+    Change,
+    ExistingDrivers,
+    Waivers,
+    changed_pools,
+    run_checks,
+)
+from webhook.stack.compat import Check
 from webhook.stack.model import Pool, Stack
+from webhook.stack.releases import Matrix, OperatorVersion, driver_branch, parse_minor
 
-TRAILER = "Gpugate-Stack"
-"""The git trailer that marks a stack commit; its value is the action (upgrade, promote, rollback)."""
-REVERTS_TRAILER = "Gpugate-Reverts"
-
-ExistingDrivers = Mapping[str, Mapping[str, Any]]
-"""NVIDIADriver objects already in Git (and so in the cluster), by CR name."""
+__all__ = ["ExistingDrivers", "Plan", "Request", "Step", "Waivers", "plan_promote", "plan_sync", "plan_upgrade"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,9 +41,7 @@ class Request:
     driver: str | None = None
     pool: str | None = None
     kubernetes: str | None = None
-    allow_unvalidated_driver: bool = False
-    allow_unlisted_driver: bool = False
-    allow_driver_downgrade: bool = False
+    waivers: Waivers = NO_WAIVERS
     driver_management: str | None = None
 
 
@@ -73,139 +80,99 @@ class Plan:
         return dataclasses.replace(self, checks=self.checks + extra)
 
 
-def _fail(name: str, reason: str, subject: str = "") -> Check:
+def fail(name: str, reason: str, subject: str = "") -> Check:
+    """A failed check named ``name``; a planner's refusal before any rule runs."""
     return Check(name=name, ok=False, reason=reason, subject=subject)
 
 
-def _driver_checks(matrix: Matrix, release: compat.Release, stack: Stack, pools: list[str],
-                   allow_unvalidated: bool, allow_unlisted: bool) -> list[Check]:
-    checks: list[Check] = []
-    for name in pools:
-        pool = stack.pool(name)
-        checks.append(compat.check_driver_published(matrix, release, pool=name, driver=pool.driver,
-                                                    use_precompiled=pool.use_precompiled,
-                                                    allow_unlisted=allow_unlisted))
-        checks.append(compat.check_driver_validated(release, pool=name, driver=pool.driver,
-                                                    allow_unvalidated=allow_unvalidated))
-        checks.append(compat.check_mig_mixed(matrix, pool=name, driver=pool.driver,
-                                             mixes_mig_and_full=pool.mig_and_full_gpus))
-    return checks
+def _refused(action: str, current: Stack, check: Check) -> Plan:
+    return Plan(action=action, current=current, steps=(), checks=(check,))
 
 
-def _driver_path_checks(current: Stack, final: Stack, allow_downgrade: bool) -> list[Check]:
-    """For every pool whose driver changes: an upgrade, or a downgrade that needs --allow-driver-downgrade."""
-    before = {p.name: p.driver for p in current.pools}
-    return [compat.check_driver_path(pool=p.name, current=before[p.name], target=p.driver,
-                                     allow_downgrade=allow_downgrade)
-            for p in final.pools if p.name in before and before[p.name] != p.driver]
+def _upgrade_scope(current: Stack, request: Request, target: OperatorVersion, target_mode: str) -> Check | None:
+    """The ``--pool`` verdict of an upgrade (None without --pool): only that pool's NVIDIADriver changes."""
+    if request.pool is None:
+        return None
+    problem = ""
+    if request.pool not in {p.name for p in current.pools}:
+        problem = f"stack.yaml has no pool {request.pool!r} (pools: {', '.join(p.name for p in current.pools)})"
+    elif current.management != "nvidiadriver" or target_mode != "nvidiadriver":
+        problem = "--pool needs per-pool drivers (driver.management nvidiadriver); the ClusterPolicy has one driver"
+    elif target != current.operator_version:
+        problem = (f"--pool upgrades only that pool's NVIDIADriver, but --operator {target} differs from "
+                   f"the stack's {current.operator_version}; upgrade the operator for all pools first")
+    elif request.driver is None:
+        problem = "--pool needs --driver (the version the pool's NVIDIADriver moves to)"
+    if problem:
+        return fail("pool-scope", problem, request.pool)
+    return Check(name="pool-scope", subject=request.pool, ok=True,
+                 reason=f"only NVIDIADriver {current.pool(request.pool).resource_name} changes")
 
 
-def _immutable_checks(stack: Stack, existing: ExistingDrivers) -> list[Check]:
-    if stack.management != "nvidiadriver":
-        return []
-    checks = []
-    for pool in stack.pools:
-        old = existing.get(pool.resource_name)
-        if old is None:
-            continue
-        new = {"driverType": pool.driver_type, "usePrecompiled": pool.use_precompiled}
-        checks.append(compat.check_immutable(cr_name=pool.resource_name, old=old.get("spec") or {}, new=new))
-    return checks
-
-
-def _pool_rules(stack: Stack) -> Check:
-    try:
-        stack.check_pools()
-    except GpugateError as err:
-        return _fail("pools", str(err))
-    return Check(name="pools", ok=True, reason=f"{len(stack.pools)} pool(s) with distinct names and selectors")
-
-
-def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: ExistingDrivers) -> Plan:
-    """Check an upgrade of the operator and/or drivers and split it into the commits it needs."""
-    checks: list[Check] = []
-    try:
-        target_version = OperatorVersion.parse(request.operator)
-        minor = compat.parse_minor(request.kubernetes) if request.kubernetes else current.kubernetes_minor
-        if request.driver is not None:
-            compat.driver_branch(request.driver)
-    except GpugateError as err:
-        return Plan(action="upgrade", current=current, steps=(), checks=(_fail("arguments", str(err)),))
-    try:
-        release = matrix.release(target_version)
-    except GpugateError as err:
-        return Plan(action="upgrade", current=current, steps=(), checks=(_fail("release-known", str(err)),))
-    try:
-        matrix.release(current.operator_version)
-    except GpugateError as err:
-        return Plan(action="upgrade", current=current, steps=(),
-                    checks=(_fail("release-known", f"stack.yaml declares an unknown release: {err}"),))
-    target_mode = request.driver_management or current.management
-
-    checks.append(compat.check_release_path(matrix, current.operator_version, target_version))
-    checks.append(compat.check_kubernetes(release, minor))
-
-    pools_changed: list[str] = []
+def _upgrade_final(current: Stack, request: Request, target: OperatorVersion, minor: int,
+                   target_mode: str) -> tuple[Stack, list[str]]:
+    """The stack an upgrade leaves behind, and the pools whose driver it sets."""
     if request.pool is not None:
-        scope_problem = ""
-        if request.pool not in {p.name for p in current.pools}:
-            scope_problem = (f"stack.yaml has no pool {request.pool!r} "
-                             f"(pools: {', '.join(p.name for p in current.pools)})")
-        elif current.management != "nvidiadriver" or target_mode != "nvidiadriver":
-            scope_problem = ("--pool needs per-pool drivers (driver.management nvidiadriver); "
-                             "the ClusterPolicy has one driver")
-        elif target_version != current.operator_version:
-            scope_problem = (f"--pool upgrades only that pool's NVIDIADriver, "
-                             f"but --operator {target_version} differs from "
-                             f"the stack's {current.operator_version}; upgrade the operator for all pools first")
-        elif request.driver is None:
-            scope_problem = "--pool needs --driver (the version the pool's NVIDIADriver moves to)"
-        if scope_problem:
-            checks.append(_fail("pool-scope", scope_problem, request.pool))
-            return Plan(action="upgrade", current=current, steps=(), checks=tuple(checks))
-        checks.append(Check(name="pool-scope", subject=request.pool, ok=True,
-                            reason=f"only NVIDIADriver {current.pool(request.pool).resource_name} changes"))
         pools_changed = [request.pool]
-    elif request.driver is not None:
-        pools_changed = [p.name for p in current.pools]
-
-    final = current.replace(operator_version=target_version, kubernetes_minor=minor, management=target_mode)
+    else:
+        pools_changed = [p.name for p in current.pools] if request.driver is not None else []
+    final = current.replace(operator_version=target, kubernetes_minor=minor, management=target_mode)
     for name in pools_changed:
         final = final.with_pool(name, driver=request.driver)
     if target_mode == "nvidiadriver" and current.management == "clusterpolicy" and len(final.pools) == 1:
         final = final.with_pool(final.pools[0].name, default=True, node_selector={})
+    return final, pools_changed
 
-    checks.append(compat.check_driver_management(matrix, current=current.operator_version,
-                                                 current_mode=current.management, target=target_version,
-                                                 target_mode=target_mode))
-    checks.append(_pool_rules(final))
-    checks += _driver_path_checks(current, final, request.allow_driver_downgrade)
-    driver_pools = [p.name for p in final.pools] if target_version != current.operator_version else pools_changed
-    checks += _driver_checks(matrix, release, final, driver_pools, request.allow_unvalidated_driver,
-                             request.allow_unlisted_driver)
-    checks += _immutable_checks(final, existing)
-    if target_version != current.operator_version:
-        checks += compat.check_component_overrides(release, final.components)
 
+def _upgrade_steps(matrix: Matrix, current: Stack, final: Stack, request: Request) -> tuple[Step, ...]:
+    """One commit, or two when the driver moves to NVIDIADriver from a release older than the move needs."""
     count = compat.migration_steps(matrix, current=current.operator_version, current_mode=current.management,
-                                   target=target_version, target_mode=target_mode)
-    steps: tuple[Step, ...]
-    if count == 2:
-        first = final.replace(management=current.management)
-        if len(first.pools) == 1:
-            first = first.with_pool(first.pools[0].name, default=current.pools[0].default,
-                                    node_selector=current.pools[0].node_selector)
-        steps = (
-            Step(action="upgrade", stack=first,
-                 title=f"upgrade gpu-operator {current.operator_version} -> {target_version} (step 1 of 2)",
-                 note="ClusterPolicy keeps managing the driver; sync and wait for Healthy before step 2"),
-            Step(action="upgrade", stack=final,
-                 title=f"move the driver to NVIDIADriver per pool at {target_version} (step 2 of 2)",
-                 note="made by running the same command again once step 1 is synced and healthy"),
-        )
-    else:
-        steps = (Step(action="upgrade", stack=final, title=_upgrade_title(current, final, request)),)
-    return Plan(action="upgrade", current=current, steps=steps, checks=tuple(checks))
+                                   target=final.operator_version, target_mode=final.management)
+    if count != 2:
+        return (Step(action="upgrade", stack=final, title=_upgrade_title(current, final, request)),)
+    first = final.replace(management=current.management)
+    if len(first.pools) == 1:
+        first = first.with_pool(first.pools[0].name, default=current.pools[0].default,
+                                node_selector=current.pools[0].node_selector)
+    return (
+        Step(action="upgrade", stack=first,
+             title=f"upgrade gpu-operator {current.operator_version} -> {final.operator_version} (step 1 of 2)",
+             note="ClusterPolicy keeps managing the driver; sync and wait for Healthy before step 2"),
+        Step(action="upgrade", stack=final,
+             title=f"move the driver to NVIDIADriver per pool at {final.operator_version} (step 2 of 2)",
+             note="made by running the same command again once step 1 is synced and healthy"),
+    )
+
+
+def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: ExistingDrivers) -> Plan:
+    """Check an upgrade of the operator and/or drivers and split it into the commits it needs."""
+    try:
+        target = OperatorVersion.parse(request.operator)
+        minor = parse_minor(request.kubernetes) if request.kubernetes else current.kubernetes_minor
+        if request.driver is not None:
+            driver_branch(request.driver)
+    except GpugateError as err:
+        return _refused(UPGRADE, current, fail("arguments", str(err)))
+    try:
+        release = matrix.release(target)
+    except GpugateError as err:
+        return _refused(UPGRADE, current, fail("release-known", str(err)))
+    try:
+        matrix.release(current.operator_version)
+    except GpugateError as err:
+        return _refused(UPGRADE, current, fail("release-known", f"stack.yaml declares an unknown release: {err}"))
+    target_mode = request.driver_management or current.management
+    scope = _upgrade_scope(current, request, target, target_mode)
+    if scope is not None and not scope.ok:
+        change = Change(action=UPGRADE, matrix=matrix, release=release, current=current, scope=scope,
+                        final=current.replace(operator_version=target, kubernetes_minor=minor))
+        return Plan(action=UPGRADE, current=current, steps=(), checks=tuple(run_checks(change, through="pool-scope")))
+    final, pools_changed = _upgrade_final(current, request, target, minor, target_mode)
+    pools = [p.name for p in final.pools] if target != current.operator_version else pools_changed
+    change = Change(action=UPGRADE, matrix=matrix, release=release, current=current, final=final,
+                    pools=tuple(pools), existing=existing, waivers=request.waivers, scope=scope)
+    return Plan(action=UPGRADE, current=current, steps=_upgrade_steps(matrix, current, final, request),
+                checks=tuple(run_checks(change)))
 
 
 def _upgrade_title(current: Stack, final: Stack, request: Request) -> str:
@@ -265,193 +232,63 @@ def check_previous_step_healthy(cluster_policies: Sequence[Mapping[str, Any]] | 
         return Check(name=name, ok=True, reason=f"ClusterPolicy {ready[0].get('metadata', {}).get('name')} is ready")
     states = ", ".join(f"{(p.get('metadata') or {}).get('name')}={(p.get('status') or {}).get('state', '(no status)')}"
                        for p in cluster_policies) or "no ClusterPolicy"
-    return _fail(name, f"step 1 is not healthy yet ({states}); wait for ClusterPolicy ready before moving the driver")
+    return fail(name, f"step 1 is not healthy yet ({states}); wait for ClusterPolicy ready before moving the driver")
 
 
-def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, allow_unvalidated_driver: bool,
-              existing: ExistingDrivers, allow_unlisted_driver: bool = False,
-              allow_driver_downgrade: bool = False) -> Plan:
+def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, existing: ExistingDrivers,
+              waivers: Waivers = NO_WAIVERS) -> Plan:
     """Check a hand edit of stack.yaml (``current`` = HEAD, ``edited`` = the working tree) by the same rules.
 
     For what has no command of its own: a pool's upgradePolicy (pause with autoUpgrade: false),
     a new pool, a new crName. Anything a command can do takes the same checks here.
     """
-    checks: list[Check] = []
     try:
         release = matrix.release(edited.operator_version)
         matrix.release(current.operator_version)
     except GpugateError as err:
-        return Plan(action="sync", current=current, steps=(), checks=(_fail("release-known", str(err)),))
-    checks.append(compat.check_release_path(matrix, current.operator_version, edited.operator_version))
-    checks.append(compat.check_kubernetes(release, edited.kubernetes_minor))
-    checks.append(compat.check_driver_management(matrix, current=current.operator_version,
-                                                 current_mode=current.management, target=edited.operator_version,
-                                                 target_mode=edited.management))
-    if compat.migration_steps(matrix, current=current.operator_version, current_mode=current.management,
-                              target=edited.operator_version, target_mode=edited.management) > 1:
-        checks.append(_fail("driver-management", "a hand edit cannot move the driver to NVIDIADriver and upgrade "
-                                                 "the operator in one commit; use `gpugate stack upgrade "
-                                                 "--driver-management nvidiadriver`, which plans the two commits"))
-    checks.append(_pool_rules(edited))
-    checks += _driver_path_checks(current, edited, allow_driver_downgrade)
-    old = {p.name: p.driver for p in current.pools}
-    pools = [p.name for p in edited.pools
-             if edited.operator_version != current.operator_version or old.get(p.name) != p.driver]
-    checks += _driver_checks(matrix, release, edited, pools, allow_unvalidated_driver, allow_unlisted_driver)
-    checks += _immutable_checks(edited, existing)
-    step = Step(action="sync", stack=edited,
+        return _refused(SYNC, current, fail("release-known", str(err)))
+    change = Change(action=SYNC, matrix=matrix, release=release, current=current, final=edited,
+                    pools=changed_pools(current, edited), existing=existing, waivers=waivers)
+    step = Step(action=SYNC, stack=edited,
                 title="sync " + _upgrade_title(current, edited, Request(operator="")).removeprefix("upgrade "))
-    return Plan(action="sync", current=current, steps=(step,), checks=tuple(checks))
+    return Plan(action=SYNC, current=current, steps=(step,), checks=tuple(run_checks(change)))
 
 
-def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, allow_unvalidated_driver: bool,
-                 existing: ExistingDrivers, allow_unlisted_driver: bool = False,
-                 allow_driver_downgrade: bool = False) -> Plan:
-    """Carry the ``source`` pool's driver to pool ``to`` (or every other pool with ``all``) in one commit."""
+def _promote_targets(current: Stack, source: str, to: str) -> tuple[list[str], str]:
+    """The pools a promote carries the driver to, or the reason it cannot."""
     names = [p.name for p in current.pools]
     if current.management != "nvidiadriver":
-        return Plan(action="promote", current=current, steps=(),
-                    checks=(_fail("pool-scope", "promote needs per-pool drivers (driver.management nvidiadriver)"),))
+        return [], "promote needs per-pool drivers (driver.management nvidiadriver)"
     if source not in names:
-        return Plan(action="promote", current=current, steps=(),
-                    checks=(_fail("pool-scope", f"stack.yaml has no pool {source!r} (pools: {', '.join(names)})"),))
+        return [], f"stack.yaml has no pool {source!r} (pools: {', '.join(names)})"
     targets = [n for n in names if n != source] if to == "all" else [to]
-    problem = ""
     if to != "all" and to not in names:
-        problem = f"stack.yaml has no pool {to!r} (pools: {', '.join(names)})"
-    elif to == source:
-        problem = f"--from and --to are both {source}"
-    elif not targets:
-        problem = f"there is no pool other than {source}"
+        return [], f"stack.yaml has no pool {to!r} (pools: {', '.join(names)})"
+    if to == source:
+        return [], f"--from and --to are both {source}"
+    if not targets:
+        return [], f"there is no pool other than {source}"
+    return targets, ""
+
+
+def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, existing: ExistingDrivers,
+                 waivers: Waivers = NO_WAIVERS) -> Plan:
+    """Carry the ``source`` pool's driver to pool ``to`` (or every other pool with ``all``) in one commit."""
+    targets, problem = _promote_targets(current, source, to)
     if problem:
-        return Plan(action="promote", current=current, steps=(), checks=(_fail("pool-scope", problem),))
+        return _refused(PROMOTE, current, fail("pool-scope", problem))
     driver = current.pool(source).driver
     final = current
     for name in targets:
         final = final.with_pool(name, driver=driver)
-    release = matrix.release(current.operator_version)
-    checks = [Check(name="pool-scope", ok=True, reason=f"driver {driver} from pool {source} to {', '.join(targets)}")]
-    checks += _driver_path_checks(current, final, allow_driver_downgrade)
-    checks += _driver_checks(matrix, release, final, targets, allow_unvalidated_driver, allow_unlisted_driver)
-    checks += _immutable_checks(final, existing)
+    scope = Check(name="pool-scope", ok=True, reason=f"driver {driver} from pool {source} to {', '.join(targets)}")
+    change = Change(action=PROMOTE, matrix=matrix, release=matrix.release(current.operator_version),
+                    current=current, final=final, pools=tuple(targets), existing=existing, waivers=waivers,
+                    scope=scope)
     lowered = sorted({current.pool(n).driver for n in targets
                       if compat.is_driver_downgrade(current.pool(n).driver, driver)})
     title = f"promote driver {driver} from pool {source} to {'all pools' if to == 'all' else 'pool ' + to}"
     if lowered:
         title += f" (a downgrade from {', '.join(lowered)})"
-    step = Step(action="promote", stack=final, title=title)
-    return Plan(action="promote", current=current, steps=(step,), checks=tuple(checks))
-
-
-# ---------------------------------------------------------------------------- commit messages
-
-
-def _summary(stack: Stack) -> str:
-    pools = " ".join(f"{p.name}={p.driver}" for p in stack.pools)
-    return (f"operator={stack.operator_version} kubernetes=1.{stack.kubernetes_minor} "
-            f"management={stack.management} {pools}")
-
-
-def changes(before: Stack, after: Stack) -> list[str]:
-    """Human lines ``what: from -> to`` for every declared version that differs."""
-    old, new = before.versions(), after.versions()
-    lines = [f"{key}: {old.get(key, '(none)')} -> {new.get(key, '(none)')}"
-             for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]
-    return lines
-
-
-def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, ...] = ()) -> str:
-    """The structured message of the plan's first commit: title, changes, checks passed, trailers."""
-    step = plan.steps[0]
-    body = [f"gpugate stack: {step.title}"[:200], ""]
-    if plan.reverts:
-        body += [f"This rolls back stack commit {plan.reverts}.", ""]
-        if plan.reverts_why:
-            body += [f"Chosen: {plan.reverts_why}.", ""]
-    body += ["Changes:"]
-    body += [f"  {line}" for line in changes(plan.current, step.stack)]
-    body += ["", "Files:"] + [f"  {path}" for path in files]
-    body += ["", "Checks passed:"]
-    body += [f"  {c.label}: {c.reason}" for c in plan.checks + extra_checks]
-    warnings = plan.warnings + tuple(c.warning for c in extra_checks if c.warning)
-    if warnings:
-        body += ["", "Warnings:"] + [f"  {w}" for w in warnings]
-    if plan.cannot_undo:
-        body += ["", "Cannot undo:"] + [f"  {line}" for line in plan.cannot_undo]
-    if len(plan.steps) > 1:
-        body += ["", "Next:"] + [f"  {s.title}: {s.note}" for s in plan.steps[1:]]
-    body += ["", f"{TRAILER}: {step.action}"]
-    if plan.reverts:
-        body += [f"{REVERTS_TRAILER}: {plan.reverts}"]
-    body += [f"Gpugate-Stack-From: {_summary(plan.current)}", f"Gpugate-Stack-To: {_summary(step.stack)}"]
-    return "\n".join(body) + "\n"
-
-
-# ---------------------------------------------------------------------------- rollback
-
-
-def cannot_undo(current: Stack, target: Stack) -> list[str]:
-    """What moving the stack from ``current`` back to ``target`` does not restore (said, never hidden)."""
-    lines: list[str] = []
-    if target.operator_version < current.operator_version:
-        lines.append(f"gpu-operator {current.operator_version} -> {target.operator_version} is a downgrade: NVIDIA "
-                     f"supports upgrades only (within a release line or to the next), so this path is untested")
-        lines.append(f"the CRDs go back too: the Application renders the chart with --include-crds, so Argo CD "
-                     f"applies {target.operator_version}'s crds/ over {current.operator_version}'s "
-                     f"(operator.upgradeCRD: false only disables the chart's CRD-upgrade hook); fields only the "
-                     f"newer CRDs declare are pruned from ClusterPolicy and NVIDIADriver objects on their next "
-                     f"write, and whatever the newer operator stored in them is lost")
-    if current.management == "nvidiadriver" and target.management == "clusterpolicy":
-        names = ", ".join(p.resource_name for p in current.pools)
-        lines.append(f"the NVIDIADriver CRs {names} are pruned and the ClusterPolicy takes the driver back: every "
-                     f"GPU node's driver pod is replaced, and the operator's nvidia.com/gpu-operator.driver.owner "
-                     f"labels stay on the nodes until it clears them")
-    before = {p.name: p for p in current.pools}
-    moved = [p.name for p in target.pools if p.name in before and p.driver != before[p.name].driver]
-    if moved or target.operator_version != current.operator_version:
-        lines.append(f"drivers are replaced through the same node-by-node upgrade state machine "
-                     f"(pools {', '.join(moved) or 'all, with the operator'}): GPU pods are evicted again; a node "
-                     f"left in upgrade-failed stays there until relabelled upgrade-required")
-    gone = [p.name for p in current.pools if p.name not in {q.name for q in target.pools}]
-    if gone:
-        lines.append(f"pool(s) {', '.join(gone)} disappear: their NVIDIADrivers are pruned and their nodes fall back "
-                     f"to the default pool's driver")
-    lines.append("node labels and annotations set by hand (nvidia.com/gpu-driver-upgrade.skip, pool labels) and "
-                 "changes made outside stack.yaml are not rolled back")
-    return lines
-
-
-def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, subject: str, why: str = "",
-                  allow_operator_downgrade: bool, allow_unvalidated_driver: bool, allow_unlisted_driver: bool,
-                  existing: ExistingDrivers) -> Plan:
-    """Check going back from ``current`` to ``target`` (stack.yaml before commit ``sha``) like any change.
-
-    The cluster keeps its Kubernetes minor, so ``target`` takes ``current``'s; everything else of
-    ``target`` is restored and run through the same checks an upgrade takes, plus the downgrade rule.
-    """
-    target = target.replace(kubernetes_minor=current.kubernetes_minor)
-    title = "rollback " + subject.removeprefix("gpugate stack: ")
-    try:
-        release = matrix.release(target.operator_version)
-        matrix.release(current.operator_version)
-    except GpugateError as err:
-        return Plan(action="rollback", current=current, steps=(), checks=(_fail("release-known", str(err)),),
-                    reverts=sha, reverts_why=why)
-    checks: list[Check] = [
-        compat.check_rollback_path(matrix, current.operator_version, target.operator_version,
-                                   allow_downgrade=allow_operator_downgrade),
-        compat.check_kubernetes(release, current.kubernetes_minor),
-        compat.check_driver_management(matrix, current=current.operator_version,
-                                       current_mode=current.management, target=target.operator_version,
-                                       target_mode=target.management),
-        _pool_rules(target),
-    ]
-    before = {p.name: p.driver for p in current.pools}
-    pools = [p.name for p in target.pools
-             if target.operator_version != current.operator_version or before.get(p.name) != p.driver]
-    checks += _driver_checks(matrix, release, target, pools, allow_unvalidated_driver, allow_unlisted_driver)
-    checks += _immutable_checks(target, existing)
-    undo = tuple(cannot_undo(current, target))
-    step = Step(action="rollback", stack=target, title=title)
-    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks), reverts=sha,
-                reverts_why=why, cannot_undo=undo)
+    step = Step(action=PROMOTE, stack=final, title=title)
+    return Plan(action=PROMOTE, current=current, steps=(step,), checks=tuple(run_checks(change)))

@@ -18,9 +18,10 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
-from webhook.stack import chartrender, manifests, site, verify
+from webhook.stack import chartrender, manifests, messages, rollback, site, verify
 from webhook.stack import matrix as matrix_data
 from webhook.stack import plan as planning
+from webhook.stack.checks import NO_WAIVERS, Waivers
 from webhook.stack.compat import Check
 from webhook.stack.gitrepo import Repo, StackCommit
 from webhook.stack.model import Stack
@@ -123,26 +124,21 @@ def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path 
     return _prepare(repo, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
 
 
-def prepare_promote(repo: Path, *, source: str, to: str, allow_unvalidated_driver: bool,
-                    schema_root: Path | None, allow_unlisted_driver: bool = False,
-                    chart: verify.ChartSettings | None = None, allow_driver_downgrade: bool = False,
-                    canary_gate: Check | None = None) -> Prepared:
+def prepare_promote(repo: Path, *, source: str, to: str, schema_root: Path | None, waivers: Waivers = NO_WAIVERS,
+                    chart: verify.ChartSettings | None = None, canary_gate: Check | None = None) -> Prepared:
     """``canary_gate``: the cluster's verdict on the source pool (``canary_watch.gate_check``), one more
     check of the plan (and a line of the commit message)."""
     stack = manifests.load_stack(repo)
     existing = manifests.existing_drivers(manifests.read_files(repo))
-    plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to,
-                                 allow_unvalidated_driver=allow_unvalidated_driver, existing=existing,
-                                 allow_unlisted_driver=allow_unlisted_driver,
-                                 allow_driver_downgrade=allow_driver_downgrade)
+    plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to, existing=existing,
+                                 waivers=waivers)
     if canary_gate is not None:
         plan = dataclasses.replace(plan, checks=(*plan.checks, canary_gate))
     return _prepare(repo, plan, schema_root=schema_root, chart=chart)
 
 
-def prepare_sync(repo: Repo, *, allow_unvalidated_driver: bool, schema_root: Path | None,
-                 allow_unlisted_driver: bool = False, chart: verify.ChartSettings | None = None,
-                 allow_driver_downgrade: bool = False, for_commit: bool = True) -> Prepared:
+def prepare_sync(repo: Repo, *, schema_root: Path | None, waivers: Waivers = NO_WAIVERS,
+                 chart: verify.ChartSettings | None = None, for_commit: bool = True) -> Prepared:
     """Plan a commit of a hand-edited stack.yaml against the stack.yaml of HEAD."""
     root = repo.root
     head_text = repo.show_file("HEAD", manifests.STACK_FILE)
@@ -153,10 +149,7 @@ def prepare_sync(repo: Repo, *, allow_unvalidated_driver: bool, schema_root: Pat
     files = manifests.read_files(root)
     files[manifests.STACK_FILE] = head_text.encode()
     existing = manifests.existing_drivers(files)
-    plan = planning.plan_sync(matrix_data.load(), current, edited,
-                              allow_unvalidated_driver=allow_unvalidated_driver, existing=existing,
-                              allow_unlisted_driver=allow_unlisted_driver,
-                              allow_driver_downgrade=allow_driver_downgrade)
+    plan = planning.plan_sync(matrix_data.load(), current, edited, existing=existing, waivers=waivers)
     return _prepare(root, plan, schema_root=schema_root, base=files, chart=chart, for_commit=for_commit)
 
 
@@ -179,7 +172,7 @@ def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
             raise GpugateError("re-validation after writing failed: "
                                + "; ".join(f"{c.label}: {c.reason}" for c in failed))
         paths = sorted(prepared.changes)
-        message = planning.commit_message(prepared.plan, files=paths,
+        message = messages.commit_message(prepared.plan, files=paths,
                                           extra_checks=prepared.checks[len(prepared.plan.checks):])
         return repo.commit(paths, message)
     except BaseException:
@@ -240,8 +233,7 @@ def _stack_at(repo: Repo, rev: str) -> Stack | None:
     return Stack.from_yaml(text)
 
 
-def prepare_rollback(repo: Repo, *, allow_operator_downgrade: bool, allow_unvalidated_driver: bool,
-                     allow_unlisted_driver: bool, schema_root: Path | None,
+def prepare_rollback(repo: Repo, *, schema_root: Path | None, waivers: Waivers = NO_WAIVERS,
                      chart: verify.ChartSettings | None = None, for_commit: bool = True) -> Prepared:
     """Plan going back to stack.yaml as it was before the newest not-yet-undone stack commit."""
     root = repo.root
@@ -258,11 +250,9 @@ def prepare_rollback(repo: Repo, *, allow_operator_downgrade: bool, allow_unvali
                            f"stack tool; going back to before it would undo those changes too: edit stack.yaml by "
                            f"hand and run `gpugate stack sync`")
     existing = manifests.existing_drivers(manifests.read_files(root))
-    plan = planning.plan_rollback(matrix_data.load(), current, before, sha=target_commit.sha,
-                                  subject=target_commit.subject, why=choice.why(),
-                                  allow_operator_downgrade=allow_operator_downgrade,
-                                  allow_unvalidated_driver=allow_unvalidated_driver,
-                                  allow_unlisted_driver=allow_unlisted_driver, existing=existing)
+    plan = rollback.plan_rollback(matrix_data.load(), current, before, sha=target_commit.sha,
+                                  subject=target_commit.subject, why=choice.why(), waivers=waivers,
+                                  existing=existing)
     return _prepare(root, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
 
 
@@ -282,7 +272,7 @@ def plan_as_dict(prepared: Prepared) -> dict:
         # Only a plan that passes makes commits: a failed one lists none (not "[this run]" above a FAIL).
         "commits": [] if not prepared.ok else [
             {"title": step.title,
-             "changes": planning.changes(plan.current if i == 0 else plan.steps[i - 1].stack, step.stack),
+             "changes": messages.changes(plan.current if i == 0 else plan.steps[i - 1].stack, step.stack),
              "files": list(prepared.step_files[i]) if i < len(prepared.step_files) else [],
              "made_by_this_run": i == 0, "note": step.note}
             for i, step in enumerate(plan.steps)

@@ -21,9 +21,10 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
-from webhook.stack.compat import Check, OperatorVersion
+from webhook.stack.compat import Check
 from webhook.stack.manifests import DRIVERS_DIR, VALUES_FILE
 from webhook.stack.model import Stack
+from webhook.stack.releases import OperatorVersion
 
 NVIDIADRIVER_CRD_FILE = "nvidia.com_nvidiadrivers.yaml"
 

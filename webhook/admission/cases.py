@@ -12,6 +12,9 @@ The pod is mutated, the patch applied, the result validated, and the result muta
 must not change: the webhook is reinvoked). ``gpugate policy test`` and the pytest suite call
 this same runner, so the CLI cannot drift from CI. Revisions in the policy annotation are
 written ``NAME@REVISION`` in expected files, so a policy edit does not rewrite every golden file.
+
+It runs the admission chain, so it lives with admission: ``webhook/policy/`` sits below admission
+and imports nothing of it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""What the e2e modules that run ``gpugate balance`` share: its namespace, its RBAC as shipped, its /metrics.
+
+``rbac_applied`` applies the ServiceAccount and RBAC exactly as ``kubectl kustomize
+manifests/balancer`` renders them (in the shared gpugate-system namespace) and deletes them on
+the way out; ``scrape`` reads one metric from a process's plaintext /metrics, summed over the
+series whose labels match. Used by test_balancer.py, test_inventory.py and test_extender.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+from tests.e2e.cluster import Cluster
+from tests.e2e.namespaces import shared_namespace
+from tests.e2e.webhook_fixture import kustomize
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "gpugate-system"
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+def kubectl_stdout(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    """``kubectl --kubeconfig <cluster> ARGS`` with ``stdin``; fails the test on a non-zero exit."""
+    done = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@contextmanager
+def rbac_applied(cluster: Cluster) -> Iterator[str]:
+    """The balancer's ServiceAccount and RBAC as shipped, applied for the block; yields their YAML."""
+    docs = [d for d in kustomize(ROOT / "manifests" / "balancer") if d["kind"] in RBAC_KINDS]
+    assert {d["kind"] for d in docs} == set(RBAC_KINDS)
+    text = yaml.safe_dump_all(docs)
+    with shared_namespace(cluster.core(), NAMESPACE):
+        kubectl_stdout(cluster, "apply", "-f", "-", stdin=text)
+        try:
+            yield text
+        finally:
+            kubectl_stdout(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+
+
+def scrape(port: int, name: str, **labels: str) -> float:
+    """The sum of metric ``name``'s series on 127.0.0.1:``port``/metrics whose labels include ``labels``."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    text = opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + " ", name + "{")) and all(w in line for w in want))
