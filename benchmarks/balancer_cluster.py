@@ -450,7 +450,7 @@ def start_balancer(plane: controlplane.ControlPlane, core: client.CoreV1Api, tmp
 
 
 def wait(condition: Callable[[], bool], *, timeout: float, what: str, balancer: Balancer | None = None,
-         guard: MemoryGuard | None = None) -> float:
+         guard: MemoryGuard | None = None, every: float = 0.1) -> float:
     """Seconds until ``condition`` holds; raises after ``timeout``, when the balancer exits or memory runs low."""
     began = time.monotonic()
     while not condition():
@@ -460,7 +460,7 @@ def wait(condition: Callable[[], bool], *, timeout: float, what: str, balancer: 
             raise RuntimeError(f"stopped for memory: {guard.tripped}")
         if time.monotonic() - began > timeout:
             raise RuntimeError(f"{what}: not after {timeout:.0f} s")
-        time.sleep(0.1)
+        time.sleep(every)
     return time.monotonic() - began
 
 
@@ -579,7 +579,8 @@ def main() -> int:
         took = etcd.put(len(shapes), bound_pod, "pods")
         print(f"{len(shapes)} pods in etcd in {took:.0f} s ({len(shapes) / took:.0f}/s)", flush=True)
         took += wait(lambda: cached(plane, "pods") >= len(shapes) and cached(plane, "nodes") >= args.nodes,
-                     timeout=3600, what="every object in the API server's watch cache", guard=guard)
+                     timeout=3600, what="every object in the API server's watch cache", guard=guard,
+                     every=3.0)  # /metrics costs the API server CPU it needs for taking the objects in
         gpu_pods = sum(1 for _, gpus, _ in shapes if gpus)
         sample = orjson.loads(core.list_namespaced_pod(NAMESPACE, limit=200, _preload_content=False).data)["items"]
         pod_kb = sum(len(orjson.dumps(p)) for p in sample) / max(len(sample), 1) / 1024
