@@ -614,7 +614,9 @@ def main() -> int:
             labelling = delta(apiserver_counts(plane), counts_before)
             cpu_labelled, (rss_labelled, _) = cpu_seconds(balancer.proc.pid), rss_mb(balancer.proc.pid)
             first_writes = len(seen.changes)
-            print(f"all nodes labelled {to_labelled:.1f} s after the balancer started", flush=True)
+            print(f"all nodes labelled {to_labelled:.1f} s after the balancer started (caches synced at "
+                  f"{synced[0]:.1f} s; balancer CPU {cpu_labelled:.1f} s, RSS {rss_labelled:.0f} MB; "
+                  f"{labelling.get('429', 0):.0f} 429s, {labelling.get('rejected', 0):.0f} APF rejections)", flush=True)
             time.sleep(2.0)
             offsets = itertools.count(10_000_000, 1_000_000)
             results: dict[str, dict[str, float]] = {}
@@ -623,7 +625,8 @@ def main() -> int:
                 for placement in PLACEMENTS:
                     results[f"{short} {placement}"] = burst(bulk, plane, balancer, seen, free, args.burst, interval,
                                                             next(offsets), placement, rng)
-                    print(f"  burst done: {short} {placement}", flush=True)
+                    print(f"  burst done: {short} {placement}: " + json.dumps(results[f"{short} {placement}"]),
+                          flush=True)  # a run cut short still leaves its figures
 
             bursts(f"{DEFAULT_INTERVAL:g}s", DEFAULT_INTERVAL)
             cpu_default, (_, peak_default) = cpu_seconds(balancer.proc.pid), rss_mb(balancer.proc.pid)
