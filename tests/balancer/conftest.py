@@ -23,6 +23,7 @@ def fast_settings(**changes: Any) -> BalancerSettings:
         lease=LeaseSettings(**{"name": "gpugate-balancer", "namespace": "gpugate-system", "identity": "replica-a",
                                "duration": 1.0, "renew_deadline": 0.7, "retry_period": 0.15, **lease}),
         resync_interval=30.0, watch_timeout=5, backoff_initial=0.05, backoff_max=0.2, health_bind="127.0.0.1:0",
+        write_interval=0.2,  # every change of marks but their first waits this long (10 s by default)
         # Off unless a test is about it: the fake serves no PriorityClasses until a test registers them.
         inventory=InventorySettings(enabled=False),
     )

@@ -128,13 +128,15 @@ def test_an_empty_gpu_node_has_nothing_free() -> None:
 
 
 @pytest.mark.parametrize(("labels", "want", "expected"), [
-    ({GPU_FREE_LABEL: "6", GPU_LOAD_LABEL: "idle"}, ("5", "idle", False), False),   # gpu-free only: may wait
-    ({GPU_FREE_LABEL: "6", GPU_LOAD_LABEL: "idle"}, ("3", "busy", False), True),    # a tier change
-    ({GPU_FREE_LABEL: "0", GPU_LOAD_LABEL: "congested"}, ("0", "congested", True), True),  # the taint
+    ({GPU_FREE_LABEL: "6", GPU_LOAD_LABEL: "idle"}, ("5", "idle", False), False),   # gpu-free only: waits
+    ({GPU_FREE_LABEL: "6", GPU_LOAD_LABEL: "idle"}, ("3", "busy", False), False),   # a tier change waits too
+    ({GPU_FREE_LABEL: "0", GPU_LOAD_LABEL: "congested"}, ("0", "congested", True), False),  # so does the taint
     ({}, ("8", "idle", False), True),                                              # first marks
+    ({GPU_FREE_LABEL: "8"}, ("8", "idle", False), True),                            # a mark missing
     ({GPU_FREE_LABEL: "8", GPU_LOAD_LABEL: "idle"}, (None, None, False), True),     # marks removed
 ])
-def test_a_write_is_urgent_when_the_tier_the_taint_or_the_marks_presence_changes(labels, want, expected) -> None:
+def test_only_marks_appearing_or_going_away_are_urgent(labels, want, expected) -> None:
+    """Issue 28: at most one Node write per node per write_interval; a tier change is no exception."""
     info = node_info(node(labels=labels))
     assert marks.urgent(info, marks.Marks(*want)) is expected
 

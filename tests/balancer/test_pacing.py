@@ -47,7 +47,7 @@ class TestWriteSchedule:
         schedule.want("gpu-1", "free=4", urgent=False)
         assert schedule.due(10.0) == ["gpu-1"] and schedule.take("gpu-1") == "free=4"
         schedule.written("gpu-1", "free=4", 10.0)
-        schedule.want("gpu-1", "load=congested", urgent=True)   # a tier change does not wait
+        schedule.want("gpu-1", "marks=gone", urgent=True)   # an urgent change (marks.urgent) does not wait
         assert schedule.due(10.1) == ["gpu-1"]
 
     def test_a_value_that_changed_while_it_was_sent_stays_pending(self) -> None:

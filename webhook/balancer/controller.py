@@ -9,7 +9,7 @@ Hysteresis needs the previous tier: that is the node's own ``gpugate.io/gpu-load
 new leader continues exactly where the old one stopped.
 
 Writes are coalesced per node (``backoff.WriteSchedule``: the latest wanted marks win, a node is
-patched at most once per ``write_interval`` unless its tier changes) and paced by a token bucket
+patched at most once per ``write_interval``; only marks appearing or going away go at once) and paced by a token bucket
 (``write_qps``, ``write_burst``); a 429 pauses every writer for its ``Retry-After``.
 """
 

@@ -127,10 +127,19 @@ def node_patch(node: NodeInfo, marks: Marks) -> dict[str, Any] | None:
 
 
 def urgent(node: NodeInfo, marks: Marks) -> bool:
-    """True when the change may not wait for the node's write interval: its tier (``gpu-load``),
-    the taint, or our marks appearing or going away. A ``gpu-free`` change alone can wait."""
-    return (node.label(GPU_LOAD_LABEL) != marks.load or node.has_congested_taint != marks.tainted
-            or (node.label(GPU_FREE_LABEL) is None) != (marks.free is None))
+    """True when the change may not wait for the node's write interval: our marks appearing (a new
+    GPU node is steered at once) or going away (it is no GPU node any more).
+
+    Everything else waits, a change of tier (``gpu-load``) and of the taint as much as one of
+    ``gpu-free``: each Node write goes to every watcher of all nodes (kube-scheduler,
+    kube-controller-manager, node agents), so a node is written at most once per
+    ``write_interval`` (issue 28). On the real API server the old rule (a tier change at once)
+    wrote packed nodes twice within the interval (benchmarks/balancer_cluster.py --code-before).
+    The labels are preferences: they lag the node's pods by at most the interval, and the
+    scheduler's own resource fit never lets a pod onto a node that is full.
+    """
+    return (node.label(GPU_FREE_LABEL) is None) != (marks.free is None) or \
+        (node.label(GPU_LOAD_LABEL) is None) != (marks.load is None)
 
 
 def after_patch(node: NodeInfo, marks: Marks) -> NodeInfo:

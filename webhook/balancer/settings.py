@@ -145,10 +145,10 @@ class BalancerSettings:
     write_burst: int = 400
     """Patches that may go out at once after a quiet spell (client-go's ratio: twice the rate)."""
     write_interval: float = 10.0
-    """Seconds a node waits after its last patch before another one that changes only ``gpu-free``;
-    a change of tier (``gpu-load``, the taint, a node gaining or losing its marks) goes out at
-    once. Within the interval the latest wanted labels replace older ones, so a burst of 20,000
-    pod events costs each node one or two patches, not one per event."""
+    """Seconds a node waits after its last patch before the next one, whatever changed (``gpu-free``,
+    the tier, the taint); only a node gaining or losing its marks is written at once. Within the
+    interval the latest wanted labels replace older ones, so a burst of pod events costs each node
+    at most one patch per interval, and every watcher of all nodes one event (issue 28)."""
     stream_lists: bool = True
     """List through a watch with ``sendInitialEvents`` (Kubernetes' streaming list) where the API
     server allows it: objects arrive one per line, so the pods that hold no GPU are skipped
