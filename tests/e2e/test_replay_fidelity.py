@@ -113,9 +113,13 @@ def test_real_allocation_is_within_two_points_of_the_model(report: Report) -> No
 
 
 WORLD_PODS_PER_LIST = 10
-WORLD_RUNS = 2
-"""Real runs per world. At this load (~85% of the slice's GPUs asked) the model's allocation varies
-by 0.4 (timeslice) and 0.7 (dra) point between seeds (12 seeds): two runs against the median of 20."""
+WORLD_RUNS = {"timeslice": 6, "dra": 2}
+"""Real runs per world. Every real decision is among the model's best in both worlds (the lockstep
+test), so what is left between real and model allocation is kube-scheduler's random tie-breaks: on
+this slice one GPU is 0.54 point, and single real runs spread 58.1-59.5 in timeslice (six runs over
+three sessions) against 77.8-78.2 in dra. Two timeslice runs against the model's median of 20 seeds
+missed the 0.5-point bound in one session of three (-0.74); six runs (about 18 s each) put the mean's
+spread near 0.2 point. A dra run takes about 65 s and its runs agree within 0.4 point."""
 WORLD_LOCKSTEP = 99.0
 WORLD_BOUND = 0.5
 
@@ -127,7 +131,7 @@ def world_report(request: pytest.FixtureRequest, cluster: Cluster) -> WorldRepor
     pod_files = every_pod_file()
     spec = SliceSpec(nodes=32, pods=WORLD_PODS_PER_LIST * len(pod_files), seed=42, pod_files=pod_files,
                      model_seeds=MODEL_SEEDS, sharing=request.param)
-    found = world_fidelity(cluster, spec, repeats=WORLD_RUNS, log=print)
+    found = world_fidelity(cluster, spec, repeats=WORLD_RUNS[request.param], log=print)
     print(found.text(examples=20))
     return found
 
