@@ -22,7 +22,7 @@ def _grants(rules: list[dict]) -> set[tuple[str, str, str, tuple[str, ...]]]:
             for verb in rule["verbs"]}
 
 
-def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_its_lease_and_its_inventory() -> None:
+def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_claim_templates_its_lease_and_its_inventory() -> None:
     objs = render_variant("balancer")
     cluster_role = one(objs, "ClusterRole", "gpugate-balancer")
     assert _grants(cluster_role["rules"]) == {
@@ -32,6 +32,8 @@ def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_its_lease_and_
         # DRA: read only, the two kinds the counting reads (issue 24).
         *{("resource.k8s.io", resource, verb, ()) for resource in ("resourceslices", "resourceclaims")
           for verb in ("get", "list", "watch")},
+        # Right-sizing through DRA: the template a right-sized pod names, create only (issue 25).
+        ("resource.k8s.io", "resourceclaimtemplates", "create", ()),
     }
     role = one(objs, "Role", "gpugate-balancer")
     assert role["metadata"]["namespace"] == NAMESPACE

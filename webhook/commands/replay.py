@@ -70,7 +70,8 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--taint-congested", is_flag=True, help="Model the balancer's optional congested PreferNoSchedule taint.")
 @click.option("--device-allocation", type=click.Choice(["distributed", "packed"]), default="packed",
               show_default=True, help="How the NVIDIA device plugin picks the GPU for a time-sliced share "
-                                      "(packed, its --shared-devices-allocation-policy packed from v0.20.0, is "
+                                      "(packed, its --shared-devices-allocation-policy packed from v0.20.0, config "
+                                      "flags.plugin.sharedDevicesAllocationPolicy, is "
                                       "what manifests/gpu-operator's time-slicing-4 sets; distributed is the "
                                       "plugin's own default). The dra world ignores it: the scheduler allocates "
                                       "DRA devices first fit.")
