@@ -75,13 +75,6 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 @pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
-@pytest.fixture(scope="module")
 def server(local: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpugateServer]:
     workdir = tmp_path_factory.mktemp("rightsizing-dra")
     policies = workdir / "policies"

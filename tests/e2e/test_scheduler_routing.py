@@ -40,13 +40,6 @@ POOL = "e2e.gpugate.io/routing-pool"
 GPUGATE = names.EXTENDER_SCHEDULER_NAME
 
 
-@pytest.fixture(scope="module")
-def local(cluster: Cluster) -> Cluster:
-    if cluster.plane is None:
-        pytest.skip("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
-    return cluster
-
-
 def routed_policies(destination: Path) -> Path:
     """The files policies/extender/kustomization.yaml puts in the ConfigMap, as the Deployment mounts them."""
     destination.mkdir(parents=True)
