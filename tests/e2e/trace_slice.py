@@ -413,20 +413,28 @@ def lockstep(slice_: Slice, views: Sequence[PodView | None], real: Sequence[Outc
     for view, outcome, source in zip(views, real, sources, strict=True):
         if view is None:
             continue
-        nodes, parts = scores(profile, cluster, view)
-        total = sum(parts.values(), np.zeros(len(nodes), dtype=np.int64))
-        best = set(nodes[total == total.max()].tolist()) if len(nodes) else set()
-        chosen = None if outcome.node is None else index[outcome.node]
-        agreed = (chosen is None and not best) or (chosen is not None and chosen in best)
-        if len(nodes) > 1:
-            result.best_shares.append(len(best) / len(nodes))
-        result.count(source, agreed)
-        if not agreed:
-            result.disagreements.append(_explain(cluster, outcome, chosen, nodes, parts, best))
+        chosen, explained = _judge(result, profile, cluster, view, outcome, index, source)
+        if explained:
+            result.disagreements.append(explained)
         if chosen is not None:
             cluster.state.bind(chosen, view.demand, KubeScheduler.devices(cluster, chosen, view.demand))
             relabeler.placed(cluster, chosen)
     return result
+
+
+def _judge(result: Lockstep, profile: Profile, cluster: KubeCluster, view: PodView, outcome: Outcome,
+           index: dict[str, int], source: str) -> tuple[int | None, str]:
+    """Whether the real decision for ``view`` is among the model's best nodes, counted in ``result``:
+    the node it chose (None when the real scheduler found none) and, when they disagree, why."""
+    nodes, parts = scores(profile, cluster, view)
+    total = sum(parts.values(), np.zeros(len(nodes), dtype=np.int64))
+    best = set(nodes[total == total.max()].tolist()) if len(nodes) else set()
+    chosen = None if outcome.node is None else index[outcome.node]
+    agreed = (chosen is None and not best) or (chosen is not None and chosen in best)
+    if len(nodes) > 1:
+        result.best_shares.append(len(best) / len(nodes))
+    result.count(source, agreed)
+    return chosen, "" if agreed else _explain(cluster, outcome, chosen, nodes, parts, best)
 
 
 def _explain(cluster: KubeCluster, outcome: Outcome, chosen: int | None, nodes: np.ndarray,
@@ -753,17 +761,10 @@ def world_lockstep(slice_: Slice, world: World, views: Sequence[PodView], real: 
     result = Lockstep()
     sources = slice_.sources or (("",) * len(real))
     for view, outcome, source in zip(views, real, sources, strict=True):
-        nodes, parts = scores(DEFAULT_PROFILE, cluster, view)
-        total = sum(parts.values(), np.zeros(len(nodes), dtype=np.int64))
-        best = set(nodes[total == total.max()].tolist()) if len(nodes) else set()
-        chosen = None if outcome.node is None else index[outcome.node]
-        agreed = (chosen is None and not best) or (chosen is not None and chosen in best)
-        if len(nodes) > 1:
-            result.best_shares.append(len(best) / len(nodes))
-        result.count(source, agreed)
+        chosen, explained = _judge(result, DEFAULT_PROFILE, cluster, view, outcome, index, source)
         kind = "share" if view.demand.shares_gpu else f"{view.demand.num_gpu} GPU(s)"
-        if not agreed:
-            result.disagreements.append(f"[{kind}] " + _explain(cluster, outcome, chosen, nodes, parts, best))
+        if explained:
+            result.disagreements.append(f"[{kind}] " + explained)
         if chosen is not None:
             fits_here = bool(cluster.state.fits(view.demand)[chosen])
             modelled = KubeScheduler.devices(cluster, chosen, view.demand, world.device_policy) if fits_here else None
