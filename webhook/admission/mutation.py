@@ -16,6 +16,7 @@ from typing import Any
 
 from webhook import names
 from webhook.admission import affinity, claimladder, patches, rightsizing
+from webhook.admission.results import Mutation
 from webhook.errors import InputError
 from webhook.kube import affinity as kube_affinity
 from webhook.kube import claims, pods, resources, rightsizedclaims
@@ -64,22 +65,6 @@ all five (docs/placement.md)."""
 MAX_GPUS_PER_POD = 64
 """No node offers more GPUs than this (8 on HGX and DGX systems; an NVL72 rack's 72 are never one
 node), so a gpus label asking more is a typo such as "1k": it is refused, not injected."""
-
-
-@dataclass(frozen=True, slots=True)
-class Mutation:
-    """Everything one mutation decided: the desired pod, the patch to it and why.
-
-    ``denials`` are reasons to refuse the pod at mutation (the webhook answers allowed: false):
-    asks no node can satisfy, which must not be written into the pod first.
-    """
-
-    desired: Pod
-    patch: tuple[PatchOp, ...]
-    policy: PolicyRef | None
-    warnings: tuple[str, ...] = ()
-    mode: str = "enforce"
-    denials: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
