@@ -10,7 +10,8 @@ import logging
 import time
 from typing import Any
 
-from flask import Response, jsonify, request
+import orjson
+from flask import Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from webhook import logs
@@ -30,16 +31,20 @@ def refuse(endpoint: str, code: int, message: str, started: float, fields: dict[
         # makes the kernel reset it and the client would never see the 413. Bounded, so a
         # client streaming without end is cut off instead.
         discard(request.environ.get("wsgi.input"), DRAIN_LIMIT_BYTES)
+    response = Response(refusal(endpoint, code, message, started, fields), code, content_type="application/json")
+    if drain:
+        response.headers["Connection"] = "close"
+    return response
+
+
+def refusal(endpoint: str, code: int, message: str, started: float, fields: dict[str, Any]) -> bytes:
+    """Count and log a refused request; the JSON error body that answers it."""
     result = "too_large" if code == 413 else "bad_request"
     metrics.ADMISSIONS.labels(endpoint, "", "", result).inc()
     metrics.DURATION.labels(endpoint, result, "").observe(time.perf_counter() - started)
     logs.log_admission(_admission_log, {**fields, "result": result, "error": message,
                                         "duration_ms": round((time.perf_counter() - started) * 1000, 3)})
-    response = jsonify(error=message, code=code)
-    response.status_code = code
-    if drain:
-        response.headers["Connection"] = "close"
-    return response
+    return orjson.dumps({"error": message, "code": code})
 
 
 def read(limit: int) -> bytes | None:

@@ -117,6 +117,7 @@ _OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
 
 def _admit(endpoint: str) -> Response:
+    """The Flask route: reads the body under the limit, then ``admit`` answers it."""
     started = time.perf_counter()
     st = state()
     limit = st.settings.max_body_bytes
@@ -132,10 +133,16 @@ def _admit(endpoint: str) -> Response:
                                   fields)
     if body is None:  # a chunked body that grew past the limit
         return requestbody.refuse(endpoint, 413, f"body exceeds the {limit}-byte limit", started, fields, drain=True)
+    status, body_out = admit(st, endpoint, body, started)
+    return Response(body_out, status, content_type="application/json")
+
+
+def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[int, bytes]:
+    """One review's answer from its body: (200, review) or (400, error); logged and counted."""
     try:
         review = reviews.decode(body)
     except BadReview as err:
-        return requestbody.refuse(endpoint, 400, str(err), started, fields)
+        return 400, requestbody.refusal(endpoint, 400, str(err), started, {"endpoint": endpoint})
 
     try:
         decision = _decide(st, endpoint, review)
@@ -169,7 +176,7 @@ def _admit(endpoint: str) -> Response:
         "duration_ms": round(duration * 1000, 3),
         **({"error": decision.error} if decision.error else {}),
     })
-    return Response(body_out, 200, content_type="application/json")
+    return 200, body_out
 
 
 def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> answers.Decision:
