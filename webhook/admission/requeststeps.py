@@ -143,11 +143,8 @@ def right_size(pod: Pod, context: StepContext) -> None:
         right_size_claim(pod, ask, context)
         return
     choice = rightsizing.choose(ask, sizing, context.inventory, context.now)
-    if isinstance(choice, str):
-        context.deny(f"pod '{pods.display_name(pod)}' {choice}")
-        return
-    container = target_container(pod, context)
-    if container is None:
+    container = _sized_container(pod, choice, context)
+    if container is None or isinstance(choice, str):
         return
     container = context.set_request(pod, container, "requests", choice.resource, "1")
     context.set_request(pod, container, "limits", choice.resource, "1")
@@ -175,11 +172,8 @@ def right_size_claim(pod: Pod, ask: kube_demand.Size, context: StepContext) -> N
     made = claimladder.ladder(ask, sizing, selectors=claimladder.required_selectors(context.policy),
                               min_memory_mib=context.policy.gpu.min_memory_mib,
                               labels={names.PROFILE_LABEL: profile} if profile else None)
-    if isinstance(made, str):
-        context.deny(f"pod '{pods.display_name(pod)}' {made}")
-        return
-    container = target_container(pod, context)
-    if container is None:
+    container = _sized_container(pod, made, context)
+    if container is None or isinstance(made, str):
         return
     container = context.own(pod, container)
     resources = child(container, "resources", dict)
@@ -192,3 +186,12 @@ def right_size_claim(pod: Pod, ask: kube_demand.Size, context: StepContext) -> N
     annotations[names.CLAIM_TEMPLATE_ANNOTATION] = rightsizedclaims.encode(made.template)
     context.note(f"right-sized {ask.describe()} to ResourceClaimTemplate {made.name} (claim "
                  f"'{names.RIGHTSIZED_CLAIM}' on container '{container.get('name')}'): {made.why}")
+
+
+def _sized_container(pod: Pod, sized: object, context: StepContext) -> dict[str, Any] | None:
+    """The container a right-sized ask goes on; None when ``sized`` is a denial (the pod is refused
+    with it) or the pod has no such container."""
+    if isinstance(sized, str):
+        context.deny(f"pod '{pods.display_name(pod)}' {sized}")
+        return None
+    return target_container(pod, context)
