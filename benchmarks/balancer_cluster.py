@@ -288,7 +288,8 @@ class NodeWatch:
     error: str = ""
 
     def labelled(self) -> int:
-        return sum(1 for free, load in self.marks.values() if free is not None and load is not None)
+        marks = list(self.marks.values())  # the watch thread adds to it meanwhile
+        return sum(1 for free, load in marks if free is not None and load is not None)
 
     def run(self, api: client.ApiClient, version: str) -> None:
         core = client.CoreV1Api(api)
