@@ -303,6 +303,9 @@ class NodeWatch:
                     meta = obj.get("metadata") or {}
                     version = meta.get("resourceVersion") or version
                     if event.get("type") == "ERROR":
+                        if obj.get("code") == 410:  # fell behind the watch cache (a burst of re-puts): relist
+                            version = self.relist(core)
+                            break
                         raise RuntimeError(f"watch error: {obj}")
                     if event.get("type") != "MODIFIED":
                         continue
@@ -321,6 +324,20 @@ class NodeWatch:
                 if not self.stop.is_set():
                     self.error = repr(err)
                     time.sleep(1)
+
+
+    def relist(self, core: client.CoreV1Api) -> str:
+        """Every node's marks as listed now (no change is counted: the events in between are lost);
+        returns the list's resourceVersion to watch from."""
+        token = None
+        while True:
+            page = orjson.loads(core.list_node(limit=500, _continue=token, _preload_content=False).data)
+            for obj in page.get("items") or ():
+                labels = obj["metadata"].get("labels") or {}
+                self.marks[obj["metadata"]["name"]] = (labels.get(GPU_FREE_LABEL), labels.get(GPU_LOAD_LABEL))
+            token = page["metadata"].get("continue")
+            if not token:
+                return str(page["metadata"]["resourceVersion"])
 
 
 def too_close(changes: list[tuple[float, str, bool]], interval: float) -> tuple[int, float]:
@@ -404,6 +421,10 @@ def apply_rbac(kubeconfig: Path) -> None:
                    text=True, check=True, capture_output=True, timeout=120)
 
 
+STARTED: list[Balancer] = []
+"""Every balancer process this run started: stopped at the end, whatever happened."""
+
+
 @dataclass
 class Balancer:
     proc: subprocess.Popen[bytes]
@@ -447,7 +468,8 @@ def start_balancer(plane: controlplane.ControlPlane, core: client.CoreV1Api, tmp
              "--lease-namespace", SYSTEM, "--write-interval", str(interval),
              "--health-bind", f"127.0.0.1:{port}", "--log-level", "WARNING"],
             cwd=code, env={**os.environ, "PYTHONPATH": str(code)}, stdout=out, stderr=subprocess.STDOUT)
-    return Balancer(proc, port, log, time.monotonic())
+    STARTED.append(Balancer(proc, port, log, time.monotonic()))
+    return STARTED[-1]
 
 
 def wait(condition: Callable[[], bool], *, timeout: float, what: str, balancer: Balancer | None = None,
@@ -734,8 +756,8 @@ def main() -> int:
             tmp = Path(tmp_name)
             counts_before = apiserver_counts(plane)
             balancers_began = time.monotonic()
-            arms = [("before", args.code_before)] if args.code_before is not None else []
-            for n, (arm, code) in enumerate([*arms, ("after", args.code)]):
+            arms = [("after", args.code)] + ([("before", args.code_before)] if args.code_before is not None else [])
+            for n, (arm, code) in enumerate(arms):  # after first: a run cut short still has its figures
                 if n:  # every arm starts from unlabelled nodes, as stored at first
                     took = etcd.put(args.nodes, lambda i: (f"/registry/minions/{names[i]}", stored(
                         realistic_node(i, random.Random(args.seed * 1_000_003 + i)))))
@@ -744,9 +766,11 @@ def main() -> int:
                     print(f"  nodes stored unlabelled again in {took:.0f} s", flush=True)
                 balancer, firsts[arm] = first_labelling(plane, core, tmp, seen, args.nodes, guard, arm, code)
                 print(f"  first labelling, {arm}: " + json.dumps(firsts[arm]), flush=True)
-                if arm != "after":
-                    balancer.stop()
+                balancer.stop()
             if not args.labelling_only:
+                balancer = start_balancer(plane, core, tmp, DEFAULT_INTERVAL, "default", args.code)
+                wait(lambda b=balancer: metric(b.port, "gpugate_balancer_last_full_sync_timestamp_seconds") > 0,
+                     timeout=900, what="the default balancer's first pass", balancer=balancer, guard=guard)
                 time.sleep(2.0)
                 offsets = itertools.count(10_000_000, 1_000_000)
 
@@ -776,6 +800,9 @@ def main() -> int:
             if args.patch_cost:
                 costs = patch_costs(plane, names, min(args.patch_cost, args.nodes))
     finally:
+        for started in STARTED:
+            if started.proc.poll() is None:
+                started.stop()
         seen.stop.set()
         guard.stop.set()
         plane.stop()
