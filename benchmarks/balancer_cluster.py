@@ -33,6 +33,8 @@ its TTL controller, which annotates every node once the cluster grows past 100, 
 ``--memory-floor-gb``.
 
     python benchmarks/balancer_cluster.py [--nodes 5000] [--pods 150000] [--burst 2000]
+    python benchmarks/balancer_cluster.py --nodes 5000 --pods 20000 --labelling-only --patch-cost 300 \
+        --code-before /tmp/main     # the first labelling, main's and this checkout's, and a patch's cost
     python benchmarks/balancer_cluster.py --nodes 20 --pods 100 --burst 20      # shortest
 """
 
@@ -574,7 +576,7 @@ def first_labelling(plane: controlplane.ControlPlane, core: client.CoreV1Api, tm
     counts = delta(apiserver_counts(plane), counts_before)
     rss, _ = rss_mb(balancer.proc.pid)
     return balancer, {
-        "all labelled (s)": took, "caches synced (s)": marks.get("synced", 0.0),
+        "all nodes labelled (s)": took, "caches synced (s)": marks.get("synced", 0.0),
         "first labelled (s)": marks.get("first", 0.0),
         "balancer CPU (s)": cpu_seconds(balancer.proc.pid), "of which to sync": marks.get("cpu at sync", 0.0),
         "API server CPU (s)": process_cpu(plane, "kube-apiserver") - server_before,
