@@ -33,6 +33,8 @@ its TTL controller, which annotates every node once the cluster grows past 100, 
 ``--memory-floor-gb``.
 
     python benchmarks/balancer_cluster.py [--nodes 5000] [--pods 150000] [--burst 2000]
+    python benchmarks/balancer_cluster.py --nodes 5000 --pods 20000 --labelling-only --patch-cost 300 \
+        --code-before /tmp/main     # the first labelling, main's and this checkout's, and a patch's cost
     python benchmarks/balancer_cluster.py --nodes 20 --pods 100 --burst 20      # shortest
 """
 
@@ -52,7 +54,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,7 +290,8 @@ class NodeWatch:
     error: str = ""
 
     def labelled(self) -> int:
-        return sum(1 for free, load in self.marks.values() if free is not None and load is not None)
+        marks = list(self.marks.values())  # the watch thread adds to it meanwhile
+        return sum(1 for free, load in marks if free is not None and load is not None)
 
     def run(self, api: client.ApiClient, version: str) -> None:
         core = client.CoreV1Api(api)
@@ -302,6 +305,9 @@ class NodeWatch:
                     meta = obj.get("metadata") or {}
                     version = meta.get("resourceVersion") or version
                     if event.get("type") == "ERROR":
+                        if obj.get("code") == 410:  # fell behind the watch cache (a burst of re-puts): relist
+                            version = self.relist(core)
+                            break
                         raise RuntimeError(f"watch error: {obj}")
                     if event.get("type") != "MODIFIED":
                         continue
@@ -320,6 +326,20 @@ class NodeWatch:
                 if not self.stop.is_set():
                     self.error = repr(err)
                     time.sleep(1)
+
+
+    def relist(self, core: client.CoreV1Api) -> str:
+        """Every node's marks as listed now (no change is counted: the events in between are lost);
+        returns the list's resourceVersion to watch from."""
+        token = None
+        while True:
+            page = orjson.loads(core.list_node(limit=500, _continue=token, _preload_content=False).data)
+            for obj in page.get("items") or ():
+                labels = obj["metadata"].get("labels") or {}
+                self.marks[obj["metadata"]["name"]] = (labels.get(GPU_FREE_LABEL), labels.get(GPU_LOAD_LABEL))
+            token = page["metadata"].get("continue")
+            if not token:
+                return str(page["metadata"]["resourceVersion"])
 
 
 def too_close(changes: list[tuple[float, str, bool]], interval: float) -> tuple[int, float]:
@@ -403,6 +423,10 @@ def apply_rbac(kubeconfig: Path) -> None:
                    text=True, check=True, capture_output=True, timeout=120)
 
 
+STARTED: list[Balancer] = []
+"""Every balancer process this run started: stopped at the end, whatever happened."""
+
+
 @dataclass
 class Balancer:
     proc: subprocess.Popen[bytes]
@@ -446,7 +470,8 @@ def start_balancer(plane: controlplane.ControlPlane, core: client.CoreV1Api, tmp
              "--lease-namespace", SYSTEM, "--write-interval", str(interval),
              "--health-bind", f"127.0.0.1:{port}", "--log-level", "WARNING"],
             cwd=code, env={**os.environ, "PYTHONPATH": str(code)}, stdout=out, stderr=subprocess.STDOUT)
-    return Balancer(proc, port, log, time.monotonic())
+    STARTED.append(Balancer(proc, port, log, time.monotonic()))
+    return STARTED[-1]
 
 
 def wait(condition: Callable[[], bool], *, timeout: float, what: str, balancer: Balancer | None = None,
@@ -462,6 +487,113 @@ def wait(condition: Callable[[], bool], *, timeout: float, what: str, balancer: 
             raise RuntimeError(f"{what}: not after {timeout:.0f} s")
         time.sleep(every)
     return time.monotonic() - began
+
+
+def process_cpu(plane: controlplane.ControlPlane, name: str) -> float:
+    """CPU seconds one control-plane process has used so far (a figure this shared machine's load does
+    not inflate, unlike wall time)."""
+    return cpu_seconds(next(p.pid for p in plane.processes if p.name == name))
+
+
+PATCH_KINDS = (("strategic merge, JSON answer", "application/strategic-merge-patch+json", "application/json"),
+               ("JSON merge, JSON answer", "application/merge-patch+json", "application/json"),
+               ("strategic merge, protobuf answer", "application/strategic-merge-patch+json",
+                "application/vnd.kubernetes.protobuf"),
+               ("JSON merge, protobuf answer", "application/merge-patch+json", "application/vnd.kubernetes.protobuf"))
+PROBE_LABEL = "bench.gpugate.io/probe"
+"""What the patch-cost probe writes: not gpugate's labels, so the balancer's figures are untouched."""
+
+
+def patch_costs(plane: controlplane.ControlPlane, names: list[str], count: int) -> dict[str, float]:
+    """The API server's CPU milliseconds per Node label patch, by patch type and answer encoding:
+    ``count`` nodes patched by 8 writers (as the balancer's pool) for each kind, one after the other."""
+    port = int(plane.server.rsplit(":", 1)[1])
+    costs: dict[str, float] = {}
+    for n, (kind, content_type, accept) in enumerate(PATCH_KINDS):
+        todo = iter(names[:count])
+        lock = threading.Lock()
+
+        def work(value: int = n, content_type: str = content_type, accept: str = accept,
+                 todo: Iterator[str] = todo, lock: threading.Lock = lock) -> None:
+            connection = http.client.HTTPSConnection("127.0.0.1", port, context=plane.admin_ssl_context())
+            body = orjson.dumps({"metadata": {"labels": {PROBE_LABEL: str(value)}}})
+            while True:
+                with lock:
+                    name = next(todo, None)
+                if name is None:
+                    connection.close()
+                    return
+                connection.request("PATCH", f"/api/v1/nodes/{name}?fieldManager=bench", body,
+                                   {"Content-Type": content_type, "Accept": accept})
+                answer = connection.getresponse()
+                answer.read()
+                if answer.status != 200:
+                    raise RuntimeError(f"PATCH node {name}: {answer.status}")
+
+        time.sleep(3.0)  # the previous kind's watch events delivered
+        before = process_cpu(plane, "kube-apiserver")
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        time.sleep(3.0)
+        costs[kind] = (process_cpu(plane, "kube-apiserver") - before - 6.0 * idle_cpu(plane)) * 1000 / count
+        print(f"  patch cost, {kind}: {costs[kind]:.1f} ms of API server CPU per patch", flush=True)
+    return costs
+
+
+def idle_cpu(plane: controlplane.ControlPlane, seconds: float = 3.0) -> float:
+    """The API server's CPU seconds per second when nobody asks it anything (subtracted from a probe)."""
+    before = process_cpu(plane, "kube-apiserver")
+    time.sleep(seconds)
+    return (process_cpu(plane, "kube-apiserver") - before) / seconds
+
+
+def first_labelling(plane: controlplane.ControlPlane, core: client.CoreV1Api, tmp: Path, seen: NodeWatch,
+                    nodes: int, guard: MemoryGuard, arm: str, code: Path) -> tuple[Balancer, dict[str, float]]:
+    """Start a balancer (``code``'s) on unlabelled nodes; what it took until a watcher saw every node
+    labelled: wall time (to its caches' sync, to the first and the last node labelled), its CPU and
+    the API server's, the requests the API server served, and the balancer's writes."""
+    counts_before = apiserver_counts(plane)
+    changes_before = len(seen.changes)
+    server_before = process_cpu(plane, "kube-apiserver")
+    balancer = start_balancer(plane, core, tmp, DEFAULT_INTERVAL, arm, code)
+    guard.pids["balancer"] = balancer.proc.pid
+    marks: dict[str, float] = {}
+
+    def all_labelled() -> bool:
+        if "synced" not in marks and balancer.ready():
+            marks["synced"] = time.monotonic() - balancer.started
+            marks["cpu at sync"] = cpu_seconds(balancer.proc.pid)
+            marks["server cpu at sync"] = process_cpu(plane, "kube-apiserver") - server_before
+        labelled = seen.labelled()
+        if labelled and "first" not in marks:
+            marks["first"] = time.monotonic() - balancer.started
+        return labelled >= nodes
+
+    took = wait(all_labelled, timeout=1800, what=f"all nodes labelled ({arm})", balancer=balancer, guard=guard)
+    counts = delta(apiserver_counts(plane), counts_before)
+    rss, _ = rss_mb(balancer.proc.pid)
+    return balancer, {
+        "all nodes labelled (s)": took, "caches synced (s)": marks.get("synced", 0.0),
+        "first labelled (s)": marks.get("first", 0.0),
+        "balancer CPU (s)": cpu_seconds(balancer.proc.pid), "of which to sync": marks.get("cpu at sync", 0.0),
+        "API server CPU (s)": process_cpu(plane, "kube-apiserver") - server_before,
+        "of which to sync ": marks.get("server cpu at sync", 0.0),
+        "balancer RSS (MB)": rss, "node writes": float(len(seen.changes) - changes_before),
+        "requests/s, all": counts.get("requests", 0.0) / took,
+        "requests/s, balancer": counts.get("balancer", 0.0) / took,
+        "429s": counts.get("429", 0.0) + counts.get("rejected", 0.0),
+    }
+
+
+def print_firsts(firsts: dict[str, dict[str, float]]) -> None:
+    """The first labelling of each arm, side by side."""
+    print("\nfirst labelling of unlabelled nodes (goal: all within 60 s; no 429)")
+    print(f"{'':<34}" + "".join(f"{arm:>12}" for arm in firsts))
+    for key in next(iter(firsts.values())):
+        print(f"{key:<34}" + "".join(f"{figures[key]:>12.1f}" for figures in firsts.values()))
 
 
 # ---- a burst of binds and finishes ----------------------------------------------------------------------
@@ -523,6 +655,22 @@ def burst(bulk: Bulk, plane: controlplane.ControlPlane, balancer: Balancer, seen
     return figures
 
 
+def print_bursts(results: dict[str, dict[str, float]], count: int, code_before: Path | None) -> None:
+    print(f"\nburst of {count} one-GPU pods bound, then finished; per pod, unless said")
+    keys = ("writes per bind", "writes per finish", "events per bind", "events per finish", "nodes touched",
+            "tier writes", "free-only writes", "writes < interval apart", "shortest gap (s)",
+            "bind labels right (s)", "finish labels right (s)", "balancer req/s", "all req/s", "429s")
+    width = max(len(k) for k in results) + 2
+    print(f"{'':<26}" + "".join(f"{label:>{width}}" for label in results))
+    for key in keys:
+        print(f"{key:<26}" + "".join(f"{figures[key]:>{width}.2f}" for figures in results.values()))
+    print(f"(columns: write_interval {DEFAULT_INTERVAL:g} s (the default) or 0 (every change written)"
+          + (f", or the default of {code_before}" if code_before else "")
+          + "; pods packed onto the fullest nodes or spread over any with room. writes: changes of gpugate's "
+          "labels a Node watcher saw; events: every Node update event it saw; writes < interval apart: a node "
+          f"written again sooner than 0.9 x {DEFAULT_INTERVAL:g} s, goal 0 with the default)")
+
+
 # ---- the run ------------------------------------------------------------------------------------------
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -536,6 +684,12 @@ def main() -> int:
     parser.add_argument("--code-before", type=Path, metavar="DIR",
                         help="also burst with the default settings of another checkout's balancer, e.g. "
                              "`git archive main | tar -x -C /tmp/old` (before and after a change, one run)")
+    parser.add_argument("--code", type=Path, default=REPO, metavar="DIR",
+                        help="the checkout whose balancer is measured (default: this one)")
+    parser.add_argument("--patch-cost", type=int, default=0, metavar="N",
+                        help="at the end, patch N nodes per patch kind and print the API server's CPU per patch")
+    parser.add_argument("--labelling-only", action="store_true",
+                        help="measure the first labelling only, no bursts")
     args = parser.parse_args()
     found = binaries.paths()
     if found is None:
@@ -547,6 +701,9 @@ def main() -> int:
         controller_manager_args=NO_NODE_LIFECYCLE)).start()
     guard = MemoryGuard({p.name: p.pid for p in plane.processes}, args.memory_floor_gb * 1024).start()
     seen = NodeWatch()
+    firsts: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, float]] = {}
+    costs: dict[str, float] = {}
     try:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         core = client.CoreV1Api(api)
@@ -601,49 +758,53 @@ def main() -> int:
             tmp = Path(tmp_name)
             counts_before = apiserver_counts(plane)
             balancers_began = time.monotonic()
-            balancer = start_balancer(plane, core, tmp, DEFAULT_INTERVAL, "default")
-            guard.pids["balancer"] = balancer.proc.pid
-            synced = [0.0]
-
-            def all_labelled() -> bool:
-                if not synced[0] and balancer.ready():
-                    synced[0] = time.monotonic() - balancer.started
-                return seen.labelled() >= args.nodes
-
-            to_labelled = wait(all_labelled, timeout=900, what="all nodes labelled", balancer=balancer, guard=guard)
-            labelling = delta(apiserver_counts(plane), counts_before)
-            cpu_labelled, (rss_labelled, _) = cpu_seconds(balancer.proc.pid), rss_mb(balancer.proc.pid)
-            first_writes = len(seen.changes)
-            print(f"all nodes labelled {to_labelled:.1f} s after the balancer started (caches synced at "
-                  f"{synced[0]:.1f} s; balancer CPU {cpu_labelled:.1f} s, RSS {rss_labelled:.0f} MB; "
-                  f"{labelling.get('429', 0):.0f} 429s, {labelling.get('rejected', 0):.0f} APF rejections)", flush=True)
-            time.sleep(2.0)
-            offsets = itertools.count(10_000_000, 1_000_000)
-            results: dict[str, dict[str, float]] = {}
-
-            def bursts(short: str, interval: float) -> None:
-                for placement in PLACEMENTS:
-                    results[f"{short} {placement}"] = burst(bulk, plane, balancer, seen, free, args.burst, interval,
-                                                            next(offsets), placement, rng)
-                    print(f"  burst done: {short} {placement}: " + json.dumps(results[f"{short} {placement}"]),
-                          flush=True)  # a run cut short still leaves its figures
-
-            bursts(f"{DEFAULT_INTERVAL:g}s", DEFAULT_INTERVAL)
-            cpu_default, (_, peak_default) = cpu_seconds(balancer.proc.pid), rss_mb(balancer.proc.pid)
-            balancer.stop()
-            arms = [("0s", 0.0, REPO)] + ([("old", DEFAULT_INTERVAL, args.code_before)] if args.code_before else [])
-            for short, interval, code in arms:
-                balancer = start_balancer(plane, core, tmp, interval, short, code)
-                guard.pids["balancer"] = balancer.proc.pid
-                wait(lambda b=balancer: metric(b.port, "gpugate_balancer_last_full_sync_timestamp_seconds") > 0,
-                     timeout=900, what=f"the {short} balancer's first pass", balancer=balancer, guard=guard)
-                time.sleep(2.0)
-                bursts(short, interval)
+            arms = [("after", args.code)] + ([("before", args.code_before)] if args.code_before is not None else [])
+            for n, (arm, code) in enumerate(arms):  # after first: a run cut short still has its figures
+                if n:  # every arm starts from unlabelled nodes, as stored at first
+                    took = etcd.put(args.nodes, lambda i: (f"/registry/minions/{names[i]}", stored(
+                        realistic_node(i, random.Random(args.seed * 1_000_003 + i)))))
+                    wait(lambda: seen.labelled() == 0, timeout=900, what="nodes stored unlabelled again",
+                         guard=guard)
+                    print(f"  nodes stored unlabelled again in {took:.0f} s", flush=True)
+                balancer, firsts[arm] = first_labelling(plane, core, tmp, seen, args.nodes, guard, arm, code)
+                print(f"  first labelling, {arm}: " + json.dumps(firsts[arm]), flush=True)
                 balancer.stop()
+            if not args.labelling_only:
+                balancer = start_balancer(plane, core, tmp, DEFAULT_INTERVAL, "default", args.code)
+                wait(lambda b=balancer: metric(b.port, "gpugate_balancer_last_full_sync_timestamp_seconds") > 0,
+                     timeout=900, what="the default balancer's first pass", balancer=balancer, guard=guard)
+                time.sleep(2.0)
+                offsets = itertools.count(10_000_000, 1_000_000)
+
+                def bursts(short: str, interval: float) -> None:
+                    for placement in PLACEMENTS:
+                        results[f"{short} {placement}"] = burst(bulk, plane, balancer, seen, free, args.burst,
+                                                                interval, next(offsets), placement, rng)
+                        print(f"  burst done: {short} {placement}: " + json.dumps(results[f"{short} {placement}"]),
+                              flush=True)  # a run cut short still leaves its figures
+
+                bursts(f"{DEFAULT_INTERVAL:g}s", DEFAULT_INTERVAL)
+                cpu_default, (_, peak_default) = cpu_seconds(balancer.proc.pid), rss_mb(balancer.proc.pid)
+                balancer.stop()
+                others = [("0s", 0.0, args.code)] + ([("old", DEFAULT_INTERVAL, args.code_before)]
+                                                     if args.code_before else [])
+                for short, interval, code in others:
+                    balancer = start_balancer(plane, core, tmp, interval, short, code)
+                    guard.pids["balancer"] = balancer.proc.pid
+                    wait(lambda b=balancer: metric(b.port, "gpugate_balancer_last_full_sync_timestamp_seconds") > 0,
+                         timeout=900, what=f"the {short} balancer's first pass", balancer=balancer, guard=guard)
+                    time.sleep(2.0)
+                    bursts(short, interval)
+            balancer.stop()
             counts_all = delta(apiserver_counts(plane), counts_before)
             elapsed = time.monotonic() - balancers_began
             guard.sample()
+            if args.patch_cost:
+                costs = patch_costs(plane, names, min(args.patch_cost, args.nodes))
     finally:
+        for started in STARTED:
+            if started.proc.poll() is None:
+                started.stop()
         seen.stop.set()
         guard.stop.set()
         plane.stop()
@@ -651,34 +812,25 @@ def main() -> int:
     total = time.monotonic() - run_began
     print(f"\n{args.nodes} nodes, {len(shapes)} pods ({gpu_pods} with GPUs, {pod_kb:.1f} KB each as stored) "
           f"on the real API server; loaded in {loaded:.0f} s, whole run {total:.0f} s")
-    print(f"{'balancer start to all nodes labelled, wall (s)':<52}{to_labelled:>12.1f}   goal < 60")
-    print(f"{'  of which caches synced (/readyz) (s)':<52}{synced[0]:>12.1f}")
-    print(f"{'  node writes (label changes a watcher saw)':<52}{first_writes:>12}")
-    print(f"{'  balancer CPU (s) / RSS (MB)':<52}{cpu_labelled:>12.1f} / {rss_labelled:.0f}")
-    print(f"{'  API requests/s, all / the balancer':<52}{labelling.get('requests', 0) / to_labelled:>12.0f}"
-          f" / {labelling.get('balancer', 0) / to_labelled:.0f}")
-    print(f"{'balancer CPU to the end of its burst (s) / peak RSS (MB)':<52}{cpu_default:>12.1f} / {peak_default:.0f}")
+    print_firsts(firsts)
+    if not args.labelling_only:
+        print(f"{'balancer CPU to the end of its burst (s) / peak RSS (MB)':<52}{cpu_default:>12.1f}"
+              f" / {peak_default:.0f}")
     print(f"{'429s over the run (requests / APF rejections)':<52}{counts_all.get('429', 0):>12.0f}"
           f" / {counts_all.get('rejected', 0):.0f}   goal: none")
     print(f"{'API requests/s over the balancers run, all':<52}{counts_all.get('requests', 0) / elapsed:>12.0f}")
     print("peak RSS (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in guard.peaks.items()))
-    print(f"\nburst of {args.burst} one-GPU pods bound, then finished; per pod, unless said")
-    keys = ("writes per bind", "writes per finish", "events per bind", "events per finish", "nodes touched",
-            "tier writes", "free-only writes", "writes < interval apart", "shortest gap (s)",
-            "bind labels right (s)", "finish labels right (s)", "balancer req/s", "all req/s", "429s")
-    width = max(len(k) for k in results) + 2
-    print(f"{'':<26}" + "".join(f"{label:>{width}}" for label in results))
-    for key in keys:
-        print(f"{key:<26}" + "".join(f"{figures[key]:>{width}.2f}" for figures in results.values()))
-    print(f"(columns: write_interval {DEFAULT_INTERVAL:g} s (the default) or 0 (every change written)"
-          + (f", or the default of {args.code_before}" if args.code_before else "")
-          + "; pods packed onto the fullest nodes or spread over any with room. writes: changes of gpugate's "
-          "labels a Node watcher saw; events: every Node update event it saw; writes < interval apart: a node "
-          f"written again sooner than 0.9 x {DEFAULT_INTERVAL:g} s, goal 0 with the default)")
+    if costs:
+        print(f"\nthe API server's CPU per Node label patch ({min(args.patch_cost, args.nodes)} nodes, 8 writers, "
+              "as admin), ms:")
+        for kind, ms in costs.items():
+            print(f"  {kind:<36}{ms:>8.1f}")
+    if results:
+        print_bursts(results, args.burst, args.code_before)
     if seen.error:
         print(f"node watch error: {seen.error}")
-    print(json.dumps({"to_labelled": to_labelled, "synced": synced[0], "results": results,
-                      "peaks_mb": guard.peaks, "counts": counts_all}))
+    print(json.dumps({"first labelling": firsts, "results": results,
+                      "patch_costs_ms": costs, "peaks_mb": guard.peaks, "counts": counts_all}))
     return 0
 
 

@@ -38,7 +38,8 @@ LAYERS: dict[str, dict[str, str]] = {
     "balancer": {"__init__": CORE, "tiers": CORE, "state": CORE, "marks": CORE, "backoff": CORE, "inventory": CORE,
                  "placementfeed": CORE, "dracount": CORE, "drawatch": EDGE, "templatekeeper": EDGE,
                  "publisher": EDGE, "extenderserver": EDGE, "settings": EDGE,
-                 "cluster": EDGE, "controller": EDGE, "health": EDGE,
+                 "cluster": EDGE, "controller": EDGE, "health": EDGE, "labeller": EDGE, "labelwrites": EDGE,
+                 "extendercache": EDGE, "inventorysource": EDGE, "utilization": EDGE, "listener": EDGE,
                  "lease": EDGE, "metrics": EDGE, "prometheus": EDGE},
     "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE, "checks": CORE,
               "releases": CORE, "messages": CORE, "rollback": CORE,
@@ -238,13 +239,10 @@ SIDEWAYS_ALLOWED = {  # today's offenders, owned by other work of issue 31; this
 CYCLES_ALLOWED: list[set[str]] = []  # none left: keep it so (the replay runner<->sizing cycle is broken)
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
 LONG_MODULES_ALLOWED = {  # today's offenders, being split by other work of issue 31; this list must end empty
-    "webhook/admission/worker.py",
-    "webhook/balancer/controller.py", "webhook/replay/model.py",
+    "webhook/admission/worker.py", "webhook/replay/model.py",
 }
 LONG_FUNCTIONS_ALLOWED = {  # likewise: module path, function name
-    ("webhook/admission/serving.py", "gunicorn_options"), ("webhook/balancer/cluster.py", "_watch"),
-    ("webhook/balancer/controller.py", "__init__"), ("webhook/balancer/controller.py", "run"),
-    ("webhook/balancer/extenderserver.py", "__init__"), ("webhook/balancer/metrics.py", "__init__"),
+    ("webhook/admission/serving.py", "gunicorn_options"),
     ("webhook/replay/runner.py", "run"), ("webhook/replay/sizing.py", "run"),
 }
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from tests.e2e.waiting import wait_until
 from tests.kubefake import FakeKube, fake_kube  # noqa: F401 - re-exported fixture
 from webhook.balancer.controller import Balancer
 from webhook.balancer.settings import BalancerSettings, InventorySettings, LeaseSettings
@@ -32,15 +32,12 @@ def fast_settings(**changes: Any) -> BalancerSettings:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test with ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    """Poll ``predicate`` until it returns something truthy (the e2e tests' ``wait_until``, polled
+    faster: the fake API server answers in milliseconds); fail the test with ``what`` otherwise."""
+    try:
+        return wait_until(predicate, timeout=timeout, interval=0.02, what=what)
+    except AssertionError as err:
+        pytest.fail(str(err))
 
 
 class Running:

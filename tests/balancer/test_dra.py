@@ -306,7 +306,7 @@ def test_the_extender_counts_a_mapped_gpu_request_once() -> None:
     feed = placementfeed.Feed(ExtenderState())
     feed.node(node, node_info(dra_node(node)))
     feed.dra(node, devices)
-    feed.pod("ml/mapped", placementfeed.pod_record(pod))
+    feed.pod("ml/mapped", placementfeed.feed_pod(pod))
     assert feed.state.view(node).gpu_free == 7000
 
 

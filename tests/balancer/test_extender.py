@@ -24,7 +24,7 @@ import pytest
 from tests.balancer import conftest
 from tests.balancer.conftest import fast_settings
 from tests.kubefake import FakeKube
-from webhook.balancer import controller, placementfeed
+from webhook.balancer import extendercache, placementfeed
 from webhook.balancer.settings import BalancerSettings, ExtenderServing, SettingsError, load_mix
 from webhook.balancer.state import node_info
 from webhook.certs import pki
@@ -76,22 +76,22 @@ class TestNodeShape:
         assert (shape.gpus, shape.mig, shape.cpu, shape.memory, shape.product) == (gpus, mig, 64000, 512 * 2**30, H100)
 
 
-class TestPodRecord:
+class TestFeedPod:
     def test_a_bound_gpu_pod_counts_for_the_labels_and_the_measure(self) -> None:
-        record = placementfeed.pod_record(pod("a", "n1", gpus=2))
+        record = placementfeed.feed_pod(pod("a", "n1", gpus=2))
         assert record.usage is not None and record.usage.requests == (("nvidia.com/gpu", 2),)
         assert record.node == "n1"
         assert record.demand == PodDemand(cpu=4000, memory_bytes=16 * 2**30, gpus=2, cpu_score=4000,
                                          memory_score_bytes=16 * 2**30)
 
     def test_a_cpu_pod_counts_for_the_measure_only(self) -> None:
-        record = placementfeed.pod_record(pod("a", "n1"))
+        record = placementfeed.feed_pod(pod("a", "n1"))
         assert record.usage is None and record.demand == PodDemand(cpu=4000, memory_bytes=16 * 2**30, cpu_score=4000,
                                                                   memory_score_bytes=16 * 2**30)
 
     @pytest.mark.parametrize(("node_name", "phase"), [("", "Pending"), ("n1", "Succeeded"), ("n1", "Failed")])
     def test_an_unbound_or_finished_pod_holds_nothing(self, node_name: str, phase: str) -> None:
-        record = placementfeed.pod_record(pod("a", node_name, gpus=1, phase=phase))
+        record = placementfeed.feed_pod(pod("a", node_name, gpus=1, phase=phase))
         assert (record.usage, record.node, record.demand) == (None, "", None)
 
 
@@ -108,7 +108,7 @@ def args(pod_body: dict[str, Any], *names: str) -> dict[str, Any]:
 class TestFeed:
     def test_a_pod_seen_before_its_node_counts_once_the_node_arrives(self) -> None:
         feed = feed_with()
-        feed.pod("ml/a", placementfeed.pod_record(pod("a", "n1", gpus=4)))
+        feed.pod("ml/a", placementfeed.feed_pod(pod("a", "n1", gpus=4)))
         feed.node("n1", node_info(node("n1", {"nvidia.com/gpu": "8"})))
         view = feed.state.view("n1")
         assert view is not None and [b.key for b in view.pods] == ["ml/a"] and view.gpu_free == 4000
@@ -123,21 +123,21 @@ class TestFeed:
 
     def test_a_pod_that_finishes_or_goes_frees_its_node(self) -> None:
         feed = feed_with(node("n1", {"nvidia.com/gpu": "8"}))
-        feed.pod("ml/a", placementfeed.pod_record(pod("a", "n1", gpus=8)))
+        feed.pod("ml/a", placementfeed.feed_pod(pod("a", "n1", gpus=8)))
         assert feed.state.nodes["n1"].gpu_free == 0
         feed.pod("ml/a", None)
         assert feed.state.nodes["n1"].gpu_free == 8000
 
     def test_a_relist_releases_the_pods_it_no_longer_lists(self) -> None:
         feed = feed_with(node("n1", {"nvidia.com/gpu": "8"}))
-        feed.replace_pods({"ml/a": placementfeed.pod_record(pod("a", "n1", gpus=2)),
-                           "ml/b": placementfeed.pod_record(pod("b", "n1", gpus=2))})
-        feed.replace_pods({"ml/b": placementfeed.pod_record(pod("b", "n1", gpus=2))})
+        feed.replace_pods({"ml/a": placementfeed.feed_pod(pod("a", "n1", gpus=2)),
+                           "ml/b": placementfeed.feed_pod(pod("b", "n1", gpus=2))})
+        feed.replace_pods({"ml/b": placementfeed.feed_pod(pod("b", "n1", gpus=2))})
         assert [b.key for b in feed.state.nodes["n1"].pods] == ["ml/b"]
 
     def test_prioritize_answers_every_candidate_in_order_and_unknown_nodes_score_zero(self) -> None:
         feed = feed_with(node("full", {"nvidia.com/gpu": "8"}), node("empty", {"nvidia.com/gpu": "8"}))
-        feed.pod("ml/a", placementfeed.pod_record(pod("a", "full", gpus=6)))
+        feed.pod("ml/a", placementfeed.feed_pod(pod("a", "full", gpus=6)))
         answer = feed.prioritize(args(pod("new", gpus=2), "empty", "ghost", "full"), now=0.0)
         assert [h["Host"] for h in answer] == ["empty", "ghost", "full"]
         scores = {h["Host"]: h["Score"] for h in answer}
@@ -146,7 +146,7 @@ class TestFeed:
 
     def test_a_first_list_teaches_the_shape_mix_at_once(self) -> None:
         feed = feed_with(node("n1", {"nvidia.com/gpu": "8"}, cpu="1000"))
-        feed.replace_pods({f"ml/p{i}": placementfeed.pod_record(pod(f"p{i}", "n1", cpu="2", gpus=1 + i % 2))
+        feed.replace_pods({f"ml/p{i}": placementfeed.feed_pod(pod(f"p{i}", "n1", cpu="2", gpus=1 + i % 2))
                            for i in range(150)})
         mix = feed.state.fragmenter.mix
         assert sorted((s.cpu, s.gpus) for s in mix.shapes) == [(2000, 1), (2000, 2)]
@@ -250,7 +250,7 @@ def test_before_the_caches_are_synced_the_answer_is_503(fake_kube: FakeKube, sta
 
 def test_without_a_certificate_the_labels_go_on_and_a_metric_says_the_extender_is_down(
         fake_kube: FakeKube, start_balancer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(controller, "EXTENDER_RETRY_SECONDS", 0.1)
+    monkeypatch.setattr(extendercache, "EXTENDER_RETRY_SECONDS", 0.1)
     fake_kube.put(node("n1", {"nvidia.com/gpu": "8"}))
     missing = tmp_path / "tls"
     running = start_balancer(serving(missing))

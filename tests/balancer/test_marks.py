@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from webhook.balancer import marks
-from webhook.balancer.state import ClusterState, node_info, pod_key, pod_usage
+from webhook.balancer.state import NodeLedger, node_info, pod_key, pod_usage
 from webhook.balancer.tiers import TierThresholds
 from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL
 
@@ -64,7 +64,7 @@ def test_node_info_keeps_only_nvidia_resources_and_owned_labels() -> None:
 
 
 def test_state_sums_requests_per_node_and_marks_dirty() -> None:
-    state = ClusterState()
+    state = NodeLedger()
     state.replace_nodes({"gpu-1": node_info(node())})
     state.take_dirty()
     state.set_pod("ml/a", pod_usage(pod(gpus="2")))

@@ -77,3 +77,14 @@ class TestWriteSchedule:
         schedule.want("gpu-2", "x", urgent=False)
         schedule.forget("gpu-2")
         assert schedule.pending() == 0 and schedule.next_at() is None
+
+    def test_a_first_labelling_of_5000_nodes_hands_each_out_once_urgent_first(self) -> None:
+        schedule: WriteSchedule[str] = WriteSchedule(interval=10.0)
+        names = [f"gpu-{i:05d}" for i in range(5000)]
+        for name in reversed(names):
+            schedule.want(name, "free=8", urgent=name.endswith("7"))
+            schedule.want(name, "free=7", urgent=False)  # a second look before the pass: stale heap entries
+        due = schedule.due(0.0)
+        urgent = [name for name in names if name.endswith("7")]
+        assert due == urgent + [name for name in names if not name.endswith("7")]
+        assert schedule.due(0.0) == [] and schedule.pending() == 5000

@@ -101,16 +101,15 @@ class Replica:
         return self.metric("gpugate_balancer_api_errors_total")
 
     def healthy(self) -> bool:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            return opener.open(f"http://127.0.0.1:{self.port}/healthz", timeout=2).status == 200
-        except OSError:
-            return False
+        return self._answers_200("/healthz")
 
     def ready(self) -> bool:
+        return self._answers_200("/readyz")
+
+    def _answers_200(self, path: str) -> bool:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            return opener.open(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status == 200
+            return bool(opener.open(f"http://127.0.0.1:{self.port}{path}", timeout=2).status == 200)
         except OSError:
             return False
 

@@ -237,41 +237,9 @@ class Informer(Generic[V]):
         complete = False
         try:
             for line in iter_lines(response):
-                quick = EVENT_PREFIXES.get(line[:line.find(b'"', 9) + 1]) if line.startswith(b'{"type":"') else None
-                if quick is not None and self._prefilter is not None and not self._prefilter(line):
-                    if initial is None:
-                        self.events += 1
-                        self.skipped += 1
-                        self._on_skip()
+                if self._skipped(line, listing=initial is not None):
                     continue
-                event = orjson.loads(line)
-                etype = event.get("type")
-                obj = event.get("object") or {}
-                meta = obj.get("metadata") or {}
-                if etype == "ERROR":
-                    code = int(obj.get("code") or 500)
-                    if needs_relist(code, obj):
-                        raise WatchExpired(obj.get("message", f"{code}"))
-                    raise ApiException(status=code, reason=obj.get("message", "watch error"))
-                new_rv = meta.get("resourceVersion")
-                if etype == "BOOKMARK":
-                    if initial is not None:
-                        if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
-                            raise StreamingUnsupported("a bookmark before the end of the initial events")
-                        self._on_replace(initial)
-                        self.synced.set()
-                        initial = None
-                elif initial is not None:
-                    if etype != "ADDED":
-                        raise StreamingUnsupported(f"a {etype} event among the initial events")
-                    key, value = self._reduce(obj)
-                    initial[key] = value
-                elif etype in ("ADDED", "MODIFIED", "DELETED"):
-                    key, value = self._reduce(obj)
-                    self._on_event(etype, key, None if etype == "DELETED" else value)
-                    self.events += 1
-                if new_rv:
-                    rv = str(new_rv)
+                initial, rv = self._handle(orjson.loads(line), initial, rv)
                 if self._stop.is_set():
                     break
             else:
@@ -286,7 +254,47 @@ class Informer(Generic[V]):
                 response.close()
         return None if initial is not None else rv
 
+    def _skipped(self, line: bytes, *, listing: bool) -> bool:
+        """True for an event ``prefilter`` says cannot matter (counted, unless among the initial events)."""
+        quick = EVENT_PREFIXES.get(line[:line.find(b'"', 9) + 1]) if line.startswith(b'{"type":"') else None
+        if quick is None or self._prefilter is None or self._prefilter(line):
+            return False
+        if not listing:
+            self.events += 1
+            self.skipped += 1
+            self._on_skip()
+        return True
 
+    def _handle(self, event: Obj, initial: dict[str, V] | None,
+                rv: str | None) -> tuple[dict[str, V] | None, str | None]:
+        """One decoded event; returns the initial events still being gathered (None once the list
+        ended) and the resourceVersion to resume from."""
+        etype = event.get("type")
+        obj = event.get("object") or {}
+        meta = obj.get("metadata") or {}
+        if etype == "ERROR":
+            code = int(obj.get("code") or 500)
+            if needs_relist(code, obj):
+                raise WatchExpired(obj.get("message", f"{code}"))
+            raise ApiException(status=code, reason=obj.get("message", "watch error"))
+        if etype == "BOOKMARK":
+            if initial is not None:
+                if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) != "true":
+                    raise StreamingUnsupported("a bookmark before the end of the initial events")
+                self._on_replace(initial)
+                self.synced.set()
+                initial = None
+        elif initial is not None:
+            if etype != "ADDED":
+                raise StreamingUnsupported(f"a {etype} event among the initial events")
+            key, value = self._reduce(obj)
+            initial[key] = value
+        elif etype in ("ADDED", "MODIFIED", "DELETED"):
+            key, value = self._reduce(obj)
+            self._on_event(etype, key, None if etype == "DELETED" else value)
+            self.events += 1
+        new_rv = meta.get("resourceVersion")
+        return initial, str(new_rv) if new_rv else rv
 
 
 class NodeWriter:

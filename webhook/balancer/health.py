@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -11,10 +10,11 @@ from typing import Any
 import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from webhook.balancer.listener import Listener, send
 from webhook.balancer.metrics import Metrics
 
 
-class HealthServer:
+class HealthServer(Listener):
     """Serves ``/healthz`` from ``status()`` (``{"ok": bool, ...}``: alive), ``/readyz`` from
     ``ready()`` (the caches hold a full list), ``/metrics`` from ``metrics``, and ``/extender/mix``
     from ``mix()``: the pod-shape mix the extender measures with, as the YAML ``--extender-mix``
@@ -52,27 +52,9 @@ class HealthServer:
                     self._send(404, "text/plain", b"not found\n")
 
             def _send(self, code: int, content_type: str, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send(self, code, content_type, body)
 
         self.metrics = metrics
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    def start(self) -> HealthServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="balancer-health", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        super().__init__(server, thread_name="balancer-health")

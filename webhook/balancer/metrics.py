@@ -22,6 +22,14 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._clock = clock
+        self._last_full_sync: float | None = None
+        self._coalesced_seen = 0
+        self._label_series(r)
+        self._prometheus_series(r)
+        self._inventory_series(r)
+        self._extender_series(r)
+
+    def _label_series(self, r: CollectorRegistry) -> None:
         self.nodes = Gauge("gpugate_balancer_nodes", "GPU nodes per load tier, as last computed.",
                            ["tier"], registry=r)
         for tier in LOAD_TIERS:
@@ -35,7 +43,6 @@ class Metrics:
         self.coalesced = Counter("gpugate_balancer_coalesced_writes",
                                  "Wanted marks that replaced a node's pending ones instead of costing a patch.",
                                  registry=r)
-        self._coalesced_seen = 0
         self.api_errors = Counter("gpugate_balancer_api_errors",
                                   "Kubernetes API calls that failed, by operation.", ["operation"], registry=r)
         self.watch_events = Counter("gpugate_balancer_watch_events", "Watch events handled.", ["resource"],
@@ -44,6 +51,14 @@ class Metrics:
                                ["resource"], registry=r)
         self.leader = Gauge("gpugate_balancer_leader", "1 while this replica holds the lease and writes.",
                             registry=r)
+        self.last_full_sync = Gauge("gpugate_balancer_last_full_sync_timestamp_seconds",
+                                    "Unix time of the last pass over every node.", registry=r)
+        since = Gauge("gpugate_balancer_seconds_since_last_full_sync",
+                      "Seconds since the last pass over every node (-1 before the first).", registry=r)
+        since.set_function(self.seconds_since_full_sync)
+
+
+    def _prometheus_series(self, r: CollectorRegistry) -> None:
         self.prometheus_last_success = Gauge(
             "gpugate_balancer_prometheus_last_success_timestamp_seconds",
             "Unix time of the last DCGM query that succeeded (0 before the first): how fresh the utilization "
@@ -54,9 +69,10 @@ class Metrics:
         self.allocation_only = Gauge("gpugate_balancer_allocation_only",
                                      "1 while tiers come from allocation alone (no usable utilization).",
                                      registry=r)
-        self.last_full_sync = Gauge("gpugate_balancer_last_full_sync_timestamp_seconds",
-                                    "Unix time of the last pass over every node.", registry=r)
-        self._last_full_sync: float | None = None
+        self.prometheus_up.set(-1)
+        self.allocation_only.set(1)
+
+    def _inventory_series(self, r: CollectorRegistry) -> None:
         self.inventory_writes = Counter("gpugate_balancer_inventory_writes",
                                         "Writes of the gpugate-inventory ConfigMap (result=ok|error).", ["result"],
                                         registry=r)
@@ -64,6 +80,8 @@ class Metrics:
                                           "Unix time of the last GPUInventory this replica wrote (0 before the "
                                           "first): the webhook ignores one older than maxInventoryAgeSeconds.",
                                           registry=r)
+
+    def _extender_series(self, r: CollectorRegistry) -> None:
         self.extender_requests = Counter(
             "gpugate_balancer_extender_requests",
             "kube-scheduler extender calls answered, by verb and result (ok|bad_request|not_ready|error|not_found). "
@@ -83,11 +101,6 @@ class Metrics:
             "gpugate_balancer_extender_assumed_pods",
             "Pods the extender scored and assumed on their best node, not yet seen bound by the watch.",
             registry=r)
-        since = Gauge("gpugate_balancer_seconds_since_last_full_sync",
-                      "Seconds since the last pass over every node (-1 before the first).", registry=r)
-        since.set_function(self.seconds_since_full_sync)
-        self.prometheus_up.set(-1)
-        self.allocation_only.set(1)
 
     def set_coalesced(self, total: int) -> None:
         """Advance the counter to ``total`` (the schedule keeps the running count)."""

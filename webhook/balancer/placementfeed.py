@@ -75,7 +75,7 @@ def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
 
 
 @dataclass(frozen=True, slots=True)
-class PodRecord:
+class FeedPod:
     """One pod as both caches keep it: the GPUs the labels count, and the demand the measure counts."""
 
     usage: PodUsage | None
@@ -87,19 +87,19 @@ class PodRecord:
     have stored it)."""
 
 
-def pod_record(pod: dict[str, Any]) -> PodRecord:
+def feed_pod(pod: dict[str, Any]) -> FeedPod:
     node = (pod.get("spec") or {}).get("nodeName") or ""
     if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         node = ""
     if not node:
-        return PodRecord(usage=None, node=node, demand=None)
+        return FeedPod(usage=None, node=node, demand=None)
     try:
         demand = kube_demand.of_pod(pod)
     except QuantityError:
-        return PodRecord(usage=None, node=node, demand=None)
+        return FeedPod(usage=None, node=node, demand=None)
     # The GPU requests a DRA claim serves (extended-resource mapping) are held by the node's
     # stand-in for claims (``Feed.dra``): the measure counts the rest.
-    return PodRecord(usage=pod_usage(pod, demand), node=node, demand=demand.without_dra_backed())
+    return FeedPod(usage=pod_usage(pod, demand), node=node, demand=demand.without_dra_backed())
 
 
 DRA_HOLDER_PREFIX = "dra:"
@@ -178,7 +178,7 @@ class Feed:
         self.state.hold(key, name, placement_dra.taken_milli(devices) if devices is not None else ())
 
     # --- pods --------------------------------------------------------------------------------
-    def replace_pods(self, records: Mapping[str, PodRecord]) -> None:
+    def replace_pods(self, records: Mapping[str, FeedPod]) -> None:
         """A (re)list: pods gone are released, the others bound; the newest ``window`` join the shape mix."""
         for key in [k for k in self._pods if k not in records]:
             self.pod(key, None)
@@ -197,13 +197,13 @@ class Feed:
             self.state.window.add(shape_of(demand))
         self.state.refresh()
 
-    def pod(self, key: str, record: PodRecord | None) -> None:
+    def pod(self, key: str, record: FeedPod | None) -> None:
         """A watch event: bound or changed (``record``), or gone (None, also for a pod that finished)."""
         if record is not None and key not in self._pods and record.demand is not None and record.node:
             self.state.seen(record.demand)
         self._set(key, record)
 
-    def _set(self, key: str, record: PodRecord | None) -> None:
+    def _set(self, key: str, record: FeedPod | None) -> None:
         old = self._pods.get(key)
         if record is None or not record.node or record.demand is None:
             if old is not None:

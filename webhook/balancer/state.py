@@ -211,10 +211,11 @@ def pod_key(pod: Obj) -> str:
 
 
 @dataclass
-class ClusterState:
+class NodeLedger:
     """Nodes, the pods that hold NVIDIA devices, per-node sums, and which nodes need a look.
 
-    Not thread-safe by itself: the controller holds one lock around every call.
+    (Named apart from the replay's ``ClusterState``, a simulated cluster.) Not thread-safe by
+    itself: ``labeller.Labeller`` holds its lock around every call.
     """
 
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
