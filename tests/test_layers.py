@@ -30,7 +30,7 @@ LAYERS: dict[str, dict[str, str]] = {
     "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
                   "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
                   "dra": CORE, "claimladder": CORE, "claimlookup": EDGE, "outcome": CORE, "cases": EDGE,
-                  "worker": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
+                  "worker": EDGE, "leanpath": CORE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                   "client": EDGE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE, "reload": EDGE},
     "balancer": {"__init__": CORE, "tiers": CORE, "state": CORE, "marks": CORE, "backoff": CORE, "inventory": CORE,

@@ -30,7 +30,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from webhook import logs
-from webhook.admission import metrics, patchcheck, reviews, worker
+from webhook.admission import leanpath, metrics, patchcheck, reviews, worker
 from webhook.admission.inventoryfile import InventoryFile
 from webhook.errors import BadReview, InputError
 from webhook.kube import demand as kube_demand
@@ -167,6 +167,7 @@ def create_app(settings: ServerSettings | None = None, *, core: Core | None = No
         lookup = ClaimLookup.from_environment()
     claim_core = ClaimCore(lookup) if core is None else None  # a stub core (benchmarks) judges pods only
     app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore(), inventory_file, claim_core)
+    app.extensions[worker.LEAN_ROUTES] = lean_routes(app.extensions[EXTENSION])
     app.register_blueprint(blueprint)
     app.register_error_handler(HTTPException, _http_error)
     return app
@@ -227,6 +228,7 @@ class _Outcome:
 
 
 def _admit(endpoint: str) -> Response:
+    """The Flask route: reads the body under the limit, then ``admit`` answers it."""
     started = time.perf_counter()
     st = state()
     limit = st.settings.max_body_bytes
@@ -241,10 +243,33 @@ def _admit(endpoint: str) -> Response:
         return _refuse(endpoint, 400, f"malformed request body: {err or type(err).__name__}", started, fields)
     if body is None:  # a chunked body that grew past the limit
         return _refuse(endpoint, 413, f"body exceeds the {limit}-byte limit", started, fields, drain=True)
+    status, body_out = admit(st, endpoint, body, started)
+    return Response(body_out, status, content_type="application/json")
+
+
+def lean_routes(st: ServerState) -> dict[str, leanpath.LeanRoute]:
+    """``POST /mutate`` and ``/validate`` for the worker's lean path (``worker.LEAN_ROUTES``): the
+    request's whole body in, (status, JSON body) out, without Flask's request and response objects."""
+
+    def route(endpoint: str) -> leanpath.LeanRoute:
+        def answer(body: bytes) -> tuple[int, bytes]:
+            started = time.perf_counter()
+            limit = st.settings.max_body_bytes
+            if len(body) > limit:
+                message = f"body of {len(body)} bytes exceeds the {limit}-byte limit"
+                return 413, _refusal(endpoint, 413, message, started, {"endpoint": endpoint})
+            return admit(st, endpoint, body, started)
+        return answer
+
+    return {"/mutate": route("mutate"), "/validate": route("validate")}
+
+
+def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[int, bytes]:
+    """One review's answer from its body: (200, review) or (400, error); logged and counted."""
     try:
         review = reviews.decode(body)
     except BadReview as err:
-        return _refuse(endpoint, 400, str(err), started, fields)
+        return 400, _refusal(endpoint, 400, str(err), started, {"endpoint": endpoint})
 
     try:
         outcome = _decide(st, endpoint, review)
@@ -278,7 +303,7 @@ def _admit(endpoint: str) -> Response:
         "duration_ms": round(duration * 1000, 3),
         **({"error": outcome.error} if outcome.error else {}),
     })
-    return Response(body_out, 200, content_type="application/json")
+    return 200, body_out
 
 
 def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> _Outcome:
@@ -416,16 +441,20 @@ def _refuse(endpoint: str, code: int, message: str, started: float, fields: dict
         # makes the kernel reset it and the client would never see the 413. Bounded, so a
         # client streaming without end is cut off instead.
         _discard(request.environ.get("wsgi.input"), DRAIN_LIMIT_BYTES)
+    response = Response(_refusal(endpoint, code, message, started, fields), code, content_type="application/json")
+    if drain:
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _refusal(endpoint: str, code: int, message: str, started: float, fields: dict[str, Any]) -> bytes:
+    """Count and log a refused request; the JSON error body that answers it."""
     result = "too_large" if code == 413 else "bad_request"
     metrics.ADMISSIONS.labels(endpoint, "", "", result).inc()
     metrics.DURATION.labels(endpoint, result, "").observe(time.perf_counter() - started)
     logs.log_admission(_admission_log, {**fields, "result": result, "error": message,
                                         "duration_ms": round((time.perf_counter() - started) * 1000, 3)})
-    response = jsonify(error=message, code=code)
-    response.status_code = code
-    if drain:
-        response.headers["Connection"] = "close"
-    return response
+    return orjson.dumps({"error": message, "code": code})
 
 
 def _read_body(limit: int) -> bytes | None:

@@ -50,6 +50,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
+from email.utils import formatdate
 from enum import Enum
 from typing import Any
 
@@ -59,12 +60,14 @@ from gunicorn.http.errors import NoMoreData
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from webhook import logs
-from webhook.admission import framing, metrics
+from webhook.admission import framing, leanpath, metrics
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
 
 DRAINING_KEY = "gpugate.draining"
 """WSGI environ key: True once this worker has been told to stop (``/readyz`` then answers 503)."""
+LEAN_ROUTES = "gpugate.lean_routes"
+"""Key of the app's ``extensions``: path -> ``leanpath.LeanRoute``, the routes the lean path serves."""
 READ_CHUNK = 65536
 _EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*(?=\r\n)", re.IGNORECASE)
 MAX_READ_PER_EVENT = 1024 * 1024
@@ -195,12 +198,14 @@ class Conn(TConn):
         self.generation = 0   # bumped whenever the deadline changes, so stale heap entries are skipped
         self.request_id = 0   # bumped for each request handed to a thread
         self.rearmed = False  # the thread that answered has put the socket back in the poller
+        self.lean: leanpath.LeanRequest | None = None  # the request, when it takes the lean path
 
 
 class AdmissionWorker(ThreadWorker):
     """gthread with whole-request reads in the loop, balanced accepts and a drain on SIGTERM."""
 
     wsgi: Any  # the app; set by gunicorn's load_wsgi
+    alive: bool  # gunicorn sets it; False once the worker is told to stop
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -210,6 +215,7 @@ class AdmissionWorker(ThreadWorker):
         self._tiebreak = itertools.count()
         self._accept_paused_until = 0.0
         self.slot: int | None = None
+        self.lean_routes: dict[str, leanpath.LeanRoute] = {}
 
     # --- boot --------------------------------------------------------------------------------
     def load_wsgi(self) -> None:
@@ -223,6 +229,7 @@ class AdmissionWorker(ThreadWorker):
             time.sleep(1.0)
             sys.exit(1)
         inner = self.wsgi
+        self.lean_routes = dict(getattr(inner, "extensions", {}).get(LEAN_ROUTES) or {})
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
             environ[DRAINING_KEY] = not self.alive
@@ -432,7 +439,7 @@ class AdmissionWorker(ThreadWorker):
             del conn.buffer[:found.end]
             if conn.continue_sent:  # answered already: the parser must not send a second 100
                 data = _EXPECT_CONTINUE.sub(b"", data, count=1)
-            self._run(conn, data)
+            self._run(conn, data, found.body_start if found.state is framing.State.COMPLETE else -1)
         elif found.state is framing.State.TOO_LARGE:
             length = found.declared_length
             received = len(conn.buffer) - found.body_start
@@ -445,13 +452,16 @@ class AdmissionWorker(ThreadWorker):
             self._refuse(conn, 431, "Request Header Fields Too Large",
                          f"the header block exceeds {self.settings.max_header_bytes} bytes")
 
-    def _run(self, conn: Conn, data: bytes) -> None:
+    def _run(self, conn: Conn, data: bytes, body_start: int = -1) -> None:
         """Hand one whole request to a thread; the loop stops watching the socket meanwhile."""
         self._unwatch(conn)
         self._clear_deadline(conn)
         conn.phase = Phase.BUSY
         conn.continue_sent = False
-        conn.parser = http.get_parser(self.cfg, iter([data]), conn.client)
+        conn.lean = (leanpath.lean_request(data, body_start, self.lean_routes)
+                     if body_start > 0 and self.lean_routes else None)
+        if conn.lean is None:
+            conn.parser = http.get_parser(self.cfg, iter([data]), conn.client)
         conn.request_id += 1
         conn.rearmed = False
         self.enqueue_req(conn)
@@ -466,6 +476,12 @@ class AdmissionWorker(ThreadWorker):
         try:
             # The request is in memory; only the answer touches the socket, bounded by the timeout.
             conn.sock.settimeout(self.settings.request_timeout)
+            if conn.lean is not None:
+                keep = self._answer_lean(conn, conn.lean)
+                if keep is not None:
+                    if keep and not conn.buffer:
+                        self._rearm(conn)
+                    return keep
             req = next(conn.parser)
             if not req:
                 return False
@@ -483,6 +499,26 @@ class AdmissionWorker(ThreadWorker):
         except Exception as err:  # gunicorn's parser refused the request: it answers 400 itself
             self.handle_error(req, conn.sock, conn.client, err)
         return False
+
+    def _answer_lean(self, conn: Conn, request: leanpath.LeanRequest) -> bool | None:
+        """Answer an admission call through the route's function, without gunicorn's parser, WSGI or
+        Flask (``leanpath``); whether the connection stays open. None: the function failed (a bug),
+        and the request is handed to the full path, which answers it as before."""
+        conn.lean = None
+        try:
+            status, body = self.lean_routes[request.path](request.body)
+        except Exception:
+            self.log.exception("lean path failed; answering through the full path")
+            conn.parser = http.get_parser(self.cfg, iter([request.raw]), conn.client)
+            return None
+        # What gunicorn's handle_request decides about the connection, for the same request.
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
+        close = request.closes or not self.alive or not self.cfg.keepalive
+        conn.sock.sendall(leanpath.answer(status, body, close=close, date=formatdate(usegmt=True)))
+        return not close
 
     def _answer_in_one_write(self, req: Any, conn: Conn) -> bool:
         """gunicorn's handle_request, with the whole answer sent in one write (one TLS record).
