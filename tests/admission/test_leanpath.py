@@ -4,12 +4,16 @@ real server answers them exactly as its full gunicorn + Flask path does."""
 from __future__ import annotations
 
 import json
+import socket
+import ssl
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.admission.harness import Server, copy_policies, example_pod, review_of
+from tests.admission.harness import SERVICE_HOST, Server, copy_policies, example_pod, review_of
 from tests.admission.test_worker import read_response, tls_socket
 from webhook.admission import framing, leanpath
 
@@ -126,3 +130,28 @@ def test_connection_close_is_honoured(live: Server) -> None:
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in head.split(b"\r\n")
     assert json.loads(body)["response"]["allowed"] is True  # and the server closed: recv returned b""
+
+
+@pytest.mark.slow
+def test_a_client_that_reads_late_gets_every_pipelined_answer_in_order(live: Server) -> None:
+    """The loop answers lean requests itself, one after another from its buffer, without blocking; a
+    client reading late gets them all, in order. (Should the socket not take an answer whole, the rest
+    goes to a thread; this test does not fill the server's send buffer, which grows to 4 MiB.)"""
+    count = 300
+    sent = [review_of(example_pod()) for _ in range(count)]
+    context = ssl.create_default_context(cafile=str(live.ca))
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.settimeout(10)
+    raw.connect(("127.0.0.1", live.port))
+    with context.wrap_socket(raw, server_hostname=SERVICE_HOST) as sock:
+        # Sent from a thread: the server stops reading while an answer waits for the window, so a
+        # client must read and write at once (as any pipelining client must).
+        sender = threading.Thread(target=sock.sendall, daemon=True,
+                                  args=(b"".join(api_server_call(json.dumps(review).encode()) for review in sent),))
+        sender.start()
+        time.sleep(1.0)  # the server has answered what fits and holds the rest
+        answers = [read_response(sock) for _ in range(count)]
+        sender.join(10)
+    assert [status for status, _ in answers] == [200] * count
+    uids = [json.loads(body)["response"]["uid"] for _, body in answers]
+    assert uids == [review["request"]["uid"] for review in sent]

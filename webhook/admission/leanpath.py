@@ -14,11 +14,24 @@ the errors it answers stay the parser's and the app's.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 LeanRoute = Callable[[bytes], tuple[int, bytes]]
 """A route's function: the request body in, (HTTP status, JSON body) out; it never raises for bad input."""
+
+
+
+@dataclass(frozen=True)
+class LeanRoutes:
+    """What an app offers the lean path (under ``worker.LEAN_ROUTES`` in its ``extensions``)."""
+
+    routes: Mapping[str, LeanRoute]
+    """Path -> the route's function."""
+    inline: bool
+    """The functions do no I/O (only CPU), so the worker's loop may run them itself instead of handing
+    them to a thread. False when a route reads from the API (``--resolve-claims``)."""
+
 
 _CRLF = b"\r\n"
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")

@@ -247,9 +247,10 @@ def _admit(endpoint: str) -> Response:
     return Response(body_out, status, content_type="application/json")
 
 
-def lean_routes(st: ServerState) -> dict[str, leanpath.LeanRoute]:
+def lean_routes(st: ServerState) -> leanpath.LeanRoutes:
     """``POST /mutate`` and ``/validate`` for the worker's lean path (``worker.LEAN_ROUTES``): the
-    request's whole body in, (status, JSON body) out, without Flask's request and response objects."""
+    request's whole body in, (status, JSON body) out, without Flask's request and response objects.
+    Run by the worker's loop itself unless claims are read from the API (network I/O)."""
 
     def route(endpoint: str) -> leanpath.LeanRoute:
         def answer(body: bytes) -> tuple[int, bytes]:
@@ -261,7 +262,8 @@ def lean_routes(st: ServerState) -> dict[str, leanpath.LeanRoute]:
             return admit(st, endpoint, body, started)
         return answer
 
-    return {"/mutate": route("mutate"), "/validate": route("validate")}
+    return leanpath.LeanRoutes({"/mutate": route("mutate"), "/validate": route("validate")},
+                               inline=st.claims is None or st.claims.lookup is None)
 
 
 def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[int, bytes]:

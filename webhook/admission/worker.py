@@ -199,6 +199,7 @@ class Conn(TConn):
         self.request_id = 0   # bumped for each request handed to a thread
         self.rearmed = False  # the thread that answered has put the socket back in the poller
         self.lean: leanpath.LeanRequest | None = None  # the request, when it takes the lean path
+        self.unsent: tuple[bytes, bool] | None = None  # an answer the loop could not send whole; keep-alive
 
 
 class AdmissionWorker(ThreadWorker):
@@ -216,6 +217,7 @@ class AdmissionWorker(ThreadWorker):
         self._accept_paused_until = 0.0
         self.slot: int | None = None
         self.lean_routes: dict[str, leanpath.LeanRoute] = {}
+        self.lean_inline = False
 
     # --- boot --------------------------------------------------------------------------------
     def load_wsgi(self) -> None:
@@ -229,7 +231,9 @@ class AdmissionWorker(ThreadWorker):
             time.sleep(1.0)
             sys.exit(1)
         inner = self.wsgi
-        self.lean_routes = dict(getattr(inner, "extensions", {}).get(LEAN_ROUTES) or {})
+        lean = getattr(inner, "extensions", {}).get(LEAN_ROUTES)
+        if isinstance(lean, leanpath.LeanRoutes):
+            self.lean_routes, self.lean_inline = dict(lean.routes), lean.inline
 
         def app(environ: dict[str, Any], start_response: Any) -> Any:
             environ[DRAINING_KEY] = not self.alive
@@ -427,40 +431,86 @@ class AdmissionWorker(ThreadWorker):
             self._examine(conn)
 
     def _examine(self, conn: Conn) -> None:
-        found = framing.frame(conn.buffer, max_header_bytes=self.settings.max_header_bytes,
-                              max_body_bytes=self.settings.max_body_bytes)
-        if found.state is framing.State.INCOMPLETE:
-            if found.expects_continue and not conn.continue_sent:
-                conn.continue_sent = True
-                self._send_now(conn, b"HTTP/1.1 100 Continue\r\n\r\n")
-            return
-        if found.state in (framing.State.COMPLETE, framing.State.MALFORMED):
-            data = bytes(conn.buffer[:found.end])
-            del conn.buffer[:found.end]
-            if conn.continue_sent:  # answered already: the parser must not send a second 100
-                data = _EXPECT_CONTINUE.sub(b"", data, count=1)
-            self._run(conn, data, found.body_start if found.state is framing.State.COMPLETE else -1)
-        elif found.state is framing.State.TOO_LARGE:
-            length = found.declared_length
-            received = len(conn.buffer) - found.body_start
-            limit = self.settings.max_body_bytes
-            message = (f"body of {length} bytes exceeds the {limit}-byte limit" if length is not None
-                       else f"body exceeds the {limit}-byte limit")
-            left = (length - received) if length is not None else self.settings.discard_limit_bytes
-            self._refuse(conn, 413, "Payload Too Large", message, discard=min(left, self.settings.discard_limit_bytes))
-        else:
-            self._refuse(conn, 431, "Request Header Fields Too Large",
-                         f"the header block exceeds {self.settings.max_header_bytes} bytes")
+        """Act on what the buffer holds: wait for more, answer, or refuse. Requests the loop answers
+        itself (``_answer_inline``) are taken one after another, so pipelined ones need no recursion."""
+        while conn.phase is Phase.READING:
+            found = framing.frame(conn.buffer, max_header_bytes=self.settings.max_header_bytes,
+                                  max_body_bytes=self.settings.max_body_bytes)
+            if found.state is framing.State.INCOMPLETE:
+                if found.expects_continue and not conn.continue_sent:
+                    conn.continue_sent = True
+                    self._send_now(conn, b"HTTP/1.1 100 Continue\r\n\r\n")
+                return
+            if found.state in (framing.State.COMPLETE, framing.State.MALFORMED):
+                data = bytes(conn.buffer[:found.end])
+                del conn.buffer[:found.end]
+                if conn.continue_sent:  # answered already: the parser must not send a second 100
+                    data = _EXPECT_CONTINUE.sub(b"", data, count=1)
+                conn.continue_sent = False
+                body_start = found.body_start if found.state is framing.State.COMPLETE else -1
+                request = (leanpath.lean_request(data, body_start, self.lean_routes)
+                           if body_start > 0 and self.lean_routes else None)
+                if request is not None and self.lean_inline:
+                    self._answer_inline(conn, request)
+                else:
+                    self._run(conn, data, request)
+            elif found.state is framing.State.TOO_LARGE:
+                self._too_large(conn, found)
+            else:
+                self._refuse(conn, 431, "Request Header Fields Too Large",
+                             f"the header block exceeds {self.settings.max_header_bytes} bytes")
 
-    def _run(self, conn: Conn, data: bytes, body_start: int = -1) -> None:
-        """Hand one whole request to a thread; the loop stops watching the socket meanwhile."""
+    def _too_large(self, conn: Conn, found: framing.Framing) -> None:
+        length = found.declared_length
+        received = len(conn.buffer) - found.body_start
+        limit = self.settings.max_body_bytes
+        message = (f"body of {length} bytes exceeds the {limit}-byte limit" if length is not None
+                   else f"body exceeds the {limit}-byte limit")
+        left = (length - received) if length is not None else self.settings.discard_limit_bytes
+        self._refuse(conn, 413, "Payload Too Large", message, discard=min(left, self.settings.discard_limit_bytes))
+
+    def _answer_inline(self, conn: Conn, request: leanpath.LeanRequest) -> None:
+        """Answer a lean request on the loop's own thread (routes that do no I/O, ``lean_inline``).
+
+        Handing a request to a pool thread costs two thread wake-ups per review, and on a loaded
+        machine each is a wait for a core (issue 28); the GIL runs one thread at a time anyway. The
+        answer goes out without blocking; should the socket not take it whole (a client that does not
+        read), a pool thread sends it under the request timeout, as it sends every other answer.
+        """
+        answered = self._lean_answer(request)
+        if answered is None:  # the route failed: the full path answers, on a thread
+            self._run(conn, request.raw, None)
+            return
+        data, keep = answered
+        try:
+            sent = conn.sock.send(data)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+            sent = 0
+        except (ssl.SSLError, OSError):
+            self._close(conn)
+            return
+        if sent < len(data):
+            self._run(conn, b"", None, unsent=(data[sent:], keep))
+            return
+        if not keep:
+            self._close_gracefully(conn)
+            return
+        conn.last_activity = time.monotonic()
+        if conn.buffer:  # the next request is already here (pipelined)
+            self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
+        else:
+            conn.phase = Phase.IDLE
+            self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
+
+    def _run(self, conn: Conn, data: bytes, lean: leanpath.LeanRequest | None,
+             unsent: tuple[bytes, bool] | None = None) -> None:
+        """Hand one whole request (or the rest of an answer, ``unsent``) to a thread; the loop stops
+        watching the socket meanwhile."""
         self._unwatch(conn)
         self._clear_deadline(conn)
         conn.phase = Phase.BUSY
-        conn.continue_sent = False
-        conn.lean = (leanpath.lean_request(data, body_start, self.lean_routes)
-                     if body_start > 0 and self.lean_routes else None)
-        if conn.lean is None:
+        conn.lean, conn.unsent = lean, unsent
+        if lean is None and unsent is None:
             conn.parser = http.get_parser(self.cfg, iter([data]), conn.client)
         conn.request_id += 1
         conn.rearmed = False
@@ -476,8 +526,8 @@ class AdmissionWorker(ThreadWorker):
         try:
             # The request is in memory; only the answer touches the socket, bounded by the timeout.
             conn.sock.settimeout(self.settings.request_timeout)
-            if conn.lean is not None:
-                keep = self._answer_lean(conn, conn.lean)
+            if conn.unsent is not None or conn.lean is not None:
+                keep = self._answer_lean(conn)
                 if keep is not None:
                     if keep and not conn.buffer:
                         self._rearm(conn)
@@ -500,16 +550,29 @@ class AdmissionWorker(ThreadWorker):
             self.handle_error(req, conn.sock, conn.client, err)
         return False
 
-    def _answer_lean(self, conn: Conn, request: leanpath.LeanRequest) -> bool | None:
-        """Answer an admission call through the route's function, without gunicorn's parser, WSGI or
-        Flask (``leanpath``); whether the connection stays open. None: the function failed (a bug),
-        and the request is handed to the full path, which answers it as before."""
-        conn.lean = None
+    def _answer_lean(self, conn: Conn) -> bool | None:  # runs in a pool thread
+        """Send a lean request's answer (or the rest of one the loop could not send without blocking);
+        whether the connection stays open. None: the route failed and the full path answers."""
+        if conn.unsent is not None:
+            (data, keep), conn.unsent = conn.unsent, None
+        else:
+            assert conn.lean is not None
+            request, conn.lean = conn.lean, None
+            answered = self._lean_answer(request)
+            if answered is None:
+                conn.parser = http.get_parser(self.cfg, iter([request.raw]), conn.client)
+                return None
+            data, keep = answered
+        conn.sock.sendall(data)
+        return keep
+
+    def _lean_answer(self, request: leanpath.LeanRequest) -> tuple[bytes, bool] | None:
+        """The answer's bytes through the route's function, without gunicorn's parser, WSGI or Flask
+        (``leanpath``), and whether the connection stays open; None if the function failed (a bug)."""
         try:
             status, body = self.lean_routes[request.path](request.body)
         except Exception:
             self.log.exception("lean path failed; answering through the full path")
-            conn.parser = http.get_parser(self.cfg, iter([request.raw]), conn.client)
             return None
         # What gunicorn's handle_request decides about the connection, for the same request.
         self.nr += 1
@@ -517,8 +580,7 @@ class AdmissionWorker(ThreadWorker):
             self.log.info("Autorestarting worker after current request.")
             self.alive = False
         close = request.closes or not self.alive or not self.cfg.keepalive
-        conn.sock.sendall(leanpath.answer(status, body, close=close, date=formatdate(usegmt=True)))
-        return not close
+        return leanpath.answer(status, body, close=close, date=formatdate(usegmt=True)), not close
 
     def _answer_in_one_write(self, req: Any, conn: Conn) -> bool:
         """gunicorn's handle_request, with the whole answer sent in one write (one TLS record).
