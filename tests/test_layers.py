@@ -30,7 +30,8 @@ LAYERS: dict[str, dict[str, str]] = {
     "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
                   "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
                   "dra": CORE, "claimladder": CORE, "claimlookup": EDGE, "outcome": CORE, "cases": EDGE,
-                  "worker": EDGE, "leanpath": CORE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
+                  "worker": EDGE, "requestloop": EDGE, "connection": EDGE, "workershared": EDGE, "leanpath": CORE,
+                  "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                   "client": EDGE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE, "reload": EDGE},
     "balancer": {"__init__": CORE, "tiers": CORE, "state": CORE, "marks": CORE, "backoff": CORE, "inventory": CORE,
@@ -236,11 +237,11 @@ SIDEWAYS_ALLOWED = {  # today's offenders, owned by other work of issue 31; this
 CYCLES_ALLOWED: list[set[str]] = []  # none left: keep it so (the replay runner<->sizing cycle is broken)
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
 LONG_MODULES_ALLOWED = {  # today's offenders, being split by other work of issue 31; this list must end empty
-    "webhook/admission/mutation.py", "webhook/admission/worker.py", "webhook/admission/routes.py",
+    "webhook/admission/mutation.py", "webhook/admission/routes.py",
     "webhook/balancer/controller.py", "webhook/replay/model.py",
 }
 LONG_FUNCTIONS_ALLOWED = {  # likewise: module path, function name
-    ("webhook/admission/serving.py", "gunicorn_options"), ("webhook/balancer/cluster.py", "_watch"),
+    ("webhook/balancer/cluster.py", "_watch"),
     ("webhook/balancer/controller.py", "__init__"), ("webhook/balancer/controller.py", "run"),
     ("webhook/balancer/extenderserver.py", "__init__"), ("webhook/balancer/metrics.py", "__init__"),
     ("webhook/replay/runner.py", "run"), ("webhook/replay/sizing.py", "run"),
