@@ -201,8 +201,8 @@ def print_breakdown(pod: dict, policies: PolicySet, floor_rate: float) -> None:
     desired = mutation.mutate(pod, namespace=namespace, policies=policies).desired
     parts: dict[str, Callable[[], object]] = {
         "select the policy": lambda: matching.select(policies, pod, namespace=namespace),
-        "copy + steps (+ re-select)": lambda: mutation._shape(pod, policy, namespace, policies, EMPTY, None,
-                                                              requested=requested, gpu_pod=True),
+        "copy + steps (+ re-select)": lambda: mutation._settle(pod, policy, namespace, policies, EMPTY, None,
+                                                               requested=requested, gpu_pod=True),
         "patches.make_patch": lambda: patches.make_patch(pod, desired),
         "jsonpatch.make_patch (for scale)": lambda: jsonpatch.make_patch(pod, desired),
         "validate the shaped pod": lambda: validation.validate(desired, namespace=namespace, policies=policies),

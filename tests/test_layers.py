@@ -30,6 +30,8 @@ LAYERS: dict[str, dict[str, str]] = {
     "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
                   "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
                   "dra": CORE, "claimladder": CORE, "claimlookup": EDGE, "outcome": CORE, "cases": EDGE,
+                  "results": CORE, "answers": CORE, "serverstate": EDGE, "requestbody": EDGE, "desiredpod": CORE,
+                  "requeststeps": CORE, "schedulingsteps": CORE, "preferences": CORE,
                   "worker": EDGE, "requestloop": EDGE, "connection": EDGE, "workershared": EDGE, "leanpath": CORE,
                   "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                   "client": EDGE},
@@ -237,7 +239,6 @@ SIDEWAYS_ALLOWED = {  # today's offenders, owned by other work of issue 31; this
 CYCLES_ALLOWED: list[set[str]] = []  # none left: keep it so (the replay runner<->sizing cycle is broken)
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
 LONG_MODULES_ALLOWED = {  # today's offenders, being split by other work of issue 31; this list must end empty
-    "webhook/admission/mutation.py", "webhook/admission/routes.py",
     "webhook/balancer/controller.py", "webhook/replay/model.py",
 }
 LONG_FUNCTIONS_ALLOWED = {  # likewise: module path, function name

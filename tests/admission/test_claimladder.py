@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.admission.ladders import rightsizing
 from tests.kubeversion import KUBERNETES_VERSION
 from tests.policy.kit import container, load, pod, policy
 from webhook import names
@@ -26,18 +27,8 @@ from webhook.errors import PolicyLoadError
 from webhook.kube import claims, rightsizedclaims
 from webhook.kube.demand import Size as Ask
 
-LADDER = """
-match: {namespaces: ["ml-*"]}
-gpu: {max: 2}
-rightsizing:
-  through: dra
-  ladder:
-    - {mig: 1g.10gb}
-    - {mig: 2g.20gb}
-    - {mig: 3g.40gb}
-    - {resource: nvidia.com/gpu.shared, memory: 80Gi, compute: 1}
-    - {resource: nvidia.com/gpu, memory: 80Gi}
-"""
+LADDER = 'match: {namespaces: ["ml-*"]}\ngpu: {max: 2}\n' + rightsizing(
+    "{resource: nvidia.com/gpu.shared, memory: 80Gi, compute: 1}", through="dra")
 POLICIES = load(policy("serving", LADDER))
 SIZING = POLICIES.policies[0].rightsizing
 GIB = 2**30

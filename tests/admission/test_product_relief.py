@@ -15,7 +15,7 @@ import pytest
 
 from tests.policy.kit import container, load, pod, policy
 from webhook import names
-from webhook.admission import mutation
+from webhook.admission import mutation, preferences
 from webhook.kube import inventory as kube_inventory
 from webhook.kube.inventory import Inventory
 
@@ -51,12 +51,12 @@ def relief(terms: list[dict]) -> list[dict]:
 
 def test_an_unpinned_gpu_pod_under_pack_stays_off_the_pressured_products() -> None:
     terms = preferred(pod(container(gpus=1)), published())
-    assert relief(terms) == [{"weight": mutation.PRODUCT_RELIEF_WEIGHT, "preference": {"matchExpressions": [
+    assert relief(terms) == [{"weight": preferences.PRODUCT_RELIEF_WEIGHT, "preference": {"matchExpressions": [
         {"key": names.NVIDIA_PRODUCT_LABEL, "operator": "NotIn",
          "values": ["Tesla-P100-PCIE-16GB", "Tesla-T4", "Tesla-V100-SXM2-16GB"]}]}}]
     # ...as much as the whole pack ladder, so an empty node of another product beats a tight pressured one.
     pack = [t["weight"] for t in terms if t not in relief(terms)]
-    assert mutation.PRODUCT_RELIEF_WEIGHT >= sum(pack) - min(pack)
+    assert preferences.PRODUCT_RELIEF_WEIGHT >= sum(pack) - min(pack)
 
 
 def test_a_share_is_relieved_too() -> None:
@@ -79,7 +79,7 @@ def test_a_pod_with_a_say_about_products_is_left_as_it_is(pinned: dict) -> None:
 @pytest.mark.parametrize(("inventory", "why"), [
     (Inventory(), "no inventory"),
     (published(age=kube_inventory.MAX_AGE_SECONDS + 1), "stale"),
-    (published(pressure=(("Tesla-T4", mutation.PRESSURE_AT_LEAST - 0.1),)), "below the threshold"),
+    (published(pressure=(("Tesla-T4", preferences.PRESSURE_AT_LEAST - 0.1),)), "below the threshold"),
 ])
 def test_no_relief_without_a_fresh_inventory_that_names_a_pressured_product(inventory: Inventory, why: str) -> None:
     assert not relief(preferred(pod(container(gpus=1)), inventory)), why

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.admission.ladders import rightsizing
 from tests.kubeversion import KUBERNETES_VERSION
 from tests.policy.kit import container, load, node_feasible, pod, policy
 from webhook import names
@@ -24,16 +25,7 @@ from webhook.kube import demand
 from webhook.kube.inventory import Inventory, Offer
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-LADDER = """
-rightsizing:
-  migStrategy: mixed
-  ladder:
-    - {mig: 1g.10gb}
-    - {mig: 2g.20gb}
-    - {mig: 3g.40gb}
-    - {resource: nvidia.com/gpu.shared, memory: 20Gi, compute: 0.25}
-    - {resource: nvidia.com/gpu, memory: 80Gi}
-"""
+LADDER = rightsizing("{resource: nvidia.com/gpu.shared, memory: 20Gi, compute: 0.25}", mig_strategy="mixed")
 POLICIES = load(policy("serving", LADDER))
 K8S = KUBERNETES_VERSION  # the target cluster: stack.yaml cluster.kubernetesVersion
 

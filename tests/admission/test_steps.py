@@ -9,7 +9,7 @@ import pytest
 
 from tests.policy.kit import container, load, node_feasible, node_score, pod, policy, tolerates
 from webhook import names
-from webhook.admission import mutation
+from webhook.admission import desiredpod, mutation
 from webhook.kube.inventory import EMPTY, Inventory
 
 NS = "ml-a"
@@ -815,8 +815,8 @@ class TestCopyOnWrite:
 
     def test_a_write_through_a_stale_container_is_a_bug_not_a_silent_edit_of_the_input(self):
         p = labelled("1")
-        desired = mutation.working_copy(p)
-        context = mutation.StepContext(policy=load(policy("gp")).policies[0], ref=None, namespace=NS)
+        desired = desiredpod.working_copy(p)
+        context = desiredpod.StepContext(policy=load(policy("gp")).policies[0], ref=None, namespace=NS)
         original = p["spec"]["containers"][0]
         context.set_request(desired, original, "requests", "nvidia.com/gpu", "1")
         with pytest.raises(ValueError, match="stale reference"):

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 
 from webhook import names
-from webhook.admission.rightsizing import fits, largest
+from webhook.admission.rightsizing import fitting_rungs, largest
 from webhook.kube import claims, rightsizedclaims
 from webhook.kube.claims import Claim, ClaimRequest, DeviceAsk
 from webhook.kube.demand import Size
@@ -110,12 +110,9 @@ def ladder(ask: Size, sizing: RightSizing, *, selectors: tuple[str, ...] = (), m
 
     ``selectors`` are the policy's CEL requirements (added to every sub-request), ``labels`` the
     template's labels (the pod's profile, so the policy that shaped the pod also judges the claim)."""
-    fitting = [rung for rung in sizing.ladder if fits(rung, ask)]
-    if not fitting:
-        top = largest(sizing.ladder)
-        return (f"asks {ask.describe()}; the largest the policy offers is {top.name} "
-                f"({_gib(top.memory_bytes)}, {top.compute:.2g} of a GPU). Ask for less, or use a profile "
-                f"whose policy offers more")
+    fitting = fitting_rungs(ask, sizing)
+    if isinstance(fitting, str):
+        return fitting
     memory = memory_asked(ask, sizing)
     notes: list[str] = []
     subs: list[DeviceAsk] = []
@@ -173,7 +170,3 @@ def _sub_request(rung: Rung, memory: int | None, selectors: tuple[str, ...]) -> 
 
 def _short(ask: DeviceAsk) -> str:
     return ask.name.rsplit("/", 1)[-1]
-
-
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.3g}Gi"

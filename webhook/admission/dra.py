@@ -22,8 +22,9 @@ from typing import Any
 from webhook import names
 from webhook.admission import patches
 from webhook.admission.claimladder import required_selectors
-from webhook.admission.mutation import Mutation, governed_classes
-from webhook.admission.validation import Verdict, allowed_resources, deny_rule_reasons, pod_total
+from webhook.admission.mutation import governed_classes
+from webhook.admission.results import Mutation, Verdict
+from webhook.admission.validation import allowed_resources, deny_rule_reasons, pod_total
 from webhook.kube import claims, pods
 from webhook.kube import demand as kube_demand
 from webhook.kube.claims import Claim, ClaimAsk, DeviceAsk

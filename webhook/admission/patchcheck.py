@@ -91,19 +91,14 @@ class _Document:
             raise ValueError(f"unknown operation {kind!r}")
 
     def _add(self, pointer: str, value: Any) -> None:
-        tokens = _tokens(pointer)
-        if not tokens:
-            self.root = value
-            return
-        parent = self._writable_parent(tokens)
-        if isinstance(parent, dict):
-            parent[tokens[-1]] = value
-        elif isinstance(parent, list):
-            parent.insert(_index(parent, tokens[-1], for_add=True), value)
-        else:
-            raise TypeError("path goes below a scalar")
+        self._put(pointer, value, insert=True)
 
     def _set(self, pointer: str, value: Any) -> None:
+        self._put(pointer, value, insert=False)
+
+    def _put(self, pointer: str, value: Any, *, insert: bool) -> None:
+        """Write ``value`` at ``pointer``: into a list, ``insert`` adds a member (``add``, where ``-``
+        appends) and otherwise replaces one that must exist (``replace``)."""
         tokens = _tokens(pointer)
         if not tokens:
             self.root = value
@@ -111,6 +106,10 @@ class _Document:
         parent = self._writable_parent(tokens)
         if isinstance(parent, dict):
             parent[tokens[-1]] = value
+        elif not isinstance(parent, list):
+            raise TypeError("path goes below a scalar")
+        elif insert:
+            parent.insert(_index(parent, tokens[-1], for_add=True), value)
         else:
             parent[_index(parent, tokens[-1], for_add=False)] = value
 

@@ -30,15 +30,21 @@ MAX_WARNING_CHARS = 256
 MAX_WARNINGS = 20
 
 
-class GroupVersionKind(TypedDict, total=False):
+class _GroupVersion(TypedDict, total=False):
     group: str
+    """Empty for the core group (pods)."""
     version: str
+
+
+class GroupVersionKind(_GroupVersion, total=False):
+    """``request.kind``: what the object is (``Pod``, ``ResourceClaim``...)."""
+
     kind: str
 
 
-class GroupVersionResource(TypedDict, total=False):
-    group: str
-    version: str
+class GroupVersionResource(_GroupVersion, total=False):
+    """``request.resource``: the REST resource the request was made on (``pods``, ``resourceclaims``...)."""
+
     resource: str
 
 
@@ -58,26 +64,34 @@ class ReviewRequest(TypedDict, total=False):
 
 
 class Status(TypedDict, total=False):
+    """``response.status`` of a denial: the HTTP-like code and the message the user reads."""
+
     code: int
     message: str
     reason: str
 
 
 class ReviewResponse(TypedDict, total=False):
+    """``response``: the uid echoed, the verdict, and a JSONPatch only when there is one."""
+
     uid: str
     allowed: bool
     status: Status
     patchType: str
     patch: str
-    warnings: list[str]
     auditAnnotations: dict[str, str]
+    warnings: list[str]
 
 
 class AdmissionReview(TypedDict, total=False):
+    """The whole document: a request from the API server, or our response to it."""
+
     apiVersion: str
     kind: str
     request: ReviewRequest
+    """Set in what the API server sends."""
     response: ReviewResponse
+    """Set in what the webhook answers (``response_document``)."""
 
 
 @dataclass(frozen=True, slots=True)

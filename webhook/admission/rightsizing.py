@@ -53,14 +53,23 @@ def largest(ladder: tuple[Rung, ...]) -> Rung:
     return max(ladder, key=lambda r: (r.memory_bytes, r.compute))
 
 
+def fitting_rungs(ask: Size, sizing: RightSizing) -> list[Rung] | str:
+    """The rungs of the ladder large enough for ``ask``, smallest first; a str is the denial message
+    when none is (the same words whether the pod is right-sized to a resource or to a claim)."""
+    fitting = [rung for rung in sizing.ladder if fits(rung, ask)]
+    if fitting:
+        return fitting
+    top = largest(sizing.ladder)
+    return (f"asks {ask.describe()}; the largest the policy offers is {top.name} "
+            f"({human_bytes(top.memory_bytes)}, {top.compute:.2g} of a GPU). Ask for less, or use a profile "
+            f"whose policy offers more")
+
+
 def choose(ask: Size, sizing: RightSizing, inventory: Inventory, now: datetime | None) -> Choice | str:
     """The rung for ``ask``; a str is the denial message when no rung of the ladder is large enough."""
-    fitting = [rung for rung in sizing.ladder if fits(rung, ask)]
-    if not fitting:
-        top = largest(sizing.ladder)
-        return (f"asks {ask.describe()}; the largest the policy offers is {top.name} "
-                f"({human_bytes(top.memory_bytes)}, {top.compute:.2g} of a GPU). Ask for less, or use a profile "
-                f"whose policy offers more")
+    fitting = fitting_rungs(ask, sizing)
+    if isinstance(fitting, str):
+        return fitting
     smaller = [r.name for r in sizing.ladder[:sizing.ladder.index(fitting[0])]]
     too_small = f" ({', '.join(smaller)} too small)" if smaller else ""
     if inventory.fresh(now, sizing.max_inventory_age_seconds):

@@ -12,26 +12,13 @@ from datetime import datetime
 
 from webhook import names
 from webhook.admission import affinity, rightsizing
+from webhook.admission.results import Verdict
 from webhook.kube import demand as kube_demand
 from webhook.kube import pods
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.kube.quantity import QuantityError, out_of_range, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """Allowed or not, and why: a value, never an exception."""
-
-    allowed: bool
-    reasons: tuple[str, ...] = ()
-    policy: PolicyRef | None = None
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def message(self) -> str:
-        return "; ".join(self.reasons)
 
 
 @dataclass(frozen=True, slots=True)
