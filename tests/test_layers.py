@@ -32,7 +32,8 @@ LAYERS: dict[str, dict[str, str]] = {
                   "dra": CORE, "claimladder": CORE, "claimlookup": EDGE, "outcome": CORE, "cases": EDGE,
                   "results": CORE, "answers": CORE, "serverstate": EDGE, "requestbody": EDGE, "desiredpod": CORE,
                   "requeststeps": CORE, "schedulingsteps": CORE, "preferences": CORE,
-                  "worker": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
+                  "worker": EDGE, "requestloop": EDGE, "connection": EDGE, "workershared": EDGE, "leanpath": CORE,
+                  "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                   "client": EDGE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE, "reload": EDGE},
     "balancer": {"__init__": CORE, "tiers": CORE, "state": CORE, "marks": CORE, "backoff": CORE, "inventory": CORE,
@@ -239,10 +240,9 @@ SIDEWAYS_ALLOWED = {  # today's offenders, owned by other work of issue 31; this
 CYCLES_ALLOWED: list[set[str]] = []  # none left: keep it so (the replay runner<->sizing cycle is broken)
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
 LONG_MODULES_ALLOWED = {  # today's offenders, being split by other work of issue 31; this list must end empty
-    "webhook/admission/worker.py", "webhook/replay/model.py",
+    "webhook/replay/model.py",
 }
 LONG_FUNCTIONS_ALLOWED = {  # likewise: module path, function name
-    ("webhook/admission/serving.py", "gunicorn_options"),
     ("webhook/replay/runner.py", "run"), ("webhook/replay/sizing.py", "run"),
 }
 

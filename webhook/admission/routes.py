@@ -24,7 +24,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import logs
-from webhook.admission import answers, metrics, requestbody, reviews, worker
+from webhook.admission import answers, leanpath, metrics, requestbody, reviews, worker
 from webhook.admission.inventoryfile import InventoryFile
 from webhook.admission.results import CoreResult
 from webhook.admission.serverstate import ClaimCore, Core, PolicyCore, ServerSettings, ServerState
@@ -66,6 +66,7 @@ def create_app(settings: ServerSettings | None = None, *, core: Core | None = No
         lookup = ClaimLookup.from_environment()
     claim_core = ClaimCore(lookup) if core is None else None  # a stub core (benchmarks) judges pods only
     app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore(), inventory_file, claim_core)
+    app.extensions[worker.LEAN_ROUTES] = lean_routes(app.extensions[EXTENSION])
     app.register_blueprint(blueprint)
     app.register_error_handler(HTTPException, _http_error)
     return app
@@ -135,6 +136,25 @@ def _admit(endpoint: str) -> Response:
         return requestbody.refuse(endpoint, 413, f"body exceeds the {limit}-byte limit", started, fields, drain=True)
     status, body_out = admit(st, endpoint, body, started)
     return Response(body_out, status, content_type="application/json")
+
+
+def lean_routes(st: ServerState) -> leanpath.LeanRoutes:
+    """``POST /mutate`` and ``/validate`` for the worker's lean path (``worker.LEAN_ROUTES``): the
+    request's whole body in, (status, JSON body) out, without Flask's request and response objects.
+    Run by the worker's loop itself unless claims are read from the API (network I/O)."""
+
+    def route(endpoint: str) -> leanpath.LeanRoute:
+        def answer(body: bytes) -> tuple[int, bytes]:
+            started = time.perf_counter()
+            limit = st.settings.max_body_bytes
+            if len(body) > limit:
+                message = f"body of {len(body)} bytes exceeds the {limit}-byte limit"
+                return 413, requestbody.refusal(endpoint, 413, message, started, {"endpoint": endpoint})
+            return admit(st, endpoint, body, started)
+        return answer
+
+    return leanpath.LeanRoutes({"/mutate": route("mutate"), "/validate": route("validate")},
+                               inline=st.claims is None or st.claims.lookup is None)
 
 
 def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[int, bytes]:

@@ -19,7 +19,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger as GunicornLogger
 
 from webhook import logs
-from webhook.admission import metrics, worker
+from webhook.admission import metrics, workershared
 from webhook.certs.reload import CertReloader
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
@@ -89,19 +89,6 @@ def gunicorn_options(
     max_requests: recycle a worker after that many requests (0: never), with 10% jitter so the
     workers do not all restart at once.
     """
-
-    def when_ready(server: Any) -> None:
-        if metrics_bind is not None:
-            metrics.start_plaintext_server(*metrics_bind)
-            logs.log_event(_log, "metrics listening (plaintext, /metrics only)",
-                           url=f"http://{metrics_bind[0]}:{metrics_bind[1]}/metrics")
-
-    def child_exit(server: Any, gunicorn_worker: Any) -> None:
-        # Whatever way the worker ended (exit, crash, kill by the worker timeout): its live gauges
-        # go, its counters stay in the sums, and its balancing slot is freed.
-        metrics.mark_process_dead(gunicorn_worker.pid)
-        worker.child_exit(server, gunicorn_worker)
-
     return {
         "bind": [bind],
         "workers": workers,
@@ -116,16 +103,37 @@ def gunicorn_options(
         "certfile": str(certfile),
         "keyfile": str(keyfile),
         "ssl_context": reloader.gunicorn_hook,
-        "accesslog": None,
-        "logger_class": f"{__name__}.NoAccessLogLogger",
-        "logconfig_dict": logs.LOGCONFIG,
+        **_LOGGING,
         "proc_name": "gpugate",
         "worker_tmp_dir": "/dev/shm" if os.path.isdir("/dev/shm") else None,
-        "when_ready": when_ready,
-        "pre_fork": worker.pre_fork,
-        "child_exit": child_exit,
+        **_hooks(metrics_bind),
         "preload_app": False,
         # gunicorn >= 25 opens a control socket at one fixed path per user: several servers
         # (tests, benchmarks) would fight over it, and nothing here uses it.
         "control_socket_disable": True,
     }
+
+
+_LOGGING: dict[str, Any] = {
+    "accesslog": None,
+    "logger_class": f"{__name__}.NoAccessLogLogger",
+    "logconfig_dict": logs.LOGCONFIG,
+}
+
+
+def _hooks(metrics_bind: tuple[str, int] | None) -> dict[str, Any]:
+    """The master's hooks: the metrics listener once ready, and the worker slots of ``workershared``."""
+
+    def when_ready(server: Any) -> None:
+        if metrics_bind is not None:
+            metrics.start_plaintext_server(*metrics_bind)
+            logs.log_event(_log, "metrics listening (plaintext, /metrics only)",
+                           url=f"http://{metrics_bind[0]}:{metrics_bind[1]}/metrics")
+
+    def child_exit(server: Any, gunicorn_worker: Any) -> None:
+        # Whatever way the worker ended (exit, crash, kill by the worker timeout): its live gauges
+        # go, its counters stay in the sums, and its balancing slot is freed.
+        metrics.mark_process_dead(gunicorn_worker.pid)
+        workershared.child_exit(server, gunicorn_worker)
+
+    return {"when_ready": when_ready, "pre_fork": workershared.pre_fork, "child_exit": child_exit}

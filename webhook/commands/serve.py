@@ -177,10 +177,10 @@ def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, th
     # frame too: only the master may remove the folder its live and future workers write into.
     master_pid = os.getpid()
     try:
-        from webhook.admission import serving, worker
+        from webhook.admission import serving, workershared
 
-        worker.configure(worker.WorkerSettings(request_timeout=request_timeout, drain_seconds=drain_seconds),
-                         max_workers=workers)
+        workershared.configure(workershared.WorkerSettings(request_timeout=request_timeout,
+                                                           drain_seconds=drain_seconds), max_workers=workers)
         try:
             reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval)
         except ssl.SSLError as err:

@@ -1,0 +1,78 @@
+"""One client connection of the worker's loop, and where it is in its life (``Phase``).
+
+Split out of ``admission.worker`` (issue 31).
+"""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from typing import Any, Protocol
+
+from gunicorn.workers.gthread import TConn
+
+from webhook.admission import leanpath
+
+
+class Phase(Enum):
+    HANDSHAKE = "handshake"
+    READING = "reading"
+    IDLE = "idle"          # kept alive, waiting for the next request
+    BUSY = "busy"          # a thread has the request
+    DISCARDING = "discarding"  # answered 413; reading and dropping the rest of the body
+    CLOSING = "closing"    # FIN sent; waiting for the peer's, so unread bytes do not turn into a reset
+
+
+class Conn(TConn):
+    """One client connection and what the loop knows about it."""
+
+    def __init__(self, cfg: Any, sock: Any, client: Any, server: Any) -> None:
+        super().__init__(cfg, sock, client, server)
+        self.buffer = bytearray()
+        self.phase = Phase.HANDSHAKE
+        self.deadline = 0.0
+        self.continue_sent = False
+        self.discard_left = 0
+        self.last_activity = time.monotonic()
+        self.events = 0
+        self.generation = 0   # bumped whenever the deadline changes, so stale heap entries are skipped
+        self.request_id = 0   # bumped for each request handed to a thread
+        self.rearmed = False  # the thread that answered has put the socket back in the poller
+        self.lean: leanpath.LeanRequest | None = None  # the request, when it takes the lean path
+        self.unsent: tuple[bytes, bool] | None = None  # an answer the loop could not send whole; keep-alive
+
+
+class EventHandler(Protocol):
+    """The loop, as a connection's poller callback sees it."""
+
+    def on_event(self, conn: Conn) -> None: ...
+
+
+class ConnCallback:
+    """The poller's data for a connection: calls back into the worker with it."""
+
+    __slots__ = ("worker", "conn")
+
+    def __init__(self, worker: EventHandler, conn: Conn) -> None:
+        self.worker, self.conn = worker, conn
+
+    def __call__(self, _fileobj: Any) -> None:
+        self.worker.on_event(self.conn)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ConnCallback) and other.conn is self.conn
+
+    def __hash__(self) -> int:
+        return id(self.conn)
+
+
+def endpoint_of(buffer: bytes | bytearray) -> str:
+    line = bytes(buffer[:200]).split(b"\r\n", 1)[0].split(b" ")
+    if len(line) >= 2 and line[1].lstrip(b"/") in (b"mutate", b"validate"):
+        return line[1].lstrip(b"/").decode()
+    return "other"
+
+
+def client_name(conn: Conn) -> str:
+    client = conn.client
+    return f"{client[0]}:{client[1]}" if isinstance(client, tuple) and len(client) >= 2 else str(client)

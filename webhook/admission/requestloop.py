@@ -1,0 +1,443 @@
+"""The worker's event loop: TLS handshakes, whole-request reads, balanced accepts, deadlines, the drain.
+
+The loop does the TLS handshake and reads each request without blocking, under one deadline per
+request (``WorkerSettings.request_timeout``, from the connection's first byte, or from the first
+byte of a request on a kept-alive connection, to the request's last byte). Only a complete request
+is acted on (``_take``, in ``admission.worker``). A client that stalls costs a socket and its buffer
+until its deadline, then gets 408; a body over the limit gets 413 and a header block over the limit
+431, answered by the loop without a thread. gunicorn's master, signals, reloads and worker timeouts
+are unchanged.
+
+The loop also:
+
+- spreads connections over the workers: the API server keeps connections alive, and with one
+  shared listening socket the kernel often gave most of them to one worker while the other idled.
+  Each worker publishes its open-connection count in a table shared by all workers
+  (``workershared``), and accepts only while it has no more connections than the least loaded live
+  worker; the others take the rest.
+- drains on SIGTERM (gunicorn's graceful stop, also how HUP retires old workers): the app is told
+  (``environ["gpugate.draining"]``) so ``/readyz`` answers 503 at once; for ``drain_seconds`` the
+  worker keeps accepting and answering, each answer with ``Connection: close`` so every client
+  closes between requests, never in the middle of one; then it stops accepting, closes idle
+  connections, finishes what is in flight, and exits.
+
+Split out of ``admission.worker`` (issue 31).
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import json
+import logging
+import os
+import re
+import selectors
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gunicorn import sock as gunicorn_sock
+from gunicorn.workers.gthread import ThreadWorker
+
+from webhook import logs
+from webhook.admission import framing, metrics, workershared
+from webhook.admission.connection import Conn, ConnCallback, Phase, client_name, endpoint_of
+
+_log = logging.getLogger(logs.SERVER_LOGGER)
+
+READ_CHUNK = 65536
+_EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*(?=\r\n)", re.IGNORECASE)
+MAX_READ_PER_EVENT = 1024 * 1024
+IDLE_LINGER_SECONDS = 0.5
+HEARTBEAT_SECONDS = 1.0
+"""At most one heartbeat to the arbiter per second (its timeout is 30 s)."""
+ACCEPT_RECHECK_SECONDS = 0.02
+"""While a worker leaves new connections to a less loaded sibling, how often it looks at the
+connection table again. Before issue 28 the pause was set once and then lay in the past, so the
+loop polled with a zero timeout: a worker holding one kept-alive connection more than its sibling
+burnt a whole core, and on the API server's kept-alive connections that was nearly always one of
+the two workers (3.5 ms of CPU per admission instead of under 1 ms)."""
+
+
+class RequestLoop(ThreadWorker):
+    """gthread's worker with whole-request reads in the loop, balanced accepts and a drain on SIGTERM;
+    what is done with a whole request is the subclass's ``_take``."""
+
+    alive: bool  # gunicorn sets it; False once the worker is told to stop
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = workershared.settings()
+        self.conns: set[Conn] = set()
+        self._deadlines: list[tuple[float, int, int, Conn]] = []
+        self._tiebreak = itertools.count()
+        self._accept_paused_until = 0.0
+        self.slot: int | None = None
+
+    def init_process(self) -> None:
+        self.slot = getattr(self, "gpugate_slot", None)  # given by pre_fork in the master
+        if (table := workershared.table()) is not None and self.slot is not None:
+            table.claim(self.slot, os.getpid())
+        super().init_process()
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        self.poller.register(self.method_queue.fileno(), selectors.EVENT_READ, self.method_queue.run_callbacks)
+        self.set_accept_enabled(True)
+        beat = 0.0
+        while self.alive:
+            now = time.monotonic()
+            if now - beat >= HEARTBEAT_SECONDS:
+                # The arbiter only needs a sign of life within its timeout (30 s); gunicorn's own
+                # loop sends one per turn, a file-metadata syscall for every burst of requests.
+                self.notify()
+                beat = now
+            self._balance()
+            self._dispatch(self._timeout())
+            if not self.is_parent_alive():
+                break
+            self._expire()
+        self._drain()
+
+    def _dispatch(self, timeout: float) -> None:
+        try:
+            events = self.poller.select(timeout)
+        except OSError as err:
+            if err.errno != errno.EINTR:
+                raise
+            return
+        for key, mask in events:
+            callback = key.data
+            if isinstance(callback, ConnCallback):
+                callback.conn.events = mask
+                callback(key.fileobj)
+            else:
+                callback(key.fileobj)
+
+    def _timeout(self) -> float:
+        timeout = 1.0
+        if self._deadlines:
+            timeout = min(timeout, max(self._deadlines[0][0] - time.monotonic(), 0.0))
+        if not self._accepting and self.alive and self._accept_paused_until:
+            timeout = min(timeout, max(self._accept_paused_until - time.monotonic(), 0.0))
+        return timeout
+
+    # --- accepting, balanced -----------------------------------------------------------------
+    def _may_accept(self) -> bool:
+        if self.nr_conns >= self.worker_connections:
+            return False
+        others = workershared.siblings(self.slot)
+        if not self.alive:
+            # Draining: a sibling that is not stopping takes new clients (a HUP's new workers, the
+            # other worker of a single TERM); only a whole-server stop keeps answering them here.
+            return not others
+        return not others or self.nr_conns <= min(others)
+
+    def _balance(self) -> None:
+        wanted = self._may_accept()
+        if not wanted:
+            now = time.monotonic()
+            if now >= self._accept_paused_until:  # look again after a pause, never in a busy loop
+                self._accept_paused_until = now + ACCEPT_RECHECK_SECONDS
+        if wanted != self._accepting:
+            self.set_accept_enabled(wanted)
+
+    def accept(self, listener: socket.socket) -> None:
+        if not self._may_accept():
+            self._accept_paused_until = time.monotonic() + ACCEPT_RECHECK_SECONDS
+            self.set_accept_enabled(False)
+            return
+        try:
+            sock, client = listener.accept()
+        except OSError as err:
+            if err.errno in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                return
+            raise
+        sock.setblocking(False)
+        now = time.monotonic()
+        if self.cfg.is_ssl:
+            context = gunicorn_sock.ssl_context(self.cfg)
+            sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False,
+                                       suppress_ragged_eofs=True)
+        conn = Conn(self.cfg, sock, client, listener.getsockname())
+        metrics.CONNECTIONS.inc()
+        self.nr_conns += 1
+        self.conns.add(conn)
+        workershared.publish(self.slot, self.nr_conns, draining=not self.alive)
+        self._set_deadline(conn, now + self.settings.request_timeout)
+        self.poller.register(conn.sock, selectors.EVENT_READ, ConnCallback(self, conn))
+        if self.cfg.is_ssl:
+            self._handshake(conn)
+        else:
+            conn.initialized = True
+            conn.phase = Phase.IDLE
+            self._set_deadline(conn, now + self.cfg.keepalive)
+
+    # --- per-connection state machine --------------------------------------------------------
+    def on_event(self, conn: Conn) -> None:
+        if conn.phase is Phase.BUSY:
+            if not conn.rearmed:
+                return
+            self._resume(conn)  # the next request came before the loop heard the last one was answered
+        if conn.phase is Phase.HANDSHAKE:
+            self._handshake(conn)
+        elif conn.phase in (Phase.READING, Phase.IDLE, Phase.DISCARDING, Phase.CLOSING):
+            self._read(conn)
+
+    def _watch(self, conn: Conn, events: int) -> None:
+        # Registered or not is looked up, not found out from modify's KeyError: its message formats
+        # the socket's repr, a getsockname and getpeername per request (issue 28).
+        key = self.poller.get_map().get(conn.sock.fileno())
+        if key is None:
+            self.poller.register(conn.sock, events, ConnCallback(self, conn))
+        elif key.events != events or key.data != ConnCallback(self, conn):
+            self.poller.modify(conn.sock, events, ConnCallback(self, conn))
+
+    def _unwatch(self, conn: Conn) -> None:
+        try:
+            self.poller.unregister(conn.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _tls_step(self, conn: Conn, step: Callable[[], Any]) -> tuple[bool, Any]:
+        """One non-blocking step on the socket (handshake, read): (True, its result), or (False, None)
+        when it must wait (the socket is watched for what it waits on) or failed (it is closed)."""
+        try:
+            return True, step()
+        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+            self._watch(conn, selectors.EVENT_READ)
+        except ssl.SSLWantWriteError:
+            self._watch(conn, selectors.EVENT_WRITE)
+        except (ssl.SSLError, OSError):
+            self._close(conn)
+        return False, None
+
+    def _handshake(self, conn: Conn) -> None:
+        if not self._tls_step(conn, conn.sock.do_handshake)[0]:
+            return
+        conn.initialized = True
+        conn.last_activity = time.monotonic()
+        # Connected: the request deadline starts with the request's first byte, like on a kept-alive
+        # connection. An idle connection costs a socket, never a thread.
+        conn.phase = Phase.IDLE
+        self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
+        self._watch(conn, selectors.EVENT_READ)
+        self._read(conn)
+
+    def _read(self, conn: Conn) -> None:
+        received = 0
+        while received < MAX_READ_PER_EVENT:
+            done, chunk = self._tls_step(conn, lambda: conn.sock.recv(READ_CHUNK))
+            if not done:
+                if conn not in self.conns:
+                    return
+                break
+            if not chunk:
+                self._close(conn)
+                return
+            received += len(chunk)
+            if conn.phase is Phase.CLOSING:
+                continue
+            if conn.phase is Phase.DISCARDING:
+                conn.discard_left -= len(chunk)
+                if conn.discard_left <= 0:
+                    self._close_gracefully(conn)
+                    return
+                continue
+            if conn.phase is Phase.IDLE:
+                conn.phase = Phase.READING
+                self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
+            conn.buffer += chunk
+            if len(conn.buffer) > self.settings.max_header_bytes + self.settings.max_body_bytes + READ_CHUNK:
+                break
+        if conn.phase is Phase.READING:
+            self._examine(conn)
+
+    def _examine(self, conn: Conn) -> None:
+        """Act on what the buffer holds: wait for more, take a whole request, or refuse. Requests the
+        loop answers itself are taken one after another, so pipelined ones need no recursion."""
+        while conn.phase is Phase.READING:
+            found = framing.frame(conn.buffer, max_header_bytes=self.settings.max_header_bytes,
+                                  max_body_bytes=self.settings.max_body_bytes)
+            if found.state is framing.State.INCOMPLETE:
+                if found.expects_continue and not conn.continue_sent:
+                    conn.continue_sent = True
+                    self._send_now(conn, b"HTTP/1.1 100 Continue\r\n\r\n")
+                return
+            if found.state in (framing.State.COMPLETE, framing.State.MALFORMED):
+                data = bytes(conn.buffer[:found.end])
+                del conn.buffer[:found.end]
+                if conn.continue_sent:  # answered already: the parser must not send a second 100
+                    data = _EXPECT_CONTINUE.sub(b"", data, count=1)
+                conn.continue_sent = False
+                body_start = found.body_start if found.state is framing.State.COMPLETE else -1
+                self._take(conn, data, body_start)
+            elif found.state is framing.State.TOO_LARGE:
+                self._too_large(conn, found)
+            else:
+                self._refuse(conn, 431, "Request Header Fields Too Large",
+                             f"the header block exceeds {self.settings.max_header_bytes} bytes")
+
+    def _too_large(self, conn: Conn, found: framing.Framing) -> None:
+        length = found.declared_length
+        received = len(conn.buffer) - found.body_start
+        limit = self.settings.max_body_bytes
+        message = (f"body of {length} bytes exceeds the {limit}-byte limit" if length is not None
+                   else f"body exceeds the {limit}-byte limit")
+        left = (length - received) if length is not None else self.settings.discard_limit_bytes
+        self._refuse(conn, 413, "Payload Too Large", message, discard=min(left, self.settings.discard_limit_bytes))
+
+    def _take(self, conn: Conn, data: bytes, body_start: int) -> None:
+        """Act on one whole request (``body_start`` -1 when its framing is broken): the subclass answers."""
+        raise NotImplementedError
+
+    def _resume(self, conn: Conn) -> None:
+        """A connection whose answer went out waits for its next request (loop bookkeeping)."""
+        conn.rearmed = False
+        conn.phase = Phase.IDLE
+        conn.last_activity = time.monotonic()
+        self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
+
+    # --- answers the loop gives itself ---------------------------------------------------------
+    def _refuse(self, conn: Conn, status: int, reason: str, message: str, *, discard: int = 0) -> None:
+        body = json.dumps({"error": message, "code": status}).encode()
+        head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        result = {413: "too_large", 408: "timeout", 431: "bad_request"}.get(status, "bad_request")
+        endpoint = endpoint_of(conn.buffer)
+        metrics.ADMISSIONS.labels(endpoint, "", "", result).inc()
+        logs.log_event(_log, "request refused", logging.WARNING, result=result, code=status, error=message,
+                       endpoint=endpoint, client=client_name(conn))
+        self._send_now(conn, head + body)
+        conn.buffer.clear()
+        if discard > 0:
+            conn.phase = Phase.DISCARDING
+            conn.discard_left = discard
+            self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
+            self._watch(conn, selectors.EVENT_READ)
+        else:
+            self._close_gracefully(conn)
+
+    def _send_now(self, conn: Conn, data: bytes) -> None:
+        """A short answer from the loop: sent without blocking, or the connection is dropped."""
+        try:
+            sent = conn.sock.send(data)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+            sent = 0
+        except (ssl.SSLError, OSError):
+            self._close(conn)
+            return
+        if sent < len(data):  # the client does not read: nothing more is owed to it
+            self._close(conn)
+
+    # --- deadlines -----------------------------------------------------------------------------
+    def _set_deadline(self, conn: Conn, when: float) -> None:
+        conn.deadline = when
+        conn.generation += 1
+        heapq.heappush(self._deadlines, (when, next(self._tiebreak), conn.generation, conn))
+
+    def _clear_deadline(self, conn: Conn) -> None:
+        conn.generation += 1
+        conn.deadline = 0.0
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, generation, conn = heapq.heappop(self._deadlines)
+            if generation != conn.generation or conn not in self.conns:
+                continue
+            if conn.phase is Phase.READING and conn.buffer:
+                self._refuse(conn, 408, "Request Timeout",
+                             f"the request did not arrive whole within {self.settings.request_timeout:g} s")
+            elif conn.phase is Phase.BUSY:
+                continue
+            else:  # idle keep-alive, a stalled handshake, a discard or a close that took too long
+                self._close(conn)
+
+    # --- closing -------------------------------------------------------------------------------
+    def _close_gracefully(self, conn: Conn) -> None:
+        """Send FIN, then read until the peer closes (bounded), so unread bytes do not become a reset."""
+        if conn not in self.conns:
+            return
+        try:
+            conn.sock.setblocking(False)
+            if isinstance(conn.sock, ssl.SSLSocket):
+                raw = socket.socket(fileno=conn.sock.fileno())
+                try:
+                    raw.shutdown(socket.SHUT_WR)
+                finally:
+                    raw.detach()
+            else:
+                conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(conn)
+            return
+        conn.phase = Phase.CLOSING
+        self._set_deadline(conn, time.monotonic() + 2.0)
+        self._watch(conn, selectors.EVENT_READ)
+
+    def _close(self, conn: Conn) -> None:
+        if conn not in self.conns:
+            return
+        self.conns.discard(conn)
+        self._unwatch(conn)
+        self._clear_deadline(conn)
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        self.nr_conns -= 1
+        workershared.publish(self.slot, self.nr_conns, draining=not self.alive)
+
+    # --- stopping ------------------------------------------------------------------------------
+    def _drain(self) -> None:
+        """Stop the way a client can live with: answer, then close between requests, never in one."""
+        started = time.monotonic()
+        # siblings now see this worker draining and take the new clients
+        workershared.publish(self.slot, self.nr_conns, draining=not self.alive)
+        drain_end = started + self.settings.drain_seconds
+        while time.monotonic() < drain_end and self.is_parent_alive():
+            self.notify()
+            self.set_accept_enabled(self._may_accept())
+            self._dispatch(min(self._timeout(), 0.05, max(drain_end - time.monotonic(), 0.0)))
+            self._expire()
+        self.set_accept_enabled(False)
+        if not workershared.siblings(self.slot):
+            self._accept_backlog()  # the last to stop: take what the kernel queued, then close
+        for listener in self.sockets:
+            try:
+                listener.close()
+            except OSError:
+                pass
+        give_up = started + self.cfg.graceful_timeout - 1.0
+        while self.conns and time.monotonic() < give_up:
+            self.notify()
+            now = time.monotonic()
+            # An idle connection is closed once it has been quiet for a moment: a client that was
+            # about to send on it has done so (and is answered with Connection: close).
+            for conn in [c for c in self.conns if c.phase in (Phase.IDLE, Phase.HANDSHAKE)
+                         and now - c.last_activity >= IDLE_LINGER_SECONDS]:
+                self._close_gracefully(conn)
+            self._dispatch(min(self._timeout(), 0.05))
+            self._expire()
+        for conn in list(self.conns):
+            self._close(conn)
+        self.tpool.shutdown(wait=False)
+        self.poller.close()
+        self.method_queue.close()
+
+    def _accept_backlog(self) -> None:
+        for listener in self.sockets:
+            for _ in range(self.worker_connections):
+                before = self.nr_conns
+                try:
+                    listener.setblocking(False)
+                    self.accept(listener)
+                except OSError:
+                    break
+                if self.nr_conns == before:
+                    break
