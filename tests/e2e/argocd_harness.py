@@ -375,13 +375,7 @@ class ArgoCD:
     def api(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
         """GET a path of argocd-server's API (no auth: --disable-auth)."""
         assert self.server_port, "started without the API server"
-        connection = http.client.HTTPConnection(LOOPBACK, self.server_port, timeout=timeout)
-        try:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
+        return processes.http_get(http.client.HTTPConnection(LOOPBACK, self.server_port, timeout=timeout), path)
 
     def api_json(self, path: str) -> Obj:
         status, body = self.api(path)

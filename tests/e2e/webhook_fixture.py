@@ -358,12 +358,7 @@ class GpugateServer:
         except BaseException:
             raw.close()
             raise
-        try:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
+        return processes.http_get(connection, path)
 
     def client_context(self) -> ssl.SSLContext:
         """A client that trusts only the server's CA and checks its name, as the API server does."""

@@ -34,6 +34,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def http_get(connection: http.client.HTTPConnection, path: str) -> tuple[int, bytes]:
+    """GET ``path`` on ``connection`` and close it: the status and the body.
+
+    Why here: every probe and every test that reads a component's /healthz, /readyz or /metrics
+    sends one request on a connection it made for that (plain, TLS unverified, or TLS checked
+    against a CA and a name), and must close it whatever the answer.
+    """
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
 def tail(path: Path, lines: int = 30) -> str:
     """The last lines of a log file ('' if there is none yet)."""
     try:
