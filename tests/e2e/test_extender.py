@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from kubernetes import client
 from tests.e2e.balancer_access import scrape
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.namespaces import shared_namespace
-from tests.e2e.processes import free_port
+from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import find, kustomize
 from webhook import names
@@ -167,13 +166,7 @@ def extender(local: Cluster, workdir: Path, namespace: str, pool: Pool) -> Itera
     try:
         yield running
     finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        terminate(process, grace=20)
 
 
 @pytest.fixture(scope="module")

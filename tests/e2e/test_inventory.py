@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -33,18 +32,16 @@ from kubernetes import client
 
 from tests.e2e.balancer_access import NAMESPACE, rbac_applied, scrape
 from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.processes import free_port
+from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
     Namespaces,
     Obj,
-    ServingCerts,
     create_pod,
     pod_manifest,
     read_pod,
-    registered_as_shipped,
-    serving,
+    shipped_webhook,
 )
 from webhook.kube import inventory as webhook_inventory
 
@@ -104,13 +101,7 @@ class Balancer:
             "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        terminate(self.process, grace=20)
 
 
 def _forget_earlier_runs(local: Cluster) -> None:
@@ -185,14 +176,7 @@ def volume(local: Cluster, workdir: Path) -> Volume:
 
 @pytest.fixture(scope="module")
 def webhook(local: Cluster, workdir: Path, volume: Volume) -> Iterator[GpugateServer]:
-    policies = workdir / "policies"
-    policies.mkdir()
-    (policies / "inventory.yaml").write_text(POLICY)
-    certs = ServingCerts(workdir / "certs")
-    assert local.plane is not None
-    running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies, inventory=volume.path,
-                            log=local.plane.logs / "gpugate-inventory.log")
-    with serving(running), registered_as_shipped(local, running, certs):
+    with shipped_webhook(local, workdir, POLICY, name="inventory", inventory=volume.path) as running:
         yield running
 
 
