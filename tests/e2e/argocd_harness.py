@@ -50,6 +50,7 @@ from kubernetes import client, config
 
 from tests.e2e import gitops_binaries, processes
 from tests.e2e.waiting import stop_stream
+from tests.prerequisites import missing
 from webhook.localcluster.fakekubelet import json_lines
 
 Obj = dict[str, Any]
@@ -578,13 +579,19 @@ class ApplicationWatch:
         return version
 
 
-def binaries_or_reason() -> tuple[dict[str, Path] | None, str]:
-    """The cached GitOps binaries; under ``CI`` the missing ones are built (minutes, once per
-    machine). Otherwise None and the command that builds them."""
+def rig_binaries() -> dict[str, Path]:
+    """The cached GitOps binaries, once the tools a rig runs (redis-server, git, kubectl) are on PATH.
+
+    Under ``CI`` missing binaries are built (minutes, once per machine); otherwise a missing tool or
+    binary is :func:`tests.prerequisites.missing` (a skip naming the command that fixes it).
+    """
+    for tool in ("redis-server", "git", "kubectl"):
+        if shutil.which(tool) is None:
+            missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
     found = gitops_binaries.paths()
     if found is not None:
-        return found, ""
+        return found
     if os.environ.get("CI") and shutil.which("go"):
-        return gitops_binaries.build(), ""
-    return None, ("Argo CD, helm and kustomize are not built; run `python -m tests.e2e.gitops_binaries build` "
-                  "(Go module proxy, ~10 min cold)")
+        return gitops_binaries.build()
+    missing("Argo CD, helm and kustomize are not built; run `python -m tests.e2e.gitops_binaries build` "
+            "(Go module proxy, ~10 min cold)")

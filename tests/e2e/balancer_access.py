@@ -3,7 +3,8 @@
 ``rbac_applied`` applies the ServiceAccount and RBAC exactly as ``kubectl kustomize
 manifests/balancer`` renders them (in the shared gpugate-system namespace) and deletes them on
 the way out; ``scrape`` reads one metric from a process's plaintext /metrics, summed over the
-series whose labels match. Used by test_balancer.py, test_inventory.py and test_extender.py.
+series whose labels match; ``QUICK_CONFIG`` is the balancer's timing for a test. Used by
+test_balancer.py, test_inventory.py and test_extender.py.
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ from tests.e2e.webhook_fixture import kustomize
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpugate-system"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+QUICK_CONFIG = """\
+lease: {duration: 4, renew_deadline: 3, retry_period: 0.5}
+backoff_initial: 0.2
+backoff_max: 2
+watch_timeout: 30
+write_interval: 1
+"""
+"""``gpugate balance --config`` with the Lease timing scaled down (the ratios are the defaults') and
+one-second writes, so a test waits on events and a failover, not on the production defaults."""
 
 
 def kubectl_stdout(cluster: Cluster, *args: str, stdin: str | None = None) -> str:

@@ -147,12 +147,7 @@ def rig(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[GitOpsRig]
     pytest runs on a shared machine rotate those away). Kept when a test failed or with
     ``GPUGATE_E2E_KEEP``; otherwise only its ``dashboard/`` (the Markdown snapshots) is kept."""
     needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
-    for tool in ("redis-server", "git", "kubectl"):
-        if shutil.which(tool) is None:
-            missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
-    found, reason = harness.binaries_or_reason()
-    if found is None:
-        missing(reason)
+    found = harness.rig_binaries()
     controller = binaries.upgrade_controller()
     if controller is None:
         missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,13 +142,7 @@ def _git_repo(base: Path) -> None:
 def rig(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     if not all((SCHEMAS / f).is_file() for f in NVIDIA_CRDS):
         _missing(f"{SCHEMAS} lacks the GPU Operator CRDs {NVIDIA_CRDS} (a fresh clone has no ../shared)")
-    for tool in ("redis-server", "git", "kubectl"):
-        if shutil.which(tool) is None:
-            _missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
-    found, reason = harness.binaries_or_reason()
-    if found is None:
-        _missing(reason)
-        raise AssertionError("unreachable")
+    found = harness.rig_binaries()
     workdir = tmp_path_factory.mktemp("argocd-health")
     kubectl = harness.Kubectl(cluster.kubeconfig)
     harness.install_crds(kubectl)

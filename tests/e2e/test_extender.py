@@ -44,42 +44,21 @@ import yaml
 from cryptography import x509
 from kubernetes import client
 
-from tests.e2e.balancer_access import scrape
+from tests.e2e import shipped_scheduler
+from tests.e2e.balancer_access import QUICK_CONFIG, scrape
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port, terminate
+from tests.e2e.shipped_scheduler import BINPACK
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import find, kustomize
-from webhook import names
 from webhook.certs import pki
 from webhook.placement.scoring import RECOMMENDED_WEIGHT
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_ONLY_REASON = "the extender and the second scheduler run on this machine's 127.0.0.1"
 """Why this module skips against an attached cluster (the ``local`` fixture of conftest.py)."""
-BINPACK = "gpugate-binpack"
 POOL = "e2e.gpugate.io/extender-pool"
-CONFIG = """\
-lease: {duration: 4, renew_deadline: 3, retry_period: 0.5}
-backoff_initial: 0.2
-backoff_max: 2
-watch_timeout: 30
-write_interval: 1
-"""
-
-
-def scheduler_configuration() -> dict[str, Any]:
-    """The KubeSchedulerConfiguration of the ConfigMap the rendered Deployment's ``--config`` reads."""
-    documents = kustomize(ROOT / "manifests" / "scheduler")
-    deployment = find(documents, "Deployment", "gpugate-scheduler")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    config_path = next(arg.split("=", 1)[1] for arg in container["command"] if arg.startswith("--config="))
-    mount = next(m for m in container["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))
-    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
-    config_map = find(documents, "ConfigMap", volume["configMap"]["name"])
-    document = yaml.safe_load(config_map["data"][config_path[len(mount["mountPath"]) + 1:]])
-    assert [p["schedulerName"] for p in document["profiles"]] == [BINPACK, names.EXTENDER_SCHEDULER_NAME]
-    return dict(document)
 
 
 @dataclass
@@ -151,7 +130,7 @@ def extender(local: Cluster, workdir: Path, namespace: str, pool: Pool) -> Itera
     bundle = pki.create_bundle(service="gpugate-balancer", namespace="gpugate-system", now=datetime.now(UTC),
                                days=1, ips=("127.0.0.1",))
     (scheduler_side / "ca.crt").write_bytes(bundle.ca_cert)
-    (workdir / "balancer.yaml").write_text(CONFIG)
+    (workdir / "balancer.yaml").write_text(QUICK_CONFIG)
     port, health_port, log = free_port(), free_port(), workdir / "balancer.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -171,7 +150,7 @@ def extender(local: Cluster, workdir: Path, namespace: str, pool: Pool) -> Itera
 
 @pytest.fixture(scope="module")
 def scheduler(local: Cluster, extender: Extender, namespace: str) -> Iterator[Any]:
-    config = scheduler_configuration()
+    config = shipped_scheduler.configuration()
     [entry] = config["extenders"]
     # The manifest's choices, kept as they are...
     assert (entry["prioritizeVerb"], entry["weight"], entry["nodeCacheCapable"], entry["ignorable"]) == \
@@ -325,7 +304,7 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
             cert = x509.load_pem_x509_certificate(base64.b64decode(stored.data["tls.crt"]))
             dns_names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
                 x509.DNSName)
-            config = scheduler_configuration()
+            config = shipped_scheduler.configuration()
             assert urlsplit(config["extenders"][0]["urlPrefix"]).hostname in dns_names, dns_names
             second = run()
             assert second.returncode == 0, second.stderr + second.stdout

@@ -30,7 +30,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.balancer_access import NAMESPACE, rbac_applied, scrape
+from tests.e2e.balancer_access import NAMESPACE, QUICK_CONFIG, rbac_applied, scrape
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
@@ -51,16 +51,8 @@ LEASE = "gpugate-balancer"
 CONFIGMAP = "gpugate-inventory"
 H200 = "NVIDIA-H200"
 PROFILES = ("1g.18gb", "2g.35gb", "3g.71gb")
-# Lease timing scaled down (the ratios are the defaults'); the inventory written within half a second
-# of a change, so the test waits on events, not on the 5 s default.
-CONFIG = """\
-lease: {duration: 4, renew_deadline: 3, retry_period: 0.5}
-backoff_initial: 0.2
-backoff_max: 2
-watch_timeout: 30
-write_interval: 1
-inventory: {min_interval: 0.5, refresh: 30}
-"""
+# The inventory written within half a second of a change, so the test waits on events, not on the 5 s default.
+CONFIG = QUICK_CONFIG + "inventory: {min_interval: 0.5, refresh: 30}\n"
 POLICY = f"""\
 apiVersion: gpugate.io/v1alpha1
 kind: GPUPolicy
@@ -181,10 +173,9 @@ def webhook(local: Cluster, workdir: Path, volume: Volume) -> Iterator[GpugateSe
 
 
 @pytest.fixture
-def namespace(local: Cluster) -> Iterator[str]:
-    made = Namespaces(local)
-    yield made.make("inv")
-    made.delete_all()
+def namespace(namespaces: Namespaces) -> str:
+    """A ``inv-*`` namespace the policy matches (conftest's ``namespaces`` deletes it)."""
+    return namespaces.make("inv")
 
 
 def offered(document: webhook_inventory.Inventory | None) -> dict[str, int]:

@@ -85,10 +85,9 @@ def mig_nodes(local: Cluster) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture
-def namespace(local: Cluster) -> Iterator[str]:
-    made = Namespaces(local)
-    yield made.make("rs")
-    made.delete_all()
+def namespace(namespaces: Namespaces) -> str:
+    """A ``rs-*`` namespace the policy matches (conftest's ``namespaces`` deletes it)."""
+    return namespaces.make("rs")
 
 
 def inventory(path: Path, *offers: tuple[str, str, int]) -> None:

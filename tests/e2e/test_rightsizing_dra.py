@@ -92,10 +92,9 @@ def node(local: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture
-def namespace(local: Cluster) -> Iterator[str]:
-    made = Namespaces(local)
-    yield made.make("rsd")
-    made.delete_all()
+def namespace(namespaces: Namespaces) -> str:
+    """A ``rsd-*`` namespace the policy matches (conftest's ``namespaces`` deletes it)."""
+    return namespaces.make("rsd")
 
 
 def asking(name: str, memory: str) -> dict[str, Any]:
