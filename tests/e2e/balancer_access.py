@@ -3,12 +3,14 @@
 ``rbac_applied`` applies the ServiceAccount and RBAC exactly as ``kubectl kustomize
 manifests/balancer`` renders them (in the shared gpugate-system namespace) and deletes them on
 the way out; ``scrape`` reads one metric from a process's plaintext /metrics, summed over the
-series whose labels match; ``QUICK_CONFIG`` is the balancer's timing for a test. Used by
+series whose labels match; ``answers_ok`` probes its health port;
+``QUICK_CONFIG`` is the balancer's timing for a test. Used by
 test_balancer.py, test_inventory.py and test_extender.py.
 """
 
 from __future__ import annotations
 
+import http.client
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ import yaml
 from tests.e2e.cluster import Cluster
 from tests.e2e.namespaces import shared_namespace
 from tests.e2e.webhook_fixture import kustomize
+from webhook.localcluster import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpugate-system"
@@ -55,6 +58,15 @@ def rbac_applied(cluster: Cluster) -> Iterator[str]:
             yield text
         finally:
             kubectl_stdout(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+
+
+def answers_ok(port: int, path: str) -> bool:
+    """Whether the balancer's plaintext health port on 127.0.0.1 answers ``path`` (/healthz, /readyz)
+    with 200; False while it is not listening yet."""
+    try:
+        return processes.http_get(http.client.HTTPConnection("127.0.0.1", port, timeout=2), path)[0] == 200
+    except (OSError, http.client.HTTPException):
+        return False
 
 
 def scrape(port: int, name: str, **labels: str) -> float:

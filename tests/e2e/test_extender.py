@@ -45,7 +45,7 @@ from cryptography import x509
 from kubernetes import client
 
 from tests.e2e import shipped_scheduler
-from tests.e2e.balancer_access import QUICK_CONFIG, scrape
+from tests.e2e.balancer_access import QUICK_CONFIG, answers_ok, scrape
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port, terminate
@@ -77,11 +77,7 @@ class Extender:
         return scrape(self.health_port, name, **labels)
 
     def ready(self) -> bool:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            return opener.open(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2).status == 200
-        except OSError:
-            return False
+        return answers_ok(self.health_port, "/readyz")
 
     def install_certificate(self) -> None:
         """What the kubelet does when the optional Secret volume's Secret appears."""

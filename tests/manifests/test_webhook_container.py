@@ -160,12 +160,7 @@ def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_
         tolerations = [op["value"] for op in patch if op["path"] == "/spec/tolerations"]
         assert tolerations == [[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]], patch
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        processes.terminate(process, grace=20)
         log.close()
     rules = [rule for role in find(objs, "ClusterRole") for rule in role["rules"]
              if any(b["roleRef"]["name"] == role["metadata"]["name"] and b["subjects"][0]["name"] == "gpugate-webhook"
