@@ -296,15 +296,19 @@ class ArgoCD:
             raise
         return self
 
+    def _launch(self, launch: processes.Launch, env: dict[str, str] | None = None) -> int:
+        """Start one component and record it for :meth:`stop` (the last started stops first); its first port."""
+        process = processes.start(launch, self.logs, env=env)
+        self.started.append(process)
+        return process.ports[0]
+
     def _start_redis(self) -> None:
         launch = processes.Launch(
             name="redis", ports=1,
             command=lambda ports: ["redis-server", "--port", str(ports[0]), "--bind", LOOPBACK, "--save", "",
                                    "--appendonly", "no", "--dir", str(self.workdir / "redis")],
             probe=lambda ports: redis_pong(ports[0]), timeout=20)
-        process = processes.start(launch, self.logs)
-        self.started.append(process)
-        self.redis_port = process.ports[0]
+        self.redis_port = self._launch(launch)
 
     def _start_repo_server(self) -> None:
         launch = processes.Launch(
@@ -317,9 +321,7 @@ class ArgoCD:
             probe=lambda ports: http_ok(f"http://{LOOPBACK}:{ports[1]}/healthz?full=true"), timeout=90)
         env = self._env("argocd-repo-server", ARGOCD_ASK_PASS_SOCK=str(self.workdir / "repo-askpass.sock"),
                         ARGOCD_EXEC_TIMEOUT="90s")
-        process = processes.start(launch, self.logs, env=env)
-        self.started.append(process)
-        self.repo_port = process.ports[0]
+        self.repo_port = self._launch(launch, env)
 
     def _start_controller(self) -> None:
         # Metrics and healthz on 0.0.0.0:<port>: hard-coded in v3.2 (controller/appcontroller.go:319).
@@ -334,7 +336,7 @@ class ArgoCD:
             probe=lambda ports: http_ok(f"http://{LOOPBACK}:{ports[0]}/healthz"), timeout=120)
         env = self._env("argocd-application-controller", ARGOCD_FAKE_IN_CLUSTER="true",
                         KUBECONFIG=str(self.kubeconfig))
-        self.started.append(processes.start(launch, self.logs, env=env))
+        self._launch(launch, env)
 
     def _server_command(self, ports: Sequence[int]) -> list[str]:
         return [str(self.binaries["argocd"]), "--loglevel", "info", "--logformat", "text",
@@ -351,9 +353,7 @@ class ArgoCD:
             probe=lambda ports: http_ok(f"http://{LOOPBACK}:{ports[0]}/healthz"), timeout=120)
         env = self._env("argocd-server", ARGOCD_FAKE_IN_CLUSTER="true", KUBECONFIG=str(self.kubeconfig),
                         ARGOCD_ASK_PASS_SOCK=str(self.workdir / "server-askpass.sock"))
-        process = processes.start(launch, self.logs, env=env)
-        self.started.append(process)
-        self.server_port = process.ports[0]
+        self.server_port = self._launch(launch, env)
 
     def stop(self) -> None:
         """Stop every component by PID, the last started first."""
