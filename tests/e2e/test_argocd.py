@@ -73,7 +73,7 @@ import yaml
 from kubernetes import client
 
 from tests.e2e import argocd_harness as harness
-from tests.e2e import binaries, controlplane
+from tests.e2e import binaries
 from tests.e2e.argocd_dashboard import ui_unavailable_reason
 from tests.e2e.argocd_env import (
     BAD_DRIVER,
@@ -94,7 +94,8 @@ from tests.e2e.argocd_env import (
 from tests.e2e.argocd_gitops import changed_files, driver_states, pool_counts, yaml_value
 from tests.e2e.argocd_standin import DRIVER_VERSION_LABEL, STATE_LABEL
 from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, in_order
-from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
+from tests.e2e.cluster import Cluster
+from tests.e2e.local import own_control_plane
 from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
@@ -127,18 +128,10 @@ def cluster() -> Iterator[Cluster]:
     certificate for archive.ubuntu.com). Here the webhook calls stay on loopback, and the real
     ``gpugate serve`` can take them on the ClusterIP (test 1). Overrides conftest's ``cluster``
     for this module, so its failure report still shows the control plane's logs."""
-    if os.environ.get(KUBECONFIG_ENV):
-        pytest.skip(f"{KUBECONFIG_ENV}: these tests need a control plane of their own (loopback Service network)")
-    found = binaries.paths()
-    if found is None:
-        missing("the e2e control-plane binaries are not built; run `python -m tests.e2e.binaries build`")
     cidr = f"127.{secrets.randbelow(180) + 64}.{secrets.randbelow(256)}.0/24"
-    started = Cluster.local(found, settings=controlplane.Settings(
-        service_cidr=cidr, keep_workdir=bool(os.environ.get("GPUGATE_E2E_KEEP"))))
-    try:
+    with own_control_plane("these tests need a control plane of their own (loopback Service network)",
+                           service_cidr=cidr) as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")
