@@ -1,15 +1,20 @@
 """What the e2e modules that run ``gpugate balance`` share: its namespace, its RBAC as shipped, its /metrics.
 
-``rbac_applied`` applies the ServiceAccount and RBAC exactly as ``kubectl kustomize
-manifests/balancer`` renders them (in the shared gpugate-system namespace) and deletes them on
-the way out; ``scrape`` reads one metric from a process's plaintext /metrics, summed over the
-series whose labels match; ``answers_ok`` probes its health port;
-``QUICK_CONFIG`` is the balancer's timing for a test. Used by
-test_balancer.py, test_inventory.py and test_extender.py.
+- ``rbac_applied`` applies the ServiceAccount and RBAC exactly as ``kubectl kustomize
+  manifests/balancer`` renders them (in the shared gpugate-system namespace) and deletes them on
+  the way out;
+- ``as_account`` gives the flags that run a balancer as that ServiceAccount, as a pod would;
+- ``forget_earlier_runs`` clears the Lease and the inventory an earlier test left;
+- ``scrape`` reads one metric from a process's plaintext /metrics, summed over the series whose
+  labels match; ``answers_ok`` probes its health port;
+- ``QUICK_CONFIG`` is the balancer's timing for a test.
+
+Used by test_balancer.py, test_inventory.py and test_extender.py.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import subprocess
 import urllib.request
@@ -18,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+from kubernetes import client
 
 from tests.e2e.cluster import Cluster
 from tests.e2e.namespaces import shared_namespace
@@ -26,6 +32,7 @@ from webhook.localcluster import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpugate-system"
+ACCOUNT = "gpugate-balancer"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 QUICK_CONFIG = """\
 lease: {duration: 4, renew_deadline: 3, retry_period: 0.5}
@@ -58,6 +65,35 @@ def rbac_applied(cluster: Cluster) -> Iterator[str]:
             yield text
         finally:
             kubectl_stdout(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+
+
+def as_account(cluster: Cluster, folder: Path, identity: str, account: str = ACCOUNT) -> list[str]:
+    """The ``gpugate balance`` flags that reach the API server as ``account`` (the shipped ServiceAccount
+    unless told), as a pod would: the server's URL, a one-hour token and the API server's CA, the
+    last two written into ``folder`` (``<identity>.token``, ``apiserver-ca.crt``)."""
+    token = cluster.core().create_namespaced_service_account_token(
+        account, NAMESPACE, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+    token_file = folder / f"{identity}.token"
+    token_file.write_text(token)
+    server_entry = yaml.safe_load(Path(cluster.kubeconfig).read_text())["clusters"][0]["cluster"]
+    ca_file = folder / "apiserver-ca.crt"
+    if "certificate-authority-data" in server_entry:
+        ca_file.write_bytes(base64.b64decode(server_entry["certificate-authority-data"]))
+    else:
+        ca_file.write_bytes(Path(server_entry["certificate-authority"]).read_bytes())
+    return ["--server", server_entry["server"], "--token-file", str(token_file),
+            "--certificate-authority", str(ca_file)]
+
+
+def forget_earlier_runs(cluster: Cluster, lease: str, inventory: str) -> None:
+    """No Lease holder and no inventory ConfigMap left by an earlier test: a balancer starts both afresh."""
+    for delete in (lambda: client.CoordinationV1Api(cluster.api_client()).delete_namespaced_lease(lease, NAMESPACE),
+                   lambda: cluster.core().delete_namespaced_config_map(inventory, NAMESPACE)):
+        try:
+            delete()
+        except client.ApiException as error:
+            assert error.status == 404
 
 
 def answers_ok(port: int, path: str) -> bool:

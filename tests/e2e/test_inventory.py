@@ -18,7 +18,6 @@ advertise, so nothing else in the session changes what the cluster offers of the
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -27,10 +26,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 
-from tests.e2e.balancer_access import NAMESPACE, QUICK_CONFIG, rbac_applied, scrape
+from tests.e2e.balancer_access import (
+    NAMESPACE,
+    QUICK_CONFIG,
+    as_account,
+    forget_earlier_runs,
+    rbac_applied,
+    scrape,
+)
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
@@ -46,7 +51,6 @@ from tests.e2e.webhook_fixture import (
 from webhook.kube import inventory as webhook_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
-ACCOUNT = "gpugate-balancer"
 LEASE = "gpugate-balancer"
 CONFIGMAP = "gpugate-inventory"
 H200 = "NVIDIA-H200"
@@ -96,35 +100,15 @@ class Balancer:
         terminate(self.process, grace=20)
 
 
-def _forget_earlier_runs(local: Cluster) -> None:
-    """No Lease holder and no inventory left by an earlier test: this balancer starts both afresh."""
-    for delete in (lambda: client.CoordinationV1Api(local.api_client()).delete_namespaced_lease(LEASE, NAMESPACE),
-                   lambda: local.core().delete_namespaced_config_map(CONFIGMAP, NAMESPACE)):
-        try:
-            delete()
-        except client.ApiException as error:
-            assert error.status == 404
-
-
 @pytest.fixture(scope="module")
 def balancer(local: Cluster, balancer_rbac: None, workdir: Path) -> Iterator[Balancer]:
-    _forget_earlier_runs(local)
-    core = local.core()
-    token = core.create_namespaced_service_account_token(ACCOUNT, NAMESPACE, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-    (workdir / "token").write_text(token)
-    server_entry = yaml.safe_load(Path(local.kubeconfig).read_text())["clusters"][0]["cluster"]
-    ca_file = workdir / "apiserver-ca.crt"
-    if "certificate-authority-data" in server_entry:
-        ca_file.write_bytes(base64.b64decode(server_entry["certificate-authority-data"]))
-    else:
-        ca_file.write_bytes(Path(server_entry["certificate-authority"]).read_bytes())
+    forget_earlier_runs(local, LEASE, CONFIGMAP)
+    access = as_account(local, workdir, "e2e-inventory")
     (workdir / "balancer.yaml").write_text(CONFIG)
     port, log = free_port(), workdir / "balancer.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "webhook.cli", "balance", "--server", server_entry["server"],
-             "--token-file", str(workdir / "token"), "--certificate-authority", str(ca_file),
+            [sys.executable, "-m", "webhook.cli", "balance", *access,
              "--config", str(workdir / "balancer.yaml"), "--identity", "e2e-inventory", "--lease-name", LEASE,
              "--lease-namespace", NAMESPACE, "--health-bind", f"127.0.0.1:{port}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -133,7 +117,7 @@ def balancer(local: Cluster, balancer_rbac: None, workdir: Path) -> Iterator[Bal
         yield running
     finally:
         running.stop()
-        _forget_earlier_runs(local)
+        forget_earlier_runs(local, LEASE, CONFIGMAP)
 
 
 class Volume:
