@@ -2,7 +2,7 @@
 
 - ``rbac_applied`` applies the ServiceAccount and RBAC exactly as ``kubectl kustomize
   manifests/balancer`` renders them (in the shared gpugate-system namespace) and deletes them on
-  the way out;
+  the way out (:func:`tests.e2e.accounts.applied`);
 - ``as_account`` gives the flags that run a balancer as that ServiceAccount, as a pod would;
 - ``forget_earlier_runs`` clears the Lease and the inventory an earlier test left;
 - ``scrape`` reads one metric from a process's plaintext /metrics, summed over the series whose
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,8 +24,9 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
+from tests.e2e.accounts import applied, token
+from tests.e2e.accounts import kubectl as kubectl_stdout  # noqa: F401 - test_balancer imports it from here
 from tests.e2e.cluster import Cluster
-from tests.e2e.namespaces import shared_namespace
 from tests.e2e.webhook_fixture import kustomize
 from webhook.localcluster import processes
 
@@ -45,37 +45,21 @@ write_interval: 1
 one-second writes, so a test waits on events and a failover, not on the production defaults."""
 
 
-def kubectl_stdout(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    """``kubectl --kubeconfig <cluster> ARGS`` with ``stdin``; fails the test on a non-zero exit."""
-    done = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin, text=True,
-                          capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 @contextmanager
 def rbac_applied(cluster: Cluster) -> Iterator[str]:
     """The balancer's ServiceAccount and RBAC as shipped, applied for the block; yields their YAML."""
     docs = [d for d in kustomize(ROOT / "manifests" / "balancer") if d["kind"] in RBAC_KINDS]
     assert {d["kind"] for d in docs} == set(RBAC_KINDS)
-    text = yaml.safe_dump_all(docs)
-    with shared_namespace(cluster.core(), NAMESPACE):
-        kubectl_stdout(cluster, "apply", "-f", "-", stdin=text)
-        try:
-            yield text
-        finally:
-            kubectl_stdout(cluster, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+    with applied(cluster, docs, NAMESPACE) as text:
+        yield text
 
 
 def as_account(cluster: Cluster, folder: Path, identity: str, account: str = ACCOUNT) -> list[str]:
     """The ``gpugate balance`` flags that reach the API server as ``account`` (the shipped ServiceAccount
     unless told), as a pod would: the server's URL, a one-hour token and the API server's CA, the
     last two written into ``folder`` (``<identity>.token``, ``apiserver-ca.crt``)."""
-    token = cluster.core().create_namespaced_service_account_token(
-        account, NAMESPACE, client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
     token_file = folder / f"{identity}.token"
-    token_file.write_text(token)
+    token_file.write_text(token(cluster, account, NAMESPACE))
     server_entry = yaml.safe_load(Path(cluster.kubeconfig).read_text())["clusters"][0]["cluster"]
     ca_file = folder / "apiserver-ca.crt"
     if "certificate-authority-data" in server_entry:

@@ -40,14 +40,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import yaml
 from cryptography import x509
 from kubernetes import client
 
 from tests.e2e import shipped_scheduler
+from tests.e2e.accounts import applied, kubeconfig_as
 from tests.e2e.balancer_access import QUICK_CONFIG, answers_ok, scrape
 from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.namespaces import shared_namespace
 from tests.e2e.processes import free_port, terminate
 from tests.e2e.shipped_scheduler import BINPACK
 from tests.e2e.waiting import wait_until
@@ -264,10 +263,7 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
     rbac = [d for d in documents if d["kind"] in CERTS_KINDS and d["metadata"]["name"] == account]
     assert {d["kind"] for d in rbac} == set(CERTS_KINDS)
     core = local.core()
-    text = yaml.safe_dump_all(rbac)
-    with shared_namespace(core, SYSTEM):
-        subprocess.run(["kubectl", "--kubeconfig", str(local.kubeconfig), "apply", "-f", "-"], input=text, text=True,
-                       check=True, capture_output=True, timeout=60)
+    with applied(local, rbac, SYSTEM):
         try:
             [container] = job["spec"]["template"]["spec"]["containers"]
             secret_ref = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--secret="))
@@ -276,15 +272,7 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
                 core.delete_namespaced_secret(secret_name, secret_namespace)
             except client.ApiException as error:
                 assert error.status == 404
-            token = core.create_namespaced_service_account_token(account, SYSTEM, client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
-            admin = yaml.safe_load(Path(local.kubeconfig).read_text())
-            kubeconfig = workdir / "certs-job.kubeconfig"
-            kubeconfig.write_text(yaml.safe_dump({
-                "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
-                "users": [{"name": account, "user": {"token": token}}],
-                "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
-                "current-context": account}))
+            kubeconfig = kubeconfig_as(local, account, SYSTEM, workdir / "certs-job.kubeconfig", seconds=600)
             gpugate = Path(sys.executable).with_name("gpugate")
             assert container["command"][0] == "gpugate"
 
@@ -307,8 +295,6 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
             again = core.read_namespaced_secret(secret_name, secret_namespace)
             assert again.metadata.resource_version == stored.metadata.resource_version, "a valid certificate is kept"
         finally:
-            subprocess.run(["kubectl", "--kubeconfig", str(local.kubeconfig), "delete", "--ignore-not-found",
-                            "-f", "-"], input=text, text=True, capture_output=True, timeout=60)
             try:
                 core.delete_namespaced_secret("gpugate-balancer-tls", SYSTEM)
             except client.ApiException:
