@@ -49,7 +49,7 @@ from typing import Any
 from kubernetes import client, config
 
 from tests.e2e import gitops_binaries, processes
-from tests.e2e.waiting import stop_stream
+from tests.e2e.waiting import WatchThread
 from tests.prerequisites import missing
 from webhook.localcluster.fakekubelet import json_lines
 
@@ -459,7 +459,7 @@ class Observation:
     """None: the Application was deleted."""
 
 
-class ApplicationWatch:
+class ApplicationWatch(WatchThread):
     """Every change of every Application's :class:`AppState`, from one list+watch.
 
     A watch, not polling: an app can be OutOfSync for a few milliseconds before auto-sync
@@ -467,6 +467,7 @@ class ApplicationWatch:
     """
 
     def __init__(self, kubeconfig: Path, namespace: str = NAMESPACE) -> None:
+        super().__init__("argocd-app-watch")
         self.api = custom_api(kubeconfig)
         self.namespace = namespace
         self.observations: list[Observation] = []
@@ -476,16 +477,6 @@ class ApplicationWatch:
         """Called (from the watch thread, holding no lock) with every change; must not block."""
         self._current: dict[str, AppState] = {}
         self._lock = threading.Condition()
-        self._stopping = threading.Event()
-        self._response: Any = None
-        self._thread = threading.Thread(target=self._loop, name="argocd-app-watch", daemon=True)
-
-    def start(self) -> ApplicationWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        stop_stream(self._stopping, self._response, self._thread)
 
     def current(self) -> dict[str, AppState]:
         with self._lock:

@@ -32,7 +32,7 @@ from tests.e2e import processes
 from tests.e2e.argocd_harness import json_lines
 from tests.e2e.argocd_standin import DONE, OWNER_LABEL, REQUIRED, STATE_LABEL
 from tests.e2e.namespaces import has_default_account
-from tests.e2e.waiting import stop_stream, wait_until
+from tests.e2e.waiting import WatchThread, wait_until
 
 Obj = dict[str, Any]
 NOT_UPGRADING = ("", DONE, REQUIRED)
@@ -151,27 +151,18 @@ class NodeChange:
     unschedulable: bool
 
 
-class NodeHistory:
+class NodeHistory(WatchThread):
     """Every upgrade-state, owner and cordon change of the watched nodes, in the order the API server
     made them (one list+watch; resourceVersion order)."""
 
     def __init__(self, api: client.ApiClient, nodes: Iterable[str]) -> None:
+        super().__init__("node-history")
         self.core = client.CoreV1Api(api)
         self.nodes = frozenset(nodes)
         self.changes: list[NodeChange] = []
         self._last: dict[str, NodeChange] = {}
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._response: Any = None
-        self._thread = threading.Thread(target=self._loop, name="node-history", daemon=True)
         self.errors: list[str] = []
-
-    def start(self) -> NodeHistory:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        stop_stream(self._stopping, self._response, self._thread)
 
     def _seen(self, node: Obj) -> None:
         name = node["metadata"]["name"]
