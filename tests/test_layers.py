@@ -44,7 +44,7 @@ LAYERS: dict[str, dict[str, str]] = {
                  "lease": EDGE, "metrics": EDGE, "prometheus": EDGE},
     "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE, "checks": CORE,
               "releases": CORE, "messages": CORE, "rollback": CORE,
-              "chartrender": EDGE, "site": EDGE,
+              "chartrender": EDGE, "rendering": EDGE, "site": EDGE,
               "matrix": EDGE, "manifests": EDGE, "gitrepo": EDGE, "status": EDGE, "upgrade": EDGE,
               "verify": EDGE, "chartvalues": EDGE, "manifestcheck": EDGE, "canary": CORE, "canary_watch": EDGE},
     "replay": {"__init__": CORE, "records": CORE, "model": CORE, "cluster": CORE, "metrics": CORE, "reference": CORE,

@@ -49,7 +49,8 @@ from typing import Any
 from kubernetes import client, config
 
 from tests.e2e import gitops_binaries, processes
-from tests.e2e.waiting import stop_stream
+from tests.e2e.waiting import WatchThread
+from tests.prerequisites import missing
 from webhook.localcluster.fakekubelet import json_lines
 
 Obj = dict[str, Any]
@@ -295,15 +296,19 @@ class ArgoCD:
             raise
         return self
 
+    def _launch(self, launch: processes.Launch, env: dict[str, str] | None = None) -> int:
+        """Start one component and record it for :meth:`stop` (the last started stops first); its first port."""
+        process = processes.start(launch, self.logs, env=env)
+        self.started.append(process)
+        return process.ports[0]
+
     def _start_redis(self) -> None:
         launch = processes.Launch(
             name="redis", ports=1,
             command=lambda ports: ["redis-server", "--port", str(ports[0]), "--bind", LOOPBACK, "--save", "",
                                    "--appendonly", "no", "--dir", str(self.workdir / "redis")],
             probe=lambda ports: redis_pong(ports[0]), timeout=20)
-        process = processes.start(launch, self.logs)
-        self.started.append(process)
-        self.redis_port = process.ports[0]
+        self.redis_port = self._launch(launch)
 
     def _start_repo_server(self) -> None:
         launch = processes.Launch(
@@ -316,9 +321,7 @@ class ArgoCD:
             probe=lambda ports: http_ok(f"http://{LOOPBACK}:{ports[1]}/healthz?full=true"), timeout=90)
         env = self._env("argocd-repo-server", ARGOCD_ASK_PASS_SOCK=str(self.workdir / "repo-askpass.sock"),
                         ARGOCD_EXEC_TIMEOUT="90s")
-        process = processes.start(launch, self.logs, env=env)
-        self.started.append(process)
-        self.repo_port = process.ports[0]
+        self.repo_port = self._launch(launch, env)
 
     def _start_controller(self) -> None:
         # Metrics and healthz on 0.0.0.0:<port>: hard-coded in v3.2 (controller/appcontroller.go:319).
@@ -333,7 +336,7 @@ class ArgoCD:
             probe=lambda ports: http_ok(f"http://{LOOPBACK}:{ports[0]}/healthz"), timeout=120)
         env = self._env("argocd-application-controller", ARGOCD_FAKE_IN_CLUSTER="true",
                         KUBECONFIG=str(self.kubeconfig))
-        self.started.append(processes.start(launch, self.logs, env=env))
+        self._launch(launch, env)
 
     def _server_command(self, ports: Sequence[int]) -> list[str]:
         return [str(self.binaries["argocd"]), "--loglevel", "info", "--logformat", "text",
@@ -350,9 +353,7 @@ class ArgoCD:
             probe=lambda ports: http_ok(f"http://{LOOPBACK}:{ports[0]}/healthz"), timeout=120)
         env = self._env("argocd-server", ARGOCD_FAKE_IN_CLUSTER="true", KUBECONFIG=str(self.kubeconfig),
                         ARGOCD_ASK_PASS_SOCK=str(self.workdir / "server-askpass.sock"))
-        process = processes.start(launch, self.logs, env=env)
-        self.started.append(process)
-        self.server_port = process.ports[0]
+        self.server_port = self._launch(launch, env)
 
     def stop(self) -> None:
         """Stop every component by PID, the last started first."""
@@ -375,13 +376,7 @@ class ArgoCD:
     def api(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
         """GET a path of argocd-server's API (no auth: --disable-auth)."""
         assert self.server_port, "started without the API server"
-        connection = http.client.HTTPConnection(LOOPBACK, self.server_port, timeout=timeout)
-        try:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
+        return processes.http_get(http.client.HTTPConnection(LOOPBACK, self.server_port, timeout=timeout), path)
 
     def api_json(self, path: str) -> Obj:
         status, body = self.api(path)
@@ -464,7 +459,7 @@ class Observation:
     """None: the Application was deleted."""
 
 
-class ApplicationWatch:
+class ApplicationWatch(WatchThread):
     """Every change of every Application's :class:`AppState`, from one list+watch.
 
     A watch, not polling: an app can be OutOfSync for a few milliseconds before auto-sync
@@ -472,6 +467,7 @@ class ApplicationWatch:
     """
 
     def __init__(self, kubeconfig: Path, namespace: str = NAMESPACE) -> None:
+        super().__init__("argocd-app-watch")
         self.api = custom_api(kubeconfig)
         self.namespace = namespace
         self.observations: list[Observation] = []
@@ -481,16 +477,6 @@ class ApplicationWatch:
         """Called (from the watch thread, holding no lock) with every change; must not block."""
         self._current: dict[str, AppState] = {}
         self._lock = threading.Condition()
-        self._stopping = threading.Event()
-        self._response: Any = None
-        self._thread = threading.Thread(target=self._loop, name="argocd-app-watch", daemon=True)
-
-    def start(self) -> ApplicationWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        stop_stream(self._stopping, self._response, self._thread)
 
     def current(self) -> dict[str, AppState]:
         with self._lock:
@@ -584,13 +570,19 @@ class ApplicationWatch:
         return version
 
 
-def binaries_or_reason() -> tuple[dict[str, Path] | None, str]:
-    """The cached GitOps binaries; under ``CI`` the missing ones are built (minutes, once per
-    machine). Otherwise None and the command that builds them."""
+def rig_binaries() -> dict[str, Path]:
+    """The cached GitOps binaries, once the tools a rig runs (redis-server, git, kubectl) are on PATH.
+
+    Under ``CI`` missing binaries are built (minutes, once per machine); otherwise a missing tool or
+    binary is :func:`tests.prerequisites.missing` (a skip naming the command that fixes it).
+    """
+    for tool in ("redis-server", "git", "kubectl"):
+        if shutil.which(tool) is None:
+            missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
     found = gitops_binaries.paths()
     if found is not None:
-        return found, ""
+        return found
     if os.environ.get("CI") and shutil.which("go"):
-        return gitops_binaries.build(), ""
-    return None, ("Argo CD, helm and kustomize are not built; run `python -m tests.e2e.gitops_binaries build` "
-                  "(Go module proxy, ~10 min cold)")
+        return gitops_binaries.build()
+    missing("Argo CD, helm and kustomize are not built; run `python -m tests.e2e.gitops_binaries build` "
+            "(Go module proxy, ~10 min cold)")

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ from kubernetes import client
 from tests.e2e import processes
 from tests.e2e.argocd_harness import json_lines
 from tests.e2e.argocd_standin import DONE, OWNER_LABEL, REQUIRED, STATE_LABEL
-from tests.e2e.waiting import stop_stream
+from tests.e2e.namespaces import has_default_account
+from tests.e2e.waiting import WatchThread, wait_until
 
 Obj = dict[str, Any]
 NOT_UPGRADING = ("", DONE, REQUIRED)
@@ -149,27 +151,18 @@ class NodeChange:
     unschedulable: bool
 
 
-class NodeHistory:
+class NodeHistory(WatchThread):
     """Every upgrade-state, owner and cordon change of the watched nodes, in the order the API server
     made them (one list+watch; resourceVersion order)."""
 
     def __init__(self, api: client.ApiClient, nodes: Iterable[str]) -> None:
+        super().__init__("node-history")
         self.core = client.CoreV1Api(api)
         self.nodes = frozenset(nodes)
         self.changes: list[NodeChange] = []
         self._last: dict[str, NodeChange] = {}
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._response: Any = None
-        self._thread = threading.Thread(target=self._loop, name="node-history", daemon=True)
         self.errors: list[str] = []
-
-    def start(self) -> NodeHistory:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        stop_stream(self._stopping, self._response, self._thread)
 
     def _seen(self, node: Obj) -> None:
         name = node["metadata"]["name"]
@@ -238,3 +231,47 @@ class NodeHistory:
         return "\n".join(f"  +{c.at - since:6.2f}s {c.node}: {c.state or '(none)'}"
                          f"{' cordoned' if c.unschedulable else ''} owner={c.owner or '-'}"
                          for c in self.since(since, nodes))
+
+
+# --- the workload an upgrade must drain ----------------------------------------------------------
+
+WORKLOAD = "gpu-training"
+
+
+def start_gpu_workload(api: client.ApiClient, node_selector: Obj, *, explain: Callable[[], str],
+                       namespace_labels: Obj | None = None) -> str:
+    """Two GPU training pods on the nodes ``node_selector`` picks (a Deployment, a PDB of minAvailable 1,
+    an emptyDir scratch volume, which pod deletion refuses, and a 2 s grace period) in a namespace of
+    their own; returns the namespace once both pods are Ready.
+
+    Why shared: the operator's upgrade (test_driver_upgrades) and the Argo CD rollout (test_argocd)
+    must drain the same kind of workload, the one NVIDIA's upgrade library has to wait for.
+    """
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    namespace = f"train-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": namespace, "labels": dict(namespace_labels or {})}})
+    wait_until(lambda: has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
+    labels = {"app": WORKLOAD}
+    apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": WORKLOAD},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"nodeSelector": dict(node_selector),
+                     "terminationGracePeriodSeconds": 2,
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "volumes": [{"name": "scratch", "emptyDir": {}}],
+                     "containers": [{"name": "train", "image": "registry.example/train:1",
+                                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(namespace, {
+        "metadata": {"name": WORKLOAD}, "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}})
+    wait_until(lambda: len(ready_workload_pods(api, namespace)) == 2, timeout=60,
+               what="the GPU training pods Ready", explain=explain)
+    return namespace
+
+
+def ready_workload_pods(api: client.ApiClient, namespace: str) -> dict[str, str]:
+    """uid -> node of the workload's Ready, not Terminating pods."""
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"app={WORKLOAD}").items
+    return {p.metadata.uid: p.spec.node_name for p in pods if not p.metadata.deletion_timestamp
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])}

@@ -4,7 +4,8 @@
 control plane, a loopback git daemon serving a fork of this working tree, and ``gpugate serve``
 on 127.0.0.1; ``chart_application`` is the Application of manifests/chart/gpugate each module
 varies (values, sync options, ignoreDifferences); ``apply_application`` applies it with the
-``default`` AppProject, ``wait_synced`` waits for Synced and Healthy, ``hard_refresh`` compares again.
+``default`` AppProject, ``wait_synced`` waits for Synced and Healthy, ``hard_refresh`` compares again
+(``hard_refreshes`` three times, with ``out_of_sync`` what differs).
 Used by test_chart_argocd.py and test_chart_argocd_builtin.py.
 """
 
@@ -172,3 +173,21 @@ def hard_refresh(rig: dict[str, Any]) -> Obj:
 
     return wait_until(reconciled, timeout=120, interval=0.5, what="the hard refresh to be reconciled",
                       explain=lambda: explain(rig))
+
+
+def out_of_sync(app: Obj) -> list[str]:
+    """``Kind/name`` of each compared resource that is not Synced. Sync hooks (the certificate Jobs)
+    are run, not compared: Argo CD lists them without a sync status, so they are left out."""
+    return [f"{r['kind']}/{r['name']}" for r in app["status"]["resources"]
+            if not r.get("hook") and r.get("status") != "Synced"]
+
+
+def hard_refreshes(rig: dict[str, Any], *, times: int = 3, pause: float) -> list[tuple[harness.AppState, list[str]]]:
+    """The Application's state and its out-of-sync resources after each of ``times`` hard refreshes,
+    ``pause`` seconds apart (a resync period may pass in between)."""
+    seen = []
+    for _ in range(times):
+        app = hard_refresh(rig)
+        seen.append((harness.AppState.of(app), out_of_sync(app)))
+        time.sleep(pause)
+    return seen

@@ -32,16 +32,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.e2e import binaries, controlplane
+from tests.e2e import controlplane
 from tests.e2e.cluster import KUBECONFIG_ENV, Cluster, Nodes
-from tests.e2e.local import LOCAL_ONLY, require_local
+from tests.e2e.local import KEEP_ENV, LOCAL_ONLY, control_plane_binaries, keep_workdir, require_local
 from tests.e2e.webhook_fixture import Namespaces, Registration
-from tests.prerequisites import missing
 
 HERE = Path(__file__).resolve().parent
-BUILD_COMMAND = "python -m tests.e2e.binaries build"
-KEEP_ENV = "GPUGATE_E2E_KEEP"
-"""Set (to anything) to keep the control plane's folder (certificates, etcd data, logs) afterwards."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,8 +58,7 @@ def cluster() -> Iterator[Cluster]:
     if existing:
         started = Cluster.attach(Path(existing))
     else:
-        keep = bool(os.environ.get(KEEP_ENV))
-        started = Cluster.local(_binaries_or_skip(), settings=controlplane.Settings(keep_workdir=keep))
+        started = Cluster.local(control_plane_binaries(), settings=controlplane.Settings(keep_workdir=keep_workdir()))
     try:
         yield started
     finally:
@@ -140,14 +135,3 @@ def _wait_for_default_service_account(core: client.CoreV1Api, namespace: str, ti
             if error.status != 404 or time.monotonic() > deadline:
                 raise
         time.sleep(0.05)
-
-
-def _binaries_or_skip() -> binaries.Binaries:
-    found = binaries.paths()
-    if found is not None:
-        return found
-    absent = ", ".join(program.binary for _, program in binaries.missing())
-    message = (f"e2e control-plane binaries are not built ({absent} missing from {binaries.cache_root()}); "
-               f"run `{BUILD_COMMAND}` (needs Go; a cold build takes ~20-40 min), "
-               f"or set {KUBECONFIG_ENV} to an existing cluster's kubeconfig")
-    missing(message)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -164,14 +163,8 @@ class Balancer:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s; by PID."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.kill(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        if self.process is not None:
+            processes.terminate(self.process, grace=15)
 
     def tail(self, lines: int = 20) -> str:
         return processes.tail(self.log, lines)

@@ -73,7 +73,7 @@ import yaml
 from kubernetes import client
 
 from tests.e2e import argocd_harness as harness
-from tests.e2e import binaries, controlplane
+from tests.e2e import binaries
 from tests.e2e.argocd_dashboard import ui_unavailable_reason
 from tests.e2e.argocd_env import (
     BAD_DRIVER,
@@ -93,8 +93,9 @@ from tests.e2e.argocd_env import (
 )
 from tests.e2e.argocd_gitops import changed_files, driver_states, pool_counts, yaml_value
 from tests.e2e.argocd_standin import DRIVER_VERSION_LABEL, STATE_LABEL
-from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, in_order
-from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
+from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, in_order, ready_workload_pods, start_gpu_workload
+from tests.e2e.cluster import Cluster
+from tests.e2e.local import own_control_plane
 from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
@@ -127,18 +128,10 @@ def cluster() -> Iterator[Cluster]:
     certificate for archive.ubuntu.com). Here the webhook calls stay on loopback, and the real
     ``gpugate serve`` can take them on the ClusterIP (test 1). Overrides conftest's ``cluster``
     for this module, so its failure report still shows the control plane's logs."""
-    if os.environ.get(KUBECONFIG_ENV):
-        pytest.skip(f"{KUBECONFIG_ENV}: these tests need a control plane of their own (loopback Service network)")
-    found = binaries.paths()
-    if found is None:
-        missing("the e2e control-plane binaries are not built; run `python -m tests.e2e.binaries build`")
     cidr = f"127.{secrets.randbelow(180) + 64}.{secrets.randbelow(256)}.0/24"
-    started = Cluster.local(found, settings=controlplane.Settings(
-        service_cidr=cidr, keep_workdir=bool(os.environ.get("GPUGATE_E2E_KEEP"))))
-    try:
+    with own_control_plane("these tests need a control plane of their own (loopback Service network)",
+                           service_cidr=cidr) as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")
@@ -147,12 +140,7 @@ def rig(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[GitOpsRig]
     pytest runs on a shared machine rotate those away). Kept when a test failed or with
     ``GPUGATE_E2E_KEEP``; otherwise only its ``dashboard/`` (the Markdown snapshots) is kept."""
     needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
-    for tool in ("redis-server", "git", "kubectl"):
-        if shutil.which(tool) is None:
-            missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
-    found, reason = harness.binaries_or_reason()
-    if found is None:
-        missing(reason)
+    found = harness.rig_binaries()
     controller = binaries.upgrade_controller()
     if controller is None:
         missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
@@ -496,44 +484,6 @@ def test_first_install_is_never_degraded(rig: GitOpsRig, install: Install, findi
 
 # --- 2. a commit upgrades the stack ----------------------------------------------------------------
 
-WORKLOAD = "gpu-training"
-
-
-def start_gpu_workload(rig: GitOpsRig, pool: str) -> str:
-    """Two GPU training pods pinned to ``pool`` (a Deployment, a PDB of minAvailable 1, an emptyDir
-    scratch volume, a 2 s grace period) in a namespace of their own; returns the namespace. The
-    namespace opts out of the webhook (``gpugate.io/skip``): no gpugate serves admission here, and
-    the webhook fails closed."""
-    core, apps = client.CoreV1Api(rig.api), client.AppsV1Api(rig.api)
-    namespace = f"train-{secrets.token_hex(3)}"
-    core.create_namespace({"metadata": {"name": namespace, "labels": {"gpugate.io/skip": "true"}}})
-    wait_until(lambda: has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
-    labels = {"app": WORKLOAD}
-    apps.create_namespaced_deployment(namespace, {
-        "metadata": {"name": WORKLOAD},
-        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"nodeSelector": {POOL_LABEL: pool} if pool == "canary" else {},
-                     "terminationGracePeriodSeconds": 2,
-                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                     "volumes": [{"name": "scratch", "emptyDir": {}}],
-                     "containers": [{"name": "train", "image": "registry.example/train:1",
-                                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
-                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
-    client.PolicyV1Api(rig.api).create_namespaced_pod_disruption_budget(namespace, {
-        "metadata": {"name": WORKLOAD}, "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}})
-    wait_until(lambda: len(ready_pods(rig, namespace)) == 2, timeout=60, what="the GPU training pods Ready",
-               explain=rig.explain)
-    return namespace
-
-
-def ready_pods(rig: GitOpsRig, namespace: str) -> dict[str, str]:
-    """uid -> node of the workload's Ready, not Terminating pods."""
-    pods = client.CoreV1Api(rig.api).list_namespaced_pod(namespace, label_selector=f"app={WORKLOAD}").items
-    return {p.metadata.uid: p.spec.node_name for p in pods if not p.metadata.deletion_timestamp
-            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])}
-
-
 def upgrade_events(rig: GitOpsRig, node: str) -> list[str]:
     """The GPUDriverUpgrade events the library recorded on ``node`` (k8s-operator-libs util.go logEvent)."""
     events = client.CoreV1Api(rig.api).list_event_for_all_namespaces(
@@ -575,8 +525,9 @@ def test_a_commit_upgrades_the_canary_pool_then_canary_promotes_every_pool(ready
     assert old and old != CANARY_DRIVER
     canary, default = rig.pool("canary"), rig.pool("default")
     _delete_bare_pods(rig)
-    namespace = start_gpu_workload(rig, "canary")
-    before = ready_pods(rig, namespace)
+    namespace = start_gpu_workload(rig.api, {POOL_LABEL: "canary"}, explain=rig.explain,
+                                   namespace_labels={"gpugate.io/skip": "true"})
+    before = ready_workload_pods(rig.api, namespace)
 
     # Canary.
     rig.fork.stack("upgrade", "--operator", OPERATOR, "--driver", CANARY_DRIVER, "--pool", "canary")
@@ -603,7 +554,7 @@ def test_a_commit_upgrades_the_canary_pool_then_canary_promotes_every_pool(ready
     labels = rig.node_labels()
     assert {labels[n].get(DRIVER_VERSION_LABEL) for n in canary} == {CANARY_DRIVER}
     assert {labels[n].get(DRIVER_VERSION_LABEL) for n in default} == {old}, "the canary commit reached the default pool"
-    after = ready_pods(rig, namespace)
+    after = ready_workload_pods(rig.api, namespace)
     assert len(after) == 2 and not set(after) & set(before), (
         f"the GPU pods were not all evicted and rescheduled: before {before}, after {after}")
     assert any("drain" in m.lower() for n in canary for m in upgrade_events(rig, n)), \

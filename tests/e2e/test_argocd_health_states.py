@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,8 +40,8 @@ import pytest
 import yaml
 
 from tests.e2e import argocd_harness as harness
-from tests.e2e import binaries, controlplane
-from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
+from tests.e2e.cluster import Cluster
+from tests.e2e.local import own_control_plane
 from tests.e2e.waiting import wait_until
 from tests.prerequisites import missing
 
@@ -59,10 +58,6 @@ A100 = "NVIDIA-A100-SXM4-80GB"
 DRIVERS = {"canary": {CANARY_LABEL: "canary"}, "a100-pool": {"nvidia.com/gpu.product": A100}}
 """The two pools and their node selectors: a node carrying both labels is selected twice."""
 Obj = dict[str, Any]
-
-
-def _missing(message: str) -> None:
-    missing(message)
 
 
 def fixture(kind: str, name: str) -> Obj:
@@ -111,18 +106,8 @@ class Rig:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """A control plane of this module's own: 'a cluster without GPU nodes' must be one."""
-    if os.environ.get(KUBECONFIG_ENV):
-        pytest.skip(f"{KUBECONFIG_ENV}: this module needs a control plane of its own (no GPU nodes)")
-    found = binaries.paths()
-    if found is None:
-        _missing("the e2e control-plane binaries are not built; run `python -m tests.e2e.binaries build`")
-        raise AssertionError("unreachable")
-    keep = bool(os.environ.get("GPUGATE_E2E_KEEP"))
-    started = Cluster.local(found, settings=controlplane.Settings(keep_workdir=keep))
-    try:
+    with own_control_plane("this module needs a control plane of its own (no GPU nodes)") as started:
         yield started
-    finally:
-        started.stop()
 
 
 def _git_repo(base: Path) -> None:
@@ -142,14 +127,8 @@ def _git_repo(base: Path) -> None:
 @pytest.fixture(scope="module")
 def rig(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     if not all((SCHEMAS / f).is_file() for f in NVIDIA_CRDS):
-        _missing(f"{SCHEMAS} lacks the GPU Operator CRDs {NVIDIA_CRDS} (a fresh clone has no ../shared)")
-    for tool in ("redis-server", "git", "kubectl"):
-        if shutil.which(tool) is None:
-            _missing(f"{tool} is not on PATH (apt-get install -y redis-server git)")
-    found, reason = harness.binaries_or_reason()
-    if found is None:
-        _missing(reason)
-        raise AssertionError("unreachable")
+        missing(f"{SCHEMAS} lacks the GPU Operator CRDs {NVIDIA_CRDS} (a fresh clone has no ../shared)")
+    found = harness.rig_binaries()
     workdir = tmp_path_factory.mktemp("argocd-health")
     kubectl = harness.Kubectl(cluster.kubeconfig)
     harness.install_crds(kubectl)

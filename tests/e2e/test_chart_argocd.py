@@ -17,21 +17,19 @@ completed by the fake kubelet (its pods carry the ``e2e.gpugate.io/complete-afte
 from __future__ import annotations
 
 import base64
-import time
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.e2e import argocd_harness as harness
 from tests.e2e.chart_argocd_rig import (
     DESTINATION,
     apply_application,
     chart_application,
     explain,
     get_app,
-    hard_refresh,
+    hard_refreshes,
     rig,
     wait_synced,
 )
@@ -82,15 +80,7 @@ def test_helm_test_hooks_are_not_applied(synced: Obj, rig: dict[str, Any]) -> No
 def test_hard_refreshes_after_the_sync_find_nothing_out_of_sync(synced: Obj, rig: dict[str, Any]) -> None:
     """Each hard refresh re-renders the chart (no cache) and compares again; three in a row, and a
     resync period in between, stay Synced with no resource OutOfSync."""
-    seen = []
-    for _ in range(3):
-        app = hard_refresh(rig)
-        state = harness.AppState.of(app)
-        # Sync hooks (the certificate Job) are run, not compared: Argo CD lists them without a sync status.
-        out = [f"{r['kind']}/{r['name']}" for r in app["status"]["resources"]
-               if not r.get("hook") and r.get("status") != "Synced"]
-        seen.append((state.sync, out))
-        time.sleep(5)
+    seen = [(state.sync, out) for state, out in hard_refreshes(rig, pause=5)]
     assert seen == [("Synced", [])] * 3, f"{seen}\n{explain(rig)}"
     # No self-heal sync happened meanwhile: the last operation is still the first sync.
     assert get_app(rig)["status"]["operationState"]["startedAt"] == synced["status"]["operationState"]["startedAt"]

@@ -17,7 +17,6 @@ Argo CD's rig, the Git fork and the helpers are tests/e2e/chart_argocd_rig.py's.
 from __future__ import annotations
 
 import base64
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,8 @@ from tests.e2e.chart_argocd_rig import (
     explain,
     get_app,
     hard_refresh,
+    hard_refreshes,
+    out_of_sync,
     rig,
     wait_synced,
 )
@@ -106,14 +107,7 @@ def test_hard_refreshes_keep_the_certs_jobs_ca_bundle_synced(builtin_synced: Obj
     written = _ca_bundles(rig["cluster"])
     assert set(written) == {"Mutating/mutate.gpugate.io", "Validating/validate.gpugate.io"}
     assert set(written.values()) == {ca}, written
-    seen = []
-    for _ in range(3):
-        app = hard_refresh(rig)
-        state = harness.AppState.of(app)
-        out = [f"{r['kind']}/{r['name']}" for r in app["status"]["resources"]
-               if not r.get("hook") and r.get("status") != "Synced"]
-        seen.append((state.sync, state.health, out))
-        time.sleep(2)
+    seen = [(state.sync, state.health, out) for state, out in hard_refreshes(rig, pause=2)]
     assert seen == [("Synced", "Healthy", [])] * 3, f"{seen}\n{explain(rig)}"
     assert get_app(rig)["status"]["operationState"]["startedAt"] == builtin_synced["status"]["operationState"][
         "startedAt"], "a self-heal sync ran"
@@ -132,7 +126,6 @@ def test_without_the_rule_the_same_state_is_still_synced(builtin_synced: Obj, ri
         {"spec": {"ignoreDifferences": None, "syncPolicy": {"automated": None}}})
     app = hard_refresh(rig)
     assert not get_app(rig)["spec"].get("ignoreDifferences")
-    out = sorted(f"{r['kind']}/{r['name']}" for r in app["status"]["resources"]
-                 if not r.get("hook") and r.get("status") != "Synced")
+    out = sorted(out_of_sync(app))
     assert (harness.AppState.of(app).sync, out) == ("Synced", []), explain(rig)
     assert set(_ca_bundles(rig["cluster"]).values()) != {None}

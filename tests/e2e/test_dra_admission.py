@@ -31,19 +31,17 @@ What is proven, each claim failing if the behaviour broke:
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import dra_slices
+from tests.e2e.accounts import applied, kubeconfig_as
 from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.namespaces import shared_namespace
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     ROOT,
@@ -106,31 +104,8 @@ def webhook_kubeconfig(local: Cluster, workdir: Path) -> Iterator[Path]:
     docs = [d for d in kustomize(WEBHOOK_BASE) if d["kind"] in RBAC_KINDS]
     assert sorted(d["kind"] for d in docs) == sorted(RBAC_KINDS)
     account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
-    text = yaml.safe_dump_all(docs)
-    core = local.core()
-    with shared_namespace(core, account["namespace"]):
-        _kubectl(local, "apply", "-f", "-", stdin=text)
-        try:
-            token = core.create_namespaced_service_account_token(
-                account["name"], account["namespace"], client.AuthenticationV1TokenRequest(
-                    spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-            admin = yaml.safe_load(Path(local.kubeconfig).read_text())
-            path = workdir / "webhook-kubeconfig.yaml"
-            path.write_text(yaml.safe_dump({
-                "apiVersion": "v1", "kind": "Config", "current-context": "webhook",
-                "clusters": [{"name": "local", "cluster": admin["clusters"][0]["cluster"]}],
-                "users": [{"name": account["name"], "user": {"token": token}}],
-                "contexts": [{"name": "webhook", "context": {"cluster": "local", "user": account["name"]}}]}))
-            yield path
-        finally:
-            _kubectl(local, "delete", "--ignore-not-found", "-f", "-", stdin=text)
-
-
-def _kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin, text=True,
-                          capture_output=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    with applied(local, docs, account["namespace"]):
+        yield kubeconfig_as(local, account["name"], account["namespace"], workdir / "webhook-kubeconfig.yaml")
 
 
 @pytest.fixture(scope="module")

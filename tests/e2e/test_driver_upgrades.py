@@ -40,9 +40,15 @@ from tests.e2e.argocd_standin import (
     OWNER_LABEL,
     GPUOperatorStandIn,
 )
-from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, NodeHistory, UpgradeController, in_order
+from tests.e2e.argocd_upgrades import (
+    IN_PLACE_STEPS,
+    NodeHistory,
+    UpgradeController,
+    in_order,
+    ready_workload_pods,
+    start_gpu_workload,
+)
 from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
-from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import wait_until
 from tests.prerequisites import missing, needed
 
@@ -155,36 +161,9 @@ def rig() -> Iterator[Rig]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def gpu_workload(rig: Rig, pool_selector: Obj) -> tuple[str, set[str]]:
-    """Two GPU pods with an emptyDir (pod deletion refuses them), a PDB of minAvailable 1."""
-    core, apps = rig.cluster.core(), client.AppsV1Api(rig.cluster.api_client())
-    namespace = f"train-{secrets.token_hex(3)}"
-    core.create_namespace({"metadata": {"name": namespace}})
-    wait_until(lambda: has_default_account(core, namespace), timeout=30, what="the default ServiceAccount")
-    labels = {"app": "train"}
-    apps.create_namespaced_deployment(namespace, {"metadata": {"name": "train"}, "spec": {
-        "replicas": 2, "selector": {"matchLabels": labels},
-        "template": {"metadata": {"labels": labels}, "spec": {
-            "nodeSelector": pool_selector, "terminationGracePeriodSeconds": 2,
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "volumes": [{"name": "scratch", "emptyDir": {}}],
-            "containers": [{"name": "train", "image": "registry.example/train:1",
-                            "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
-    client.PolicyV1Api(rig.cluster.api_client()).create_namespaced_pod_disruption_budget(namespace, {
-        "metadata": {"name": "train"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}})
-    wait_until(lambda: len(_ready(rig, namespace)) == 2, timeout=60, what="two Ready GPU pods", explain=rig.explain)
-    return namespace, set(_ready(rig, namespace))
-
-
-def _ready(rig: Rig, namespace: str) -> dict[str, str]:
-    pods = rig.cluster.core().list_namespaced_pod(namespace).items
-    return {p.metadata.uid: p.spec.node_name for p in pods if not p.metadata.deletion_timestamp
-            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])}
-
-
 def test_a_new_canary_driver_walks_nvidias_states_drains_under_the_pdb_and_reschedules(rig: Rig) -> None:
-    namespace, before = gpu_workload(rig, {POOL_LABEL: "canary"})
+    namespace = start_gpu_workload(rig.cluster.api_client(), {POOL_LABEL: "canary"}, explain=rig.explain)
+    before = set(ready_workload_pods(rig.cluster.api_client(), namespace))
     started = rig.history.changes[-1].at + 1e-6
     rig.patch_driver("canary", {"version": NEW})
     wait_until(lambda: all(rig.snapshot()[n]["state"] == "upgrade-done" and rig.snapshot()[n]["driver"] == NEW
@@ -200,7 +179,7 @@ def test_a_new_canary_driver_walks_nvidias_states_drains_under_the_pdb_and_resch
     most, at_once = rig.history.most_upgrading(rig.canary, started)
     assert most == 1, f"maxParallelUpgrades 1, but {at_once} upgraded at once\n{rig.history.timeline(started)}"
     assert not rig.history.since(started, rig.default), "the canary's new driver moved the default pool"
-    after = _ready(rig, namespace)
+    after = ready_workload_pods(rig.cluster.api_client(), namespace)
     assert len(after) == 2 and not set(after) & before, f"GPU pods not evicted and rescheduled: {before} -> {after}"
     assert rig.driver("canary")["status"]["state"] == "ready"
     assert not any(rig.snapshot()[n]["unschedulable"] for n in rig.canary)

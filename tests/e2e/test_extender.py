@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -41,46 +40,24 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-import yaml
 from cryptography import x509
 from kubernetes import client
 
-from tests.e2e.balancer_access import scrape
+from tests.e2e import shipped_scheduler
+from tests.e2e.accounts import applied, kubeconfig_as
+from tests.e2e.balancer_access import QUICK_CONFIG, answers_ok, scrape
 from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.namespaces import shared_namespace
-from tests.e2e.processes import free_port
+from tests.e2e.processes import free_port, terminate
+from tests.e2e.shipped_scheduler import BINPACK
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import find, kustomize
-from webhook import names
 from webhook.certs import pki
 from webhook.placement.scoring import RECOMMENDED_WEIGHT
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_ONLY_REASON = "the extender and the second scheduler run on this machine's 127.0.0.1"
 """Why this module skips against an attached cluster (the ``local`` fixture of conftest.py)."""
-BINPACK = "gpugate-binpack"
 POOL = "e2e.gpugate.io/extender-pool"
-CONFIG = """\
-lease: {duration: 4, renew_deadline: 3, retry_period: 0.5}
-backoff_initial: 0.2
-backoff_max: 2
-watch_timeout: 30
-write_interval: 1
-"""
-
-
-def scheduler_configuration() -> dict[str, Any]:
-    """The KubeSchedulerConfiguration of the ConfigMap the rendered Deployment's ``--config`` reads."""
-    documents = kustomize(ROOT / "manifests" / "scheduler")
-    deployment = find(documents, "Deployment", "gpugate-scheduler")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    config_path = next(arg.split("=", 1)[1] for arg in container["command"] if arg.startswith("--config="))
-    mount = next(m for m in container["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))
-    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
-    config_map = find(documents, "ConfigMap", volume["configMap"]["name"])
-    document = yaml.safe_load(config_map["data"][config_path[len(mount["mountPath"]) + 1:]])
-    assert [p["schedulerName"] for p in document["profiles"]] == [BINPACK, names.EXTENDER_SCHEDULER_NAME]
-    return dict(document)
 
 
 @dataclass
@@ -99,11 +76,7 @@ class Extender:
         return scrape(self.health_port, name, **labels)
 
     def ready(self) -> bool:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        try:
-            return opener.open(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2).status == 200
-        except OSError:
-            return False
+        return answers_ok(self.health_port, "/readyz")
 
     def install_certificate(self) -> None:
         """What the kubelet does when the optional Secret volume's Secret appears."""
@@ -152,7 +125,7 @@ def extender(local: Cluster, workdir: Path, namespace: str, pool: Pool) -> Itera
     bundle = pki.create_bundle(service="gpugate-balancer", namespace="gpugate-system", now=datetime.now(UTC),
                                days=1, ips=("127.0.0.1",))
     (scheduler_side / "ca.crt").write_bytes(bundle.ca_cert)
-    (workdir / "balancer.yaml").write_text(CONFIG)
+    (workdir / "balancer.yaml").write_text(QUICK_CONFIG)
     port, health_port, log = free_port(), free_port(), workdir / "balancer.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -167,18 +140,12 @@ def extender(local: Cluster, workdir: Path, namespace: str, pool: Pool) -> Itera
     try:
         yield running
     finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        terminate(process, grace=20)
 
 
 @pytest.fixture(scope="module")
 def scheduler(local: Cluster, extender: Extender, namespace: str) -> Iterator[Any]:
-    config = scheduler_configuration()
+    config = shipped_scheduler.configuration()
     [entry] = config["extenders"]
     # The manifest's choices, kept as they are...
     assert (entry["prioritizeVerb"], entry["weight"], entry["nodeCacheCapable"], entry["ignorable"]) == \
@@ -296,10 +263,7 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
     rbac = [d for d in documents if d["kind"] in CERTS_KINDS and d["metadata"]["name"] == account]
     assert {d["kind"] for d in rbac} == set(CERTS_KINDS)
     core = local.core()
-    text = yaml.safe_dump_all(rbac)
-    with shared_namespace(core, SYSTEM):
-        subprocess.run(["kubectl", "--kubeconfig", str(local.kubeconfig), "apply", "-f", "-"], input=text, text=True,
-                       check=True, capture_output=True, timeout=60)
+    with applied(local, rbac, SYSTEM):
         try:
             [container] = job["spec"]["template"]["spec"]["containers"]
             secret_ref = next(a.split("=", 1)[1] for a in container["args"] if a.startswith("--secret="))
@@ -308,15 +272,7 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
                 core.delete_namespaced_secret(secret_name, secret_namespace)
             except client.ApiException as error:
                 assert error.status == 404
-            token = core.create_namespaced_service_account_token(account, SYSTEM, client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
-            admin = yaml.safe_load(Path(local.kubeconfig).read_text())
-            kubeconfig = workdir / "certs-job.kubeconfig"
-            kubeconfig.write_text(yaml.safe_dump({
-                "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
-                "users": [{"name": account, "user": {"token": token}}],
-                "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
-                "current-context": account}))
+            kubeconfig = kubeconfig_as(local, account, SYSTEM, workdir / "certs-job.kubeconfig", seconds=600)
             gpugate = Path(sys.executable).with_name("gpugate")
             assert container["command"][0] == "gpugate"
 
@@ -332,15 +288,13 @@ def test_the_certificate_job_makes_the_extenders_secret_with_only_its_rbac(local
             cert = x509.load_pem_x509_certificate(base64.b64decode(stored.data["tls.crt"]))
             dns_names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
                 x509.DNSName)
-            config = scheduler_configuration()
+            config = shipped_scheduler.configuration()
             assert urlsplit(config["extenders"][0]["urlPrefix"]).hostname in dns_names, dns_names
             second = run()
             assert second.returncode == 0, second.stderr + second.stdout
             again = core.read_namespaced_secret(secret_name, secret_namespace)
             assert again.metadata.resource_version == stored.metadata.resource_version, "a valid certificate is kept"
         finally:
-            subprocess.run(["kubectl", "--kubeconfig", str(local.kubeconfig), "delete", "--ignore-not-found",
-                            "-f", "-"], input=text, text=True, capture_output=True, timeout=60)
             try:
                 core.delete_namespaced_secret("gpugate-balancer-tls", SYSTEM)
             except client.ApiException:

@@ -18,52 +18,45 @@ advertise, so nothing else in the session changes what the cluster offers of the
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 
-from tests.e2e.balancer_access import NAMESPACE, rbac_applied, scrape
+from tests.e2e.balancer_access import (
+    NAMESPACE,
+    QUICK_CONFIG,
+    as_account,
+    forget_earlier_runs,
+    rbac_applied,
+    scrape,
+)
 from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.processes import free_port
+from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
     Namespaces,
     Obj,
-    ServingCerts,
     create_pod,
     pod_manifest,
     read_pod,
-    registered_as_shipped,
-    serving,
+    shipped_webhook,
 )
 from webhook.kube import inventory as webhook_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
-ACCOUNT = "gpugate-balancer"
 LEASE = "gpugate-balancer"
 CONFIGMAP = "gpugate-inventory"
 H200 = "NVIDIA-H200"
 PROFILES = ("1g.18gb", "2g.35gb", "3g.71gb")
-# Lease timing scaled down (the ratios are the defaults'); the inventory written within half a second
-# of a change, so the test waits on events, not on the 5 s default.
-CONFIG = """\
-lease: {duration: 4, renew_deadline: 3, retry_period: 0.5}
-backoff_initial: 0.2
-backoff_max: 2
-watch_timeout: 30
-write_interval: 1
-inventory: {min_interval: 0.5, refresh: 30}
-"""
+# The inventory written within half a second of a change, so the test waits on events, not on the 5 s default.
+CONFIG = QUICK_CONFIG + "inventory: {min_interval: 0.5, refresh: 30}\n"
 POLICY = f"""\
 apiVersion: gpugate.io/v1alpha1
 kind: GPUPolicy
@@ -104,44 +97,18 @@ class Balancer:
             "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-
-
-def _forget_earlier_runs(local: Cluster) -> None:
-    """No Lease holder and no inventory left by an earlier test: this balancer starts both afresh."""
-    for delete in (lambda: client.CoordinationV1Api(local.api_client()).delete_namespaced_lease(LEASE, NAMESPACE),
-                   lambda: local.core().delete_namespaced_config_map(CONFIGMAP, NAMESPACE)):
-        try:
-            delete()
-        except client.ApiException as error:
-            assert error.status == 404
+        terminate(self.process, grace=20)
 
 
 @pytest.fixture(scope="module")
 def balancer(local: Cluster, balancer_rbac: None, workdir: Path) -> Iterator[Balancer]:
-    _forget_earlier_runs(local)
-    core = local.core()
-    token = core.create_namespaced_service_account_token(ACCOUNT, NAMESPACE, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-    (workdir / "token").write_text(token)
-    server_entry = yaml.safe_load(Path(local.kubeconfig).read_text())["clusters"][0]["cluster"]
-    ca_file = workdir / "apiserver-ca.crt"
-    if "certificate-authority-data" in server_entry:
-        ca_file.write_bytes(base64.b64decode(server_entry["certificate-authority-data"]))
-    else:
-        ca_file.write_bytes(Path(server_entry["certificate-authority"]).read_bytes())
+    forget_earlier_runs(local, LEASE, CONFIGMAP)
+    access = as_account(local, workdir, "e2e-inventory")
     (workdir / "balancer.yaml").write_text(CONFIG)
     port, log = free_port(), workdir / "balancer.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "webhook.cli", "balance", "--server", server_entry["server"],
-             "--token-file", str(workdir / "token"), "--certificate-authority", str(ca_file),
+            [sys.executable, "-m", "webhook.cli", "balance", *access,
              "--config", str(workdir / "balancer.yaml"), "--identity", "e2e-inventory", "--lease-name", LEASE,
              "--lease-namespace", NAMESPACE, "--health-bind", f"127.0.0.1:{port}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -150,7 +117,7 @@ def balancer(local: Cluster, balancer_rbac: None, workdir: Path) -> Iterator[Bal
         yield running
     finally:
         running.stop()
-        _forget_earlier_runs(local)
+        forget_earlier_runs(local, LEASE, CONFIGMAP)
 
 
 class Volume:
@@ -185,22 +152,14 @@ def volume(local: Cluster, workdir: Path) -> Volume:
 
 @pytest.fixture(scope="module")
 def webhook(local: Cluster, workdir: Path, volume: Volume) -> Iterator[GpugateServer]:
-    policies = workdir / "policies"
-    policies.mkdir()
-    (policies / "inventory.yaml").write_text(POLICY)
-    certs = ServingCerts(workdir / "certs")
-    assert local.plane is not None
-    running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies, inventory=volume.path,
-                            log=local.plane.logs / "gpugate-inventory.log")
-    with serving(running), registered_as_shipped(local, running, certs):
+    with shipped_webhook(local, workdir, POLICY, name="inventory", inventory=volume.path) as running:
         yield running
 
 
 @pytest.fixture
-def namespace(local: Cluster) -> Iterator[str]:
-    made = Namespaces(local)
-    yield made.make("inv")
-    made.delete_all()
+def namespace(namespaces: Namespaces) -> str:
+    """A ``inv-*`` namespace the policy matches (conftest's ``namespaces`` deletes it)."""
+    return namespaces.make("inv")
 
 
 def offered(document: webhook_inventory.Inventory | None) -> dict[str, int]:

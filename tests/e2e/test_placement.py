@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
+from tests.e2e import shipped_scheduler
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.placement_env import (
     FREE,
@@ -67,22 +67,17 @@ from tests.e2e.placement_env import (
     webhook,
 )
 from tests.e2e.processes import free_port
+from tests.e2e.shipped_scheduler import BINPACK
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
-    ROOT,
     GpugateServer,
     Namespaces,
     Obj,
     ServingCerts,
     create_pod,
-    find,
-    kustomize,
     policy_of,
 )
-from webhook import names
 
-SCHEDULER_MANIFESTS = ROOT / "manifests" / "scheduler"
-BINPACK = "gpugate-binpack"
 HOSTNAME = "kubernetes.io/hostname"
 CLIQUE = "nvidia.com/gpu.clique"
 GROUP = "gpugate.io/group"
@@ -417,8 +412,7 @@ def test_topology_co_locates_one_jobs_pods_on_one_clique(env: Env) -> None:
 # --- 5. the second scheduler ---------------------------------------------------------------------
 
 def scheduler_configuration(workdir: Path) -> dict[str, Any]:
-    """The KubeSchedulerConfiguration in the ConfigMap that ``kubectl kustomize manifests/scheduler``
-    renders, under the key the Deployment's ``--config`` names.
+    """The KubeSchedulerConfiguration as manifests/scheduler ships it (:mod:`tests.e2e.shipped_scheduler`).
 
     Only where its extenders are is switched, as the webhook's ``clientConfig`` is elsewhere: the
     balancer's Service name does not resolve here and its CA is a mounted Secret. Each extender
@@ -427,23 +421,14 @@ def scheduler_configuration(workdir: Path) -> dict[str, Any]:
     (pkg/scheduler/schedule_one.go, prioritizeNodes: "Prioritization errors from extender can be
     ignored"). The extender's own scoring is tested with the balancer that serves it, not here.
     """
-    documents = kustomize(SCHEDULER_MANIFESTS)
-    deployment = find(documents, "Deployment", "gpugate-scheduler")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    config_path = next(arg.split("=", 1)[1] for arg in container["command"] if arg.startswith("--config="))
-    mount = next(m for m in container["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))
-    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
-    config_map = find(documents, "ConfigMap", volume["configMap"]["name"])
-    document = yaml.safe_load(config_map["data"][config_path[len(mount["mountPath"]) + 1:]])
-    assert document["kind"] == "KubeSchedulerConfiguration"
-    assert [p["schedulerName"] for p in document["profiles"]] == [BINPACK, names.EXTENDER_SCHEDULER_NAME]
+    document = shipped_scheduler.configuration()
     for extender in document.get("extenders") or []:
         assert extender.get("ignorable") is True, extender  # else an outage of the balancer stops scheduling
         assert not extender.get("filterVerb") and not extender.get("bindVerb"), extender
         extender["urlPrefix"] = f"https://127.0.0.1:{free_port()}/extender"
         if (extender.get("tlsConfig") or {}).get("caFile"):
             extender["tlsConfig"]["caFile"] = str(ServingCerts(workdir / "extender-ca").ca)
-    return dict(document)
+    return document
 
 
 def scheduled_by(env: Env, pod_name: str) -> set[str]:

@@ -27,16 +27,13 @@ from tests.e2e.webhook_fixture import (
     GpugateServer,
     Namespaces,
     Obj,
-    ServingCerts,
     api_message,
     create_pod,
     pod_manifest,
     read_pod,
-    registered_as_shipped,
-    serving,
+    shipped_webhook,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
 POLICY = """\
 apiVersion: gpugate.io/v1alpha1
 kind: GPUPolicy
@@ -67,14 +64,7 @@ def inventory_file(workdir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(local: Cluster, workdir: Path, inventory_file: Path) -> Iterator[GpugateServer]:
-    policies = workdir / "policies"
-    policies.mkdir()
-    (policies / "rightsizing.yaml").write_text(POLICY)
-    certs = ServingCerts(workdir / "certs")
-    assert local.plane is not None
-    running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies,
-                            inventory=inventory_file, log=local.plane.logs / "gpugate-rightsizing.log")
-    with serving(running), registered_as_shipped(local, running, certs):
+    with shipped_webhook(local, workdir, POLICY, name="rightsizing", inventory=inventory_file) as running:
         yield running
 
 
@@ -95,10 +85,9 @@ def mig_nodes(local: Cluster) -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture
-def namespace(local: Cluster) -> Iterator[str]:
-    made = Namespaces(local)
-    yield made.make("rs")
-    made.delete_all()
+def namespace(namespaces: Namespaces) -> str:
+    """A ``rs-*`` namespace the policy matches (conftest's ``namespaces`` deletes it)."""
+    return namespaces.make("rs")
 
 
 def inventory(path: Path, *offers: tuple[str, str, int]) -> None:

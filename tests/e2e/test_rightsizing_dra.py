@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,17 +39,13 @@ from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
     Namespaces,
-    Registration,
-    RenderedWebhooks,
-    ServingCerts,
     create_pod,
-    kustomize,
     read_pod,
+    shipped_webhook,
 )
 from webhook import names
 from webhook.kube import allocations, rightsizedclaims
 
-ROOT = Path(__file__).resolve().parents[2]
 POOL = "e2e.gpugate.io/rightsizing-dra"
 POLICY = """\
 apiVersion: gpugate.io/v1alpha1
@@ -76,24 +71,8 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 @pytest.fixture(scope="module")
 def server(local: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpugateServer]:
-    workdir = tmp_path_factory.mktemp("rightsizing-dra")
-    policies = workdir / "policies"
-    policies.mkdir()
-    (policies / "rightsizing.yaml").write_text(POLICY)
-    certs = ServingCerts(workdir / "certs")
-    assert local.plane is not None
-    running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies,
-                            log=local.plane.logs / "gpugate-rightsizing-dra.log")
-    running.start()
-    registration = Registration(local)
-    registration.apply(RenderedWebhooks.of(kustomize(ROOT / "manifests" / "webhook"))
-                       .pointed_at(running.base_url, certs.bundle.ca_cert))
-    try:
+    with shipped_webhook(local, tmp_path_factory.mktemp("rightsizing-dra"), POLICY, name="rightsizing-dra") as running:
         yield running
-    finally:
-        registration.remove()
-        if running.running():
-            running.stop()
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +92,9 @@ def node(local: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture
-def namespace(local: Cluster) -> Iterator[str]:
-    made = Namespaces(local)
-    yield made.make("rsd")
-    made.delete_all()
+def namespace(namespaces: Namespaces) -> str:
+    """A ``rsd-*`` namespace the policy matches (conftest's ``namespaces`` deletes it)."""
+    return namespaces.make("rsd")
 
 
 def asking(name: str, memory: str) -> dict[str, Any]:

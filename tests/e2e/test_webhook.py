@@ -796,7 +796,8 @@ def test_graceful_restart_leaves_no_pod_unshaped_while_a_server_is_up(
     failed_calls = [line for line in log.read().splitlines() if port in line and "webhook" in line]
     dropped = [line for line in failed_calls if any(sign in line for sign in RESET_SIGNS)]
     assert not dropped, "the API server saw calls die mid-request:\n" + "\n".join(dropped[:10])
-    assert all("connection refused" in line for line in failed_calls), "\n".join(failed_calls[:10])
+    other = [line for line in failed_calls if "connection refused" not in line]
+    assert not other, "the API server's calls failed otherwise than refused:\n" + "\n".join(other[:10])
 
 
 # --- 4. every manifest through the API server's validation -----------------------------------

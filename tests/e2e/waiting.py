@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 T = TypeVar("T")
 
@@ -39,3 +39,27 @@ def stop_stream(stop: threading.Event, response: Any, thread: threading.Thread) 
         except Exception:
             pass
     thread.join(timeout=5)
+
+
+class WatchThread:
+    """A daemon thread that follows a watch stream until :meth:`stop`; a subclass writes ``_loop``,
+    checks ``_stopping`` and keeps the open stream in ``_response`` so that stop can unblock it.
+
+    Why a base: every recorder of the harness (Applications, upgraded nodes) starts and stops the
+    same way; only what it reads differs.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._stopping = threading.Event()
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        stop_stream(self._stopping, self._response, self._thread)
+
+    def _loop(self) -> None:
+        raise NotImplementedError

@@ -327,12 +327,7 @@ class GpugateServer:
         run = self.runs[-1]
         if self.process.poll() is None:
             run.terminated = time.monotonic()
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+            processes.terminate(self.process, grace)
         run.exited = time.monotonic()
         self._reap()
         return run
@@ -358,12 +353,7 @@ class GpugateServer:
         except BaseException:
             raw.close()
             raise
-        try:
-            connection.request("GET", path)
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
+        return processes.http_get(connection, path)
 
     def client_context(self) -> ssl.SSLContext:
         """A client that trusts only the server's CA and checks its name, as the API server does."""
@@ -429,6 +419,27 @@ def serving(server: GpugateServer) -> Iterator[GpugateServer]:
     finally:
         if server.running():
             server.stop()
+
+
+@contextmanager
+def shipped_webhook(cluster: Cluster, workdir: Path, policy: str, *, name: str,
+                    inventory: Path | None = None) -> Iterator[GpugateServer]:
+    """``gpugate serve`` with one policy (YAML text) and fresh certificates, registered as manifests/webhook
+    renders it; unregistered and stopped on the way out.
+
+    Why one helper: each e2e module that judges a policy on the real API server sets up the same
+    way; only the policy, the inventory file and the log's name (``gpugate-<name>.log``) differ.
+    """
+    if cluster.plane is None:
+        raise RuntimeError("the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it")
+    policies = workdir / "policies"
+    policies.mkdir()
+    (policies / f"{name}.yaml").write_text(policy)
+    certs = ServingCerts(workdir / "certs")
+    running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies, inventory=inventory,
+                            log=cluster.plane.logs / f"gpugate-{name}.log")
+    with serving(running), registered_as_shipped(cluster, running, certs):
+        yield running
 
 
 def _session_members(session: int) -> list[int]:

@@ -4,7 +4,6 @@ is allowed by the RBAC of manifests/balancer (the static tests show the RBAC gra
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,10 @@ import pytest
 
 from tests.kubefake import FakeKube, fake_kube  # noqa: F401 - the fixture is used by name
 from tests.manifests.helpers import arg_value, one, render_variant, rule_allows
+from webhook.localcluster import processes
 from webhook.names import GPU_FREE_LABEL
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rbac_verb(method: str, query: dict[str, str], named: bool) -> str:
@@ -63,7 +57,7 @@ def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, 
     deployment = one(objs, "Deployment", "gpugate-balancer")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     namespace = deployment["metadata"]["namespace"]
-    health_port = _free_port()
+    health_port = processes.free_port()
     args = [f"--health-bind=127.0.0.1:{health_port}" if a.startswith("--health-bind") else a
             for a in container["args"]]
     # The downward API values the pod would get.
@@ -93,12 +87,7 @@ def test_the_deployed_balancer_needs_no_more_than_its_rbac(fake_kube: FakeKube, 
             with urllib.request.urlopen(f"http://127.0.0.1:{health_port}{probe}", timeout=5) as response:
                 assert response.status == 200, kind
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        processes.terminate(process, grace=20)
         log.close()
 
     cluster_rules = one(objs, "ClusterRole", "gpugate-balancer")["rules"]

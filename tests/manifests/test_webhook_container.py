@@ -25,14 +25,9 @@ from tests.kubefake import FakeKube, fake_kube  # noqa: F401 - the fixture is us
 from tests.manifests.helpers import NAMESPACE, find, one, render_variant, rule_allows
 from webhook.admission import reviews
 from webhook.certs import pki
+from webhook.localcluster import processes
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get(port: int, path: str, context: ssl.SSLContext | None, server_name: str) -> tuple[int, bytes]:
@@ -42,12 +37,7 @@ def _get(port: int, path: str, context: ssl.SSLContext | None, server_name: str)
         connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
         connection.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), 5),
                                               server_hostname=server_name)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
+    return processes.http_get(connection, path)
 
 
 def _kubeconfig(path: Path, server: str) -> Path:
@@ -128,7 +118,7 @@ def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_
                 return str(local) + value[len(mount_path):]
         return value
 
-    https_port, metrics_port = _free_port(), _free_port()
+    https_port, metrics_port = processes.free_port(), processes.free_port()
     args = []
     for arg in container["args"]:
         flag, _, value = arg.partition("=")
@@ -170,12 +160,7 @@ def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_
         tolerations = [op["value"] for op in patch if op["path"] == "/spec/tolerations"]
         assert tolerations == [[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]], patch
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        processes.terminate(process, grace=20)
         log.close()
     rules = [rule for role in find(objs, "ClusterRole") for rule in role["rules"]
              if any(b["roleRef"]["name"] == role["metadata"]["name"] and b["subjects"][0]["name"] == "gpugate-webhook"

@@ -122,14 +122,7 @@ def _sign_serving(key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, ca_priv
         .not_valid_before(not_before)
         .not_valid_after(min(now + timedelta(days=days), ca.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
             x509.SubjectAlternativeName(
@@ -210,27 +203,41 @@ def check_pair(cert_pem: bytes, key_pem: bytes, *, cert_name: str = "certificate
 
 def _make_ca(key: ec.EllipticCurvePrivateKey, *, service: str, namespace: str, now: datetime,
              days: int) -> x509.Certificate:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpugate CA for {service}.{namespace}")])
+    return self_signed_ca(key, f"gpugate CA for {service}.{namespace}", not_before=now - _BACKDATE,
+                          not_after=now + timedelta(days=days), path_length=0)
+
+
+def self_signed_ca(key: ec.EllipticCurvePrivateKey, common_name: str, *, not_before: datetime, not_after: datetime,
+                   path_length: int | None) -> x509.Certificate:
+    """A self-signed CA certificate for ``key``: CA basic constraints, ``key_usage(ca=True)`` and a
+    subject key identifier, signed with SHA-256.
+
+    Why public: the webhook's serving CA (here) and the local control plane's CA
+    (:mod:`webhook.localcluster.pki`) are made the same way; only the name, the validity and how
+    deep a chain may go differ.
+    """
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     return (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
+        .add_extension(key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
+
+
+def key_usage(*, ca: bool) -> x509.KeyUsage:
+    """Digital signature for every certificate; certificate and CRL signing only for a CA."""
+    return x509.KeyUsage(
+        digital_signature=True, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
+        encipher_only=False, decipher_only=False)
 
 
 def _aware(now: datetime) -> datetime:

@@ -285,12 +285,7 @@ def _delegated_auth(kubeconfig: Path) -> list[str]:
 
 
 def _http_ok(port: int, path: str) -> bool:
-    connection = http.client.HTTPConnection(LOOPBACK, port, timeout=2)
-    try:
-        connection.request("GET", path)
-        return connection.getresponse().status == 200
-    finally:
-        connection.close()
+    return processes.http_get(http.client.HTTPConnection(LOOPBACK, port, timeout=2), path)[0] == 200
 
 
 def _https_ok(port: int, path: str, context: ssl.SSLContext | None = None) -> bool:
@@ -307,10 +302,4 @@ def _https_get(port: int, path: str, context: ssl.SSLContext | None = None) -> t
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    connection = http.client.HTTPSConnection(LOOPBACK, port, timeout=5, context=context)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
+    return processes.http_get(http.client.HTTPSConnection(LOOPBACK, port, timeout=5, context=context), path)

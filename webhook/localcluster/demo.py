@@ -180,11 +180,7 @@ def _serve(stack: ExitStack, cluster: Cluster, policies: Path, inventory: Path, 
 
     def ready(ports: Sequence[int]) -> bool:
         connection = http.client.HTTPSConnection("127.0.0.1", ports[0], context=context, timeout=2)
-        try:
-            connection.request("GET", "/readyz")
-            return connection.getresponse().status == 200
-        finally:
-            connection.close()
+        return processes.http_get(connection, "/readyz")[0] == 200
 
     launch = processes.Launch(
         name="gpugate-serve", ports=1, probe=ready,
@@ -198,12 +194,7 @@ def _serve(stack: ExitStack, cluster: Cluster, policies: Path, inventory: Path, 
 
 def _balance(stack: ExitStack, cluster: Cluster, work: Path) -> processes.Process:
     def ready(ports: Sequence[int]) -> bool:
-        connection = http.client.HTTPConnection("127.0.0.1", ports[0], timeout=2)
-        try:
-            connection.request("GET", "/readyz")
-            return connection.getresponse().status == 200
-        finally:
-            connection.close()
+        return processes.http_get(http.client.HTTPConnection("127.0.0.1", ports[0], timeout=2), "/readyz")[0] == 200
 
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_NAMESPACE": SYSTEM_NAMESPACE,
            "POD_NAME": "gpugate-balancer-demo"}

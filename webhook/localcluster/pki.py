@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from webhook.certs import pki as servingpki
+
 VALIDITY = datetime.timedelta(days=7)
 """Long enough for any test session or a day of poking at ``cluster up``, short enough to be harmless."""
 
@@ -55,21 +57,9 @@ class CertificateAuthority:
     @classmethod
     def create(cls, folder: Path, *, name: str = "gpugate-e2e-ca") -> CertificateAuthority:
         key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         now = _now()
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - CLOCK_SKEW)
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(_key_usage(ca=True), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256())
-        )
+        cert = servingpki.self_signed_ca(key, name, not_before=now - CLOCK_SKEW, not_after=now + VALIDITY,
+                                         path_length=None)
         return cls(_write_pair(folder, name, cert, key))
 
     def issue(
@@ -102,7 +92,7 @@ class CertificateAuthority:
             .not_valid_before(now - CLOCK_SKEW)
             .not_valid_after(now + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_key_usage(ca=False), critical=True)
+            .add_extension(servingpki.key_usage(ca=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
                            critical=False)
@@ -161,13 +151,6 @@ def write_kubeconfig(path: Path, *, server: str, ca: CertificateAuthority, user:
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True, content_commitment=False, key_encipherment=False,
-        data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
-        encipher_only=False, decipher_only=False)
 
 
 def _private_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:

@@ -21,6 +21,7 @@ from pathlib import Path
 PORT_IN_USE = "address already in use"
 START_ATTEMPTS = 5
 STOP_GRACE_SECONDS = 10.0
+KILL_WAIT_SECONDS = 10.0
 
 
 class StartError(RuntimeError):
@@ -32,6 +33,39 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def http_get(connection: http.client.HTTPConnection, path: str) -> tuple[int, bytes]:
+    """GET ``path`` on ``connection`` and close it: the status and the body.
+
+    Why here: every probe and every test that reads a component's /healthz, /readyz or /metrics
+    sends one request on a connection it made for that (plain, TLS unverified, or TLS checked
+    against a CA and a name), and must close it whatever the answer.
+    """
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def terminate(popen: subprocess.Popen[bytes], grace: float = STOP_GRACE_SECONDS) -> None:
+    """Stop a child by its PID: SIGTERM, wait up to ``grace`` seconds, then SIGKILL.
+
+    Why SIGTERM first: our servers drain on it (gunicorn's workers finish their requests, the
+    balancer releases its Lease); SIGKILL only for one that does not exit in time.
+    """
+    if popen.poll() is not None:
+        return
+    try:
+        os.kill(popen.pid, signal.SIGTERM)
+        popen.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.kill(popen.pid, signal.SIGKILL)
+        popen.wait(timeout=KILL_WAIT_SECONDS)
+    except ProcessLookupError:
+        pass  # it exited between poll() and kill()
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -77,16 +111,7 @@ class Process:
 
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; by PID, never by name."""
-        if self.popen.poll() is not None:
-            return
-        try:
-            os.kill(self.popen.pid, signal.SIGTERM)
-            self.popen.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.kill(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(timeout=grace)
-        except ProcessLookupError:
-            pass
+        terminate(self.popen, grace)
 
     def tail(self, lines: int = 30) -> str:
         return tail(self.log, lines)

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from webhook.errors import GpugateError
+from webhook.stack import rendering
 
 HELM_ENV = "GPUGATE_HELM"
 CHART_REPO_ENV = "GPUGATE_CHART_REPO"
@@ -96,17 +94,6 @@ def render(helm: Path, source: ChartSource, *, values: bytes, kube_version: str 
                 "--values", str(values_file)]
         if kube_version:
             args += ["--kube-version", kube_version]
-        try:
-            proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=HELM_TIMEOUT_SECONDS,
-                                  check=False)
-        except subprocess.TimeoutExpired as err:
-            raise GpugateError(f"helm template {source} did not finish in {HELM_TIMEOUT_SECONDS}s") from err
-        except OSError as err:
-            raise GpugateError(f"cannot run {helm}: {err}") from err
-    if proc.returncode != 0:
-        raise GpugateError(f"helm template {source} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    try:
-        documents = list(yaml.safe_load_all(proc.stdout))
-    except yaml.YAMLError as err:
-        raise GpugateError(f"helm template {source} printed YAML that does not parse: {err}") from err
+        documents = rendering.rendered_documents(args, what=f"helm template {source}", timeout=HELM_TIMEOUT_SECONDS,
+                                                 env=env)
     return [d for d in documents if isinstance(d, dict)]

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
 from webhook.errors import GpugateError
+from webhook.stack import rendering
 
 KubeObject = dict[str, Any]
 
@@ -43,22 +42,8 @@ def kustomize(path: Path) -> list[KubeObject]:
         raise GpugateError("kubectl is not on PATH; install kubectl (it bundles kustomize) to render manifests")
     if not Path(path).is_dir():
         raise GpugateError(f"{path}: not a directory; kustomize needs a folder holding a kustomization.yaml")
-    try:
-        proc = subprocess.run(
-            [kubectl, "kustomize", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=KUSTOMIZE_TIMEOUT_SECONDS,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as err:
-        raise GpugateError(f"kubectl kustomize {path} did not finish in {KUSTOMIZE_TIMEOUT_SECONDS}s") from err
-    if proc.returncode != 0:
-        raise GpugateError(f"kubectl kustomize {path} failed: {proc.stderr.strip()}")
-    try:
-        documents = list(yaml.safe_load_all(proc.stdout))
-    except yaml.YAMLError as err:
-        raise GpugateError(f"kubectl kustomize {path} printed YAML that does not parse: {err}") from err
+    documents = rendering.rendered_documents([kubectl, "kustomize", str(path)], what=f"kubectl kustomize {path}",
+                                             timeout=KUSTOMIZE_TIMEOUT_SECONDS)
     objects: list[KubeObject] = []
     for index, document in enumerate(documents):
         if document is None:
