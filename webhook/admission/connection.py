@@ -5,6 +5,7 @@ Split out of ``admission.worker`` (issue 31).
 
 from __future__ import annotations
 
+import ssl
 import time
 from enum import Enum
 from typing import Any, Protocol
@@ -76,3 +77,18 @@ def endpoint_of(buffer: bytes | bytearray) -> str:
 def client_name(conn: Conn) -> str:
     client = conn.client
     return f"{client[0]}:{client[1]}" if isinstance(client, tuple) and len(client) >= 2 else str(client)
+
+
+
+def send_without_blocking(conn: Conn, data: bytes) -> int | None:
+    """Bytes of ``data`` the socket took at once (0 when it would block), or None if the connection broke.
+
+    The loop never waits on a client: what is not taken is either finished by a pool thread or the
+    connection is dropped, as the caller decides.
+    """
+    try:
+        return int(conn.sock.send(data))
+    except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+        return 0
+    except (ssl.SSLError, OSError):
+        return None

@@ -45,7 +45,7 @@ from gunicorn.workers.gthread import ThreadWorker
 
 from webhook import logs
 from webhook.admission import framing, metrics, workershared
-from webhook.admission.connection import Conn, ConnCallback, Phase, client_name, endpoint_of
+from webhook.admission.connection import Conn, ConnCallback, Phase, client_name, endpoint_of, send_without_blocking
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
 
@@ -324,14 +324,8 @@ class RequestLoop(ThreadWorker):
 
     def _send_now(self, conn: Conn, data: bytes) -> None:
         """A short answer from the loop: sent without blocking, or the connection is dropped."""
-        try:
-            sent = conn.sock.send(data)
-        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
-            sent = 0
-        except (ssl.SSLError, OSError):
-            self._close(conn)
-            return
-        if sent < len(data):  # the client does not read: nothing more is owed to it
+        sent = send_without_blocking(conn, data)
+        if sent is None or sent < len(data):  # broken, or the client does not read: nothing more is owed to it
             self._close(conn)
 
     # --- deadlines -----------------------------------------------------------------------------

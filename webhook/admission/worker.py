@@ -38,7 +38,7 @@ from gunicorn.http.errors import NoMoreData
 
 from webhook import logs
 from webhook.admission import leanpath
-from webhook.admission.connection import Conn, ConnCallback, Phase
+from webhook.admission.connection import Conn, ConnCallback, Phase, send_without_blocking
 from webhook.admission.requestloop import RequestLoop
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
@@ -101,11 +101,8 @@ class AdmissionWorker(RequestLoop):
             self._run(conn, request.raw, None)
             return
         data, keep = answered
-        try:
-            sent = conn.sock.send(data)
-        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
-            sent = 0
-        except (ssl.SSLError, OSError):
+        sent = send_without_blocking(conn, data)
+        if sent is None:
             self._close(conn)
             return
         if sent < len(data):
