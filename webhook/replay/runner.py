@@ -29,7 +29,7 @@ from webhook.kube.demand import PodDemand
 from webhook.kube.inventory import EMPTY as EMPTY_INVENTORY
 from webhook.kube.inventory import Inventory
 from webhook.placement import dra as placement_dra
-from webhook.placement.devices import DevicePolicy
+from webhook.placement.devices import DevicePolicy, Serves, serves_of
 from webhook.placement.extender import ExtenderSettings, ExtenderState
 from webhook.placement.shapes import ShapeMix
 from webhook.replay import arms as arm_table
@@ -94,9 +94,20 @@ class World:
         self.slot = worlds.slot_milli(self.replicas) if sharing == TIMESLICE else None
         self.sliced = worlds.sliced_nodes(trace.nodes, trace.pods, self.replicas) if sharing == TIMESLICE else None
         self.models = sorted({node.model for node in trace.nodes if node.gpus})
+        self.gpus = [node.gpus for node in trace.nodes]
         self.memory_of = worlds.memory_by_subrequest(self.models)
         self.device_policy = "first" if sharing == DRA else spec.device_policy
         self._asks: dict[int, int] = {}
+
+    def serves(self, node: int) -> Serves:
+        """What the node's allocatable tells the extender it takes (``devices.serves_of``, the rule
+        the balancer applies): in timeslice a time-sliced node advertises only
+        ``nvidia.com/gpu.shared``, the others only ``nvidia.com/gpu``; in dra and the published
+        model any GPU takes either."""
+        if self.sliced is None:
+            return "any"
+        gpus = self.gpus[node]
+        return serves_of(0, gpus * self.replicas) if self.sliced[node] else serves_of(gpus, 0)
 
     def pod_for(self, record: PodRecord) -> dict[str, Any]:
         if self.sharing == PUBLISHED:
@@ -154,10 +165,10 @@ class BlindExtender:
         self.state = ExtenderState(settings)
         self.dra = world is not None and world.sharing == DRA
         self.trace_nodes = trace.nodes
-        for node in trace.nodes:
+        for index, node in enumerate(trace.nodes):
             self.state.set_node(node.name, cpu=node.cpu_milli, memory=node.memory_mib * kube_demand.MIB,
                                 product=workload.product_of(node.model) if node.gpus else "", gpus=node.gpus,
-                                ordered=self.dra and node.gpus > 0)
+                                ordered=self.dra and node.gpus > 0, serves=world.serves(index) if world else "any")
         if spec.extender_mix == "history":
             # The window as a balancer restarted on a running cluster finds it: full of pods created
             # before, here a seeded draw from the pod list (the trace is that cluster's history).
@@ -166,6 +177,7 @@ class BlindExtender:
             for index in history.tolist():
                 self.state.seen(demands[index])
         self.names = [node.name for node in trace.nodes]
+        self.name_array = np.array(self.names, dtype=object)
         self.lag = max(1, spec.label_lag)
         self.pending: list[tuple[str, int, PodDemand, tuple[int, ...]]] = []
         self.claims: dict[int, list[allocations.Claim]] = {}
@@ -178,7 +190,7 @@ class BlindExtender:
         self.state.seen(demand)
 
     def prioritize(self, cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> list[int]:
-        return self.state.prioritize(f"pod-{self.step}", self.demand, [self.names[n] for n in nodes.tolist()],
+        return self.state.prioritize(f"pod-{self.step}", self.demand, self.name_array[nodes].tolist(),
                                      now=float(self.step))
 
     def bound(self, node: int, devices: tuple[int, ...] = ()) -> None:
@@ -289,7 +301,16 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         views: dict[int, PodView | None] = {}
         placement_demands: dict[int, PodDemand] = {}
 
+        # Without admission a pod's reading depends on its row's requests alone (not its name or
+        # qos label): each distinct row is read once.
+        readings: dict[PodRecord, tuple[PodView, PodDemand]] = {}
+
         def view_of(index: int) -> PodView | None:
+            if index not in views and admission is None:
+                same = dataclasses.replace(records[index], name="", qos="")
+                if same in readings:
+                    views[index], placement_demands[index] = readings[same]
+                    return views[index]
             if index not in views:
                 pod: dict[str, Any] | None = world.pod_for(records[index])
                 if admission is not None and pod is not None:
@@ -305,6 +326,9 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
                         found = dataclasses.replace(found, scheduler_name=routed)
                     views[index] = found
                     placement_demands[index] = world.extender_demand(pod, found, records[index])
+                    if admission is None:
+                        readings[dataclasses.replace(records[index], name="", qos="")] = \
+                            (found, placement_demands[index])
             return views[index]
 
         def place(index: int) -> tuple[int, tuple[int, ...]] | None:
