@@ -352,7 +352,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     served = np.empty(len(order))
     fragment = np.empty(len(order))
     placed = np.zeros(len(order), dtype=bool)
-    total = useful = overcommitted = 0
+    total = useful = overcommitted = shares = 0
     capacity = state.capacity_milli
     for step, index in enumerate(order):
         arrivals[0] = step
@@ -369,6 +369,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
                 relabeler.placed(cluster, node)
             placed[step] = True
             useful += record.gpu_request_milli
+            shares += record.shares_gpu
             if world.slot and record.shares_gpu and record.gpu_milli > world.slot:
                 overcommitted += 1
         arrived[step] = 100.0 * total / capacity
@@ -378,7 +379,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     return RunResult(arm=spec.arm, seed=spec.seed, workload=trace.workload, arrived=arrived, allocated=allocated,
                      fragment=fragment, placed=placed, failed=int((~placed).sum()), denied=denied,
                      seconds=time.perf_counter() - started, served=served if world.sharing != PUBLISHED else None,
-                     oversubscribed=overcommitted, world=world.sharing)
+                     oversubscribed=overcommitted, shares_placed=shares, world=world.sharing)
 
 
 _WORKER_TRACE: Trace | None = None
