@@ -13,7 +13,7 @@ from webhook.placement.inputs import NodeView
 from webhook.placement.shapes import Shape, ShapeMix, ShapeWindow, distance
 from webhook.replay import workload
 from webhook.replay.cluster import ClusterState
-from webhook.replay.metrics import node_fragment, shape_stats, typical_pods
+from webhook.replay.fragmentation import node_fragment, shape_stats, typical_pods
 from webhook.replay.records import NodeRecord
 
 NODES = (NodeRecord("g2", 96_000, 393_216, 8, "G2"), NodeRecord("t4", 104_000, 524_288, 2, "T4"),

@@ -12,7 +12,7 @@ import numpy as np
 
 from webhook.kube.demand import PodDemand
 from webhook.replay.cluster import ClusterState, best_fit_gpu
-from webhook.replay.metrics import FragmentTracker, node_fragment
+from webhook.replay.fragmentation import FragmentTracker, node_fragment
 
 MAX_SPEC_CPU = 128_000   # the artifact's normalisers: 128 cores,
 MAX_SPEC_GPU = 8_000     # 8 GPUs in thousandths

@@ -3,7 +3,7 @@
 What right-sizing buys, measured on one cluster and one pod list (``webhook.replay.migcluster``
 documents the twin, the layouts and how a trace row becomes a pod in each arm):
 
-* every pod goes through the webhook's real mutation and validation (``runner.Admission``, the
+* every pod goes through the webhook's real mutation and validation (``admitting.CachedAdmission``, the
   ``--policies`` folder: whole-GPU pods match ``training``, fractional pods ``inference``, whose
   ladder 1g.10gb, 2g.20gb, 3g.40gb, a time-sliced share, a whole 80 GB GPU fits the H100 layouts);
 * a pod that asks memory is admitted with the GPUInventory the balancer would publish now: the
@@ -13,7 +13,7 @@ documents the twin, the layouts and how a trace row becomes a pod in each arm):
   whenever the set of (resource, product) with something free changes, the only thing the
   webhook's choice reads from it besides the static unit memory, and the admission cache is keyed
   on that set, so reusing answers between rebuilds changes no decision;
-* scheduling is the replay's kube-scheduler model (``model.KubeScheduler``, default profile, the
+* scheduling is the replay's kube-scheduler model (``kubescheduler.KubeScheduler``, default profile, the
   balancer's labels every ``--label-lag`` placements, from ``webhook.balancer.marks`` over each
   node's whole GPUs, slots and slices: ``TwinRelabeler``). It was extended, not forked: ``ClusterState``
   accounts integer extended resources per node as NodeResourcesFit does and ``demand.view`` reads
@@ -45,11 +45,12 @@ from webhook.kube.demand import PodDemand
 from webhook.kube.inventory import Inventory
 from webhook.replay import demand as demand_reading
 from webhook.replay import migcluster
-from webhook.replay.admitting import Admission
+from webhook.replay.admitting import CachedAdmission
 from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState
+from webhook.replay.kubescheduler import DEFAULT_PROFILE, KubeCluster, KubeScheduler, binpack_profile
 from webhook.replay.labels import Relabeler
-from webhook.replay.model import DEFAULT_PROFILE, KubeCluster, KubeScheduler, NodeLabels, binpack_profile
+from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import MILLI, Trace
 from webhook.replay.runspec import MIG_TWIN, RunResult, RunSpec
 
@@ -147,7 +148,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), np.random.default_rng((spec.seed, 1)))
     relabeler = TwinRelabeler(nodes, lag=spec.label_lag, taint_congested=spec.taint_congested)
     relabeler.start(cluster)
-    admission = Admission(spec.policies)
+    admission = CachedAdmission(spec.policies)
     offers = Offers(nodes, state)
     slot_milli = MILLI // spec.share_replicas
 
