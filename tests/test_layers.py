@@ -244,7 +244,6 @@ LONG_FUNCTIONS_ALLOWED = {  # likewise: module path, function name
     ("webhook/admission/serving.py", "gunicorn_options"), ("webhook/balancer/cluster.py", "_watch"),
     ("webhook/balancer/controller.py", "__init__"), ("webhook/balancer/controller.py", "run"),
     ("webhook/balancer/extenderserver.py", "__init__"), ("webhook/balancer/metrics.py", "__init__"),
-    ("webhook/replay/sizing.py", "run"),
 }
 
 
