@@ -113,8 +113,7 @@ def test_a_gpu_pod_leaves_the_product_that_constrained_pods_need_even_when_fgd_p
 
 def test_a_cpu_pod_takes_the_cpu_of_the_product_gpu_pods_are_steered_away_from() -> None:
     """Among equal FGD scores a CPU pod prefers the product with the most type pressure: GPU pods
-    leave it to the constrained pods, which take few of its cores; without constraints, the most cpu
-    beyond what the node's idle GPUs will ask."""
+    leave it to the constrained pods, which take few of its cores; without constraints, best fit."""
     mix = ShapeMix((Shape(4000, 1000, 1), Shape(4000, 1000, 1, ("T4",)), Shape(4000)), (0.4, 0.3, 0.3))
     t4 = NodeView.empty("t4", cpu=104_000, memory=2**40, product="T4", gpus=2)
     g2 = NodeView.empty("g2", cpu=96_000, memory=2**40, product="G2", gpus=8)
@@ -128,22 +127,4 @@ def test_a_cpu_pod_takes_the_cpu_of_the_product_gpu_pods_are_steered_away_from()
     assert len({fragmenter.points(n.product, n.signature, n.cpu_left, pod.cpu, 0, 0) for n in nodes}) == 1
     assert scoring.prioritize(pod, nodes, fragmenter, where=where) == [10, 8, 9]
     plain = ShapeMix((Shape(4000, 1000, 1), Shape(4000)), (0.7, 0.3))
-    # cpu beyond the idle GPUs' need (4 cores per GPU): t4 92 cores, g2 60, g2-fuller 80.
-    assert scoring.prioritize(pod, nodes, Fragmenter(plain), where=scoring.context(nodes, plain)) == [10, 8, 9]
-
-
-def test_a_cpu_pod_leaves_a_time_sliced_node_whose_slots_need_its_cpu() -> None:
-    """Four slots per GPU want four times a share's cpu per GPU: a CPU pod goes where the cpu left
-    still covers what the idle GPUs will ask, though FGD scores both nodes alike (one pod of each
-    shape still fits either); on the node with more cpu left but short of its slots' need, the
-    shares would fail for cpu with slots idle (docs/placement.md, the timeslice world)."""
-    mix = ShapeMix((Shape(6000, 250, 1), Shape(8000, 1000, 1), Shape(2000)), (0.5, 0.3, 0.2))
-    sliced = NodeView.empty("sliced", cpu=96_000, memory=2**40, product="T4", gpus=8, serves="shares")
-    whole = NodeView(name="whole", cpu=96_000, memory=2**40, product="T4", gpus=8, cpu_requested=40_000,
-                     left=(1000,) * 2 + (0,) * 6, serves="whole")
-    fragmenter = Fragmenter(mix, "packed")
-    pod = PodDemand(cpu=2000)
-    assert fragmenter.cpu_need("T4", "shares") == 6000 / 250 and fragmenter.cpu_need("T4", "whole") == 8
-    assert len({fragmenter.points(n.product, n.signature, n.cpu_left, pod.cpu, 0, 0, serves=n.serves)
-                for n in (sliced, whole)}) == 1
-    assert scoring.prioritize(pod, [sliced, whole], fragmenter) == [9, 10]
+    assert scoring.prioritize(pod, nodes, Fragmenter(plain), where=scoring.context(nodes, plain)) == [9, 8, 10]

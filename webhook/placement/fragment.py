@@ -53,7 +53,6 @@ class Fragmenter:
                            for s, w in zip(mix.shapes, mix.weights, strict=True) if s.wants_gpu)
         self._access: dict[tuple[str, Serves], tuple[tuple[int, int, int, float], ...]] = {}
         self._tables: dict[tuple[str, tuple[int, ...], Serves], Table] = {}
-        self._need: dict[tuple[str, Serves], float] = {}
         self.memo: dict[tuple[object, ...], int] = {}
         """``points`` by (product, signature, cpu class before, after, gpus, share, ordered, serves): read
         directly by the hot loop."""
@@ -73,17 +72,6 @@ class Fragmenter:
                 (index, milli, gpus, weight) for index, milli, gpus, products, weight in self._rows
                 if (not products or product in products) and devices.takes(serves, milli))
         return rows
-
-    def cpu_need(self, product: str, serves: Serves = "any") -> float:
-        """Millicores per idle GPU thousandth that the mix's GPU shapes a node of ``product`` takes
-        ask, on average over the mix: the cpu its idle GPUs will want when they are used."""
-        found = self._need.get((product, serves))
-        if found is None:
-            rows = self._rows_for(product, serves)
-            milli = sum(weight * milli * gpus for _, milli, gpus, weight in rows)
-            cpu = sum(weight * self.thresholds[index] for index, _, _, weight in rows)
-            found = self._need[(product, serves)] = cpu / milli if milli else 0.0
-        return found
 
     def table(self, product: str, signature: tuple[int, ...], serves: Serves = "any") -> Table:
         """Prefix sums over cpu classes for one (product, GPUs left, what it takes): F for any class in O(1)."""

@@ -21,16 +21,12 @@ Each candidate gets a key, compared as a tuple. For a pod that uses GPUs (whole 
    (the artifact's BestFit normaliser). The FGD artifact breaks its ties in a fixed node order,
    which packs; kube-scheduler would break them with LeastAllocated, which spreads.
 
-For a CPU-only pod: first, a node whose cpu left after the pod still covers what its idle GPUs
-will ask (idle thousandths times the cpu per thousandth of the mix's GPU shapes that node can take,
-``Fragmenter.cpu_need``) over one already short of it; then FGD's score, then the type pressure of
-the node's product (the highest first), then the most cpu beyond that need. FGD's measure asks
-only whether one pod of each shape still fits, so it let CPU pods take the cpu of time-sliced nodes,
-whose four slots per GPU want about three times the cpu per GPU of whole-GPU nodes: with the
-shipped time-slicing, shares then failed for cpu while a third of the slots stayed idle
-(docs/placement.md, "What a user gets"). Among nodes alike, the nodes of a product that
-unconstrained GPU pods are steered away from (point 1) are where cpu stays idle, since only the few
-pods pinned to that product will ask for it.
+For a CPU-only pod: FGD's score, then the type pressure of the node's product (the highest
+first), then best fit. FGD scores a CPU pod alike on every node where no typical shape's cpu stops
+fitting; among those, the nodes of a product that unconstrained GPU pods are steered away from
+(point 1) are where cpu stays idle, since only the few pods pinned to that product will ask for it.
+Without a constrained product it is best fit. (An earlier key, the cpu a node has beyond what its
+idle GPUs will ask, did worse on every pod list measured: docs/placement.md.)
 
 Eleven levels are coarse for such a key, so the levels are a rank, not a rescaling: the best
 distinct key gets 10, the next 9, and so on; the 11th and later get 0. With a weight whose level
@@ -139,8 +135,7 @@ def context(nodes: Iterable[NodeView], mix: ShapeMix) -> Context:
 def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeView],
               where: Context | None = None) -> list[int]:
     """Per node, higher is better, packed into one int: (low type pressure, FGD's score, best fit) for a
-    GPU pod, (cpu need covered, FGD's score, type pressure, cpu beyond the need) for a CPU pod (the
-    module docstring says why).
+    GPU pod, (FGD's score, cpu surplus, best fit) for a CPU pod (the module docstring says why).
 
     ``NO_FIT`` where the pod does not fit the view (memory only has to fit: FGD ignores it).
     ``where`` defaults to the context of ``nodes`` themselves. The loop is the extender's hot
@@ -154,8 +149,6 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
     milli = demand.gpu_request_milli
     thresholds, memo, points = fragmenter.thresholds, fragmenter.memo, fragmenter.points
     top = (1 << _FIT_BITS) - 1
-    half = 1 << (_FIT_BITS - 1)
-    need = fragmenter.cpu_need
     calm = _PRESSURE_LEVELS - 1
     keys: list[int] = []
     append = keys.append
@@ -172,19 +165,15 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
         if found < 0:
             append(NO_FIT)
             continue
-        if not milli:
-            # A CPU pod: where the cpu left covers what the idle GPUs will ask, then FGD's score, then
-            # the product constrained GPU pods need most (the cpu GPU pods steered away leave idle),
-            # then the most cpu beyond that need.
-            beyond = (left - cpu) - node.gpu_free * need(product, node.serves)
-            surplus = int(half + beyond * per_cpu)
-            append((((((beyond >= 0) << _POINT_BITS | found) << 10) | pressure.get(product, 0)) << _FIT_BITS)
-                   | (top if surplus > top else surplus if surplus > 0 else 0))
-            continue
         waste = int((left - cpu) * per_cpu + (node.gpu_free - milli) * per_milli)
         fit = top - (top if waste > top else waste if waste > 0 else 0)
-        # A GPU pod: low type pressure first, then FGD's score, then best fit.
-        append((((((calm - pressure.get(product, 0)) << _POINT_BITS) | found)) << _FIT_BITS) | fit)
+        if milli:
+            # A GPU pod: low type pressure first, then FGD's score, then best fit.
+            append((((((calm - pressure.get(product, 0)) << _POINT_BITS) | found)) << _FIT_BITS) | fit)
+        else:
+            # A CPU pod: FGD's score, then the product constrained GPU pods need most (the cpu that GPU
+            # pods steered away from it leave idle), then best fit.
+            append((((found << 10) | pressure.get(product, 0)) << _FIT_BITS) | fit)
     return keys
 
 
