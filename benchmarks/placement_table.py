@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                    "placed": int(result.placed.sum()), "failed": result.failed,
                    "placed_100": int(result.placed[result.arrived <= 100.0].sum()),
                    "served_100": None if result.served is None else round(result.at(result.served, 100), 3),
-                   "overcommitted": result.oversubscribed,
+                   "overcommitted": result.oversubscribed, "shares_placed": result.shares_placed,
                    "seconds": round(result.seconds, 1), "spec": extra, "policies": args.policies,
                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             with results.open("a", encoding="utf-8") as handle:
@@ -168,16 +168,24 @@ def fgd_figures(path: Path = FGD_TABLE) -> dict[str, float]:
     return {cells[0].strip(): float(cells[column]) for cells in rows[1:] if cells[column].strip()[:1].isdigit()}
 
 
-def timeslice_goal(placed: list[float | None], over: list[float | None]) -> str:
+def timeslice_goal(placed: list[float | None], over: list[float | None],
+                   shares: list[float | None] | None = None) -> str:
     """Issue 25 in timeslice: the extender (last) places at least as many pods as stock and
-    BestFit-on-slots (first two), with fewer overcommitted shares than both."""
+    BestFit-on-slots (first two), with fewer overcommitted shares. No scheduler in this world sees a
+    share's size (a slot is a slot), so which shares are overcommitted is the list's, and their
+    count follows the shares placed: with ``shares`` (shares placed, same arms) "fewer" is judged per
+    share placed, the extender's overcommitted fraction not above either arm's; without, by count."""
     if None in placed or None in over:
         return "incomplete"
     (stock, best, ext), (o_stock, o_best, o_ext) = placed, over
     misses = []
     if ext < max(stock, best):  # type: ignore[operator,type-var]
         misses.append(f"places {ext - max(stock, best):+g} pods")  # type: ignore[operator,type-var]
-    if o_ext >= min(o_stock, o_best):  # type: ignore[operator,type-var]
+    if shares is not None and None not in shares and all(shares):
+        rates = [o / n for o, n in zip(over, shares, strict=True)]  # type: ignore[operator]
+        if rates[2] > min(rates[0], rates[1]):
+            misses.append(f"overcommits {100 * (rates[2] - min(rates[0], rates[1])):+.1f} points more shares")
+    elif o_ext >= min(o_stock, o_best):  # type: ignore[operator,type-var]
         misses.append("not fewer overcommitted")
     return ", ".join(misses) or "met"
 
@@ -206,18 +214,22 @@ def worlds_table(args: argparse.Namespace) -> int:
 
     tags = ("stock@timeslice", "bestfit-slots@timeslice", "extender@timeslice")
     print("| list | timeslice: stock | bestfit-slots | **extender** | pods placed (stock / bestfit-slots / "
-          "extender, up to 100% arrival) | overcommitted shares (same arms, whole run) | timeslice goal "
+          "extender, up to 100% arrival) | overcommitted shares (same arms, whole run; % of shares placed) "
+          "| timeslice goal "
           "| dra: **extender** | fgd (published model) | dra goal |")
     print("|---|---:|---:|---:|---|---|---|---:|---:|---|")
     for name in [n for n in all_lists(Path(args.trace)) if any((n, t) in by for t in (*tags, "extender@dra"))]:
         alloc = [med(name, t, "alloc_100") for t in tags]
         placed = [med(name, t, "placed_100") for t in tags]
         over = [med(name, t, "overcommitted") for t in tags]
-        ts_goal = timeslice_goal(placed, over)
+        shares = [med(name, t, "shares_placed") for t in tags]
+        ts_goal = timeslice_goal(placed, over, shares)
         dra, ref = med(name, "extender@dra", "alloc_100"), fgd.get(name)
         dra_goal = world_dra_goal(name, dra, ref)
         cells = ["" if v is None else f"{v:.2f}" for v in alloc]
-        counts = [" / ".join("" if v is None else f"{v:g}" for v in group) for group in (placed, over)]
+        counts = [" / ".join("" if v is None else f"{v:g}" for v in placed),
+                  " / ".join("" if o is None else f"{o:g}" + (f" ({100 * o / n:.1f}%)" if n else "")
+                             for o, n in zip(over, shares, strict=True))]
         print(f"| {name} | " + " | ".join(cells) + f" | {counts[0]} | {counts[1]} | {ts_goal} | "
               f"{'' if dra is None else f'{dra:.2f}'} | {'' if ref is None else f'{ref:.2f}'} | {dra_goal} |")
     return 0

@@ -75,6 +75,18 @@ class TestNodeShape:
         shape = placementfeed.node_shape(node_info(node("n", allocatable, labels=labels)))
         assert (shape.gpus, shape.mig, shape.cpu, shape.memory, shape.product) == (gpus, mig, 64000, 512 * 2**30, H100)
 
+    @pytest.mark.parametrize(("allocatable", "labels", "serves"), [
+        ({"nvidia.com/gpu": "8"}, {}, "whole"),
+        ({"nvidia.com/gpu.shared": "16"}, {"nvidia.com/gpu.replicas": "4"}, "shares"),   # time-slicing-4, renamed
+        ({"nvidia.com/gpu.shared": "8", "nvidia.com/gpu": "2"}, {"nvidia.com/gpu.replicas": "4"}, "any"),
+        ({"nvidia.com/gpu": "16"}, {"nvidia.com/gpu.replicas": "4"}, "any"),             # slots, not renamed
+        ({}, {}, "any"),                                                                  # a CPU node
+    ])
+    def test_what_a_nodes_gpus_take_comes_from_the_resources_it_advertises(self, allocatable, labels,
+                                                                           serves) -> None:
+        """A pod lands only where its resource is advertised: a time-sliced node takes no whole-GPU pod."""
+        assert placementfeed.node_shape(node_info(node("n", allocatable, labels=labels))).serves == serves
+
 
 class TestFeedPod:
     def test_a_bound_gpu_pod_counts_for_the_labels_and_the_measure(self) -> None:

@@ -21,7 +21,7 @@ What is proven:
    (the balance with the pod) and made only 84% (gpugate) and 75% (stock) of the real decisions;
    since v1.36 the plugin scores the change in balance the pod brings
    (pkg/scheduler/framework/plugins/noderesources/balanced_allocation.go,
-   ``balancedResourceScorer``), as webhook/replay/model.py now does;
+   ``balancedResourceScorer``), as webhook/replay/kubescheduler.py now does;
 2. the GPU allocation the real cluster reaches (the mean of its three runs) is within 2 points of
    the model's median, in each arm.
 

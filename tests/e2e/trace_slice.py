@@ -5,7 +5,7 @@ M pods (the first ones of the replay's seeded arrival order of one pod list, or 
 each of several lists, interleaved) created one at a time through the real API server, the real
 webhook (starter ``policies/``), the real kube-scheduler v1.36.3 and the real balancer (``gpugate
 balance``). The model side: ``webhook.replay``'s own pieces (the same Pod objects from
-``workload.pod_for``, ``runner.Admission``, ``demand.view``, ``model.KubeScheduler``,
+``workload.pod_for``, ``admitting.CachedAdmission``, ``demand.view``, ``kubescheduler.KubeScheduler``,
 ``labels.Relabeler``) on the same nodes and pods in the same order.
 
 Choices, each so that the two sides are asked the same question:
@@ -84,20 +84,21 @@ from webhook import names
 from webhook.kube import slices
 from webhook.replay import demand as demand_reading
 from webhook.replay import workload, worlds
+from webhook.replay.admitting import CachedAdmission
 from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState
-from webhook.replay.labels import Relabeler
-from webhook.replay.model import (
+from webhook.replay.kubescheduler import (
     DEFAULT_PROFILE,
     KubeCluster,
     KubeScheduler,
-    NodeLabels,
     PodView,
     Profile,
     binpack_profile,
 )
+from webhook.replay.labels import Relabeler
+from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
-from webhook.replay.runner import Admission, World
+from webhook.replay.runner import World
 from webhook.replay.runspec import DRA, TIMESLICE, RunSpec
 from webhook.replay.trace import DEFAULT_POD_FILE, NODE_FILE, load_nodes, load_pods
 
@@ -310,8 +311,8 @@ def model_cluster(slice_: Slice) -> KubeCluster:
 
 
 def admitted_views(slice_: Slice, namespace: str, arm: str, policies: Path) -> list[PodView | None]:
-    """Each pod as the model's scheduler reads it: through runner.Admission for gpugate (None: denied)."""
-    admission = Admission(str(policies)) if arm == "gpugate" else None
+    """Each pod as the model's scheduler reads it: through admitting.CachedAdmission for gpugate (None: denied)."""
+    admission = CachedAdmission(str(policies)) if arm == "gpugate" else None
     views: list[PodView | None] = []
     for record in slice_.pods:
         pod: Obj | None = slice_.pod(record, namespace)

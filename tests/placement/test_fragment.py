@@ -13,7 +13,7 @@ from webhook.placement.inputs import NodeView
 from webhook.placement.shapes import Shape, ShapeMix, ShapeWindow, distance
 from webhook.replay import workload
 from webhook.replay.cluster import ClusterState
-from webhook.replay.metrics import node_fragment, shape_stats, typical_pods
+from webhook.replay.fragmentation import node_fragment, shape_stats, typical_pods
 from webhook.replay.records import NodeRecord
 
 NODES = (NodeRecord("g2", 96_000, 393_216, 8, "G2"), NodeRecord("t4", 104_000, 524_288, 2, "T4"),
@@ -89,3 +89,22 @@ def test_the_window_takes_a_new_mix_only_when_it_moved() -> None:
     rebuilt = [window.add(b) for _ in range(50)]
     assert any(rebuilt) and distance(window.mix(), ShapeMix((a, b), (0.5, 0.5))) <= 0.1
     assert len(window) == 100 and window.add(None) is False
+
+
+def test_shapes_a_node_cannot_take_count_its_idle_gpus_as_fragment() -> None:
+    """A time-sliced node (only ``nvidia.com/gpu.shared``) takes shares only, a plain one whole GPUs
+    only: the other kind's shapes see all of its idle GPUs as fragment, as a shape pinned to
+    another product does, and a share filling a slot no whole-GPU shape could use costs nothing."""
+    mix = ShapeMix(shapes=(Shape(4000, 1000, 1), Shape(2000, 250, 1)), weights=(0.5, 0.5))
+    fragmenter = Fragmenter(mix, "packed")
+    started, empty = (1000, 750), (1000, 1000)  # one slot taken on a GPU; nothing taken
+    cpu_class = fragmenter.cpu_class(32_000)
+    assert fragmenter.fragment("T4", started, cpu_class, "any") == 0.5 * 750
+    assert fragmenter.fragment("T4", started, cpu_class, "shares") == 0.5 * 1750
+    assert fragmenter.fragment("T4", started, cpu_class, "whole") == 0.5 * 750 + 0.5 * 1750
+    # A share on a sliced node: no whole-GPU shape can use it, so starting a GPU costs no more than
+    # filling a started one; the measure that ignored it kept the empty GPU for whole-GPU shapes.
+    on = {signature: fragmenter.delta("T4", signature, 32_000, 2000, 0, 250, serves="shares")
+          for signature in (started, empty)}
+    assert on[started] == on[empty] == -0.5 * 250
+    assert fragmenter.delta("T4", empty, 32_000, 2000, 0, 250) == 0.5 * 750

@@ -9,7 +9,7 @@ import pytest
 
 from webhook import names
 from webhook.kube.demand import PodDemand
-from webhook.replay import demand, labels, model, runner, workload
+from webhook.replay import admitting, demand, kubescheduler, labels, runner, workload
 from webhook.replay.records import NodeRecord, PodRecord, Trace
 
 WHOLE = PodRecord("train", 8000, 32768, 2, 1000, (), "BE")
@@ -30,7 +30,7 @@ def test_trace_rows_become_pods_the_scheduler_reads_back() -> None:
     assert ((share.demand.num_gpu, share.demand.milli_per_gpu, share.resources >= {names.SHARED_GPU_RESOURCE})
             == (1, 470, True))
     kc = runner.kube_cluster(Trace("t", NODES, (SHARE,)))
-    assert model.node_affinity_filter(kc, share).tolist() == [True, True, False]  # gpu_spec -> product In [...]
+    assert kubescheduler.node_affinity_filter(kc, share).tolist() == [True, True, False]  # gpu_spec -> product In [...]
     assert demand.view(workload.pod_for(CPU)).demand.num_gpu == 0
 
 
@@ -42,21 +42,21 @@ def test_node_labels_are_what_gpu_feature_discovery_would_write() -> None:
 
 
 def test_the_starter_training_policy_admits_whole_gpu_pods_onto_trace_nodes(repo_root: Path) -> None:
-    admission = runner.Admission(str(repo_root / "policies"))
+    admission = admitting.CachedAdmission(str(repo_root / "policies"))
     admitted = admission.admit(workload.pod_for(WHOLE))
     assert admitted is not None and admitted["metadata"]["name"] == "train"
     assert admitted["metadata"]["annotations"][names.POLICY_ANNOTATION].startswith("training@")
     view = demand.view(admitted)
     kc = runner.kube_cluster(Trace("t", NODES, (WHOLE,)))
-    assert model.node_affinity_filter(kc, view).tolist() == [True, True, True]  # no product pin left
+    assert kubescheduler.node_affinity_filter(kc, view).tolist() == [True, True, True]  # no product pin left
     assert {t.key for t in view.tolerations} >= {names.GPU_TAINT_KEY}
     labels.Relabeler(lag=1).start(kc)
     # pack for 2 GPUs (gpu-free Lt 3/4/6/10, weights 40/30/20/10): free 2 -> 100, 4 -> 30, 8 -> 10
-    assert model.node_affinity_score(kc, view, np.arange(3)).tolist() == [100, 30, 10]
+    assert kubescheduler.node_affinity_score(kc, view, np.arange(3)).tolist() == [100, 30, 10]
 
 
 def test_admission_is_computed_once_per_pod_shape(repo_root: Path) -> None:
-    admission = runner.Admission(str(repo_root / "policies"))
+    admission = admitting.CachedAdmission(str(repo_root / "policies"))
     first = admission.admit(workload.pod_for(PodRecord("a", 1000, 10, 1, 1000)))
     second = admission.admit(workload.pod_for(PodRecord("b", 1000, 10, 1, 1000)))
     assert first["metadata"]["name"] == "a" and second["metadata"]["name"] == "b"
@@ -66,7 +66,7 @@ def test_admission_is_computed_once_per_pod_shape(repo_root: Path) -> None:
 
 
 def test_the_starter_cpu_pods_policy_packs_cpu_pods_off_free_gpus(repo_root: Path) -> None:
-    admitted = runner.Admission(str(repo_root / "policies")).admit(workload.pod_for(CPU))
+    admitted = admitting.CachedAdmission(str(repo_root / "policies")).admit(workload.pod_for(CPU))
     assert admitted["metadata"]["annotations"][names.POLICY_ANNOTATION].startswith("cpu-pods@")
     terms = admitted["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert terms[0] == {"weight": 100, "preference": {"matchExpressions": [
@@ -79,7 +79,7 @@ def test_the_starter_cpu_pods_policy_packs_cpu_pods_off_free_gpus(repo_root: Pat
     kc.state.bind(2, PodDemand.of_gpus(1, 1000, cpu=1, memory_bytes=2**20), (0,))
     labels.Relabeler(lag=1).start(kc)
     # no GPUs, then 0 free, then 3 free, then an empty 8-GPU node last
-    assert model.node_affinity_score(kc, view, np.arange(4)).tolist() == [100, 60, 10, 0]
+    assert kubescheduler.node_affinity_score(kc, view, np.arange(4)).tolist() == [100, 60, 10, 0]
 
 
 def test_balancer_labels_follow_allocation_only_every_k_placements() -> None:
@@ -105,7 +105,7 @@ def test_the_congested_taint_is_written_when_asked() -> None:
     relabel.placed(kc, 0)
     assert kc.taints[0] == (labels.CONGESTED,) and kc.taints[1] == ()
     view = demand.view(workload.pod_for(CPU))
-    assert model.taint_toleration_score(kc, view, np.array([0, 1])).tolist() == [0, 100]
+    assert kubescheduler.taint_toleration_score(kc, view, np.array([0, 1])).tolist() == [0, 100]
 
 
 @pytest.mark.parametrize("arm", runner.ARMS)
@@ -134,7 +134,7 @@ def test_the_gpugate_arm_reads_the_type_pressure_the_balancer_would_publish() ->
     published = runner.balancer_inventory(Trace("t", NODES, (pinned, WHOLE) * 10), spec)
     assert dict(published.type_pressure)["Tesla-T4"] >= 0.5 and "ALIBABA-G2" not in dict(published.type_pressure)
     assert runner.balancer_inventory(Trace("t", NODES, (WHOLE, CPU) * 10), spec).type_pressure == ()
-    admitted = runner.Admission(str(POLICIES)).admit(workload.pod_for(WHOLE), published, "k")
+    admitted = admitting.CachedAdmission(str(POLICIES)).admit(workload.pod_for(WHOLE), published, "k")
     assert admitted is not None
     terms = admitted["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": ["Tesla-T4"]} in [

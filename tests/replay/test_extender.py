@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from webhook.placement import extender as placement_extender
-from webhook.replay import demand, model, runner, trace
+from webhook.replay import demand, kubescheduler, runner, trace
 from webhook.replay.cluster import ClusterState
-from webhook.replay.model import KubeCluster, NodeLabels, Profile
+from webhook.replay.kubescheduler import KubeCluster, Profile
+from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import NodeRecord
 
 
@@ -37,10 +38,10 @@ def test_an_extender_score_counts_weight_times_ten_on_top_of_the_plugins(priorit
     """schedule_one.go prioritizeNodes: finalscore = score * weight * (MaxNodeScore / MaxExtenderPriority)."""
     cluster = small_cluster()
     cluster.state.cpu_used[:] = cluster.state.cpu_score_used[:] = [0, 16_000, 16_000]  # LeastAllocated: 25 apart
-    profile = Profile(name="x", filters=model.DEFAULT_FILTERS, scores=((model.LEAST_ALLOCATED, 1),),
+    profile = Profile(name="x", filters=kubescheduler.DEFAULT_FILTERS, scores=((kubescheduler.LEAST_ALLOCATED, 1),),
                       percentage_of_nodes_to_score=100,
                       extenders=((lambda c, p, n: [priorities[i] for i in n.tolist()], weight),))
-    kube = model.KubeScheduler((profile,), np.random.default_rng(0))
+    kube = kubescheduler.KubeScheduler((profile,), np.random.default_rng(0))
     assert kube.schedule(cluster, demand.view(cpu_pod())) == expected
 
 
@@ -52,9 +53,9 @@ def test_a_failing_extender_is_ignored_and_one_feasible_node_is_not_prioritized(
         return None
 
     cluster = small_cluster()
-    profile = Profile(name="x", filters=model.DEFAULT_FILTERS, scores=((model.LEAST_ALLOCATED, 1),),
+    profile = Profile(name="x", filters=kubescheduler.DEFAULT_FILTERS, scores=((kubescheduler.LEAST_ALLOCATED, 1),),
                       percentage_of_nodes_to_score=100, extenders=((failing, 25),))
-    kube = model.KubeScheduler((profile,), np.random.default_rng(0))
+    kube = kubescheduler.KubeScheduler((profile,), np.random.default_rng(0))
     assert kube.schedule(cluster, demand.view(cpu_pod())) is not None and calls == [3]
     cluster.state.cpu_used[:] = cluster.state.cpu_score_used[:] = [32_000, 32_000, 0]
     assert kube.schedule(cluster, demand.view(cpu_pod())) == 2 and calls == [3]
@@ -103,7 +104,7 @@ def test_the_extender_arm_beats_the_stock_scheduler_on_a_synthetic_cluster() -> 
 @pytest.mark.slow
 def test_on_a_slice_of_openb_the_extender_does_at_least_as_well_as_bestfit(shared_dir: Path) -> None:
     """A cheap fidelity check: 300 nodes of openb, the default pod list, seeds 42-44, medians at 100%;
-    the extender in the dra world, where a share has its size as in BestFit's published model."""
+    the extender in the dra world, where a share has its size as in BestFit's published kubescheduler."""
     full = trace.load_trace(shared_dir / "data" / "alibaba-gpu-v2023")
     sliced = replace(full, nodes=full.nodes[:300])
     medians = {arm: statistics.median(runner.run(sliced, runner.RunSpec(arm=arm, seed=seed, sharing="dra"))

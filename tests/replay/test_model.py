@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from webhook.replay import demand, model
+from webhook.replay import demand, kubescheduler
 from webhook.replay.cluster import ClusterState
-from webhook.replay.model import KubeCluster, NodeLabels, Requirement, SelectorTerm, Taint
+from webhook.replay.kubescheduler import KubeCluster, Requirement, SelectorTerm, Taint
+from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import NodeRecord
 
 LABELS = [
@@ -67,9 +68,9 @@ def test_required_terms_are_ored_and_node_selector_anded() -> None:
                 {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["Tesla-T4"]}]},
                 {"matchExpressions": [{"key": "gpugate.io/gpu-free", "operator": "Lt", "values": ["1"]}]}]}}}}
     view = demand.view(pod(spec=spec))
-    assert model.node_affinity_filter(kc, view).tolist() == [False, True, False]
+    assert kubescheduler.node_affinity_filter(kc, view).tolist() == [False, True, False]
     del spec["nodeSelector"]
-    assert model.node_affinity_filter(kc, demand.view(pod(spec=spec))).tolist() == [True, True, False]
+    assert kubescheduler.node_affinity_filter(kc, demand.view(pod(spec=spec))).tolist() == [True, True, False]
 
 
 def test_updating_a_label_changes_later_evaluations() -> None:
@@ -85,12 +86,12 @@ def test_untolerated_no_schedule_taints_filter_and_prefer_no_schedule_only_score
     kc.taints[0] = (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
     kc.taints[1] = (Taint("gpugate.io/congested", "", "PreferNoSchedule"),)
     plain = demand.view(pod())
-    assert model.taint_filter(kc, plain).tolist() == [False, True, True]
-    assert model.taint_toleration_score(kc, plain, np.array([1, 2])).tolist() == [0, 100]
+    assert kubescheduler.taint_filter(kc, plain).tolist() == [False, True, True]
+    assert kubescheduler.taint_toleration_score(kc, plain, np.array([1, 2])).tolist() == [0, 100]
     tolerant = demand.view(pod(spec={"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"},
                                                      {"operator": "Exists", "effect": "PreferNoSchedule"}]}))
-    assert model.taint_filter(kc, tolerant).tolist() == [True, True, True]
-    assert model.taint_toleration_score(kc, tolerant, np.array([0, 1, 2])).tolist() == [100, 100, 100]
+    assert kubescheduler.taint_filter(kc, tolerant).tolist() == [True, True, True]
+    assert kubescheduler.taint_toleration_score(kc, tolerant, np.array([0, 1, 2])).tolist() == [100, 100, 100]
 
 
 def test_preferred_weights_are_normalized_to_the_best_feasible_node() -> None:
@@ -101,9 +102,9 @@ def test_preferred_weights_are_normalized_to_the_best_feasible_node() -> None:
                                                                  "values": ["3"]}]}}]
     view = demand.view(pod(spec={"affinity": {"nodeAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": terms}}}))
-    assert model.node_affinity_score(kc, view, np.array([0, 1, 2])).tolist() == [20, 100, 0]
-    assert model.node_affinity_score(kc, view, np.array([0, 2])).tolist() == [100, 0]
-    assert model.node_affinity_score(kc, view, np.array([2])).tolist() == [0]
+    assert kubescheduler.node_affinity_score(kc, view, np.array([0, 1, 2])).tolist() == [20, 100, 0]
+    assert kubescheduler.node_affinity_score(kc, view, np.array([0, 2])).tolist() == [100, 0]
+    assert kubescheduler.node_affinity_score(kc, view, np.array([2])).tolist() == [0]
 
 
 def test_least_allocated_and_balanced_allocation_use_kube_scheduler_arithmetic() -> None:
@@ -112,11 +113,11 @@ def test_least_allocated_and_balanced_allocation_use_kube_scheduler_arithmetic()
     view = demand.view(pod(cpu="8", memory="16Gi"))
     nodes = np.array([0, 1])
     # cpu (32-8)/32 -> 75, memory (64-16)/64 -> 75; node 1 cpu (32-24)/32 -> 25: (25+75)//2 = 50
-    assert model.LEAST_ALLOCATED(kc, view, nodes).tolist() == [75, 50]
+    assert kubescheduler.LEAST_ALLOCATED(kc, view, nodes).tolist() == [75, 50]
     # v1.36 scores the change in balance: 50 + (50 + with - without) // 2. Node 0 is balanced before
     # (100) and after (0.25/0.25 -> 100), node 1 unbalanced before (0.5/0 -> 75) and after
     # (0.75/0.25 -> 75): both 75, where the pre-v1.36 score (balance after only) said 100 and 75.
-    assert model.balanced_allocation_score(kc, view, nodes).tolist() == [75, 75]
+    assert kubescheduler.balanced_allocation_score(kc, view, nodes).tolist() == [75, 75]
     # A container without requests counts as 100m / 200MB in the fit score.
     bare = demand.view({"spec": {"containers": [{"name": "c"}]}})
     assert (bare.demand.cpu, bare.demand.cpu_score) == (0, 100)
@@ -129,18 +130,18 @@ def test_balanced_allocation_rewards_the_node_whose_balance_the_pod_improves() -
     kc = cluster(nodes=2)
     kc.state.mem_used[1] = 32 * 2**30                      # node 1: memory 0.5, cpu 0
     view = demand.view(pod(cpu="16", memory="0"))           # cpu 0.5
-    scores = model.balanced_allocation_score(kc, view, np.array([0, 1])).tolist()
+    scores = kubescheduler.balanced_allocation_score(kc, view, np.array([0, 1])).tolist()
     # node 0: 100 -> 75 (0.5/0): 50 + 25 // 2 = 62; node 1: 75 -> 100 (0.5/0.5): 50 + 75 // 2 = 87
     assert scores == [62, 87]
     # A best-effort pod is skipped (PreScore returns Skip): no score on any node.
     empty = demand.view({"spec": {"containers": [{"name": "c"}]}})
-    assert model.balanced_allocation_score(kc, empty, np.array([0, 1])).tolist() == [0, 0]
+    assert kubescheduler.balanced_allocation_score(kc, empty, np.array([0, 1])).tolist() == [0, 0]
 
 
 def test_most_allocated_weighs_gpus_only_for_pods_that_request_them() -> None:
     kc = cluster(nodes=2)
     kc.state.gpu_left[1, 0] = 0  # one of node 1's two GPUs is taken
-    score = model.resources_fit_score("MostAllocated", model.BINPACK_WEIGHTS)
+    score = kubescheduler.resources_fit_score("MostAllocated", kubescheduler.BINPACK_WEIGHTS)
     gpu_pod = demand.view(pod(cpu="0", memory="0", gpus=1))
     # node 0: gpu 50%*5, cpu/mem ~0 -> 250//7 = 35; node 1: gpu 100%*5 -> 500//7 = 71
     assert score(kc, gpu_pod, np.array([0, 1])).tolist() == [35, 71]
@@ -152,12 +153,12 @@ def test_most_allocated_weighs_gpus_only_for_pods_that_request_them() -> None:
     (50, 0, 50), (1213, 0, 497), (5000, 0, 500), (20000, 0, 1000), (1213, 100, 1213), (1213, 10, 121), (300, 10, 100),
 ])
 def test_the_adaptive_share_of_nodes_to_score(nodes: int, percentage: int, expected: int) -> None:
-    assert model.nodes_to_find(nodes, percentage) == expected
+    assert kubescheduler.nodes_to_find(nodes, percentage) == expected
 
 
 def test_the_scan_resumes_where_the_last_cycle_stopped() -> None:
     kc = cluster(nodes=250)
-    scheduler = model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(0))
+    scheduler = kubescheduler.KubeScheduler((kubescheduler.DEFAULT_PROFILE,), np.random.default_rng(0))
     view = demand.view(pod())
     first = scheduler.schedule(kc, view)
     # 250 nodes: 50 - 250/125 = 48% -> stop after 120 feasible nodes, next scan starts at 120.
@@ -169,10 +170,10 @@ def test_the_scan_resumes_where_the_last_cycle_stopped() -> None:
 def test_equal_nodes_are_chosen_at_random_from_the_seeded_generator() -> None:
     kc = cluster(nodes=20)
     view = demand.view(pod())
-    picks = {model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(seed)).schedule(kc, view)
-             for seed in range(30)}
+    default = (kubescheduler.DEFAULT_PROFILE,)
+    picks = {kubescheduler.KubeScheduler(default, np.random.default_rng(seed)).schedule(kc, view) for seed in range(30)}
     assert len(picks) > 5
-    again = [model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(3)).schedule(kc, view)
+    again = [kubescheduler.KubeScheduler((kubescheduler.DEFAULT_PROFILE,), np.random.default_rng(3)).schedule(kc, view)
              for _ in range(3)]
     assert len(set(again)) == 1
 
@@ -184,13 +185,14 @@ def test_gpus_fit_at_per_gpu_thousandths_and_unknown_profiles_or_resources_never
     share = demand.view(pod(extra={"nvidia.com/gpu.shared": "1"}) | {
         "metadata": {"name": "s", "annotations": {"replay.gpugate.io/gpu-milli": "500"}}})
     assert (share.demand.num_gpu, share.demand.milli_per_gpu) == (1, 500)
-    assert model.fit_filter(kc, share).tolist() == [True, True]
-    assert model.fit_filter(kc, demand.view(pod(gpus=2))).tolist() == [False, False]
-    assert model.fit_filter(kc, demand.view(pod(gpus=1))).tolist() == [False, True]
+    assert kubescheduler.fit_filter(kc, share).tolist() == [True, True]
+    assert kubescheduler.fit_filter(kc, demand.view(pod(gpus=2))).tolist() == [False, False]
+    assert kubescheduler.fit_filter(kc, demand.view(pod(gpus=1))).tolist() == [False, True]
     mig = demand.view(pod(extra={"nvidia.com/mig-1g.10gb": "1"}))  # an integer resource no node here has
-    assert mig.demand.extended == (("nvidia.com/mig-1g.10gb", 1),) and not model.fit_filter(kc, mig).any()
+    assert mig.demand.extended == (("nvidia.com/mig-1g.10gb", 1),) and not kubescheduler.fit_filter(kc, mig).any()
     elsewhere = demand.view(pod(spec={"schedulerName": "volcano"}))
-    assert model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(0)).schedule(kc, elsewhere) is None
+    scheduler = kubescheduler.KubeScheduler((kubescheduler.DEFAULT_PROFILE,), np.random.default_rng(0))
+    assert scheduler.schedule(kc, elsewhere) is None
 
 
 def test_a_share_goes_where_the_device_plugin_policy_puts_it() -> None:
@@ -198,9 +200,9 @@ def test_a_share_goes_where_the_device_plugin_policy_puts_it() -> None:
     kc.state.gpu_left[0] = [700, 900, 1000]
     share = demand.view(pod(extra={"nvidia.com/gpu.shared": "1"}) | {
         "metadata": {"name": "s", "annotations": {"replay.gpugate.io/gpu-milli": "600"}}})
-    assert model.KubeScheduler.devices(kc, 0, share.demand, "distributed") == (2,)
-    assert model.KubeScheduler.devices(kc, 0, share.demand, "packed") == (0,)
-    assert model.KubeScheduler.devices(kc, 0, demand.view(pod(gpus=1)).demand) == (2,)
+    assert kubescheduler.KubeScheduler.devices(kc, 0, share.demand, "distributed") == (2,)
+    assert kubescheduler.KubeScheduler.devices(kc, 0, share.demand, "packed") == (0,)
+    assert kubescheduler.KubeScheduler.devices(kc, 0, demand.view(pod(gpus=1)).demand) == (2,)
 
 
 def test_init_containers_raise_the_request_to_their_maximum() -> None:
@@ -220,24 +222,24 @@ def test_the_binpack_profile_matches_the_shipped_scheduler_config(repo_root) -> 
     fit = next(c["args"] for c in profile["pluginConfig"] if c["name"] == "NodeResourcesFit")
     assert fit["scoringStrategy"]["type"] == "MostAllocated"
     shipped = {r["name"]: r["weight"] for r in fit["scoringStrategy"]["resources"]}
-    assert shipped == dict(model.BINPACK_WEIGHTS)
+    assert shipped == dict(kubescheduler.BINPACK_WEIGHTS)
     share = profile.get("percentageOfNodesToScore", config.get("percentageOfNodesToScore", 0))
-    assert share == model.binpack_profile().percentage_of_nodes_to_score
+    assert share == kubescheduler.binpack_profile().percentage_of_nodes_to_score
 
 
 def test_dynamic_resources_ranks_nodes_by_the_first_available_sub_request_they_give() -> None:
     """v1.36's DynamicResources Score (weight 2): 8 - the index of the sub-request allocated, normalized;
     found by tests/e2e/test_replay_fidelity.py's dra world (issue 25), where a share's claim lists one
-    sub-request per GPU model."""
+    sub-request per GPU kubescheduler."""
     records = tuple(NodeRecord(f"n{i}", 32_000, 65_536, 2, m) for i, m in enumerate(("T4", "V100M32", "P100", "T4")))
     state = ClusterState(records)
     kube = KubeCluster(state=state, labels=NodeLabels(state.names, [{} for _ in records]))
     view = demand.view(pod(gpus=1))
     nodes = np.arange(4)
-    assert model.dynamic_resources_score(kube, view, nodes).tolist() == [0, 0, 0, 0]
-    ranked = model.dynamic_resources_score(kube, dataclasses.replace(view, claim_models=("P100", "T4", "V100M32")),
-                                           nodes)
+    assert kubescheduler.dynamic_resources_score(kube, view, nodes).tolist() == [0, 0, 0, 0]
+    listed = dataclasses.replace(view, claim_models=("P100", "T4", "V100M32"))
+    ranked = kubescheduler.dynamic_resources_score(kube, listed, nodes)
     assert ranked.tolist() == [87, 75, 100, 87]  # 8-1, 8-2, 8-0, 8-1 over 8, floored
-    assert ranked[2:3].tolist() == model.dynamic_resources_score(
+    assert ranked[2:3].tolist() == kubescheduler.dynamic_resources_score(
         kube, dataclasses.replace(view, claim_models=("P100",)), nodes[2:3]).tolist()
-    assert (model.dynamic_resources_score, 2) in model.DEFAULT_PROFILE.scores
+    assert (kubescheduler.dynamic_resources_score, 2) in kubescheduler.DEFAULT_PROFILE.scores

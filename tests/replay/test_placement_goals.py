@@ -24,6 +24,9 @@ def test_the_sharing_worlds_goals() -> None:
     assert timeslice_goal([100, 90, 101], [50, 40, 39]) == "met"
     assert timeslice_goal([100, 90, 95], [50, 40, 45]) == "places -5 pods, not fewer overcommitted"
     assert timeslice_goal([100, None, 95], [50, 40, 45]) == "incomplete"
+    # With the shares placed, "fewer" is per share placed: 45 of 300 is fewer than 50 of 250.
+    assert timeslice_goal([100, 90, 101], [50, 40, 45], [250, 200, 300]) == "met"
+    assert timeslice_goal([100, 90, 101], [50, 40, 66], [250, 200, 300]) == "overcommits +2.0 points more shares"
     assert world_dra_goal("default", 95.25, 95.19) == "met"
     assert world_dra_goal("default", 94.6, 95.19) == "fgd -0.59, < 95.2"
     assert world_dra_goal("cpu050", 94.6, 95.07) == "met"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from webhook.kube.demand import PodDemand
-from webhook.replay import arrival, metrics, reference
+from webhook.replay import arrival, fragmentation, reference
 from webhook.replay.cluster import ClusterState
 from webhook.replay.records import NodeRecord, PodRecord
 
@@ -21,7 +21,7 @@ def demand(cpu: int, milli: int = 0, num: int = 0) -> PodDemand:
     return PodDemand.of_gpus(num, milli, cpu=cpu, cpu_score=cpu, memory_bytes=2**20)
 
 
-def brute_force_fragment(state: ClusterState, typical: metrics.TypicalPods) -> np.ndarray:
+def brute_force_fragment(state: ClusterState, typical: fragmentation.TypicalPods) -> np.ndarray:
     """The definition, node by node and shape by shape."""
     out = np.zeros(state.size)
     for n in range(state.size):
@@ -37,15 +37,15 @@ def brute_force_fragment(state: ClusterState, typical: metrics.TypicalPods) -> n
 
 def test_typical_pods_take_the_most_common_shapes_until_they_cover_95_percent() -> None:
     state = ClusterState(NODES)
-    typical = metrics.typical_pods(SHAPES * 19 + [demand(1234, 100, 1)], state)
+    typical = fragmentation.typical_pods(SHAPES * 19 + [demand(1234, 100, 1)], state)
     assert len(typical.prob) == 3  # the rare shape falls outside 95%
     assert typical.milli.tolist() == [1000, 500, 0] and typical.prob.sum() == pytest.approx(1.0)
 
 
 def test_fragment_tracker_matches_the_definition_as_pods_are_bound() -> None:
     state = ClusterState(NODES)
-    typical = metrics.typical_pods(SHAPES, state)
-    tracker = metrics.FragmentTracker(state, typical)
+    typical = fragmentation.typical_pods(SHAPES, state)
+    tracker = fragmentation.FragmentTracker(state, typical)
     # An empty cluster: CPU-only shapes see every idle GPU as fragment.
     assert tracker.fragment.sum() == pytest.approx(0.2 * 16_000)
     for node, gpus, pod in ((0, (0,), demand(4000, 700, 1)), (2, (0, 1), demand(14_000, 1000, 2)),
@@ -60,11 +60,11 @@ def test_fgd_picks_the_steepest_fragment_descent(seed: int) -> None:
     """The vectorized FGD equals trying every node and GPU by hand and keeping the best score."""
     rng = np.random.default_rng(seed)
     state = ClusterState(NODES * 3)
-    typical = metrics.typical_pods(SHAPES, state)
+    typical = fragmentation.typical_pods(SHAPES, state)
     for n in range(state.size):  # a random partly used cluster
         state.gpu_left[n, : state.gpu_count[n]] = rng.choice([0, 200, 500, 800, 1000], size=state.gpu_count[n])
         state.cpu_used[n] = rng.integers(0, state.cpu_cap[n] // 2)
-    tracker = metrics.FragmentTracker(state, typical)
+    tracker = fragmentation.FragmentTracker(state, typical)
     fgd = reference.FragmentationGradientDescent(np.arange(state.size))
     for pod in (demand(2000, 500, 1), demand(4000, 1000, 1), demand(8000), demand(1000, 1000, 2)):
         feasible = np.flatnonzero(state.fits(pod))

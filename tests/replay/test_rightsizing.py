@@ -9,7 +9,7 @@ import pytest
 
 from webhook import names
 from webhook.kube.quantity import bytes_
-from webhook.replay import demand, migcluster, model, report, runner, sizing, trace
+from webhook.replay import admitting, demand, kubescheduler, migcluster, nodelabels, report, runner, sizing, trace
 from webhook.replay.cluster import ClusterState
 from webhook.replay.records import NodeRecord, PodRecord
 
@@ -66,11 +66,11 @@ def test_a_node_with_seven_1g_slices_takes_seven_pods_and_refuses_the_eighth() -
     nodes = migcluster.sized_nodes((NodeRecord("mig", 64_000, 262_144, 1, "G2"),), "rightsized",
                                    migcluster.parse_mix("all-1g.10gb=1"))
     state = ClusterState(tuple(n.record for n in nodes), migcluster.extended_allocatable(nodes))
-    kc = model.KubeCluster(state=state, labels=model.NodeLabels(state.names, [n.labels for n in nodes]))
+    kc = kubescheduler.KubeCluster(state=state, labels=nodelabels.NodeLabels(state.names, [n.labels for n in nodes]))
     pod = {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"containers": [{"name": "main", "resources": {
         "requests": {"cpu": "1", "memory": "1Gi", MIG_1G: "1"}, "limits": {MIG_1G: "1"}}}]}}
     view = demand.view(pod)
-    scheduler = model.KubeScheduler((model.DEFAULT_PROFILE,), np.random.default_rng(0))
+    scheduler = kubescheduler.KubeScheduler((kubescheduler.DEFAULT_PROFILE,), np.random.default_rng(0))
     for _ in range(7):
         node = scheduler.schedule(kc, view)
         assert node == 0
@@ -78,7 +78,7 @@ def test_a_node_with_seven_1g_slices_takes_seven_pods_and_refuses_the_eighth() -
     assert scheduler.schedule(kc, view) is None
     assert state.extended_left(MIG_1G).tolist() == [0]
     two = demand.view({**pod, "spec": {"containers": [{"name": "main", "resources": {"requests": {MIG_2G: "1"}}}]}})
-    assert not model.fit_filter(kc, two).any()  # a resource the node does not have: allocatable 0
+    assert not kubescheduler.fit_filter(kc, two).any()  # a resource the node does not have: allocatable 0
 
 
 def test_a_memory_ask_gets_the_smallest_rung_the_cluster_offers_now(repo_root: Path) -> None:
@@ -88,7 +88,7 @@ def test_a_memory_ask_gets_the_smallest_rung_the_cluster_offers_now(repo_root: P
     assert [n.layout for n in nodes].count("all-balanced") == 1
     state = ClusterState(tuple(n.record for n in nodes), migcluster.extended_allocatable(nodes))
     offers = sizing.Offers(nodes, state)
-    admission = runner.Admission(str(repo_root / "policies"))
+    admission = admitting.CachedAdmission(str(repo_root / "policies"))
 
     def rung(milli: int) -> str:
         inventory, key = offers.current()

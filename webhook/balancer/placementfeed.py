@@ -36,6 +36,7 @@ from webhook.kube.quantity import QuantityError
 from webhook.kube.resources import is_mig_resource
 from webhook.names import GPU_RESOURCE, SHARED_GPU_RESOURCE
 from webhook.placement import dra as placement_dra
+from webhook.placement.devices import Serves, serves_of
 from webhook.placement.extender import ExtenderArgs, ExtenderState, HostPriority, candidate_names, host_priorities
 from webhook.placement.shapes import shape_of
 
@@ -51,6 +52,8 @@ class NodeShape:
     mig: Counts
     ordered: bool = False
     """Its GPUs are DRA devices: allocated first fit in device order (``placement.devices``)."""
+    serves: Serves = "any"
+    """Which pod shapes its GPUs take (``placement.devices.serves_of``)."""
 
 
 def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
@@ -61,17 +64,20 @@ def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
     allocatable = dict(info.allocatable)
     replicas = max(1, info.replicas)
     ordered = devices is not None and bool(devices.devices)
+    serves: Serves = "any"
     if devices is not None and devices.devices:
         gpus = devices.gpus
     elif SHARED_GPU_RESOURCE in allocatable:
         gpus = allocatable[SHARED_GPU_RESOURCE] // replicas + allocatable.get(GPU_RESOURCE, 0)
+        serves = serves_of(allocatable.get(GPU_RESOURCE, 0), allocatable[SHARED_GPU_RESOURCE])
     elif marks.time_sliced(info):
         gpus = allocatable.get(GPU_RESOURCE, 0) // replicas
     else:
         gpus = allocatable.get(GPU_RESOURCE, 0)
+        serves = serves_of(gpus, 0)
     mig = tuple(sorted((resource, count) for resource, count in info.allocatable if is_mig_resource(resource)))
     return NodeShape(cpu=info.cpu_milli, memory=info.memory_bytes, product=info.product, gpus=gpus, mig=mig,
-                     ordered=ordered)
+                     ordered=ordered, serves=serves)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +154,7 @@ class Feed:
         new = name not in self._shapes
         self._shapes[name] = shape
         self.state.set_node(name, cpu=shape.cpu, memory=shape.memory, product=shape.product, gpus=shape.gpus,
-                            mig=shape.mig, ordered=shape.ordered)
+                            mig=shape.mig, ordered=shape.ordered, serves=shape.serves)
         if new:  # pods the watch delivered before their node
             for key in sorted(self._on_node.get(name, ())):
                 self.state.bind(key, name, self._pods[key][1])

@@ -38,6 +38,28 @@ MILLI = units.MILLI
 DevicePolicy = Literal["distributed", "packed", "first"]
 POLICIES: tuple[DevicePolicy, ...] = ("distributed", "packed", "first")
 
+Serves = Literal["any", "whole", "shares"]
+"""Which pod shapes a node's GPUs can take, as its allocatable says: a node advertising only
+``nvidia.com/gpu`` takes whole GPUs only; one advertising only ``nvidia.com/gpu.shared``
+(time-slicing with ``renameByDefault``, what manifests/ ship) takes shares only, one slot each;
+``any``: both (a node advertising both, time-slicing without the rename, DRA devices, or the
+published model where a share takes its size on any GPU)."""
+
+
+def serves_of(whole: int, slots: int) -> Serves:
+    """What a node takes, from its allocatable ``nvidia.com/gpu`` (``whole``) and
+    ``nvidia.com/gpu.shared`` (``slots``): a pod can only land where its resource is advertised."""
+    if whole and not slots:
+        return "whole"
+    if slots and not whole:
+        return "shares"
+    return "any"
+
+
+def takes(serves: Serves, milli: int) -> bool:
+    """Whether a node that ``serves`` so can take a pod shape of ``milli`` thousandths per GPU."""
+    return serves == "any" or (milli < MILLI) == (serves == "shares")
+
 
 def share_device(left: tuple[int, ...] | list[int], milli: int, policy: DevicePolicy = "distributed") -> int:
     """The GPU index a share of ``milli`` thousandths lands on, or -1 when no GPU has room."""

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Any, TypedDict
 
 from webhook.kube.demand import PodDemand
 from webhook.placement import scoring
-from webhook.placement.devices import MILLI, DevicePolicy
+from webhook.placement.devices import MILLI, DevicePolicy, Serves
 from webhook.placement.fragment import NO_FIT, Fragmenter
 from webhook.placement.inputs import Counts, NodeView
 from webhook.placement.shapes import POPULARITY, ShapeMix, ShapeWindow, shape_of
@@ -97,26 +98,30 @@ class ExtenderState:
         self._fragmenter = Fragmenter(self.settings.mix or ShapeMix(), self.settings.device_policy)
         self._score = scoring.ScoreSettings(levels=self.settings.levels)
         self._context = scoring.Context()
-        # Per node: the view as scored (bound pods plus assumed ones) and its key per pod shape
-        # (cpu, gpus, share). A bind or an assumption makes a new view and an empty memo; a new mix
-        # or a new largest node empties every memo.
-        self._entries: dict[str, tuple[NodeView, dict[tuple[int, int, int], int]]] = {}
+        # Per node: the view as scored (bound pods plus assumed ones) and its memory left; per pod
+        # shape (cpu, gpus, share): each node's key. A bind or an assumption makes a new view and
+        # drops the node's keys; a new mix or a new largest node empties every memo. Memos are per
+        # shape, so a call reads all its candidates' keys in one pass at C speed.
+        self._entries: dict[str, NodeView] = {}
+        self._memory_left: dict[str, int] = {}
+        self._memos: dict[tuple[int, int, int], dict[str, int]] = {}
 
     # --- what the watches report -----------------------------------------------------------
 
     def set_node(self, name: str, *, cpu: int, memory: int = 0, product: str = "", gpus: int = 0,
-                 mig: Counts = (), ordered: bool = False) -> None:
+                 mig: Counts = (), ordered: bool = False, serves: Serves = "any") -> None:
         """A node appeared or its allocatable changed; its bound pods stay, in their order.
-        ``ordered``: its GPUs are DRA devices (allocated first fit in device order)."""
+        ``ordered``: its GPUs are DRA devices (allocated first fit in device order); ``serves``: which
+        pod shapes its GPUs take (``devices.serves_of``, from its allocatable)."""
         node = self.nodes.get(name)
         policy = self.settings.device_policy
         if node is None:
             self.nodes[name] = NodeView.empty(name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig,
-                                              ordered=ordered)
-        elif (node.cpu, node.memory, node.product, node.gpus, node.mig, node.ordered) != \
-                (cpu, memory, product, gpus, tuple(mig), ordered):
+                                              ordered=ordered, serves=serves)
+        elif (node.cpu, node.memory, node.product, node.gpus, node.mig, node.ordered, node.serves) != \
+                (cpu, memory, product, gpus, tuple(mig), ordered, serves):
             self.nodes[name] = node.resized(cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig,
-                                            policy=policy, ordered=ordered)
+                                            policy=policy, ordered=ordered, serves=serves)
         self._update(name)
         self._rescale()
 
@@ -124,7 +129,7 @@ class ExtenderState:
         node = self.nodes.pop(name, None)
         for bound in node.pods if node else ():
             self._where.pop(bound.key, None)
-        self._entries.pop(name, None)
+        self._drop(name)
         self._rescale()
 
     def _rescale(self) -> None:
@@ -135,7 +140,14 @@ class ExtenderState:
             self._forget_keys()
 
     def _forget_keys(self) -> None:
-        self._entries = {name: (view, {}) for name, (view, _) in self._entries.items()}
+        self._memos.clear()
+
+    def _drop(self, name: str) -> None:
+        """Forget the node's view and keys (it changed or went away)."""
+        self._entries.pop(name, None)
+        self._memory_left.pop(name, None)
+        for memo in self._memos.values():
+            memo.pop(name, None)
 
     def bind(self, key: str, node: str, demand: PodDemand) -> None:
         """The watch shows pod ``key`` bound to ``node`` (again is harmless): it counts there from now on."""
@@ -188,7 +200,7 @@ class ExtenderState:
             self._fragmenter = Fragmenter(mix, self.settings.device_policy)
             self._forget_keys()
             self._rescale()
-        self._fragmenter.warm({(view.product, view.signature) for view in self.nodes.values()})
+        self._fragmenter.warm({(view.product, view.signature, view.serves) for view in self.nodes.values()})
         if self.settings.warm_keys:
             names = list(self.nodes)
             for shape in mix.shapes:
@@ -199,8 +211,7 @@ class ExtenderState:
 
     def view(self, name: str) -> NodeView | None:
         """The node as scored: bound pods plus the pods assumed there."""
-        entry = self._entries.get(name)
-        return entry[0] if entry else None
+        return self._entries.get(name)
 
     @property
     def fragmenter(self) -> Fragmenter:
@@ -223,27 +234,24 @@ class ExtenderState:
         cannot change. Memory only has to fit, so it is checked here and left out of the cache's
         key. The nodes missing from the cache are computed in one batch.
         """
-        entries = self._entries
         wanted = (demand.cpu, demand.gpus, demand.share_milli)
-        memory = demand.memory_bytes
-        keys: list[int] = []
-        append = keys.append
-        missing: list[tuple[int, NodeView, dict[tuple[int, int, int], int]]] = []
-        for name in names:
-            entry = entries.get(name)
-            if entry is None or entry[0].memory_left < memory:
-                append(NO_FIT)
-                continue
-            found = entry[1].get(wanted)
-            if found is None:
-                missing.append((len(keys), entry[0], entry[1]))
-                found = NO_FIT
-            append(found)
+        memo = self._memos.setdefault(wanted, {})
+        keys: list[int] = list(map(memo.get, names, repeat(NO_FIT - 1, len(names))))
+        missing = [index for index, found in enumerate(keys) if found == NO_FIT - 1]
         if missing:
+            entries = self._entries
+            known = [index for index in missing if names[index] in entries]
             computed = scoring.node_keys(self._fragmenter, replace(demand, memory_bytes=0),
-                                         [view for _, view, _ in missing], self._context)
-            for (index, _, memo), value in zip(missing, computed, strict=True):
-                keys[index] = memo[wanted] = value
+                                         [entries[names[index]] for index in known], self._context)
+            for index, value in zip(known, computed, strict=True):
+                keys[index] = memo[names[index]] = value
+            for index in missing:
+                if keys[index] == NO_FIT - 1:  # an unknown node
+                    keys[index] = NO_FIT
+        memory = demand.memory_bytes
+        if memory:
+            lefts = list(map(self._memory_left.get, names, repeat(-1, len(names))))
+            return [NO_FIT if left < memory else found for found, left in zip(keys, lefts, strict=True)]
         return keys
 
     def prioritize(self, key: str, demand: PodDemand, names: Sequence[str], *, now: float = 0.0) -> list[int]:
@@ -283,11 +291,12 @@ class ExtenderState:
         """Recompute the node's view as scored (bound plus assumed); a changed view starts an empty memo."""
         view = self.nodes.get(name)
         if view is None:
-            self._entries.pop(name, None)
+            self._drop(name)
             return
         for key, (node, demand, _) in self._assumed.items():
             if node == name:
                 view = view.bind(key, demand, self.settings.device_policy)
-        entry = self._entries.get(name)
-        if entry is None or entry[0] is not view:
-            self._entries[name] = (view, {})
+        if self._entries.get(name) is not view:
+            self._drop(name)
+            self._entries[name] = view
+            self._memory_left[name] = view.memory_left

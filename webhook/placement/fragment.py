@@ -20,7 +20,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 
 from webhook.placement import devices
-from webhook.placement.devices import DevicePolicy
+from webhook.placement.devices import DevicePolicy, Serves
 from webhook.placement.shapes import ShapeMix
 
 MEMO_LIMIT = 200_000
@@ -51,27 +51,31 @@ class Fragmenter:
         # whose cpu class (thresholds reached) is above its index.
         self._rows = tuple((self.thresholds.index(s.cpu), s.milli, s.gpus, frozenset(s.products), w)
                            for s, w in zip(mix.shapes, mix.weights, strict=True) if s.wants_gpu)
-        self._access: dict[str, tuple[tuple[int, int, int, float], ...]] = {}
-        self._tables: dict[tuple[str, tuple[int, ...]], Table] = {}
+        self._access: dict[tuple[str, Serves], tuple[tuple[int, int, int, float], ...]] = {}
+        self._tables: dict[tuple[str, tuple[int, ...], Serves], Table] = {}
         self.memo: dict[tuple[object, ...], int] = {}
-        """``points`` by (product, signature, cpu class before, after, gpus, share): read directly by the hot loop."""
+        """``points`` by (product, signature, cpu class before, after, gpus, share, ordered, serves): read
+        directly by the hot loop."""
 
     def cpu_class(self, cpu_left: int) -> int:
         """How many of the mix's cpu thresholds ``cpu_left`` reaches (-1 when negative: nothing fits)."""
         return bisect_right(self.thresholds, cpu_left) if cpu_left >= 0 else -1
 
-    def _rows_for(self, product: str) -> tuple[tuple[int, int, int, float], ...]:
-        """The GPU shapes that may use a node of ``product``: (cpu class index, milli, gpus, weight)."""
-        rows = self._access.get(product)
+    def _rows_for(self, product: str, serves: Serves = "any") -> tuple[tuple[int, int, int, float], ...]:
+        """The GPU shapes that may use a node of ``product`` that takes ``serves``:
+        (cpu class index, milli, gpus, weight). A shape the node cannot take (a whole-GPU shape on
+        a node of time-sliced slots, a share on a node of whole GPUs) counts all its idle GPU as
+        fragment, as a shape pinned to another product does."""
+        rows = self._access.get((product, serves))
         if rows is None:
-            rows = self._access[product] = tuple((index, milli, gpus, weight)
-                                                 for index, milli, gpus, products, weight in self._rows
-                                                 if not products or product in products)
+            rows = self._access[(product, serves)] = tuple(
+                (index, milli, gpus, weight) for index, milli, gpus, products, weight in self._rows
+                if (not products or product in products) and devices.takes(serves, milli))
         return rows
 
-    def table(self, product: str, signature: tuple[int, ...]) -> Table:
-        """Prefix sums over cpu classes for one (product, GPUs left): F for any class in O(1)."""
-        key = (product, signature)
+    def table(self, product: str, signature: tuple[int, ...], serves: Serves = "any") -> Table:
+        """Prefix sums over cpu classes for one (product, GPUs left, what it takes): F for any class in O(1)."""
+        key = (product, signature, serves)
         found = self._tables.get(key)
         if found is not None:
             return found
@@ -79,7 +83,7 @@ class Fragmenter:
         lost = [0.0] * classes
         usable = [0.0] * classes
         by_milli: dict[int, tuple[int, int]] = {}
-        for index, milli, gpus, weight in self._rows_for(product):
+        for index, milli, gpus, weight in self._rows_for(product, serves):
             counted = by_milli.get(milli)
             if counted is None:
                 enough = small = 0
@@ -101,14 +105,14 @@ class Fragmenter:
         self._tables[key] = found
         return found
 
-    def warm(self, keys: Iterable[tuple[str, tuple[int, ...]]]) -> None:
-        """Build the tables of these (product, signature) pairs now (off the request path)."""
-        for product, signature in keys:
-            self.table(product, signature)
+    def warm(self, keys: Iterable[tuple[str, tuple[int, ...], Serves]]) -> None:
+        """Build the tables of these (product, signature, serves) now (off the request path)."""
+        for product, signature, serves in keys:
+            self.table(product, signature, serves)
 
-    def fragment(self, product: str, signature: tuple[int, ...], cpu_class: int) -> float:
+    def fragment(self, product: str, signature: tuple[int, ...], cpu_class: int, serves: Serves = "any") -> float:
         """F_n: idle GPU thousandths the mix cannot use, expected over the mix (all of them if it is empty)."""
-        lost, usable, total = self.table(product, signature)
+        lost, usable, total = self.table(product, signature, serves)
         if cpu_class < 0 or not total:
             return float(total)
         if not self.mix.weights:
@@ -116,24 +120,27 @@ class Fragmenter:
         return lost[cpu_class] + (1.0 - usable[cpu_class]) * total
 
     def delta(self, product: str, signature: tuple[int, ...], cpu_left: int, cpu: int, gpus: int,
-              share_milli: int, ordered: bool = False) -> float | None:
+              share_milli: int, ordered: bool = False, serves: Serves = "any") -> float | None:
         """F_n after the pod minus before (negative: the pod fills a fragment); None: it does not fit.
-        ``ordered``: a DRA node, whose signature is in device order and allocated first fit."""
+        ``ordered``: a DRA node, whose signature is in device order and allocated first fit;
+        ``serves``: which shapes the node's GPUs take (``devices.Serves``)."""
         after = self.cpu_class(cpu_left - cpu)
         remaining = devices.after_sorted(signature, gpus, share_milli, "first" if ordered else self.policy)
         if remaining is None or after < 0:
             return None
-        return self.fragment(product, remaining, after) - self.fragment(product, signature, self.cpu_class(cpu_left))
+        return self.fragment(product, remaining, after, serves) - \
+            self.fragment(product, signature, self.cpu_class(cpu_left), serves)
 
     def points(self, product: str, signature: tuple[int, ...], cpu_left: int, cpu: int, gpus: int,
-               share_milli: int, ordered: bool = False) -> int:
+               share_milli: int, ordered: bool = False, serves: Serves = "any") -> int:
         """FGD's 0..100 score of placing the pod on the node (``NO_FIT``: it does not fit); memoized."""
         thresholds = self.thresholds
         key = (product, signature, bisect_right(thresholds, cpu_left) if cpu_left >= 0 else -1,
-               bisect_right(thresholds, cpu_left - cpu) if cpu_left >= cpu else -1, gpus, share_milli, ordered)
+               bisect_right(thresholds, cpu_left - cpu) if cpu_left >= cpu else -1, gpus, share_milli, ordered,
+               serves)
         found = self.memo.get(key)
         if found is None:
-            delta = self.delta(product, signature, cpu_left, cpu, gpus, share_milli, ordered)
+            delta = self.delta(product, signature, cpu_left, cpu, gpus, share_milli, ordered, serves)
             found = NO_FIT if delta is None else fgd_points(delta)
             if len(self.memo) >= MEMO_LIMIT:
                 self.memo.clear()

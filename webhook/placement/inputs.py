@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from webhook.kube.demand import Counts, PodDemand
 from webhook.placement import devices
-from webhook.placement.devices import MILLI, DevicePolicy
+from webhook.placement.devices import MILLI, DevicePolicy, Serves
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,8 @@ class NodeView:
     left: tuple[int, ...] = ()
     pods: tuple[Bound, ...] = ()
     ordered: bool = False
+    serves: Serves = "any"
+    """Which pod shapes its GPUs take (``devices.Serves``): whole GPUs, time-sliced shares, or any."""
     cpu_left: int = field(init=False)
     memory_left: int = field(init=False)
     gpu_free: int = field(init=False)
@@ -71,10 +73,10 @@ class NodeView:
 
     @classmethod
     def empty(cls, name: str, *, cpu: int, memory: int = 0, product: str = "", gpus: int = 0,
-              mig: Counts = (), ordered: bool = False) -> NodeView:
+              mig: Counts = (), ordered: bool = False, serves: Serves = "any") -> NodeView:
         """A node with nothing bound."""
         return cls(name=name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=tuple(sorted(mig)),
-                   left=(MILLI,) * gpus, ordered=ordered)
+                   left=(MILLI,) * gpus, ordered=ordered, serves=serves)
 
     def mig_free(self, resource: str) -> int:
         return dict(self.mig).get(resource, 0) - dict(self.mig_requested).get(resource, 0)
@@ -128,9 +130,10 @@ class NodeView:
                        left=tuple(left), pods=tuple(bound for bound in self.pods if bound.key != key))
 
     def resized(self, *, cpu: int, memory: int, product: str, gpus: int, mig: Counts = (),
-                policy: DevicePolicy = "distributed", ordered: bool = False) -> NodeView:
+                policy: DevicePolicy = "distributed", ordered: bool = False, serves: Serves = "any") -> NodeView:
         """The node with a new allocatable, its pods bound again in their order (the device model replayed)."""
-        node = NodeView.empty(self.name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig, ordered=ordered)
+        node = NodeView.empty(self.name, cpu=cpu, memory=memory, product=product, gpus=gpus, mig=mig, ordered=ordered,
+                              serves=serves)
         for bound in self.pods:
             node = node.hold(bound.key, bound.taken) if bound.taken else node.bind(bound.key, bound.demand, policy)
         return node

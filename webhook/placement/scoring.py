@@ -43,6 +43,7 @@ import heapq
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from webhook.kube.demand import PodDemand
 from webhook.placement.devices import MILLI
@@ -158,9 +159,9 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
             continue
         product = node.product
         found = memo.get((product, node.signature, bisect_right(thresholds, left),
-                          bisect_right(thresholds, left - cpu), gpus, share, node.ordered))
+                          bisect_right(thresholds, left - cpu), gpus, share, node.ordered, node.serves))
         if found is None:
-            found = points(product, node.signature, left, cpu, gpus, share, node.ordered)
+            found = points(product, node.signature, left, cpu, gpus, share, node.ordered, node.serves)
         if found < 0:
             append(NO_FIT)
             continue
@@ -203,9 +204,11 @@ def levels(keys: Sequence[int], how: str = "rank") -> list[int]:
         span = high - low
         return [0 if k == NO_FIT else (MAX_EXTENDER_PRIORITY if span == 0
                                       else round(MAX_EXTENDER_PRIORITY * (k - low) / span)) for k in keys]
-    best = heapq.nlargest(MAX_EXTENDER_PRIORITY, {k for k in keys if k != NO_FIT})
+    distinct = set(keys)
+    distinct.discard(NO_FIT)
+    best = heapq.nlargest(MAX_EXTENDER_PRIORITY, distinct)
     level = {key: MAX_EXTENDER_PRIORITY - rank for rank, key in enumerate(best)}
-    return [level.get(key, 0) for key in keys]
+    return list(map(level.get, keys, repeat(0, len(keys))))
 
 
 def prioritize(demand: PodDemand, nodes: Sequence[NodeView], fragmenter: Fragmenter,

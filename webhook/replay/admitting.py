@@ -1,4 +1,4 @@
-"""The webhook's decision for each replayed Pod (``Admission``): the real mutation and validation.
+"""The webhook's decision for each replayed Pod (``CachedAdmission``): the real mutation and validation.
 
 An edge: it loads the policy folder a run names. ``runner`` and ``sizing`` both admit through it.
 """
@@ -15,7 +15,7 @@ from webhook.kube.inventory import Inventory
 from webhook.policy import loading
 
 
-class Admission:
+class CachedAdmission:
     """The webhook's decision for each Pod: validate, then apply the mutation's JSON patch.
 
     Pure functions of (pod, namespace, policies): pods equal but for their name are admitted once

@@ -5,7 +5,7 @@ this table; ``runner.run`` dispatches on ``Arm.kind``. Adding an arm is one row 
 in the module its kind names (and its test).
 
 Kinds:
-  kube       the kube-scheduler model (``replay.model``) in the run's sharing world
+  kube       the kube-scheduler model (``replay.kubescheduler``) in the run's sharing world
              (``--sharing timeslice|dra``), run by ``replay.runner``
   reference  a published scheduler (``replay.reference``) in the FGD artifact's own model, whatever
              the sharing world; ``bestfit-slots`` is the exception, BestFit in the timeslice world

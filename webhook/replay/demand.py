@@ -20,7 +20,7 @@ from webhook.kube import demand as kube_demand
 from webhook.kube import pods, tolerations
 from webhook.kube.demand import PodDemand
 from webhook.kube.quantity import QuantityError, whole_count
-from webhook.replay.model import PodView
+from webhook.replay.kubescheduler import PodView
 from webhook.replay.workload import GPU_MILLI_ANNOTATION
 
 MIB = kube_demand.MIB

@@ -16,7 +16,7 @@ from webhook import names
 from webhook.balancer import marks, tiers
 from webhook.balancer.state import NodeInfo
 from webhook.replay.cluster import ClusterState
-from webhook.replay.model import KubeCluster, Taint
+from webhook.replay.kubescheduler import KubeCluster, Taint
 
 CONGESTED = Taint(names.CONGESTED_TAINT_KEY, "", "PreferNoSchedule")
 

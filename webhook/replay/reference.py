@@ -12,7 +12,7 @@ import numpy as np
 
 from webhook.kube.demand import PodDemand
 from webhook.replay.cluster import ClusterState, best_fit_gpu
-from webhook.replay.metrics import FragmentTracker, node_fragment
+from webhook.replay.fragmentation import FragmentTracker, node_fragment
 
 MAX_SPEC_CPU = 128_000   # the artifact's normalisers: 128 cores,
 MAX_SPEC_GPU = 8_000     # 8 GPUs in thousandths
@@ -39,13 +39,19 @@ def exclusive_or(state: ClusterState, node: int, demand: PodDemand, share_gpu: i
     return state.first_free(node, demand.num_gpu)
 
 
-class RandomFit:
-    """Random feasible node; a sharing pod goes to a random fitting GPU."""
+class RankedScheduler:
+    """A published scheduler: ``rank`` is the artifact's fixed node order, which breaks its ties."""
 
-    name = "random"
+    name = ""
 
     def __init__(self, rank: np.ndarray) -> None:
         self.rank = rank
+
+
+class RandomFit(RankedScheduler):
+    """Random feasible node; a sharing pod goes to a random fitting GPU."""
+
+    name = "random"
 
     def place(self, state: ClusterState, demand: PodDemand, feasible: np.ndarray, rng: np.random.Generator,
               tracker: FragmentTracker) -> Placement:
@@ -57,13 +63,10 @@ class RandomFit:
         return node, exclusive_or(state, node, demand, gpu)
 
 
-class BestFit:
+class BestFit(RankedScheduler):
     """Least leftover cpu and GPU after placing (half weight each, over the artifact's max specs)."""
 
     name = "bestfit"
-
-    def __init__(self, rank: np.ndarray) -> None:
-        self.rank = rank
 
     def place(self, state: ClusterState, demand: PodDemand, feasible: np.ndarray, rng: np.random.Generator,
               tracker: FragmentTracker) -> Placement:
@@ -84,13 +87,10 @@ def _sigmoid_score(before: np.ndarray, after: np.ndarray) -> np.ndarray:
     return np.trunc(100.0 / (1.0 + np.exp(-(before - after) / 1000.0))).astype(np.int64)
 
 
-class FragmentationGradientDescent:
+class FragmentationGradientDescent(RankedScheduler):
     """FGD: the node (and GPU) whose fragment F_n drops most, scored 100*sigmoid(dF/1000), unnormalized."""
 
     name = "fgd"
-
-    def __init__(self, rank: np.ndarray) -> None:
-        self.rank = rank
 
     def place(self, state: ClusterState, demand: PodDemand, feasible: np.ndarray, rng: np.random.Generator,
               tracker: FragmentTracker) -> Placement:

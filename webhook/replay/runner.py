@@ -1,7 +1,7 @@
 """One replay run (an arm and a seed), and many of them in separate processes.
 
 Arms, their kind and world: ``webhook.replay.arms`` (the one table). Kube arms run the
-kube-scheduler model (``replay.model``) in the run's sharing world (``World``, from
+kube-scheduler model (``replay.kubescheduler``) in the run's sharing world (``World``, from
 ``replay.worlds``: timeslice, dra, or the published model); reference arms run a published
 scheduler (``replay.reference``); the right-sizing arms are ``replay.sizing``'s.
 Every arm of one seed sees the same arrival order. Pods are submitted once and never deleted; a
@@ -33,25 +33,25 @@ from webhook.placement.devices import DevicePolicy
 from webhook.placement.extender import ExtenderSettings, ExtenderState
 from webhook.placement.shapes import ShapeMix
 from webhook.replay import arms as arm_table
-from webhook.replay import demand as demand_reading
 from webhook.replay import sizing, workload, worlds
-from webhook.replay.admitting import Admission as Admission
+from webhook.replay.admitting import CachedAdmission
 from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState
-from webhook.replay.labels import Relabeler
-from webhook.replay.metrics import FragmentTracker, typical_pods
-from webhook.replay.model import (
+from webhook.replay.fragmentation import FragmentTracker, typical_pods
+from webhook.replay.kubescheduler import (
     DEFAULT_PROFILE,
     KubeCluster,
     KubeScheduler,
-    NodeLabels,
     PodView,
     Profile,
     binpack_profile,
 )
+from webhook.replay.labels import Relabeler
+from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import PodRecord, Trace
 from webhook.replay.reference import REFERENCE_SCHEDULERS
-from webhook.replay.runspec import DRA, PUBLISHED, SHARING, TIMESLICE, RunResult, RunSpec
+from webhook.replay.runspec import DRA, PUBLISHED, SHARING, RunResult, RunSpec
+from webhook.replay.worlds import World
 
 KUBE_ARMS = tuple(arm.name for arm in arm_table.ARMS if arm.kind == "kube")
 SIZING_ARMS = arm_table.SIZING_ARMS
@@ -85,56 +85,6 @@ def record_demand(record: PodRecord, slot: int | None = None) -> PodDemand:
                              memory_score_bytes=record.memory_mib * kube_demand.MIB or kube_demand.DEFAULT_MEMORY_BYTES)
 
 
-class World:
-    """What a run's sharing world changes: the nodes, how a pod is written and read, the device rule."""
-
-    def __init__(self, trace: Trace, sharing: str, spec: RunSpec) -> None:
-        self.sharing = sharing
-        self.replicas = spec.share_replicas
-        self.slot = worlds.slot_milli(self.replicas) if sharing == TIMESLICE else None
-        self.sliced = worlds.sliced_nodes(trace.nodes, trace.pods, self.replicas) if sharing == TIMESLICE else None
-        self.models = sorted({node.model for node in trace.nodes if node.gpus})
-        self.memory_of = worlds.memory_by_subrequest(self.models)
-        self.device_policy = "first" if sharing == DRA else spec.device_policy
-        self._asks: dict[int, int] = {}
-
-    def pod_for(self, record: PodRecord) -> dict[str, Any]:
-        if self.sharing == PUBLISHED:
-            return workload.pod_for(record)
-        return worlds.pod_for(record, self.sharing)
-
-    def claim_milli(self, milli: int) -> int:
-        """A share claim's size as the scheduler and the extender read it from its template."""
-        if milli not in self._asks:
-            self._asks[milli] = placement_dra.share_milli(worlds.share_ask(milli, self.models), self.memory_of)
-        return self._asks[milli]
-
-    def view(self, pod: dict[str, Any], record: PodRecord) -> PodView:
-        found = demand_reading.view(pod, slot_milli=self.slot)
-        if self.sharing == DRA and record.shares_gpu and kube_demand.claim_refs(pod):
-            demand = dataclasses.replace(found.demand, share_milli=self.claim_milli(record.gpu_milli))
-            # The claim's sub-requests, one per GPU model in this order (worlds.share_ask): what
-            # kube-scheduler's DynamicResources plugin scores nodes by (model.dynamic_resources_score).
-            found = dataclasses.replace(found, demand=demand, claim_models=tuple(self.models))
-        return found
-
-    def extender_demand(self, pod: dict[str, Any], view: PodView, record: PodRecord) -> PodDemand:
-        """The extender's reading of an admitted Pod: its requests, and in dra its share claim; in the
-        published model (no world) a share's size from the replay's annotation, via the view."""
-        found = kube_demand.of_pod(pod, slot_milli=self.slot or kube_demand.DEFAULT_SLOT_MILLI)
-        if self.sharing in (PUBLISHED, DRA) and view.demand.shares_gpu:
-            return dataclasses.replace(found, share_milli=view.demand.share_milli, gpus=0)
-        return found
-
-    def cluster(self, trace: Trace) -> KubeCluster:
-        state = ClusterState(trace.nodes, sliced=self.sliced)
-        labels = [workload.node_labels(node) for node in trace.nodes]
-        if self.sliced is not None:
-            labels = [worlds.timeslice_labels(found, self.replicas) if sliced else found
-                      for found, sliced in zip(labels, self.sliced, strict=True)]
-        return KubeCluster(state=state, labels=NodeLabels(state.names, labels))
-
-
 class BlindExtender:
     """gpugate's extender as the scheduler's profile calls it, fed as the balancer's watch would be.
 
@@ -154,10 +104,10 @@ class BlindExtender:
         self.state = ExtenderState(settings)
         self.dra = world is not None and world.sharing == DRA
         self.trace_nodes = trace.nodes
-        for node in trace.nodes:
+        for index, node in enumerate(trace.nodes):
             self.state.set_node(node.name, cpu=node.cpu_milli, memory=node.memory_mib * kube_demand.MIB,
                                 product=workload.product_of(node.model) if node.gpus else "", gpus=node.gpus,
-                                ordered=self.dra and node.gpus > 0)
+                                ordered=self.dra and node.gpus > 0, serves=world.serves(index) if world else "any")
         if spec.extender_mix == "history":
             # The window as a balancer restarted on a running cluster finds it: full of pods created
             # before, here a seeded draw from the pod list (the trace is that cluster's history).
@@ -166,6 +116,7 @@ class BlindExtender:
             for index in history.tolist():
                 self.state.seen(demands[index])
         self.names = [node.name for node in trace.nodes]
+        self.name_array = np.array(self.names, dtype=object)
         self.lag = max(1, spec.label_lag)
         self.pending: list[tuple[str, int, PodDemand, tuple[int, ...]]] = []
         self.claims: dict[int, list[allocations.Claim]] = {}
@@ -178,7 +129,7 @@ class BlindExtender:
         self.state.seen(demand)
 
     def prioritize(self, cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> list[int]:
-        return self.state.prioritize(f"pod-{self.step}", self.demand, [self.names[n] for n in nodes.tolist()],
+        return self.state.prioritize(f"pod-{self.step}", self.demand, self.name_array[nodes].tolist(),
                                      now=float(self.step))
 
     def bound(self, node: int, devices: tuple[int, ...] = ()) -> None:
@@ -243,6 +194,111 @@ def balancer_inventory(trace: Trace, spec: RunSpec, extender: BlindExtender | No
                      type_pressure=tuple(sorted(state.type_pressure().items())))
 
 
+Placement = tuple[int, tuple[int, ...]]
+"""Where a pod went: its node and the GPUs it holds there."""
+
+
+class ReferencePlacer:
+    """A reference arm: a published scheduler places the trace rows as they are."""
+
+    def __init__(self, reference: str, spec: RunSpec, state: ClusterState, demands: list[PodDemand],
+                 rng: np.random.Generator, tracker: FragmentTracker) -> None:
+        self.scheduler = REFERENCE_SCHEDULERS[reference](np.random.default_rng((spec.seed, 2)).permutation(state.size))
+        self.state, self.demands, self.rng, self.tracker = state, demands, rng, tracker
+        self.denied = 0
+
+    def place(self, index: int, step: int) -> Placement | None:
+        feasible = np.flatnonzero(self.state.fits(self.demands[index]))
+        if len(feasible) == 0:
+            return None
+        return self.scheduler.place(self.state, self.demands[index], feasible, self.rng, self.tracker)
+
+    def bound(self, index: int) -> PodDemand:
+        return self.demands[index]
+
+    def placed(self, node: int) -> None:
+        """Nothing to relabel: the published schedulers read no labels."""
+
+
+class KubePlacer:
+    """A kube arm: each pod as the world writes it (admitted through the policies for the policy
+    arms), read as kube-scheduler reads it and scheduled by the model's profiles, the extender's
+    among them for the extender arms; the balancer's labels follow the binds."""
+
+    def __init__(self, arm: arm_table.Arm, spec: RunSpec, trace: Trace, world: World, cluster: KubeCluster,
+                 rng: np.random.Generator) -> None:
+        self.spec, self.records, self.world, self.cluster = spec, trace.pods, world, cluster
+        profiles = [DEFAULT_PROFILE, binpack_profile()]
+        self.extender: BlindExtender | None = None
+        if arm.extender:
+            mix = trace_mix(trace.pods, world.slot) if spec.extender_mix == "trace" else None
+            self.extender = BlindExtender(trace, spec, mix, world)
+            profiles.append(extender_profile(self.extender, spec))
+        self.kube = KubeScheduler(tuple(profiles), rng)
+        self.relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
+        self.relabeler.start(cluster)
+        self.admission = CachedAdmission(spec.policies) if arm.policies else None
+        self.published = balancer_inventory(trace, spec, self.extender) if self.admission else EMPTY_INVENTORY
+        self.published_key = json.dumps(self.published.type_pressure)
+        self.views: dict[int, PodView | None] = {}
+        self.demands: dict[int, PodDemand] = {}
+        # Without admission a pod's reading depends on its row's requests alone (not its name or
+        # qos label): each distinct row is read once.
+        self.readings: dict[PodRecord, tuple[PodView, PodDemand]] = {}
+        self.denied = 0
+
+    def view_of(self, index: int) -> PodView | None:
+        """The pod as the scheduler reads it (None: the webhook denied it); what the extender reads
+        of it lands in ``demands``."""
+        if index in self.views:
+            return self.views[index]
+        record = self.records[index]
+        same = dataclasses.replace(record, name="", qos="") if self.admission is None else None
+        if same is not None and same in self.readings:
+            self.views[index], self.demands[index] = self.readings[same]
+            return self.views[index]
+        pod: dict[str, Any] | None = self.world.pod_for(record)
+        if self.admission is not None and pod is not None:
+            pod = self.admission.admit(pod, self.published, self.published_key)
+        if pod is None:
+            self.views[index] = None
+            return None
+        found = self.world.view(pod, record)
+        routed = {"binpack-profile": BINPACK}.get(self.spec.arm)
+        if self.spec.arm == "extender" and (self.spec.extender_cpu_pods or found.demand.num_gpu):
+            routed = EXTENDER_PROFILE
+        if routed:
+            found = dataclasses.replace(found, scheduler_name=routed)
+        self.views[index], self.demands[index] = found, self.world.extender_demand(pod, found, record)
+        if same is not None:
+            self.readings[same] = (found, self.demands[index])
+        return found
+
+    def place(self, index: int, step: int) -> Placement | None:
+        pod_view = self.view_of(index)
+        if pod_view is None:
+            self.denied += 1
+            return None
+        if self.extender is not None:
+            self.extender.arrive(step, self.demands[index])
+        node = self.kube.schedule(self.cluster, pod_view)
+        if node is None:
+            return None
+        devices = self.kube.devices(self.cluster, node, pod_view.demand, self.world.device_policy)
+        if self.extender is not None:
+            self.extender.bound(node, devices)
+        return node, devices
+
+    def bound(self, index: int) -> PodDemand:
+        """What the admitted Pod asks for: what the cluster binds."""
+        view = self.views[index]
+        assert view is not None
+        return view.demand
+
+    def placed(self, node: int) -> None:
+        self.relabeler.placed(self.cluster, node)  # the balancer sees the pod once it is bound
+
+
 def run(trace: Trace, spec: RunSpec) -> RunResult:
     """Replay one arm with one seed; pure apart from loading the policy folder named in ``spec``."""
     arm = arm_table.BY_NAME.get(spec.arm)
@@ -254,97 +310,36 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         return sizing.run(trace, spec)
     started = time.perf_counter()
     world = World(trace, arm_table.world_of(spec.arm, spec.sharing), spec)
-    records = trace.pods
-    demands = [record_demand(record, world.slot) for record in records]
+    demands = [record_demand(record, world.slot) for record in trace.pods]
     cluster = world.cluster(trace)
-    state = cluster.state
-    tracker = FragmentTracker(state, typical_pods(demands, state))
-    order = arrival_order(records, state.capacity_milli, spec.seed, tune=spec.tune)
+    tracker = FragmentTracker(cluster.state, typical_pods(demands, cluster.state))
     rng = np.random.default_rng((spec.seed, 1))
-    place: Callable[[int], tuple[int, tuple[int, ...]] | None]
-    relabeler: Relabeler | None = None
-    denied = 0
-    arrivals = [0]  # the current arrival step, read by the extender's closure
-    if arm.kind == "reference":
-        scheduler = REFERENCE_SCHEDULERS[arm.reference](np.random.default_rng((spec.seed, 2)).permutation(state.size))
+    placer: ReferencePlacer | KubePlacer = (
+        ReferencePlacer(arm.reference, spec, cluster.state, demands, rng, tracker) if arm.kind == "reference"
+        else KubePlacer(arm, spec, trace, world, cluster, rng))
+    return _replay(trace, spec, world, cluster.state, tracker, placer, started)
 
-        def place(index: int) -> tuple[int, tuple[int, ...]] | None:
-            feasible = np.flatnonzero(state.fits(demands[index]))
-            if len(feasible) == 0:
-                return None
-            return scheduler.place(state, demands[index], feasible, rng, tracker)
-    else:
-        profiles = [DEFAULT_PROFILE, binpack_profile()]
-        extender: BlindExtender | None = None
-        if arm.extender:
-            mix = trace_mix(records, world.slot) if spec.extender_mix == "trace" else None
-            extender = BlindExtender(trace, spec, mix, world)
-            profiles.append(extender_profile(extender, spec))
-        kube = KubeScheduler(tuple(profiles), rng)
-        relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
-        relabeler.start(cluster)
-        admission = Admission(spec.policies) if arm.policies else None
-        published = balancer_inventory(trace, spec, extender) if admission is not None else EMPTY_INVENTORY
-        published_key = json.dumps(published.type_pressure)
-        views: dict[int, PodView | None] = {}
-        placement_demands: dict[int, PodDemand] = {}
 
-        def view_of(index: int) -> PodView | None:
-            if index not in views:
-                pod: dict[str, Any] | None = world.pod_for(records[index])
-                if admission is not None and pod is not None:
-                    pod = admission.admit(pod, published, published_key)
-                if pod is None:
-                    views[index] = None
-                else:
-                    found = world.view(pod, records[index])
-                    routed = {"binpack-profile": BINPACK}.get(spec.arm)
-                    if spec.arm == "extender" and (spec.extender_cpu_pods or found.demand.num_gpu):
-                        routed = EXTENDER_PROFILE
-                    if routed:
-                        found = dataclasses.replace(found, scheduler_name=routed)
-                    views[index] = found
-                    placement_demands[index] = world.extender_demand(pod, found, records[index])
-            return views[index]
-
-        def place(index: int) -> tuple[int, tuple[int, ...]] | None:
-            nonlocal denied
-            pod_view = view_of(index)
-            if pod_view is None:
-                denied += 1
-                return None
-            if extender is not None:
-                extender.arrive(arrivals[0], placement_demands[index])
-            node = kube.schedule(cluster, pod_view)
-            if node is None:
-                return None
-            devices = kube.devices(cluster, node, pod_view.demand, world.device_policy)
-            if extender is not None:
-                extender.bound(node, devices)
-            return node, devices
-
-    arrived = np.empty(len(order))
-    allocated = np.empty(len(order))
-    served = np.empty(len(order))
-    fragment = np.empty(len(order))
+def _replay(trace: Trace, spec: RunSpec, world: World, state: ClusterState, tracker: FragmentTracker,
+            placer: ReferencePlacer | KubePlacer, started: float) -> RunResult:
+    """Submit every pod once in the seed's arrival order and record the curves after each."""
+    records, capacity = trace.pods, state.capacity_milli
+    order = arrival_order(records, capacity, spec.seed, tune=spec.tune)
+    arrived, allocated, served, fragment = (np.empty(len(order)) for _ in range(4))
     placed = np.zeros(len(order), dtype=bool)
-    total = useful = overcommitted = 0
-    capacity = state.capacity_milli
+    total = useful = overcommitted = shares = 0
     for step, index in enumerate(order):
-        arrivals[0] = step
         record = records[index]
         total += record.gpu_request_milli
-        placement = place(index)
+        placement = placer.place(index, step)
         if placement is not None:
             node, devices = placement
-            # The kube arms bind what the admitted Pod asks for; the references, the trace row.
-            bound = demands[index] if arm.kind == "reference" else views[index].demand  # type: ignore
-            state.bind(node, bound, devices)
+            state.bind(node, placer.bound(index), devices)
             tracker.refresh(state, node)
-            if relabeler is not None:  # the balancer sees the pod once it is bound
-                relabeler.placed(cluster, node)
+            placer.placed(node)
             placed[step] = True
             useful += record.gpu_request_milli
+            shares += record.shares_gpu
             if world.slot and record.shares_gpu and record.gpu_milli > world.slot:
                 overcommitted += 1
         arrived[step] = 100.0 * total / capacity
@@ -352,9 +347,9 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         served[step] = 100.0 * useful / capacity
         fragment[step] = 100.0 * tracker.cluster_fragment() / capacity
     return RunResult(arm=spec.arm, seed=spec.seed, workload=trace.workload, arrived=arrived, allocated=allocated,
-                     fragment=fragment, placed=placed, failed=int((~placed).sum()), denied=denied,
+                     fragment=fragment, placed=placed, failed=int((~placed).sum()), denied=placer.denied,
                      seconds=time.perf_counter() - started, served=served if world.sharing != PUBLISHED else None,
-                     oversubscribed=overcommitted, world=world.sharing)
+                     oversubscribed=overcommitted, shares_placed=shares, world=world.sharing)
 
 
 _WORKER_TRACE: Trace | None = None

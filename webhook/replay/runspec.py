@@ -79,6 +79,8 @@ class RunResult:
     """The right-sizing arms: per GPU resource the fractional pods asked, (resource, placed, failed)."""
     oversubscribed: int = 0
     """Placed fractional pods whose trace share is larger than the capacity their resource reserves."""
+    shares_placed: int = 0
+    """Placed fractional pods (the whole run): what ``oversubscribed`` is a part of."""
     world: str = ""
     """The sharing world the run was in (``SHARING``), or ``published`` for the reference arms'
     own model; the right-sizing arms say ``mig-twin``."""

@@ -3,7 +3,7 @@
 What right-sizing buys, measured on one cluster and one pod list (``webhook.replay.migcluster``
 documents the twin, the layouts and how a trace row becomes a pod in each arm):
 
-* every pod goes through the webhook's real mutation and validation (``runner.Admission``, the
+* every pod goes through the webhook's real mutation and validation (``admitting.CachedAdmission``, the
   ``--policies`` folder: whole-GPU pods match ``training``, fractional pods ``inference``, whose
   ladder 1g.10gb, 2g.20gb, 3g.40gb, a time-sliced share, a whole 80 GB GPU fits the H100 layouts);
 * a pod that asks memory is admitted with the GPUInventory the balancer would publish now: the
@@ -13,7 +13,7 @@ documents the twin, the layouts and how a trace row becomes a pod in each arm):
   whenever the set of (resource, product) with something free changes, the only thing the
   webhook's choice reads from it besides the static unit memory, and the admission cache is keyed
   on that set, so reusing answers between rebuilds changes no decision;
-* scheduling is the replay's kube-scheduler model (``model.KubeScheduler``, default profile, the
+* scheduling is the replay's kube-scheduler model (``kubescheduler.KubeScheduler``, default profile, the
   balancer's labels every ``--label-lag`` placements, from ``webhook.balancer.marks`` over each
   node's whole GPUs, slots and slices: ``TwinRelabeler``). It was extended, not forked: ``ClusterState``
   accounts integer extended resources per node as NodeResourcesFit does and ``demand.view`` reads
@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -45,11 +46,12 @@ from webhook.kube.demand import PodDemand
 from webhook.kube.inventory import Inventory
 from webhook.replay import demand as demand_reading
 from webhook.replay import migcluster
-from webhook.replay.admitting import Admission
+from webhook.replay.admitting import CachedAdmission
 from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState
+from webhook.replay.kubescheduler import DEFAULT_PROFILE, KubeCluster, KubeScheduler, PodView, binpack_profile
 from webhook.replay.labels import Relabeler
-from webhook.replay.model import DEFAULT_PROFILE, KubeCluster, KubeScheduler, NodeLabels, binpack_profile
+from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import MILLI, Trace
 from webhook.replay.runspec import MIG_TWIN, RunResult, RunSpec
 
@@ -138,34 +140,58 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     except migcluster.MixError as err:
         raise InputError(f"--mig-mix: {err}") from None
     started = time.perf_counter()
-    nodes = migcluster.sized_nodes(trace.nodes, spec.arm, mix, spec.share_replicas)
-    state = ClusterState(tuple(node.record for node in nodes), migcluster.extended_allocatable(nodes))
-    cluster = KubeCluster(state=state, labels=NodeLabels(state.names, [node.labels for node in nodes]))
-    capacity = sum(node.physical_gpus for node in nodes) * MILLI
-    records = trace.pods
-    order = arrival_order(records, capacity, spec.seed, tune=spec.tune)
-    kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), np.random.default_rng((spec.seed, 1)))
-    relabeler = TwinRelabeler(nodes, lag=spec.label_lag, taint_congested=spec.taint_congested)
-    relabeler.start(cluster)
-    admission = Admission(spec.policies)
-    offers = Offers(nodes, state)
-    slot_milli = MILLI // spec.share_replicas
+    return _replay(trace, spec, Twin(trace, spec, mix), started)
 
-    arrived = np.empty(len(order))
-    allocated = np.empty(len(order))
-    served = np.empty(len(order))
+
+class Twin:
+    """The run's H100 twin: its nodes, state and labels, the scheduler, and the webhook that admits
+    each pod with the inventory the balancer would publish at that moment."""
+
+    def __init__(self, trace: Trace, spec: RunSpec, mix: tuple[tuple[str, float], ...]) -> None:
+        self.spec = spec
+        self.nodes = migcluster.sized_nodes(trace.nodes, spec.arm, mix, spec.share_replicas)
+        self.state = ClusterState(tuple(node.record for node in self.nodes),
+                                  migcluster.extended_allocatable(self.nodes))
+        self.cluster = KubeCluster(state=self.state,
+                                   labels=NodeLabels(self.state.names, [node.labels for node in self.nodes]))
+        self.capacity = sum(node.physical_gpus for node in self.nodes) * MILLI
+        self.kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), np.random.default_rng((spec.seed, 1)))
+        self.relabeler = TwinRelabeler(self.nodes, lag=spec.label_lag, taint_congested=spec.taint_congested)
+        self.relabeler.start(self.cluster)
+        self.admission = CachedAdmission(spec.policies)
+        self.offers = Offers(self.nodes, self.state)
+
+    def admit(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored Pod (None: denied); a memory ask is right-sized against the current offers."""
+        if names.GPU_MEMORY_LABEL in pod["metadata"]["labels"]:
+            inventory, key = self.offers.current()
+            return self.admission.admit(pod, inventory, key)
+        return self.admission.admit(pod)
+
+    def place(self, view: PodView) -> int | None:
+        """Schedule and bind the pod; the balancer's labels follow. None: no node fits."""
+        demand = view.demand
+        node = self.kube.schedule(self.cluster, view)
+        if node is not None:
+            devices = self.kube.devices(self.cluster, node, demand) if demand.num_gpu else ()
+            self.state.bind(node, demand, devices)
+            self.relabeler.placed(self.cluster, node)
+        return node
+
+
+def _replay(trace: Trace, spec: RunSpec, twin: Twin, started: float) -> RunResult:
+    """Submit every pod once in the seed's arrival order; per fractional pod, count the resource it got."""
+    records, capacity = trace.pods, twin.capacity
+    order = arrival_order(records, capacity, spec.seed, tune=spec.tune)
+    slot_milli = MILLI // spec.share_replicas
+    arrived, allocated, served = (np.empty(len(order)) for _ in range(3))
     placed = np.zeros(len(order), dtype=bool)
     rungs: dict[str, list[int]] = {}
     total = taken = useful = denied = oversubscribed = 0
     for step, index in enumerate(order):
         record = records[index]
         total += record.gpu_request_milli
-        pod = migcluster.pod_for(record, spec.arm)
-        if names.GPU_MEMORY_LABEL in pod["metadata"]["labels"]:
-            inventory, key = offers.current()
-            stored = admission.admit(pod, inventory, key)
-        else:
-            stored = admission.admit(pod)
+        stored = twin.admit(migcluster.pod_for(record, spec.arm))
         node = None
         if stored is None:
             denied += 1
@@ -173,19 +199,15 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         else:
             view = demand_reading.view(stored, shared_slots=True)
             resource = gpu_resource(view.demand)
-            node = kube.schedule(cluster, view)
+            node = twin.place(view)
             if node is not None:
-                devices = kube.devices(cluster, node, view.demand) if view.demand.num_gpu else ()
-                state.bind(node, view.demand, devices)
-                relabeler.placed(cluster, node)
                 taken += taken_milli(view.demand, spec.share_replicas)
                 useful += record.gpu_request_milli
                 placed[step] = True
                 if record.shares_gpu and resource == names.SHARED_GPU_RESOURCE and record.gpu_milli > slot_milli:
                     oversubscribed += 1
         if record.shares_gpu:
-            counts = rungs.setdefault(resource, [0, 0])
-            counts[0 if node is not None else 1] += 1
+            rungs.setdefault(resource, [0, 0])[0 if node is not None else 1] += 1
         arrived[step] = 100.0 * total / capacity
         allocated[step] = 100.0 * taken / capacity
         served[step] = 100.0 * useful / capacity

@@ -33,6 +33,7 @@ are given 16 GiB. Any value gives the same decisions, since every ask is a fract
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,9 +41,18 @@ import numpy as np
 
 from webhook import names
 from webhook.kube import allocations, claims, slices, units
+from webhook.kube import demand as kube_demand
 from webhook.kube.allocations import DeviceKey
+from webhook.kube.demand import PodDemand
+from webhook.placement import dra as placement_dra
+from webhook.placement.devices import Serves, serves_of
+from webhook.replay import demand as demand_reading
 from webhook.replay import workload
-from webhook.replay.records import MILLI, NodeRecord, PodRecord
+from webhook.replay.cluster import ClusterState
+from webhook.replay.kubescheduler import KubeCluster, PodView
+from webhook.replay.nodelabels import NodeLabels
+from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
+from webhook.replay.runspec import DRA, PUBLISHED, TIMESLICE, RunSpec
 
 MIB = 2**20
 UNDISCLOSED_MEMORY_MIB = 16384
@@ -187,3 +197,66 @@ def allocated_claim(key: str, node: NodeRecord, gpus: Sequence[int], milli: int)
     namespace, _, name = key.partition("/")
     return allocations.Claim(namespace=namespace, name=f"{name}-gpu", uid=key, results=results, allocated=True,
                              reserved_for=(allocations.Consumer(resource="pods", name=name, uid=key),))
+
+
+# --- a run's world ---------------------------------------------------------------------------------
+
+class World:
+    """What a run's sharing world changes: the nodes, how a pod is written and read, the device rule."""
+
+    def __init__(self, trace: Trace, sharing: str, spec: RunSpec) -> None:
+        self.sharing = sharing
+        self.replicas = spec.share_replicas
+        self.slot = slot_milli(self.replicas) if sharing == TIMESLICE else None
+        self.sliced = sliced_nodes(trace.nodes, trace.pods, self.replicas) if sharing == TIMESLICE else None
+        self.models = sorted({node.model for node in trace.nodes if node.gpus})
+        self.gpus = [node.gpus for node in trace.nodes]
+        self.memory_of = memory_by_subrequest(self.models)
+        self.device_policy = "first" if sharing == DRA else spec.device_policy
+        self._asks: dict[int, int] = {}
+
+    def serves(self, node: int) -> Serves:
+        """What the node's allocatable tells the extender it takes (``devices.serves_of``, the rule
+        the balancer applies): in timeslice a time-sliced node advertises only
+        ``nvidia.com/gpu.shared``, the others only ``nvidia.com/gpu``; in dra and the published
+        model any GPU takes either."""
+        if self.sliced is None:
+            return "any"
+        gpus = self.gpus[node]
+        return serves_of(0, gpus * self.replicas) if self.sliced[node] else serves_of(gpus, 0)
+
+    def pod_for(self, record: PodRecord) -> dict[str, Any]:
+        if self.sharing == PUBLISHED:
+            return workload.pod_for(record)
+        return pod_for(record, self.sharing)
+
+    def claim_milli(self, milli: int) -> int:
+        """A share claim's size as the scheduler and the extender read it from its template."""
+        if milli not in self._asks:
+            self._asks[milli] = placement_dra.share_milli(share_ask(milli, self.models), self.memory_of)
+        return self._asks[milli]
+
+    def view(self, pod: dict[str, Any], record: PodRecord) -> PodView:
+        found = demand_reading.view(pod, slot_milli=self.slot)
+        if self.sharing == DRA and record.shares_gpu and kube_demand.claim_refs(pod):
+            demand = dataclasses.replace(found.demand, share_milli=self.claim_milli(record.gpu_milli))
+            # The claim's sub-requests, one per GPU model in this order (share_ask): what
+            # kube-scheduler's DynamicResources plugin scores nodes by (kubescheduler.dynamic_resources_score).
+            found = dataclasses.replace(found, demand=demand, claim_models=tuple(self.models))
+        return found
+
+    def extender_demand(self, pod: dict[str, Any], view: PodView, record: PodRecord) -> PodDemand:
+        """The extender's reading of an admitted Pod: its requests, and in dra its share claim; in the
+        published model (no world) a share's size from the replay's annotation, via the view."""
+        found = kube_demand.of_pod(pod, slot_milli=self.slot or kube_demand.DEFAULT_SLOT_MILLI)
+        if self.sharing in (PUBLISHED, DRA) and view.demand.shares_gpu:
+            return dataclasses.replace(found, share_milli=view.demand.share_milli, gpus=0)
+        return found
+
+    def cluster(self, trace: Trace) -> KubeCluster:
+        state = ClusterState(trace.nodes, sliced=self.sliced)
+        labels = [workload.node_labels(node) for node in trace.nodes]
+        if self.sliced is not None:
+            labels = [timeslice_labels(found, self.replicas) if sliced else found
+                      for found, sliced in zip(labels, self.sliced, strict=True)]
+        return KubeCluster(state=state, labels=NodeLabels(state.names, labels))
