@@ -1,6 +1,6 @@
 """What one ResourceClaim event costs the balancer's DRA counting: per pool (as it runs) vs a recount.
 
-``webhook.balancer.dracount.DraCache`` recomputes only the pools a claim names. The alternative it
+``webhook.placement.dracount.DraCache`` recomputes only the pools a claim names. The alternative it
 replaced in design, recounting every node's devices from all slices on each event
 (``kube.nodedevices.by_node``), is timed on the same events, in the same run, side by side.
 
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.e2e import dra_slices  # noqa: E402
-from webhook.balancer import dracount  # noqa: E402
 from webhook.kube import allocations, nodedevices, slices  # noqa: E402
+from webhook.placement import dracount  # noqa: E402
 
 
 def cluster(nodes: int) -> dict[str, slices.Slice]:

@@ -149,7 +149,7 @@ def render(rec: Recording, out: Path) -> Path:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    from webhook.balancer.tiers import TierThresholds
+    from webhook.placement.tiers import TierThresholds
 
     th = TierThresholds()
     fig, axes = plt.subplots(len(rec.nodes), 1, figsize=(11, 3.4 * len(rec.nodes)), sharex=True,

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from tests.admission.harness import REPO, Server, copy_policies, review_of
 from webhook.admission import reviews
-from webhook.balancer import inventory
 from webhook.cli import main
 from webhook.kube.inventory import Offer
+from webhook.placement import gpuinventory as inventory
 
 POD = REPO / "policies" / "tests" / "inference-rightsized-to-mig-slice" / "pod.yaml"
 

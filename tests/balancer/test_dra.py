@@ -179,8 +179,8 @@ def test_the_inventory_lists_dra_offers_per_class_and_product(fake_kube: FakeKub
 # ---- the extender's node view (pure: placementfeed.Feed) ----------------------------------------
 def test_the_extender_sees_dra_held_gpus_and_counts_a_dual_node_once() -> None:
     from webhook.balancer import placementfeed
-    from webhook.balancer.state import node_info
     from webhook.kube import allocations, nodedevices, slices
+    from webhook.kube.gpunode import node_info
     from webhook.placement.extender import ExtenderState
 
     def devices(node: str, held: tuple[str, ...]) -> nodedevices.NodeDevices:
@@ -216,10 +216,11 @@ def test_label_share_inventory_and_extender_agree_on_dra_held_units(gpus: int, d
     (the same as a device-plugin MIG node with the same slices requested, and the replay's thousandths),
     and the gpu-free label, the inventory's free ``gpu.nvidia.com`` devices and the extender's free GPUs
     are one number."""
-    from webhook.balancer import dracount, marks, placementfeed
-    from webhook.balancer import inventory as inventory_mod
-    from webhook.balancer.state import node_info
+    from webhook.balancer import placementfeed
     from webhook.kube import allocations, nodedevices, slices, units
+    from webhook.kube.gpunode import node_info
+    from webhook.placement import dracount, marks
+    from webhook.placement import gpuinventory as inventory_mod
     from webhook.placement.extender import ExtenderState
     from webhook.replay import migcluster
 
@@ -267,8 +268,8 @@ EVENT_NODES = ("n-1", "n-2", "n-3")
               st.sets(st.integers(0, 3), max_size=2), st.booleans()),
 ), max_size=25))
 def test_the_dra_cache_after_any_events_is_the_recount_from_scratch(events: list[tuple]) -> None:
-    from webhook.balancer import dracount
     from webhook.kube import nodedevices, slices
+    from webhook.placement import dracount
 
     cache = dracount.DraCache()
     for event in events:
@@ -291,8 +292,8 @@ def test_the_extender_counts_a_mapped_gpu_request_once() -> None:
     """A pod whose ``nvidia.com/gpu: 1`` a claim serves (what the real scheduler did in
     tests/e2e/test_dra_allocation.py) takes one GPU in the extender's view: the claim's, not also its own."""
     from webhook.balancer import placementfeed
-    from webhook.balancer.state import node_info
     from webhook.kube import allocations, nodedevices, slices
+    from webhook.kube.gpunode import node_info
     from webhook.placement.extender import ExtenderState
 
     node = "dra-1"

@@ -26,8 +26,8 @@ from tests.balancer.conftest import fast_settings
 from tests.kubefake import FakeKube
 from webhook.balancer import extendercache, placementfeed
 from webhook.balancer.settings import BalancerSettings, ExtenderServing, SettingsError, load_mix
-from webhook.balancer.state import node_info
 from webhook.certs import pki
+from webhook.kube.gpunode import node_info
 from webhook.placement.extender import ExtenderState
 from webhook.placement.inputs import PodDemand
 

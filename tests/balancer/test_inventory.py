@@ -17,11 +17,11 @@ import pytest
 from tests.balancer import conftest
 from tests.balancer.conftest import fast_settings
 from tests.kubefake import FakeKube
-from webhook.balancer import inventory
 from webhook.balancer.settings import InventorySettings
-from webhook.balancer.state import node_info
 from webhook.kube import inventory as webhook_inventory
+from webhook.kube.gpunode import node_info
 from webhook.kube.inventory import Offer
+from webhook.placement import gpuinventory as inventory
 
 
 def wait_for(predicate: Any, *, what: str, timeout: float = 30.0) -> Any:

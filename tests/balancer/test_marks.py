@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.balancer import marks
-from webhook.balancer.state import NodeLedger, node_info, pod_key, pod_usage
-from webhook.balancer.tiers import TierThresholds
+from webhook.balancer.state import NodeLedger, pod_key, pod_usage
+from webhook.kube.gpunode import node_info
 from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL
+from webhook.placement import marks
+from webhook.placement.tiers import TierThresholds
 
 T = TierThresholds()
 

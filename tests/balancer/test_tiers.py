@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.balancer.tiers import ThresholdError, TierThresholds, tier
+from webhook.placement.tiers import ThresholdError, TierThresholds, tier
 
 T = TierThresholds()  # busy 0.5 / congested 1.0 allocated; busy 0.6 / congested 0.9 utilization; margin 0.1
 

@@ -42,7 +42,7 @@ from tests.e2e.webhook_fixture import (
     kustomize,
     policy_of,
 )
-from webhook.balancer import tiers
+from webhook.placement import tiers
 
 WEBHOOK_BASE = ROOT / "manifests" / "webhook"
 STARTER_POLICIES = ROOT / "policies"
@@ -314,7 +314,7 @@ def delete_now(core: client.CoreV1Api, namespace: str, name: str) -> None:
 
 def expected_marks(capacity: int, used: int) -> tuple[str, str]:
     """What the balancer writes for a plain GPU node with ``used`` of ``capacity`` GPUs requested
-    (webhook/balancer/marks.py whole_free_gpus, tiers.allocation_tier without utilization)."""
+    (webhook/placement/marks.py whole_free_gpus, tiers.allocation_tier without utilization)."""
     tier = tiers.allocation_tier(min(used / capacity, 1.0), tiers.TierThresholds())
     return str(max(capacity - used, 0)), tier
 

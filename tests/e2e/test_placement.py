@@ -5,7 +5,7 @@ routes profile ``batch`` to the second scheduler), registered as manifests/webho
 (tests/e2e/placement_env.py, built on tests/e2e/webhook_fixture.py). The balancer's labels
 ``gpugate.io/gpu-free`` and ``gpugate.io/gpu-load`` are written here by hand, deterministically,
 with the values the balancer derives from the GPUs requested on each node
-(webhook/balancer/marks.py; the balancer's own writing is tested in tests/e2e/test_balancer.py),
+(webhook/placement/marks.py; the balancer's own writing is tested in tests/e2e/test_balancer.py),
 so each test judges only the scheduler and the webhook's affinity. Before a pod is scored, the
 scheduler is shown to have seen the labels (``settle``).
 
@@ -150,7 +150,7 @@ class Pool:
 
     ``used`` is the GPUs requested per node, from which :meth:`relabel` writes what the balancer
     would; ``load`` overrides the tier of some nodes, as the balancer does when DCGM utilization
-    puts a node in a worse tier than its allocation (webhook/balancer/tiers.py ``tier``).
+    puts a node in a worse tier than its allocation (webhook/placement/tiers.py ``tier``).
     """
 
     name: str

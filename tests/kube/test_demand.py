@@ -15,10 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook import names
-from webhook.balancer import marks, state
-from webhook.kube import claims, demand, units
+from webhook.balancer import state
+from webhook.kube import claims, demand, gpunode, units
 from webhook.kube.claims import PodClaimRef
 from webhook.kube.demand import PodDemand
+from webhook.placement import marks
 from webhook.placement.inputs import NodeView
 from webhook.replay import demand as replay_demand
 from webhook.replay import sizing
@@ -133,7 +134,7 @@ def _balancer_milli(pod: dict[str, Any], replicas: int, gpus: int) -> int:
             "status": {"allocatable": {names.GPU_RESOURCE: str(gpus),
                                        names.SHARED_GPU_RESOURCE: str(gpus * replicas),
                                        **{r: "7" for r in MIG_RESOURCES}}}}
-    info = state.node_info(node)
+    info = gpunode.node_info(node)
     usage = state.pod_usage({**pod, "spec": {**pod["spec"], "nodeName": "n"}, "status": {"phase": "Running"}})
     assert usage is not None
     return sum(round(units.MILLI * marks.gpu_weight(info, resource)) * count for resource, count in usage.requests)

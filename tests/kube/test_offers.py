@@ -172,7 +172,7 @@ DRA_OFFER = st.builds(inventory.DraOffer, device_class=st.sampled_from(["gpu.nvi
 def test_dra_offers_survive_the_inventory_document(found: list[inventory.DraOffer]) -> None:
     from datetime import UTC, datetime
 
-    from webhook.balancer import inventory as published
+    from webhook.placement import gpuinventory as published
 
     content = published.Content(offers=(), default_priority_class=None, dra_offers=tuple(found))
     text = published.serialize(published.document(content, generated_at=datetime(2026, 12, 3, tzinfo=UTC)))

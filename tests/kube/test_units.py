@@ -17,10 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from webhook import names
-from webhook.balancer import marks
-from webhook.balancer.state import NodeInfo
 from webhook.kube import units
+from webhook.kube.gpunode import NodeInfo
 from webhook.kube.resources import GPU_RESOURCE_PATTERN, is_gpu_resource, mig_profile
+from webhook.placement import marks
 from webhook.policy import parsing
 from webhook.replay import migcluster
 

@@ -28,8 +28,7 @@ from typing import Any
 from kubernetes import client
 
 from webhook import kubeclient
-from webhook.balancer import dracount, drawatch, placementfeed, templatekeeper, utilization
-from webhook.balancer import inventory as inventory_mod
+from webhook.balancer import drawatch, placementfeed, templatekeeper, utilization
 from webhook.balancer.backoff import Backoff
 from webhook.balancer.cluster import Informer, NodeWriter
 from webhook.balancer.extendercache import ExtenderCache
@@ -42,8 +41,11 @@ from webhook.balancer.metrics import Metrics
 from webhook.balancer.prometheus import PrometheusClient
 from webhook.balancer.publisher import InventoryPublisher
 from webhook.balancer.settings import BalancerSettings, load_mix, parse_bind
-from webhook.balancer.state import NodeInfo, PodUsage, may_hold_gpus, node_info, pod_key, pod_usage
+from webhook.balancer.state import PodUsage, may_hold_gpus, pod_key, pod_usage
 from webhook.errors import GpugateError
+from webhook.kube.gpunode import NodeInfo, node_info
+from webhook.placement import dracount
+from webhook.placement import gpuinventory as inventory_mod
 
 log = logging.getLogger("gpugate.balancer")
 
@@ -93,7 +95,7 @@ class Balancer:
             reduce=lambda obj: (obj["metadata"]["name"], node_info(obj)),
             on_replace=self._replace_nodes, on_event=self._node_event, **self._informer_args())
         self.pods = self._pod_informer()
-        # DRA: ResourceSlices and ResourceClaims, counted in webhook.balancer.dracount (issue 24).
+        # DRA: ResourceSlices and ResourceClaims, counted in webhook.placement.dracount (issue 24).
         self.dra = drawatch.DraWatch(self._api(), informer_args=self._informer_args(), on_slices=self._replace_slices,
                                      on_slice=self._slice_event, on_claims=self._replace_claims,
                                      on_claim=self._claim_event)

@@ -25,10 +25,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from webhook.balancer import dracount
 from webhook.balancer.cluster import Informer
 from webhook.kube import allocations, slices
 from webhook.names import DRA_DRIVER
+from webhook.placement import dracount
 
 log = logging.getLogger("gpugate.balancer.dra")
 

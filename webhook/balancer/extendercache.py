@@ -17,7 +17,7 @@ from typing import Any, cast
 from webhook.balancer import placementfeed
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.settings import ExtenderServing, parse_bind
-from webhook.balancer.state import NodeInfo
+from webhook.kube.gpunode import NodeInfo
 from webhook.kube.nodedevices import NodeDevices
 from webhook.placement.devices import DevicePolicy
 from webhook.placement.extender import ExtenderSettings, ExtenderState

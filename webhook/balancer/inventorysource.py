@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from webhook.balancer import inventory as inventory_mod
 from webhook.balancer.labeller import Labeller
+from webhook.placement import gpuinventory as inventory_mod
 
 
 class InventorySource:

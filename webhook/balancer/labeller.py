@@ -16,14 +16,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from webhook.balancer import dracount
-from webhook.balancer import marks as marks_mod
 from webhook.balancer.backoff import WriteSchedule
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.settings import BalancerSettings
-from webhook.balancer.state import NodeInfo, NodeLedger, PodUsage
+from webhook.balancer.state import NodeLedger, PodUsage
+from webhook.kube.gpunode import NodeInfo
 from webhook.kube.nodedevices import NodeDevices
 from webhook.names import LOAD_TIERS
+from webhook.placement import dracount
+from webhook.placement import marks as marks_mod
 
 log = logging.getLogger("gpugate.balancer")
 

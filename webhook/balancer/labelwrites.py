@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from kubernetes.client.exceptions import ApiException
 
 from webhook import kubeclient
-from webhook.balancer import marks as marks_mod
 from webhook.balancer.backoff import Backoff, TokenBucket
 from webhook.balancer.cluster import NodeWriter, retry_after
 from webhook.balancer.labeller import Labeller
 from webhook.balancer.metrics import Metrics
-from webhook.balancer.state import NodeInfo
+from webhook.kube.gpunode import NodeInfo
+from webhook.placement import marks as marks_mod
 
 log = logging.getLogger("gpugate.balancer")
 

@@ -27,15 +27,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.balancer import marks
-from webhook.balancer.state import TERMINAL_PHASES, NodeInfo, PodUsage, pod_usage
+from webhook.balancer.state import TERMINAL_PHASES, PodUsage, pod_usage
 from webhook.kube import demand as kube_demand
 from webhook.kube.demand import Counts, PodDemand
+from webhook.kube.gpunode import NodeInfo
 from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.quantity import QuantityError
 from webhook.kube.resources import is_mig_resource
 from webhook.names import GPU_RESOURCE, SHARED_GPU_RESOURCE
 from webhook.placement import dra as placement_dra
+from webhook.placement import marks
 from webhook.placement.devices import Serves, serves_of
 from webhook.placement.extender import ExtenderArgs, ExtenderState, HostPriority, candidate_names, host_priorities
 from webhook.placement.shapes import shape_of
@@ -60,7 +61,7 @@ def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
     """The node as the fragmentation measure sees it (CPU-only nodes too: CPU pods are placed as well).
 
     A node with NVIDIA DRA devices has the DRA driver's physical GPUs, counted once even when the
-    device plugin advertises the same GPUs (``balancer.dracount``)."""
+    device plugin advertises the same GPUs (``placement.dracount``)."""
     allocatable = dict(info.allocatable)
     replicas = max(1, info.replicas)
     ordered = devices is not None and bool(devices.devices)

@@ -26,9 +26,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook import kubeclient
-from webhook.balancer import inventory
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.settings import InventorySettings
+from webhook.placement import gpuinventory as inventory
 
 log = logging.getLogger("gpugate.balancer.inventory")
 

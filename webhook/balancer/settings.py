@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
-from webhook.balancer.tiers import ThresholdError, TierThresholds
 from webhook.errors import GpugateError
 from webhook.placement.shapes import MixError, ShapeMix, parse_mix
+from webhook.placement.tiers import ThresholdError, TierThresholds
 
 
 class SettingsError(GpugateError):

@@ -44,7 +44,7 @@ class DraOffer:
     """What the nodes' NVIDIA DRA driver offers of one DeviceClass for one GPU product, summed over nodes.
 
     The same GPUs as a device-plugin ``Offer`` on a node that runs both stacks: two views, each
-    ``free`` net of what the other stack's pods or claims hold (``balancer.dracount``)."""
+    ``free`` net of what the other stack's pods or claims hold (``placement.dracount``)."""
 
     device_class: str
     """``gpu.nvidia.com`` or ``mig.nvidia.com``."""

@@ -22,7 +22,7 @@ Rules, each the scheduler's own (``k8s.io/dynamic-resource-allocation/structured
 
 Units: a full GPU device is one ``nvidia.com/gpu``; a MIG device of profile ``<g>g.<mem>gb`` is one
 ``nvidia.com/mig-<g>g.<mem>gb``, the device plugin's name for the same slice, so every rule that
-weighs a unit against a physical GPU (``balancer.marks.gpu_weight``) reads DRA devices unchanged.
+weighs a unit against a physical GPU (``placement.marks.gpu_weight``) reads DRA devices unchanged.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The balancer's node labels in the replay, computed by the balancer's own code.
 
-An adapter, not a copy: each replayed node is described to ``webhook.balancer.marks`` as the
+An adapter, not a copy: each replayed node is described to ``webhook.placement.marks`` as the
 balancer would see it (``nvidia.com/gpu`` allocatable = its GPUs; requested = the GPUs that are no
 longer whole-free, since a GPU carrying a share cannot be handed out whole), and
 ``marks.desired`` decides ``gpugate.io/gpu-free``, ``gpugate.io/gpu-load`` and the optional
@@ -13,8 +13,8 @@ the last relabel (as the balancer's dirty set does), so K models the balancer's 
 from __future__ import annotations
 
 from webhook import names
-from webhook.balancer import marks, tiers
-from webhook.balancer.state import NodeInfo
+from webhook.kube.gpunode import NodeInfo
+from webhook.placement import marks, tiers
 from webhook.replay.cluster import ClusterState
 from webhook.replay.kubescheduler import KubeCluster, Taint
 

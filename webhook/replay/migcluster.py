@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from webhook import names
-from webhook.balancer.state import NodeInfo
 from webhook.kube import units
+from webhook.kube.gpunode import NodeInfo
 from webhook.replay import workload
 from webhook.replay.records import MILLI, NodeRecord, PodRecord
 
@@ -190,7 +190,7 @@ def pod_for(record: PodRecord, arm: str) -> dict[str, Any]:
 
 
 def node_infos(nodes: tuple[SizedNode, ...]) -> list[NodeInfo]:
-    """The twin's GPU nodes as the balancer reads them, for ``webhook.balancer.inventory.offers``."""
+    """The twin's GPU nodes as the balancer reads them, for ``webhook.placement.gpuinventory.offers``."""
     out = []
     for node in nodes:
         allocatable = dict(node.allocatable)

@@ -7,14 +7,14 @@ documents the twin, the layouts and how a trace row becomes a pod in each arm):
   ``--policies`` folder: whole-GPU pods match ``training``, fractional pods ``inference``, whose
   ladder 1g.10gb, 2g.20gb, 3g.40gb, a time-sliced share, a whole 80 GB GPU fits the H100 layouts);
 * a pod that asks memory is admitted with the GPUInventory the balancer would publish now: the
-  balancer's own pure core (``webhook.balancer.inventory.offers``) over the twin's nodes as the
+  balancer's own pure core (``webhook.placement.gpuinventory.offers``) over the twin's nodes as the
   balancer reads them and the requests bound so far, so the rung chosen is one the cluster offers
   at that moment (the balancer's publishing delay is not modelled). The inventory is rebuilt
   whenever the set of (resource, product) with something free changes, the only thing the
   webhook's choice reads from it besides the static unit memory, and the admission cache is keyed
   on that set, so reusing answers between rebuilds changes no decision;
 * scheduling is the replay's kube-scheduler model (``kubescheduler.KubeScheduler``, default profile, the
-  balancer's labels every ``--label-lag`` placements, from ``webhook.balancer.marks`` over each
+  balancer's labels every ``--label-lag`` placements, from ``webhook.placement.marks`` over each
   node's whole GPUs, slots and slices: ``TwinRelabeler``). It was extended, not forked: ``ClusterState``
   accounts integer extended resources per node as NodeResourcesFit does and ``demand.view`` reads
   MIG slices (and, here, time-sliced slots) into them. That is the whole change kube-scheduler's
@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 
 from webhook import names
-from webhook.balancer import inventory as balancer_inventory
-from webhook.balancer import marks
 from webhook.errors import InputError
 from webhook.kube.demand import PodDemand
 from webhook.kube.inventory import Inventory
+from webhook.placement import gpuinventory as balancer_inventory
+from webhook.placement import marks
 from webhook.replay import demand as demand_reading
 from webhook.replay import migcluster
 from webhook.replay.admitting import CachedAdmission
@@ -96,7 +96,7 @@ class TwinRelabeler(Relabeler):
 
     ``labels.Relabeler`` describes a trace node by its ``nvidia.com/gpu`` alone; a MIG or
     time-sliced node would then look like no GPU node at all (no ``gpu-free``, no ``gpu-load``),
-    which the real balancer never writes. Here ``webhook.balancer.marks`` sees the node's MIG slices
+    which the real balancer never writes. Here ``webhook.placement.marks`` sees the node's MIG slices
     and slots, so a MIG node is ``gpu-free: 0`` and loaded by the slices taken, as in a cluster.
     """
 

@@ -10,10 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.balancer import tiers
-from webhook.balancer.state import NodeInfo
 from webhook.kube import units
+from webhook.kube.gpunode import NodeInfo
 from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL, GPU_RESOURCE, SHARED_GPU_RESOURCE
+from webhook.placement import tiers
 
 CONGESTED_TAINT: dict[str, str] = {"key": CONGESTED_TAINT_KEY, "effect": "PreferNoSchedule"}
 

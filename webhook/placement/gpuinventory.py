@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypedDict
 
-from webhook.balancer import dracount
-from webhook.balancer.state import NodeInfo
 from webhook.kube import inventory
+from webhook.kube.gpunode import NodeInfo
 from webhook.kube.inventory import DraOffer, Offer
 from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.resources import is_gpu_resource
 from webhook.names import DRA_GPU_CLASS, GPU_RESOURCE
+from webhook.placement import dracount
 
 MIB = 1 << 20
 
@@ -87,7 +87,7 @@ def offers(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]]
     """Offers per (resource, product), sorted, from the nodes and the requests bound to each node.
 
     On a node that also has NVIDIA DRA devices, ``nvidia.com/gpu`` free is at most the node's whole
-    free GPUs with claims counted in (the same GPUs, counted once: ``balancer.dracount``)."""
+    free GPUs with claims counted in (the same GPUs, counted once: ``placement.dracount``)."""
     sums: dict[tuple[str, str], list[int]] = {}
     memory: dict[tuple[str, str], int | None] = {}
     for node in nodes:

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from webhook.balancer import marks
-from webhook.balancer.state import NodeInfo
 from webhook.kube import allocations, nodedevices, slices, units
 from webhook.kube.allocations import DeviceKey
+from webhook.kube.gpunode import NodeInfo
 from webhook.kube.nodedevices import NodeDevices
+from webhook.placement import marks
 
 Pool = tuple[str, str]  # (driver, pool name)
 
