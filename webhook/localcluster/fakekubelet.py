@@ -194,7 +194,13 @@ class FakeKubelet:
             if error.status != 404:
                 raise
             manifest = lease_manifest({"metadata": {"name": node.spec.name, "uid": node.uid}}, now=now)
-            _raw(self.coordination.create_namespaced_lease, NODE_LEASE_NAMESPACE, manifest)
+            try:
+                _raw(self.coordination.create_namespaced_lease, NODE_LEASE_NAMESPACE, manifest)
+            except ApiException as conflict:
+                # add_node and the heartbeat thread can both find the Lease missing for a new node;
+                # whichever creates it second has nothing left to do (it was just renewed).
+                if conflict.status != 409:
+                    raise
 
     def _heartbeat_loop(self) -> None:
         while not self._stopping.wait(self.lease_renew_seconds):
