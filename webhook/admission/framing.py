@@ -84,6 +84,13 @@ def frame(buffer: bytes | bytearray, *, max_header_bytes: int, max_body_bytes: i
     return Framing(State.COMPLETE, end=body_start + length, declared_length=length, body_start=body_start)
 
 
+def too_large(limit: int, length: int | None = None) -> str:
+    """The 413's message, one wording for every path that refuses a body over ``limit`` bytes
+    (``length``: the declared size, when the request declared one)."""
+    return (f"body of {length} bytes exceeds the {limit}-byte limit" if length is not None
+            else f"body exceeds the {limit}-byte limit")
+
+
 def _fields(block: bytes) -> tuple[list[str], list[str], bool] | None:
     """(Content-Length values, transfer codings, expects 100-continue), or None if a line has no colon."""
     lines = block.split(_CRLF)

@@ -286,8 +286,7 @@ class RequestLoop(ThreadWorker):
         length = found.declared_length
         received = len(conn.buffer) - found.body_start
         limit = self.settings.max_body_bytes
-        message = (f"body of {length} bytes exceeds the {limit}-byte limit" if length is not None
-                   else f"body exceeds the {limit}-byte limit")
+        message = framing.too_large(limit, length)
         left = (length - received) if length is not None else self.settings.discard_limit_bytes
         self._refuse(conn, 413, "Payload Too Large", message, discard=min(left, self.settings.discard_limit_bytes))
 

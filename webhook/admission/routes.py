@@ -24,7 +24,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import logs
-from webhook.admission import answers, leanpath, metrics, requestbody, reviews, worker
+from webhook.admission import answers, framing, leanpath, metrics, requestbody, reviews, worker
 from webhook.admission.inventoryfile import InventoryFile
 from webhook.admission.results import CoreResult
 from webhook.admission.serverstate import ClaimCore, Core, PolicyCore, ServerSettings, ServerState
@@ -125,15 +125,15 @@ def _admit(endpoint: str) -> Response:
     fields: dict[str, Any] = {"endpoint": endpoint}
     # Refuse on the declared length before buffering or parsing any of the body.
     if request.content_length is not None and request.content_length > limit:
-        return requestbody.refuse(endpoint, 413, f"body of {request.content_length} bytes exceeds the {limit}-byte "
-                                  f"limit", started, fields, drain=True)
+        return requestbody.refuse(endpoint, 413, framing.too_large(limit, request.content_length), started, fields,
+                                  drain=True)
     try:
         body = requestbody.read(limit)
     except Exception as err:  # the server's body reader refused a malformed (e.g. chunked) body
         return requestbody.refuse(endpoint, 400, f"malformed request body: {err or type(err).__name__}", started,
                                   fields)
     if body is None:  # a chunked body that grew past the limit
-        return requestbody.refuse(endpoint, 413, f"body exceeds the {limit}-byte limit", started, fields, drain=True)
+        return requestbody.refuse(endpoint, 413, framing.too_large(limit), started, fields, drain=True)
     status, body_out = admit(st, endpoint, body, started)
     return Response(body_out, status, content_type="application/json")
 
@@ -148,7 +148,7 @@ def lean_routes(st: ServerState) -> leanpath.LeanRoutes:
             started = time.perf_counter()
             limit = st.settings.max_body_bytes
             if len(body) > limit:
-                message = f"body of {len(body)} bytes exceeds the {limit}-byte limit"
+                message = framing.too_large(limit, len(body))
                 return 413, requestbody.refusal(endpoint, 413, message, started, {"endpoint": endpoint})
             return admit(st, endpoint, body, started)
         return answer
