@@ -79,6 +79,10 @@ CPU_FEATURES = ("ADX AESNI AMXBF16 AMXINT8 AMXTILE AVX AVX2 AVX512BF16 AVX512BIT
                 "MOVDIRI OSXSAVE SERIALIZE SHA SPEC_CTRL_SSBD STIBP SYSCALL SYSEE TSXLDTRK VAES VMX VPCLMULQDQ WAITPKG "
                 "WBNOINVD X87 XGETBV1 XSAVE XSAVEC XSAVEOPT XSAVES").split()
 
+OPERANDS = ("container-toolkit", "dcgm", "dcgm-exporter", "device-plugin", "driver", "gpu-feature-discovery",
+            "node-status-exporter", "operator-validator")
+"""The GPU Operator's operands; it labels a GPU node ``nvidia.com/gpu.deploy.<operand>=true`` for each."""
+
 
 def _node_labels(name: str, i: int) -> dict[str, str]:
     labels = {
@@ -96,10 +100,7 @@ def _node_labels(name: str, i: int) -> dict[str, str]:
         "nvidia.com/cuda.runtime-version.minor": "0", "nvidia.com/cuda.runtime.major": "13",
         "nvidia.com/cuda.runtime.minor": "0", "nvidia.com/gfd.timestamp": "1764489164",
         "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0", "nvidia.com/gpu.count": "8",
-        "nvidia.com/gpu.deploy.container-toolkit": "true", "nvidia.com/gpu.deploy.dcgm": "true",
-        "nvidia.com/gpu.deploy.dcgm-exporter": "true", "nvidia.com/gpu.deploy.device-plugin": "true",
-        "nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.gpu-feature-discovery": "true",
-        "nvidia.com/gpu.deploy.node-status-exporter": "true", "nvidia.com/gpu.deploy.operator-validator": "true",
+        **{f"nvidia.com/gpu.deploy.{operand}": "true" for operand in OPERANDS},
         "nvidia.com/gpu.family": "hopper", "nvidia.com/gpu.machine": "p5.48xlarge", "nvidia.com/gpu.memory": "81559",
         "nvidia.com/gpu.mode": "compute", "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.replicas": "1",

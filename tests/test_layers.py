@@ -10,6 +10,8 @@ module of gpugate, and opens no file.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -171,18 +173,6 @@ def gpu_fact_rederivations(tree: ast.AST) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("module", OUTSIDE_KUBE)
-def test_no_module_outside_kube_rederives_a_gpu_fact(module: str) -> None:
-    found = gpu_fact_rederivations(ast.parse(module_path(module).read_text()))
-    assert not found, f"{module} re-derives what webhook/kube/ holds: {found}"
-
-
-def test_the_rederivation_check_sees_one(tmp_path: Path) -> None:
-    tree = ast.parse("share = g / 7\nkey = 'deviceClassName'\npat = r'^nvidia\\.com/mig-[0-9]+g'\n"
-                     "na = spec['affinity'].get('nodeAffinity')\nclass Toleration: pass\n")
-    assert len(gpu_fact_rederivations(tree)) == 5
-
-
 # --- one reading of what a pod demands (issue 24) -------------------------------------------------
 # kube/demand.py reads a pod's requests, claims, DRA-backed resources and right-sizing labels into
 # one PodDemand; a module elsewhere that calls the readers under it, or declares a demand shape of
@@ -219,16 +209,40 @@ OUTSIDE_DEMAND = sorted(name for name in placed()
                                         "webhook.kube.allocations") and name not in TRACE_ROWS)
 
 
-@pytest.mark.parametrize("module", OUTSIDE_DEMAND)
-def test_no_module_reads_a_pods_demand_a_second_way(module: str) -> None:
-    found = demand_rederivations(ast.parse(module_path(module).read_text()))
-    assert not found, f"{module} re-reads what kube.demand.PodDemand holds: {found}"
+# --- each rule with one home, checked over the modules outside it ---------------------------------
+@dataclass(frozen=True)
+class OneHome:
+    """A rule with one home: the finder of a second writing of it, the modules it must not be in,
+    and a sample the finder must flag ``in_sample`` times (so a finder that sees nothing fails)."""
+
+    finder: Callable[[ast.AST], list[str]]
+    modules: list[str]
+    says: str
+    sample: str
+    in_sample: int
 
 
-def test_the_demand_check_sees_one(tmp_path: Path) -> None:
-    tree = ast.parse("from webhook.kube.pods import effective_requests\nn = pods.gpu_requests(p)\n"
-                     "r = claims.pod_claim_refs(p)\nclass Demand: pass\nclass Ask:\n    fraction: float\n")
-    assert len(demand_rederivations(tree)) == 5
+ONE_HOME = {
+    "gpu fact": OneHome(gpu_fact_rederivations, OUTSIDE_KUBE, "re-derives what webhook/kube/ holds",
+                        "share = g / 7\nkey = 'deviceClassName'\npat = r'^nvidia\\.com/mig-[0-9]+g'\n"
+                        "na = spec['affinity'].get('nodeAffinity')\nclass Toleration: pass\n", 5),
+    "pod demand": OneHome(demand_rederivations, OUTSIDE_DEMAND, "re-reads what kube.demand.PodDemand holds",
+                          "from webhook.kube.pods import effective_requests\nn = pods.gpu_requests(p)\n"
+                          "r = claims.pod_claim_refs(p)\nclass Demand: pass\nclass Ask:\n    fraction: float\n", 5),
+}
+
+
+@pytest.mark.parametrize(("rule", "module"), [(rule, m) for rule, home in ONE_HOME.items() for m in home.modules])
+def test_no_module_writes_a_rule_with_one_home_again(rule: str, module: str) -> None:
+    home = ONE_HOME[rule]
+    found = home.finder(ast.parse(module_path(module).read_text()))
+    assert not found, f"{module} {home.says}: {found}"
+
+
+@pytest.mark.parametrize("rule", sorted(ONE_HOME))
+def test_each_one_home_check_sees_a_second_writing(rule: str) -> None:
+    home = ONE_HOME[rule]
+    assert len(home.finder(ast.parse(home.sample))) == home.in_sample
 
 
 # --- no cycles, no sideways imports between products, small rooms (issue 31) ---------------------

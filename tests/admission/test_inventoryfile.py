@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.clock import Clock
 from webhook.admission.inventoryfile import InventoryFile
 from webhook.kube import inventory
 
@@ -14,14 +15,6 @@ from webhook.kube import inventory
 def document(**fields) -> str:
     return json.dumps({"apiVersion": inventory.API_VERSION, "kind": inventory.KIND,
                        "generatedAt": "2026-12-01T00:00:00Z", **fields})
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_changes_are_picked_up_and_a_bad_file_keeps_the_last_good_one(tmp_path: Path) -> None:

@@ -8,12 +8,10 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.admission.harness import SERVICE_HOST, Server, copy_policies, example_pod, review_of
+from tests.admission.harness import SERVICE_HOST, Server, example_pod, review_of
 from tests.admission.test_worker import read_response, tls_socket
 from webhook.admission import framing, leanpath
 
@@ -67,15 +65,6 @@ def test_an_answer_is_a_whole_http_message() -> None:
 
 # --- on a real server -----------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def live(module_tmp: Path) -> Iterator[Server]:
-    srv = Server(module_tmp, policies=copy_policies(module_tmp / "policies")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 def exchange(server: Server, *requests: bytes) -> list[tuple[int, bytes]]:
     """Status and body of each answer, all on one kept-alive connection."""
     with tls_socket(server) as sock:
@@ -94,11 +83,11 @@ def chunked_call(body: bytes, path: bytes = b"/mutate") -> bytes:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("endpoint", [b"/mutate", b"/validate"])
-def test_the_lean_and_the_full_path_give_the_same_answer(live: Server, endpoint: bytes) -> None:
+def test_the_lean_and_the_full_path_give_the_same_answer(server: Server, endpoint: bytes) -> None:
     gpu_pod = example_pod()
     payload = json.dumps(review_of(gpu_pod)).encode()
     (lean_status, lean), (full_status, full) = exchange(
-        live, api_server_call(payload, path=endpoint + b"?timeout=10s"), chunked_call(payload, endpoint))
+        server, api_server_call(payload, path=endpoint + b"?timeout=10s"), chunked_call(payload, endpoint))
     assert lean_status == full_status == 200
     assert json.loads(lean) == json.loads(full)
     if endpoint == b"/mutate":
@@ -106,22 +95,22 @@ def test_the_lean_and_the_full_path_give_the_same_answer(live: Server, endpoint:
 
 
 @pytest.mark.slow
-def test_malformed_json_gets_400_naming_the_problem_and_the_connection_serves_on(live: Server) -> None:
+def test_malformed_json_gets_400_naming_the_problem_and_the_connection_serves_on(server: Server) -> None:
     good = json.dumps(review_of(example_pod())).encode()
-    answers = exchange(live, api_server_call(b'{"apiVersion": '), api_server_call(b"[1, 2]"),
+    answers = exchange(server, api_server_call(b'{"apiVersion": '), api_server_call(b"[1, 2]"),
                        api_server_call(good))
     (bad_status, bad), (wrong_status, wrong), (ok_status, ok) = answers
     assert bad_status == 400 and json.loads(bad)["code"] == 400 and "JSON" in json.loads(bad)["error"]
     assert wrong_status == 400 and json.loads(wrong)["error"]
     assert ok_status == 200 and json.loads(ok)["response"]["allowed"] is True
-    lines = [line for line in live.log_lines() if line.get("result") == "bad_request"]
+    lines = [line for line in server.log_lines() if line.get("result") == "bad_request"]
     assert len(lines) >= 2 and all(line["endpoint"] == "mutate" for line in lines)
 
 
 @pytest.mark.slow
-def test_connection_close_is_honoured(live: Server) -> None:
+def test_connection_close_is_honoured(server: Server) -> None:
     payload = json.dumps(review_of(example_pod())).encode()
-    with tls_socket(live) as sock:
+    with tls_socket(server) as sock:
         sock.sendall(api_server_call(payload, extra=b"Connection: close\r\n"))
         sock.settimeout(10)
         data = b""
@@ -133,16 +122,16 @@ def test_connection_close_is_honoured(live: Server) -> None:
 
 
 @pytest.mark.slow
-def test_a_client_that_reads_late_gets_every_pipelined_answer_in_order(live: Server) -> None:
+def test_a_client_that_reads_late_gets_every_pipelined_answer_in_order(server: Server) -> None:
     """The loop answers lean requests itself, one after another from its buffer, without blocking; a
     client reading late gets them all, in order. (Should the socket not take an answer whole, the rest
     goes to a thread; this test does not fill the server's send buffer, which grows to 4 MiB.)"""
     count = 300
     sent = [review_of(example_pod()) for _ in range(count)]
-    context = ssl.create_default_context(cafile=str(live.ca))
+    context = ssl.create_default_context(cafile=str(server.ca))
     raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     raw.settimeout(10)
-    raw.connect(("127.0.0.1", live.port))
+    raw.connect(("127.0.0.1", server.port))
     with context.wrap_socket(raw, server_hostname=SERVICE_HOST) as sock:
         # Sent from a thread: the server stops reading while an answer waits for the window, so a
         # client must read and write at once (as any pipelining client must).

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from tests.clock import Clock
 from tests.kubefake import FakeKube
 from webhook.balancer.backoff import Backoff
 from webhook.balancer.lease import LeaderElector, Observation, may_acquire
@@ -28,17 +29,9 @@ def test_a_held_lease_is_taken_only_after_its_duration_since_we_saw_it_change(sp
     assert may_acquire(spec, me="me", observed=SEEN, now=now) is expected
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_expiry_is_judged_on_the_local_clock_not_the_holders_renew_time(fake_kube: FakeKube) -> None:
     settings = dict(name="l", namespace="ns", duration=10.0, renew_deadline=5.0, retry_period=1.0)
-    clock_a, clock_b = Clock(), Clock()
+    clock_a, clock_b = Clock(1000.0), Clock(1000.0)
     a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **settings), clock=clock_a)
     b = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="b", **settings), clock=clock_b)
     assert a.try_acquire_or_renew() and a.is_leader()
@@ -57,8 +50,8 @@ def test_expiry_is_judged_on_the_local_clock_not_the_holders_renew_time(fake_kub
 
 def test_release_empties_the_holder_so_a_standby_need_not_wait(fake_kube: FakeKube) -> None:
     settings = dict(name="l", namespace="ns", duration=10.0, renew_deadline=5.0, retry_period=1.0)
-    a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **settings), clock=Clock())
-    b = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="b", **settings), clock=Clock())
+    a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **settings), clock=Clock(1000.0))
+    b = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="b", **settings), clock=Clock(1000.0))
     assert a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew()
     a.release()

@@ -153,15 +153,23 @@ def test_renews_when_due_and_keeps_the_old_ca_trusted_meanwhile(fake_kube: FakeK
     assert _writes(fake_kube, seen) == []
 
 
-def test_a_concurrent_change_of_the_secret_is_an_error_not_a_mix(fake_kube: FakeKube) -> None:
-    secret, _ = _due_secret(datetime.now(UTC), remaining_days=1)
-    fake_kube.put(secret)
+@pytest.mark.parametrize(("due", "method", "path", "code", "says", "hint"), [
+    (True, "PUT", rf"/secrets/{SECRET}$", 409, "cannot replace Secret", "run again"),
+    (False, "POST", r"/secrets$", 403, "cannot create Secret", "RBAC"),
+], ids=["a concurrent change of the secret", "no right to create it"])
+def test_api_errors_name_the_object_and_the_status_and_no_ca_bundle_moves(
+        fake_kube: FakeKube, due: bool, method: str, path: str, code: int, says: str, hint: str) -> None:
+    """A failed write of the Secret (a renewal that lost a race, a create RBAC refuses) is an error
+    naming the object, the status and what to do; no caBundle is patched to a CA that was not saved."""
+    if due:
+        secret, _ = _due_secret(datetime.now(UTC), remaining_days=1)
+        fake_kube.put(secret)
     _load_webhook_configs(fake_kube)
-    fake_kube.fail_next("PUT", rf"/secrets/{SECRET}$", code=409)
+    fake_kube.fail_next(method, path, code=code)
     result = _run(fake_kube)
     assert result.exit_code == 1
-    assert f"cannot replace Secret {NAMESPACE}/{SECRET}: HTTP 409" in result.output
-    assert "run again" in result.output
+    assert f"{says} {NAMESPACE}/{SECRET}: HTTP {code}" in result.output
+    assert hint in result.output
     assert not [r for r in fake_kube.requests if r.method == "PATCH"], "caBundles must not move to an unsaved CA"
 
 
@@ -229,15 +237,6 @@ def test_missing_webhook_configurations_fail_with_a_clear_error(fake_kube: FakeK
         result.output
     # The Secret was made: the retry only has to patch.
     assert fake_kube.get("v1", "Secret", SECRET, NAMESPACE) is not None
-
-
-def test_api_errors_name_the_object_and_the_status(fake_kube: FakeKube) -> None:
-    _load_webhook_configs(fake_kube)
-    fake_kube.fail_next("POST", r"/secrets$", code=403)
-    result = _run(fake_kube)
-    assert result.exit_code == 1
-    assert f"cannot create Secret {NAMESPACE}/{SECRET}: HTTP 403" in result.output
-    assert "RBAC" in result.output
 
 
 # --- usage ----------------------------------------------------------------------------------------

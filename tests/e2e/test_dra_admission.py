@@ -55,31 +55,22 @@ from tests.e2e.webhook_fixture import (
     kustomize,
     serving,
 )
+from tests.policy.kit import policy
 from webhook.kube import claims
 
 WEBHOOK_BASE = ROOT / "manifests" / "webhook"
-PINNED_POLICY = """\
-apiVersion: gpugate.io/v1alpha1
-kind: GPUPolicy
-metadata: {name: e2e-dra-pinned}
-spec:
-  priority: 500
-  match: {namespaces: ["pinned-*"]}
-  gpu:
-    max: 4
-    products: [NVIDIA-H100-80GB-HBM3, NVIDIA-A100-SXM4-80GB]
-    families: [hopper, ampere]
-    minMemoryMiB: 40000
-"""
-A100_POLICY = """\
-apiVersion: gpugate.io/v1alpha1
-kind: GPUPolicy
-metadata: {name: e2e-dra-a100}
-spec:
-  priority: 500
-  match: {namespaces: ["a100-*"]}
-  gpu: {products: [NVIDIA-A100-SXM4-80GB], families: [ampere], minMemoryMiB: 80000}
-"""
+PINNED_POLICY = policy("e2e-dra-pinned", """
+    match: {namespaces: ["pinned-*"]}
+    gpu:
+      max: 4
+      products: [NVIDIA-H100-80GB-HBM3, NVIDIA-A100-SXM4-80GB]
+      families: [hopper, ampere]
+      minMemoryMiB: 40000
+""", priority=500)
+A100_POLICY = policy("e2e-dra-a100", """
+    match: {namespaces: ["a100-*"]}
+    gpu: {products: [NVIDIA-A100-SXM4-80GB], families: [ampere], minMemoryMiB: 80000}
+""", priority=500)
 Obj = dict[str, Any]
 
 

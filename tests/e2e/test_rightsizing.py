@@ -33,25 +33,20 @@ from tests.e2e.webhook_fixture import (
     read_pod,
     shipped_webhook,
 )
+from tests.policy.kit import policy
 
-POLICY = """\
-apiVersion: gpugate.io/v1alpha1
-kind: GPUPolicy
-metadata:
-  name: e2e-rightsizing
-spec:
-  priority: 100
-  match:
-    namespaces: ["rs-*"]
-  tolerations: auto
-  rightsizing:
-    migStrategy: mixed
-    ladder:
-      - {mig: 1g.10gb}
-      - {mig: 2g.20gb}
-      - {mig: 3g.40gb}
-      - {resource: nvidia.com/gpu, memory: 80Gi}
-"""
+POLICY = policy("e2e-rightsizing", """
+    match:
+      namespaces: ["rs-*"]
+    tolerations: auto
+    rightsizing:
+      migStrategy: mixed
+      ladder:
+        - {mig: 1g.10gb}
+        - {mig: 2g.20gb}
+        - {mig: 3g.40gb}
+        - {resource: nvidia.com/gpu, memory: 80Gi}
+""", priority=100)
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 

@@ -43,29 +43,24 @@ from tests.e2e.webhook_fixture import (
     read_pod,
     shipped_webhook,
 )
+from tests.policy.kit import policy
 from webhook import names
 from webhook.kube import allocations, rightsizedclaims
 
 POOL = "e2e.gpugate.io/rightsizing-dra"
-POLICY = """\
-apiVersion: gpugate.io/v1alpha1
-kind: GPUPolicy
-metadata:
-  name: e2e-rightsizing-dra
-spec:
-  priority: 100
-  match:
-    namespaces: ["rsd-*"]
-  tolerations: auto
-  rightsizing:
-    through: dra
-    ladder:
-      - {mig: 1g.10gb}
-      - {mig: 2g.20gb}
-      - {mig: 3g.40gb}
-      - {resource: nvidia.com/gpu.shared, memory: 80Gi, compute: 1}
-      - {resource: nvidia.com/gpu, memory: 80Gi}
-"""
+POLICY = policy("e2e-rightsizing-dra", """
+    match:
+      namespaces: ["rsd-*"]
+    tolerations: auto
+    rightsizing:
+      through: dra
+      ladder:
+        - {mig: 1g.10gb}
+        - {mig: 2g.20gb}
+        - {mig: 3g.40gb}
+        - {resource: nvidia.com/gpu.shared, memory: 80Gi, compute: 1}
+        - {resource: nvidia.com/gpu, memory: 80Gi}
+""", priority=100)
 H100 = "NVIDIA H100 80GB HBM3"
 
 

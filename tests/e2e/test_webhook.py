@@ -77,6 +77,7 @@ from tests.e2e.webhook_fixture import (
     read_pod,
     serving,
 )
+from tests.policy.kit import policy
 from tests.prerequisites import needed
 
 WEBHOOK_BASE = ROOT / "manifests" / "webhook"
@@ -89,22 +90,16 @@ TLS_SECRET = "gpugate-webhook-tls"
 CERTS_SERVICE_ACCOUNT = "gpugate-certs"
 
 # The test policy: a class for batch GPU pods that must never preempt (PriorityClass below).
-BATCH_POLICY = """\
-apiVersion: gpugate.io/v1alpha1
-kind: GPUPolicy
-metadata:
-  name: e2e-batch-priority
-spec:
-  priority: 100
-  match:
-    namespaces: ["batch-*"]
-  gpu:
-    resource: nvidia.com/gpu
-    default: 1
-    max: 4
-  tolerations: auto
-  priorityClassName: e2e-batch-never
-"""
+BATCH_POLICY = policy("e2e-batch-priority", """
+    match:
+      namespaces: ["batch-*"]
+    gpu:
+      resource: nvidia.com/gpu
+      default: 1
+      max: 4
+    tolerations: auto
+    priorityClassName: e2e-batch-never
+""", priority=100)
 GLOBAL_DEFAULT_CLASS = "e2e-global-default"
 BATCH_CLASS = "e2e-batch-never"
 

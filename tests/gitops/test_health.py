@@ -28,8 +28,25 @@ def _patch_data() -> dict[str, str]:
     return yaml.safe_load(PATCH_FILE.read_text())["data"]
 
 
-def _open_libs(group: str, kind: str) -> bool:
-    return _patch_data().get(f"resource.customizations.useOpenLibs.{group}_{kind}") == "true"
+def _block_kinds(glob: str) -> tuple[str, set[str]]:
+    """``group/{A,B}`` (or ``group/A``) of the resource.customizations block: group and kinds."""
+    group, _, kinds = glob.partition("/")
+    return group, set(kinds.removeprefix("{").removesuffix("}").split(","))
+
+
+def installed(group: str, kind: str) -> tuple[str, bool]:
+    """The script the shipped argocd-cm patch runs for ``group/kind``, and its useOpenLibs: a split
+    key first, then a block entry whose glob names the kind (the order of argo-cd util/lua/lua.go
+    GetHealthScript)."""
+    data = _patch_data()
+    split = data.get(f"resource.customizations.health.{group}_{kind}")
+    if split is not None:
+        return split, data.get(f"resource.customizations.useOpenLibs.{group}_{kind}") == "true"
+    for glob, entry in (yaml.safe_load(data.get("resource.customizations") or "{}") or {}).items():
+        glob_group, kinds = _block_kinds(glob)
+        if glob_group == group and kind in kinds:
+            return entry["health.lua"], entry.get("health.lua.useOpenLibs") is True
+    raise AssertionError(f"the argocd-cm patch has no health check for {group}/{kind}")
 
 
 def _cases() -> list[tuple[str, Path, dict]]:
@@ -46,10 +63,11 @@ CASES = _cases()
 
 
 def test_every_required_kind_has_a_tested_check():
-    """ClusterPolicy, NVIDIADriver, Application and CustomResourceDefinition each have a script and cases."""
+    """ClusterPolicy, NVIDIADriver, Application and CustomResourceDefinition each have a script
+    (their own or their group's) and cases."""
     for group_kind in REQUIRED_KINDS:
         kind_dir = HEALTH_DIR / group_kind
-        assert (kind_dir / "health.lua").is_file(), group_kind
+        assert (kind_dir / "health.lua").is_file() or (kind_dir.parent / "health.lua").is_file(), group_kind
         cases = yaml.safe_load((kind_dir / "health_test.yaml").read_text())["tests"]
         assert len(cases) >= 5, f"{group_kind}: too few cases"
 
@@ -58,8 +76,9 @@ def test_every_required_kind_has_a_tested_check():
 def test_health_case(case_id, kind_dir, case):
     """Each case yields exactly the expected status and message in the argocd-cm sandbox."""
     obj = yaml.safe_load((kind_dir / case["inputPath"]).read_text())
-    script = (kind_dir / "health.lua").read_text()
-    got = run_health(script, obj, open_libs=_open_libs(kind_dir.parent.name, kind_dir.name))
+    assert obj["kind"] == kind_dir.name, "a fixture is an object of its folder's kind"
+    script, open_libs = installed(kind_dir.parent.name, kind_dir.name)
+    got = run_health(script, obj, open_libs=open_libs)
     expected = {"status": case["healthStatus"]["status"]}
     if case["healthStatus"].get("message"):
         expected["message"] = case["healthStatus"]["message"]
@@ -82,17 +101,40 @@ def test_testdata_files_are_all_used_and_named_for_their_verdict():
 @pytest.mark.parametrize("kind", ["ClusterPolicy", "NVIDIADriver"])
 def test_unexpected_state_is_unknown_not_a_crash(kind):
     """A state the CRD enum does not know is reported as Unknown with the state named."""
-    script = (HEALTH_DIR / "nvidia.com" / kind / "health.lua").read_text()
-    got = run_health(script, {"status": {"state": "rebooting"}}, open_libs=False)
+    script, _ = installed("nvidia.com", kind)
+    got = run_health(script, {"kind": kind, "status": {"state": "rebooting"}}, open_libs=False)
     assert got == {"status": "Unknown", "message": f"{kind} reports an unexpected state: rebooting"}
 
 
 def test_clusterpolicy_error_condition_false_does_not_degrade():
     """Only a True Error condition counts: the operator keeps a False one with reason Ready."""
-    script = (HEALTH_DIR / "nvidia.com" / "ClusterPolicy" / "health.lua").read_text()
-    obj = {"status": {"state": "notReady", "conditions": [
+    script, _ = installed("nvidia.com", "ClusterPolicy")
+    obj = {"kind": "ClusterPolicy", "status": {"state": "notReady", "conditions": [
         {"type": "Error", "status": "False", "reason": "ReconcileFailed", "message": "old"}]}}
     assert run_health(script, obj, open_libs=False)["status"] == "Progressing"
+
+
+@pytest.mark.parametrize(("state", "reason", "cluster_policy"), [
+    ("disabled", "Reconciled", {"status": "Unknown", "message": "ClusterPolicy reports an unexpected state: disabled"}),
+    ("notReady", "ConflictingNodeSelector",
+     {"status": "Progressing", "message": "ClusterPolicy is not ready (ConflictingNodeSelector): m"}),
+])
+def test_what_only_an_nvidiadriver_writes_means_nothing_special_on_a_clusterpolicy(state, reason, cluster_policy):
+    """The one nvidia.com script branches on obj.kind: ``disabled`` and ConflictingNodeSelector are
+    NVIDIADriver writes (Suspended, Degraded); a ClusterPolicy is judged as before the two scripts
+    were one (its own rules never name them)."""
+    script, _ = installed("nvidia.com", "ClusterPolicy")
+    status = {"state": state, "conditions": [{"type": "Error", "status": "True", "reason": reason, "message": "m"}]}
+    assert run_health(script, {"kind": "ClusterPolicy", "status": status}, open_libs=False) == cluster_policy
+    driver = run_health(script, {"kind": "NVIDIADriver", "status": status}, open_libs=False)
+    assert driver["status"] == ("Suspended" if state == "disabled" else "Degraded")
+
+
+def test_a_kind_the_nvidia_script_has_no_rules_for_is_unknown():
+    script, _ = installed("nvidia.com", "ClusterPolicy")
+    got = run_health(script, {"kind": "NVIDIADriverPool", "status": {"state": "ready"}}, open_libs=False)
+    assert got == {"status": "Unknown",
+                   "message": "gpugate's GPU Operator health check has no rules for kind NVIDIADriverPool"}
 
 
 # --- CustomResourceDefinition: what the apiextensions-apiserver writes ----------------------
@@ -236,14 +278,19 @@ def test_checked_in_patch_equals_generator_output():
 
 
 def test_patch_installs_each_script_verbatim_and_no_open_libs():
-    """Each data entry is the file's text; none of our scripts needs string/math."""
+    """Each kind's script is installed as the file's text: a ``<Kind>/health.lua`` under its split
+    key, the ``nvidia.com/health.lua`` once, in the block under a glob naming exactly the kind
+    folders it serves; none of our scripts needs string/math."""
     data = _patch_data()
-    scripts = sorted(HEALTH_DIR.glob("*/*/health.lua"))
-    assert len(scripts) == 4
-    for path in scripts:
+    assert len(sorted(HEALTH_DIR.glob("*/*/health.lua"))) == 2
+    for path in sorted(HEALTH_DIR.glob("*/*/health.lua")):
         key = f"{path.parent.parent.name}_{path.parent.name}"
         assert data[f"resource.customizations.health.{key}"] == path.read_text()
+    block = yaml.safe_load(data["resource.customizations"])
+    assert block == {"nvidia.com/{ClusterPolicy,NVIDIADriver}": {
+        "health.lua": (HEALTH_DIR / "nvidia.com" / "health.lua").read_text()}}
     assert not [k for k in data if k.startswith("resource.customizations.useOpenLibs.")]
+    assert not [k for k in data if k.startswith("resource.customizations.health.nvidia.com")]
 
 
 def _write_check(root: Path, group: str, kind: str, script: str) -> None:
@@ -270,6 +317,24 @@ def test_generator_sets_use_open_libs_only_for_scripts_that_need_it(tmp_path):
         assert run_health(script, {}, open_libs=open_libs) == {"status": "Healthy"}
 
 
+def test_a_group_script_goes_in_the_block_under_its_tested_kinds(tmp_path):
+    """``<group>/health.lua`` serves the kind folders beside it that have no script of their own:
+    one block entry whose glob names exactly those kinds; a kind with its own script keeps its
+    split key; a kind folder without cases is refused."""
+    _write_check(tmp_path, "example.com", "Own", 'return {status = "Healthy"}\n')
+    for kind in ("Beta", "Alpha"):
+        _write_check(tmp_path, "example.com", kind, "")
+        (tmp_path / "example.com" / kind / "health.lua").unlink()
+    (tmp_path / "example.com" / "health.lua").write_text(STRING_FIND)
+    data = yaml.safe_load(argocd_cmd.render_health_patch(argocd_cmd.load_health_checks(tmp_path)))["data"]
+    assert yaml.safe_load(data["resource.customizations"]) == {
+        "example.com/{Alpha,Beta}": {"health.lua": STRING_FIND, "health.lua.useOpenLibs": True}}
+    assert set(data) == {"resource.customizations", "resource.customizations.health.example.com_Own"}
+    (tmp_path / "example.com" / "Gamma").mkdir()
+    with pytest.raises(argocd_cmd.GpugateError, match="no health_test.yaml in Gamma"):
+        argocd_cmd.load_health_checks(tmp_path)
+
+
 def test_untested_script_is_refused(tmp_path):
     kind_dir = tmp_path / "example.com" / "Untested"
     kind_dir.mkdir(parents=True)
@@ -283,7 +348,7 @@ def test_cli_check_fails_on_drift_and_write_fixes_it(tmp_path):
     from webhook.cli import main
 
     out = tmp_path / "argocd-cm-health.yaml"
-    out.write_text(PATCH_FILE.read_text().replace("ClusterPolicy is ready", "ClusterPolicy is fine"))
+    out.write_text(PATCH_FILE.read_text().replace("CRD is established", "CRD is fine"))
     runner = CliRunner()
     args = ["argocd", "health-patch", "--health-dir", str(HEALTH_DIR), "--out", str(out)]
     stale = runner.invoke(main, [*args, "--check"])

@@ -4,7 +4,7 @@ Issue 14 item 5: fixtures for an "ignored" ClusterPolicy (the controller never s
 and for an NVIDIADriver that is "ignored" or reports NoGPUNodes (that controller writes neither)
 had health branches of their own. Here every fixture must cite the code path that writes it and
 match one of the writes below, transcribed from the controllers; and the scripts carry no branch
-for a state or reason nobody writes.
+for a state or reason nobody writes (for the kind: ClusterPolicy and NVIDIADriver share one script).
 
 Writes (NVIDIA/gpu-operator, the controllers at the pinned release line):
 - ``controllers/clusterpolicy_controller.go`` Reconcile + ``internal/conditions/clusterpolicy.go``
@@ -16,12 +16,14 @@ Writes (NVIDIA/gpu-operator, the controllers at the pinned release line):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.gitops.luasandbox import run_health
+from tests.gitops.test_health import installed
 
 HEALTH = Path(__file__).resolve().parents[2] / "argocd" / "health" / "nvidia.com"
 
@@ -107,9 +109,21 @@ def test_fixture_is_a_status_the_operator_writes_and_cites_where(kind: str, path
     ("NVIDIADriver", "NoGPUNodes"),
 ])
 def test_no_branch_for_what_the_operator_never_writes(kind: str, never: str) -> None:
-    code = "\n".join(line for line in (HEALTH / kind / "health.lua").read_text().splitlines()
-                     if not line.lstrip().startswith("--"))
-    assert not re.search(rf'"{never}"', code), f"{kind} health.lua still branches on {never}"
+    """The one nvidia.com script gives a state or reason the kind never writes no verdict of its
+    own: an ``ignored`` state is just unexpected (Unknown), an NVIDIADriver's Ready=True NoGPUNodes
+    reads as any Ready=True (the ClusterPolicy's NoGPUNodes message is not its)."""
+    script, _ = installed("nvidia.com", kind)
+    if never == "ignored":
+        status: dict = {"state": "ignored"}
+        want = {"status": "Unknown", "message": f"{kind} reports an unexpected state: ignored"}
+    else:
+        status = {"state": "ready", "conditions": [
+            {"type": "Ready", "status": "True", "reason": never, "message": "m"},
+            {"type": "Error", "status": "False", "reason": "Ready", "message": ""}]}
+        want = {"status": "Healthy", "message": f"{kind} is ready: m"}
+    assert run_health(script, {"kind": kind, "status": status}, open_libs=False) == want
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("--"))
+    assert '"ignored"' not in code, "the script branches on the state ignored"
     assert not any(never.lower() in p.name.lower() for _, p in FIXTURES if p.parent.parent.name == kind)
 
 

@@ -27,6 +27,7 @@ import yaml
 from tests.gitops.argosync import Obj, label, simulate
 from tests.gitops.gitopsdata import ARGOCD, REPO, SHARED, kustomize
 from tests.gitops.luasandbox import run_health
+from tests.gitops.test_health import installed
 from tests.helmtool import helm_binary
 from tests.prerequisites import needed
 from webhook.stack import chartrender, manifests
@@ -64,7 +65,9 @@ def _statuses(kind: str) -> list[tuple[str, dict | None]]:
 
 
 def _lua(group_kind: str, obj: Obj) -> str | None:
-    result = run_health((HEALTH / group_kind / "health.lua").read_text(), obj, open_libs=False)
+    """The status the shipped argocd-cm script for ``group_kind`` gives ``obj``."""
+    script, open_libs = installed(*group_kind.split("/"))
+    result = run_health(script, obj, open_libs=open_libs)
     return result.get("status")
 
 

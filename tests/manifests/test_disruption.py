@@ -14,15 +14,16 @@ import pytest
 import yaml
 
 from tests.manifests.helpers import MANIFESTS, Obj, find, one, pod_specs, render_variant
+from webhook.kube.affinity import Requirement
 from webhook.policy import matching
-from webhook.policy.model import LabelSelector, SelectorRequirement
+from webhook.policy.model import LabelSelector
 from webhook.stack import manifestcheck
 
 
 def selector(raw: Obj) -> LabelSelector:
     return LabelSelector(
         match_labels=tuple(sorted((raw.get("matchLabels") or {}).items())),
-        match_expressions=tuple(SelectorRequirement(e["key"], e["operator"], tuple(e.get("values") or ()))
+        match_expressions=tuple(Requirement(e["key"], e["operator"], tuple(e.get("values") or ()))
                                 for e in raw.get("matchExpressions") or ()))
 
 

@@ -7,8 +7,9 @@ import pytest
 from tests.policy.kit import container, load, pod, policy
 from webhook.admission import mutation
 from webhook.errors import PolicyLoadError
+from webhook.kube.affinity import Requirement
 from webhook.policy import matching
-from webhook.policy.model import LabelSelector, SelectorRequirement
+from webhook.policy.model import LabelSelector
 
 GPU_POD = pod(container(gpus=1))
 
@@ -43,7 +44,7 @@ def test_an_empty_include_list_matches_no_namespace():
 
 
 def req(key, op, *values):
-    return SelectorRequirement(key, op, values)
+    return Requirement(key, op, values)
 
 
 @pytest.mark.parametrize(("selector", "labels", "matches"), [

@@ -6,8 +6,9 @@ from fnmatch import fnmatchcase
 
 import pytest
 
+from webhook.kube.affinity import Requirement
 from webhook.policy import overlap
-from webhook.policy.model import LabelSelector, Match, SelectorRequirement
+from webhook.policy.model import LabelSelector, Match
 
 
 @pytest.mark.parametrize(("a", "b", "intersect", "witness"), [
@@ -47,8 +48,8 @@ def test_glob_intersection_agrees_with_fnmatch_on_a_brute_force_alphabet():
             assert overlap.globs_intersect(a, b) is brute, (a, b)
 
 
-def req(key: str, op: str, *values: str) -> SelectorRequirement:
-    return SelectorRequirement(key, op, values)
+def req(key: str, op: str, *values: str) -> Requirement:
+    return Requirement(key, op, values)
 
 
 @pytest.mark.parametrize(("a", "b", "can_overlap"), [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -63,6 +64,12 @@ def status_command(repo: Path, kube: bool, server: str | None, output: str) -> N
 # ---------------------------------------------------------------------------- plan / upgrade / promote
 
 
+def finishing_options(func: Any) -> Any:
+    """What every command that ends in :func:`_finish` takes for it: the workspace (``where``), the
+    output format (``output``) and the click context (``ctx``)."""
+    return workspace_options(output_option(click.pass_context(func)))
+
+
 def _finish(ctx: click.Context, where: Workspace, prepared: stack_upgrade.Prepared, output: str, *,
             check_only: bool = False) -> None:
     """Print the plan (``check_only``: exit 0 if it passes, 1 if not), or make its commit."""
@@ -75,31 +82,33 @@ def _finish(ctx: click.Context, where: Workspace, prepared: stack_upgrade.Prepar
 @stack.command("plan", short_help="Print a change's checks and commits.")
 @change_options
 @cluster_option
-@workspace_options
-@output_option
-@click.pass_context
+@finishing_options
 def plan_command(ctx: click.Context, request: planning.Request, kube: bool, server: str | None, where: Workspace,
                  output: str) -> None:
     """Print every check (pass/fail and why) and the commits an upgrade would make; exit 1 if any fails."""
-    prepared = stack_upgrade.prepare_upgrade(where.root, request, schema_root=where.schema_root,
-                                             cluster_policies=lister(kube, server), chart=where.chart(),
-                                             for_commit=False)
-    _finish(ctx, where, prepared, output, check_only=True)
+    _upgrade(ctx, request, kube, server, where, output, check_only=True)
 
 
 @stack.command("upgrade", short_help="Check a change and make one commit.")
 @change_options
 @cluster_option
-@workspace_options
-@output_option
-@click.pass_context
+@finishing_options
 def upgrade_command(ctx: click.Context, request: planning.Request, kube: bool, server: str | None, where: Workspace,
                     output: str) -> None:
     """Check, edit stack.yaml and every derived file, render the chart, re-validate, and make one commit."""
-    where.clean_repo()
+    _upgrade(ctx, request, kube, server, where, output, check_only=False)
+
+
+def _upgrade(ctx: click.Context, request: planning.Request, kube: bool, server: str | None, where: Workspace,
+             output: str, *, check_only: bool) -> None:
+    """``plan`` is ``upgrade`` that only prints: the same request, the same checks, no commit (and
+    so no need for a clean working tree)."""
+    if not check_only:
+        where.clean_repo()
     prepared = stack_upgrade.prepare_upgrade(where.root, request, schema_root=where.schema_root,
-                                             cluster_policies=lister(kube, server), chart=where.chart())
-    _finish(ctx, where, prepared, output)
+                                             cluster_policies=lister(kube, server), chart=where.chart(),
+                                             for_commit=not check_only)
+    _finish(ctx, where, prepared, output, check_only=check_only)
 
 
 @stack.command("promote", short_help="Carry a pool's driver to other pools.")
@@ -110,9 +119,7 @@ def upgrade_command(ctx: click.Context, request: planning.Request, kube: bool, s
 @click.option("--server", default=None, help="API server URL for the canary gate (default: in-cluster or kubeconfig).")
 @click.option("--to", "to", required=True, help="A pool name, or all for every other pool.")
 @waiver_options("unvalidated_driver", "unlisted_driver", "driver_downgrade")
-@workspace_options
-@output_option
-@click.pass_context
+@finishing_options
 def promote_command(ctx: click.Context, source: str, force: bool, server: str | None, to: str, waivers: Waivers,
                     where: Workspace, output: str) -> None:
     """Carry the canary pool's driver to another pool (or all) in one commit, once every node of the
@@ -128,9 +135,7 @@ def promote_command(ctx: click.Context, source: str, force: bool, server: str | 
 @stack.command("sync", short_help="Commit a hand edit of stack.yaml, checked.")
 @click.option("--check", "check_only", is_flag=True, help="Only print the checks and the commit; write nothing.")
 @waiver_options("unvalidated_driver", "unlisted_driver", "driver_downgrade")
-@workspace_options
-@output_option
-@click.pass_context
+@finishing_options
 def sync_command(ctx: click.Context, check_only: bool, waivers: Waivers, where: Workspace, output: str) -> None:
     """Commit a hand edit of stack.yaml (a pool's upgradePolicy, a new pool) and its derived files, after the checks."""
     git_repo = where.clean_repo(allow=(manifests.STACK_FILE,))
@@ -142,9 +147,7 @@ def sync_command(ctx: click.Context, check_only: bool, waivers: Waivers, where: 
 @stack.command("rollback", short_help="Undo the newest stack commit, checked.")
 @click.option("--check", "check_only", is_flag=True, help="Only print the checks and what cannot be undone.")
 @waiver_options("operator_downgrade", "unvalidated_driver", "unlisted_driver")
-@workspace_options
-@output_option
-@click.pass_context
+@finishing_options
 def rollback_command(ctx: click.Context, check_only: bool, waivers: Waivers, where: Workspace, output: str) -> None:
     """Step back one stack commit: the newest not yet rolled back, with the upgrade checks; says what it cannot undo.
 

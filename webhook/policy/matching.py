@@ -13,7 +13,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from webhook.kube import pods
-from webhook.policy.model import DenyRule, GPUPolicy, LabelSelector, Match, SelectorRequirement
+from webhook.kube.affinity import Requirement
+from webhook.policy.model import DenyRule, GPUPolicy, LabelSelector, Match
 
 if TYPE_CHECKING:
     from webhook.policy import PolicySet
@@ -34,7 +35,7 @@ def _globs(patterns: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{translate(p)})" for p in patterns))
 
 
-def requirement_matches(requirement: SelectorRequirement, labels: dict[str, str]) -> bool:
+def requirement_matches(requirement: Requirement, labels: dict[str, str]) -> bool:
     present = requirement.key in labels
     if requirement.operator == "In":
         return present and labels[requirement.key] in requirement.values

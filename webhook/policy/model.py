@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
+from webhook.kube.affinity import Requirement
 from webhook.kube.inventory import MAX_AGE_SECONDS
 from webhook.kube.tolerations import Toleration as Toleration  # a policy's tolerations: the one toleration type
 
@@ -13,30 +14,26 @@ Mode = Literal["enforce", "audit", "off"]
 Strategy = Literal["pack", "spread", "none"]
 AvoidCongested = Literal["required", "preferred", "no"]
 TopologyMode = Literal["required", "preferred"]
-SelectorOperator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
-
-
-@dataclass(frozen=True, slots=True)
-class SelectorRequirement:
-    key: str
-    operator: SelectorOperator
-    values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class LabelSelector:
-    """A Kubernetes LabelSelector; the empty selector matches every pod."""
+    """A Kubernetes LabelSelector; the empty selector matches every pod.
+
+    Its requirements are :class:`webhook.kube.affinity.Requirement`, the one selector requirement
+    (key, operator, values), as Kubernetes' ``labels.Requirement`` serves label and node selectors
+    alike; here the schema admits only In, NotIn, Exists and DoesNotExist."""
 
     match_labels: tuple[tuple[str, str], ...] = ()
-    match_expressions: tuple[SelectorRequirement, ...] = ()
-    _folded: tuple[SelectorRequirement, ...] = field(init=False, repr=False, compare=False, default=())
+    match_expressions: tuple[Requirement, ...] = ()
+    _folded: tuple[Requirement, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
         # Folded once: every admission asks every policy's selector.
-        folded = tuple(SelectorRequirement(k, "In", (v,)) for k, v in self.match_labels)
+        folded = tuple(Requirement(k, "In", (v,)) for k, v in self.match_labels)
         object.__setattr__(self, "_folded", folded + self.match_expressions)
 
-    def requirements(self) -> tuple[SelectorRequirement, ...]:
+    def requirements(self) -> tuple[Requirement, ...]:
         """matchLabels folded into In requirements, as the API server does."""
         return self._folded
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from functools import lru_cache
 from itertools import combinations
 
-from webhook.policy.model import GPUPolicy, LabelSelector, Match, SelectorRequirement
+from webhook.kube.affinity import Requirement
+from webhook.policy.model import GPUPolicy, LabelSelector, Match
 
 
 def conflicts(policies: list[GPUPolicy]) -> list[str]:
@@ -35,13 +36,13 @@ def matches_can_overlap(a: Match, b: Match) -> bool:
 
 def selectors_can_overlap(a: LabelSelector, b: LabelSelector) -> bool:
     requirements = a.requirements() + b.requirements()
-    by_key: dict[str, list[SelectorRequirement]] = {}
+    by_key: dict[str, list[Requirement]] = {}
     for requirement in requirements:
         by_key.setdefault(requirement.key, []).append(requirement)
     return all(_satisfiable(group) for group in by_key.values())
 
 
-def _satisfiable(group: list[SelectorRequirement]) -> bool:
+def _satisfiable(group: list[Requirement]) -> bool:
     """Can one label value (or its absence) satisfy every requirement on the same key?"""
     must_exist = any(r.operator in ("In", "Exists") for r in group)
     must_be_absent = any(r.operator == "DoesNotExist" for r in group)

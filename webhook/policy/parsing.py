@@ -19,6 +19,7 @@ import yaml
 from webhook import names
 from webhook.errors import PolicyLoadError
 from webhook.kube import inventory, units, yamlload
+from webhook.kube.affinity import Requirement
 from webhook.kube.quantity import QuantityError, bytes_
 from webhook.policy import overlap
 from webhook.policy.model import (
@@ -32,7 +33,6 @@ from webhook.policy.model import (
     PolicySet,
     RightSizing,
     Rung,
-    SelectorRequirement,
     Toleration,
     Topology,
     revision_of,
@@ -249,7 +249,7 @@ def _selector(raw: dict[str, Any] | None) -> LabelSelector:
     return LabelSelector(
         match_labels=tuple(sorted((raw.get("matchLabels") or {}).items())),
         match_expressions=tuple(
-            SelectorRequirement(e["key"], e["operator"], tuple(e.get("values") or ()))
+            Requirement(e["key"], e["operator"], tuple(e.get("values") or ()))
             for e in raw.get("matchExpressions") or ()
         ),
     )
