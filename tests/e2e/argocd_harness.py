@@ -489,15 +489,18 @@ class ApplicationWatch(WatchThread):
     def wait(self, predicate: Callable[[dict[str, AppState]], bool], *, timeout: float, what: str,
              explain: Callable[[], str] | None = None, stall: float | None = None) -> dict[str, AppState]:
         """Until ``predicate(current states)``; fails after ``timeout``, or after ``stall`` seconds
-        without any change (a deadlock says so sooner than a long timeout)."""
-        deadline = time.monotonic() + timeout
+        without any change (a deadlock says so sooner than a long timeout). The stall counts from the
+        later of the last change and the wait's start: Applications that sat still while the test did
+        other work (a long ``gpugate stack canary``) are not a stall of what this wait awaits."""
+        started = time.monotonic()
+        deadline = started + timeout
         with self._lock:
             while True:
                 states = dict(self._current)
                 if predicate(states):
                     return states
                 now = time.monotonic()
-                last = self.observations[-1].at if self.observations else now
+                last = max(self.observations[-1].at if self.observations else now, started)
                 reason = None
                 if now > deadline:
                     reason = f"timed out after {timeout:.0f}s"

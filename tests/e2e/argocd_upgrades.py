@@ -10,6 +10,14 @@ test reading the cluster and ``gpugate stack status`` together wants nothing to 
 upgrade state, owner or cordon, with the time it was seen: the library's own transitions, in
 order, so a test can check "at most N nodes upgrading at any instant" over every state the API
 server held, not over samples.
+
+:class:`PoolReconcile` is one reconcile's view of one pool, read from the controller's report:
+the library's counters over the state BuildState built, whether ApplyState ran on it, and the
+nodes that state lacked because their re-created driver pod was not bound yet (BuildState skips
+such a pod and its node; main.go holds that pool for the reconcile). A state missing one of a
+pool's nodes counts one upgrade fewer in progress; :meth:`UpgradeController.partial_applies`
+finds every ApplyState that ran on one, which is how a second node could start past
+maxParallelUpgrades (the test_argocd canary flake of session 34).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,11 +141,61 @@ class UpgradeController:
     def errors(self) -> list[str]:
         return [str(r["error"]) for r in self.reports() if r.get("error")]
 
+    def pool_reconciles(self, pool: str, after: int = 0) -> list[PoolReconcile]:
+        """Every reconcile after serial ``after`` that reported ``pool``, in order."""
+        return [PoolReconcile.of(r, p) for r in self.reports() if int(r["serial"]) > after
+                for p in r.get("pools") or [] if p["name"] == pool]
+
+    def partial_applies(self, sizes: Mapping[str, int], after: int = 0) -> list[PoolReconcile]:
+        """The reconciles after ``after`` whose ApplyState ran on a state lacking some of a pool's
+        ``sizes[pool]`` nodes: the library then counts that node neither in progress nor unavailable."""
+        return [seen for pool, size in sizes.items() for seen in self.pool_reconciles(pool, after)
+                if seen.applied and seen.managed < size]
+
+    def pool_timeline(self, pool: str, after: int = 0) -> str:
+        """``pool``'s reconciles after ``after``, one line each time what they saw changed."""
+        lines, last = [], None
+        for seen in self.pool_reconciles(pool, after):
+            if seen.counters() != last:
+                lines.append(f"  {seen}")
+                last = seen.counters()
+        return f"gpu-upgrade-controller, pool {pool}:\n" + "\n".join(lines)
+
     def tail(self, lines: int = 20) -> str:
         return "gpu-upgrade-controller log:\n" + processes.tail(self.log, lines)
 
     def running(self) -> bool:
         return self.process is not None and self.process.running()
+
+
+@dataclass(frozen=True, slots=True)
+class PoolReconcile:
+    """One reconcile's view of one pool (gpu-upgrade-controller's report line)."""
+
+    serial: int
+    at: str
+    pool: str
+    managed: int
+    in_progress: int
+    pending: int
+    failed: int
+    available: int
+    applied: bool
+    held: tuple[str, ...]
+
+    @classmethod
+    def of(cls, reconcile: Obj, pool: Obj) -> PoolReconcile:
+        return cls(int(reconcile["serial"]), str(reconcile["at"]), pool["name"], pool["managed"],
+                   pool["inProgress"], pool["pending"], pool["failed"], pool["available"],
+                   bool(pool.get("applied")), tuple(pool.get("held") or ()))
+
+    def counters(self) -> tuple[int, int, int, int, int, bool, tuple[str, ...]]:
+        return (self.managed, self.in_progress, self.pending, self.failed, self.available, self.applied, self.held)
+
+    def __str__(self) -> str:
+        verdict = "applied" if self.applied else "held: " + ", ".join(self.held) if self.held else "not applied"
+        return (f"#{self.serial} {self.at[11:23]} managed {self.managed} in progress {self.in_progress} "
+                f"pending {self.pending} failed {self.failed} available {self.available}; {verdict}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,10 +60,12 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,13 @@ from tests.e2e.argocd_env import (
 )
 from tests.e2e.argocd_gitops import changed_files, driver_states, pool_counts, yaml_value
 from tests.e2e.argocd_standin import DRIVER_VERSION_LABEL, STATE_LABEL
-from tests.e2e.argocd_upgrades import IN_PLACE_STEPS, in_order, ready_workload_pods, start_gpu_workload
+from tests.e2e.argocd_upgrades import (
+    IN_PLACE_STEPS,
+    NOT_UPGRADING,
+    in_order,
+    ready_workload_pods,
+    start_gpu_workload,
+)
 from tests.e2e.cluster import Cluster
 from tests.e2e.local import own_control_plane
 from tests.e2e.namespaces import has_default_account
@@ -524,6 +532,7 @@ def test_a_commit_upgrades_the_canary_pool_then_canary_promotes_every_pool(ready
     old = yaml_value(rig.fork.file("manifests/gpu-operator/drivers/default.yaml"), "version")
     assert old and old != CANARY_DRIVER
     canary, default = rig.pool("canary"), rig.pool("default")
+    started = rig.upgrades.reconciles()
     _delete_bare_pods(rig)
     namespace = start_gpu_workload(rig.api, {POOL_LABEL: "canary"}, explain=rig.explain,
                                    namespace_labels={"gpugate.io/skip": "true"})
@@ -600,6 +609,7 @@ def test_a_commit_upgrades_the_canary_pool_then_canary_promotes_every_pool(ready
     assert pool_counts(status) == {"default": {"upgrade-done": 2}, "canary": {"upgrade-done": 2}}
     labels = rig.node_labels()
     assert {labels[n].get(DRIVER_VERSION_LABEL) for n in rig.nodes} == {CANARY_DRIVER}
+    assert_no_partial_applies(rig, started)
     findings.notes["upgraded"] = True
     # Gone before test 3: there a failed canary node stays cordoned, and had the workload's PDB to
     # drain onto it, the retry of the other canary node would wait out its drain timeout.
@@ -615,6 +625,50 @@ def _delete_bare_pods(rig: GitOpsRig) -> None:
             core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
 
 
+def assert_no_partial_applies(rig: GitOpsRig, after: int) -> None:
+    """No reconcile after serial ``after`` ran ApplyState on a state lacking one of a pool's nodes. Such
+    a state (BuildState skips a driver pod not bound to a node yet, upgrade_state.go) counts the
+    missing node neither in progress nor unavailable, so GetUpgradesAvailable hands its slot to the
+    next node; gpu-upgrade-controller holds such a pool (main.go), and this names it if one slips."""
+    assert rig.upgrades is not None
+    sizes = {pool: len(rig.pool(pool)) for pool in ("canary", "default")}
+    slipped = rig.upgrades.partial_applies(sizes, after)
+    assert not slipped, ("ApplyState ran on a state missing a pool's node (in-progress undercounted):\n"
+                         + "\n".join(f"  {s.pool} {s}" for s in slipped))
+
+
+@contextmanager
+def scheduler_paused(rig: GitOpsRig) -> Iterator[None]:
+    """The control plane's kube-scheduler stopped (SIGSTOP by its PID) and continued after: a pod the
+    DaemonSet controller makes meanwhile stays Pending with no node."""
+    plane = rig.cluster.plane
+    assert plane is not None, "this module's control plane is its own (own_control_plane)"
+    scheduler = next(p for p in plane.processes if p.name == "kube-scheduler")
+    os.kill(scheduler.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(scheduler.pid, signal.SIGCONT)
+
+
+def unbound_driver_pod(rig: GitOpsRig, node: str) -> str | None:
+    """The driver pod the DaemonSet controller made for ``node`` and no scheduler bound yet (the
+    controller pins it with a matchFields metadata.name term), or None."""
+    listing = json.loads(client.CoreV1Api(rig.api).list_namespaced_pod(
+        OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/component=nvidia-driver", _preload_content=False).data)
+    for pod in listing["items"]:
+        if pod["spec"].get("nodeName") or pod["status"].get("phase") != "Pending" \
+                or pod["metadata"].get("deletionTimestamp"):
+            continue
+        required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                    .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+        for term in required.get("nodeSelectorTerms") or []:
+            if any(f["key"] == "metadata.name" and node in (f.get("values") or [])
+                   for f in term.get("matchFields") or []):
+                return str(pod["metadata"]["name"])
+    return None
+
+
 # --- 3. a failed upgrade and its rollback ----------------------------------------------------------
 
 def test_a_failed_canary_upgrade_blocks_promote_and_canary_rolls_it_back(ready: GitOpsRig,
@@ -628,7 +682,14 @@ def test_a_failed_canary_upgrade_blocks_promote_and_canary_rolls_it_back(ready: 
     rollback and makes the rollback commit. Argo CD syncs it; the failed node stays failed (its
     crash-looping pod is at the reverted revision's predecessor, never in sync:
     ProcessUpgradeFailedNodes) until the retry the operator documents relabels it; then the
-    library brings the pool back to the old driver and Healthy."""
+    library brings the pool back to the old driver and Healthy.
+
+    The first canary node's driver pod, deleted by the library and re-created by the DaemonSet
+    controller, is held unbound (kube-scheduler stopped) for five reconciles: BuildState leaves that
+    node out of the pool's state (upgrade_state.go, "Driver Pod has no NodeName, skipping"), and
+    counted without it, in progress is 0 and an upgrade slot is free. The other node must still
+    wait: gpu-upgrade-controller holds a pool whose state lacks a node (main.go), and its report
+    must name the node. Left to chance, that window started the second node in one CI run."""
     rig = ready
     assert rig.fork is not None and rig.standin is not None and rig.dashboard is not None and rig.watch is not None
     assert rig.history is not None and rig.upgrades is not None
@@ -636,20 +697,43 @@ def test_a_failed_canary_upgrade_blocks_promote_and_canary_rolls_it_back(ready: 
         pytest.skip("needs test 2's upgrade (both pools on the canary driver)")
     canary, default = rig.pool("canary"), rig.pool("default")
 
+    started = rig.upgrades.reconciles()
     rig.fork.stack("upgrade", "--operator", OPERATOR, "--driver", BAD_DRIVER, "--pool", "canary",
                    "--allow-driver-downgrade")
     revision = rig.fork.head()
     pushed = time.monotonic()
     rig.pushed()
+    history = rig.history
+    first_node: str = wait_until(
+        lambda: next((c.node for c in history.since(pushed, canary) if c.state not in NOT_UPGRADING), ""),
+        timeout=180, interval=0.1, what="a canary node to start its driver upgrade", explain=rig.explain)
+    waiting = next(n for n in canary if n != first_node)
+
+    def explain_canary() -> str:
+        assert rig.upgrades is not None and rig.history is not None
+        return rig.history.timeline(pushed) + "\n" + rig.upgrades.pool_timeline("canary", started)
+
+    with scheduler_paused(rig):
+        unbound: str = wait_until(lambda: unbound_driver_pod(rig, first_node) or "", timeout=90, interval=0.2,
+                                  what=f"{first_node}'s re-created driver pod, unbound while kube-scheduler is stopped",
+                                  explain=explain_canary)
+        rig.upgrades.wait_reconciles(5)
+        assert rig.node_labels()[waiting].get(STATE_LABEL) == "upgrade-required", (
+            f"{waiting} started while {first_node}'s driver pod {unbound} was unbound:\n" + explain_canary())
+        held = [r for r in rig.upgrades.pool_reconciles("canary", started) if any(first_node in h for h in r.held)]
+        assert held, f"no reconcile held the canary pool for {first_node}:\n" + explain_canary()
+        assert unbound in held[-1].held[0] and held[-1].managed == 1, held[-1]
+    findings.notes["held-reconciles"] = len(held)
     snapshot = wait_standin(rig, lambda s: any(s[n]["state"] == "upgrade-failed" for n in canary),
                             "a canary node to fail its driver upgrade", timeout=180)
     broken = next(n for n in canary if snapshot[n]["state"] == "upgrade-failed")
-    waiting = next(n for n in canary if n != broken)
+    assert broken == first_node, explain_canary()
     assert snapshot[broken]["restarts"] > 10 and snapshot[broken]["ready"] is False, snapshot[broken]
     rig.wait(lambda s: s["gpu-operator"].revision == revision and s["gpu-operator"].sync == "Synced"
              and s["gpu-operator"].phase != "Running", "gpu-operator synced to the broken canary commit")
     rig.upgrades.wait_reconciles(5)
-    assert rig.standin.snapshot()[waiting]["state"] == "upgrade-required", rig.history.timeline(pushed)
+    assert rig.standin.snapshot()[waiting]["state"] == "upgrade-required", explain_canary()
+    assert_no_partial_applies(rig, started)
     states = rig.watch.current()
     findings.notes["failed-health"] = states["gpu-operator"].health
     assert states["gpu-operator"].health == "Progressing", states["gpu-operator"]

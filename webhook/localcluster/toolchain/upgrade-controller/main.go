@@ -26,8 +26,23 @@
 //   - the controller requeues: here a reconcile runs every --interval, one at a time
 //     (MaxConcurrentReconciles: 1), instead of on watch events plus a two-minute requeue.
 //
-// Each reconcile writes one JSON line (per NVIDIADriver: the library's counters) to stdout or
-// --report, so a test can tell that a reconcile has happened since it changed something.
+// One guard the operator does not have, because of that polling. BuildState leaves out a driver
+// pod that is Pending with no spec.nodeName (upgrade_state.go BuildState, "Driver Pod has no
+// NodeName, skipping"), and with it its node. That is the moment after the library deleted a
+// node's driver pod (pod-restart-required) and the DaemonSet controller made the new one, before
+// the scheduler bound it. Built then, the pool's state lacks a node that is mid-upgrade and
+// cordoned: GetUpgradesInProgress and GetCurrentUnavailableNodes (common_manager.go) both miss
+// it, GetUpgradesAvailable gives its slot away, and ProcessUpgradeRequiredNodes
+// (upgrade_inplace.go) starts the next node past maxParallelUpgrades and maxUnavailable. The
+// operator reconciles on node-label, DaemonSet-generation and CR events and every two minutes,
+// never on pod events (controllers/upgrade_controller.go SetupWithManager), so it seldom builds a
+// state in that window; a reconcile every 0.3 s lands in it in most runs. So the pods BuildState
+// listed are kept (podListRecorder), and a pool owning the node of such a pod is not applied this
+// reconcile: its report carries the counters of the partial state and "held" names the node.
+//
+// Each reconcile writes one JSON line (per NVIDIADriver: the library's counters, and whether
+// ApplyState ran) to stdout or --report, so a test can tell that a reconcile has happened since it
+// changed something, and what each one saw.
 package main
 
 import (
@@ -40,6 +55,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -61,6 +77,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 const (
@@ -84,21 +101,55 @@ var (
 type controller struct {
 	log       logr.Logger
 	manager   upgrade.ClusterUpgradeStateManager
+	listed    *podListRecorder
 	dynamic   dynamic.Interface
 	core      kubernetes.Interface
 	namespace string
 }
 
-// poolReport is what one reconcile did for one NVIDIADriver (or the ClusterPolicy).
+// poolReport is what one reconcile did for one NVIDIADriver (or the ClusterPolicy): the library's
+// counters over the state BuildState built, whether ApplyState ran on it, and if not, which nodes
+// that state lacked (their driver pod not bound yet).
 type poolReport struct {
-	Name        string `json:"name"`
-	AutoUpgrade bool   `json:"autoUpgrade"`
-	Managed     int    `json:"managed"`
-	InProgress  int    `json:"inProgress"`
-	Done        int    `json:"done"`
-	Failed      int    `json:"failed"`
-	Pending     int    `json:"pending"`
-	Available   int    `json:"available"`
+	Name        string   `json:"name"`
+	AutoUpgrade bool     `json:"autoUpgrade"`
+	Managed     int      `json:"managed"`
+	InProgress  int      `json:"inProgress"`
+	Done        int      `json:"done"`
+	Failed      int      `json:"failed"`
+	Pending     int      `json:"pending"`
+	Available   int      `json:"available"`
+	Applied     bool     `json:"applied"`
+	Held        []string `json:"held,omitempty"`
+}
+
+// podListRecorder is the library's own client (CommonUpgradeManagerImpl.K8sClient) keeping the last
+// pod list it returned. BuildState is the library's only pod List through that client
+// (upgrade_state.go; the drain, pod and validation managers use the clientset), so after BuildState
+// it holds exactly the driver pods that state was built from.
+type podListRecorder struct {
+	client.Client
+	mu   sync.Mutex
+	pods []corev1.Pod
+}
+
+func (r *podListRecorder) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	err := r.Client.List(ctx, list, opts...)
+	if pods, ok := list.(*corev1.PodList); ok && err == nil {
+		r.mu.Lock()
+		r.pods = append([]corev1.Pod(nil), pods.Items...)
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// take returns the pods of the last pod list and forgets them.
+func (r *podListRecorder) take() []corev1.Pod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pods := r.pods
+	r.pods = nil
+	return pods
 }
 
 type reconcileReport struct {
@@ -181,7 +232,79 @@ func newController(ctx context.Context, log logr.Logger, config *rest.Config, na
 		WithPodDeletionEnabled(gpuPodSpecFilter).
 		WithValidationEnabled(validatorSelector).
 		WithRestartOnlyPredicate(restartOnly(log))
-	return &controller{log: log, manager: manager, dynamic: dyn, core: core, namespace: namespace}, nil
+	impl, ok := manager.(*upgrade.ClusterUpgradeStateManagerImpl)
+	if !ok {
+		return nil, fmt.Errorf("the library's state manager is a %T, not a *ClusterUpgradeStateManagerImpl", manager)
+	}
+	listed := &podListRecorder{Client: impl.K8sClient}
+	impl.K8sClient = listed
+	return &controller{log: log, manager: manager, listed: listed, dynamic: dyn, core: core, namespace: namespace}, nil
+}
+
+// buildState is the library's BuildState, plus the driver pods it left out for having no node yet
+// (its own test: Pending and spec.nodeName empty), as node -> pod. The node is the one the DaemonSet
+// controller pins the pod to (kubernetes pkg/controller/daemon/util
+// ReplaceDaemonSetPodNodeNameNodeAffinity: a matchFields term metadata.name In [node]); "" when a
+// pod names none.
+func (c *controller) buildState(ctx context.Context, labels map[string]string) (
+	*upgrade.ClusterUpgradeState, map[string]string, error) {
+	c.listed.take()
+	state, err := c.manager.BuildState(ctx, c.namespace, labels)
+	if err != nil {
+		return nil, nil, fmt.Errorf("BuildState: %w", err)
+	}
+	unbound := map[string]string{}
+	for _, pod := range c.listed.take() {
+		if pod.Spec.NodeName == "" && pod.Status.Phase == corev1.PodPending {
+			unbound[pinnedNode(&pod)] = pod.Name
+		}
+	}
+	return state, unbound, nil
+}
+
+// pinnedNode: the node a DaemonSet pod's required node affinity names by metadata.name, or "".
+func pinnedNode(pod *corev1.Pod) string {
+	if pod.Spec.Affinity == nil || pod.Spec.Affinity.NodeAffinity == nil {
+		return ""
+	}
+	required := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	if required == nil {
+		return ""
+	}
+	for _, term := range required.NodeSelectorTerms {
+		for _, field := range term.MatchFields {
+			if field.Key == "metadata.name" && field.Operator == corev1.NodeSelectorOpIn && len(field.Values) == 1 {
+				return field.Values[0]
+			}
+		}
+	}
+	return ""
+}
+
+// heldPools: per NVIDIADriver, the nodes of unbound it owns, as "node (driver pod P not bound
+// yet)"; a pod whose node is unknown holds every pool ("*"), a node that is gone holds none.
+func (c *controller) heldPools(ctx context.Context, unbound map[string]string) (map[string][]string, error) {
+	held := map[string][]string{}
+	for node, pod := range unbound {
+		reason := fmt.Sprintf("%s (driver pod %s not bound yet)", node, pod)
+		if node == "" {
+			held["*"] = append(held["*"], reason)
+			continue
+		}
+		found, err := c.core.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading node %s of unbound driver pod %s: %w", node, pod, err)
+		}
+		owner := found.Labels[ownerLabel]
+		held[owner] = append(held[owner], reason)
+	}
+	for owner := range held {
+		sort.Strings(held[owner])
+	}
+	return held, nil
 }
 
 // gpuPodSpecFilter: the pods pod deletion removes (gpu-operator cmd/gpu-operator/main.go gpuPodSpecFilter,
@@ -377,9 +500,13 @@ func (c *controller) reconcileNVIDIADrivers(ctx context.Context) ([]poolReport, 
 	if !anyOn {
 		return nil, c.removeStateLabels(ctx, "")
 	}
-	cluster, err := c.manager.BuildState(ctx, c.namespace, map[string]string{componentLabel: componentDriver})
+	cluster, unbound, err := c.buildState(ctx, map[string]string{componentLabel: componentDriver})
 	if err != nil {
-		return nil, fmt.Errorf("BuildState: %w", err)
+		return nil, err
+	}
+	held, err := c.heldPools(ctx, unbound)
+	if err != nil {
+		return nil, err
 	}
 	byOwner := map[string]*upgrade.ClusterUpgradeState{}
 	for key, nodes := range cluster.NodeStates {
@@ -408,16 +535,26 @@ func (c *controller) reconcileNVIDIADrivers(ctx context.Context) ([]poolReport, 
 		}
 		state, ok := byOwner[name]
 		if !ok {
-			continue
+			state = &upgrade.ClusterUpgradeState{NodeStates: map[string][]*upgrade.NodeUpgradeState{}}
 		}
 		report, err := c.counters(name, state, policy)
 		if err != nil {
 			return reports, err
 		}
+		if report.Held = append(held[name], held["*"]...); len(report.Held) > 0 {
+			c.log.Info("state lacks a node whose driver pod is not bound yet; ApplyState waits",
+				"nvidiadriver", name, "held", report.Held)
+			reports = append(reports, report)
+			continue
+		}
+		if !ok {
+			continue
+		}
 		withSkipDrainSelector(policy)
 		if err := c.manager.ApplyState(ctx, state, policy); err != nil {
 			return reports, fmt.Errorf("ApplyState for NVIDIADriver %s: %w", name, err)
 		}
+		report.Applied = true
 		reports = append(reports, report)
 	}
 	return reports, nil
@@ -431,18 +568,28 @@ func (c *controller) reconcileClusterPolicy(ctx context.Context, obj *unstructur
 	if policy == nil || !policy.AutoUpgrade {
 		return &poolReport{Name: obj.GetName()}, c.removeStateLabels(ctx, "")
 	}
-	state, err := c.manager.BuildState(ctx, c.namespace, map[string]string{appLabel: appDriver})
+	state, unbound, err := c.buildState(ctx, map[string]string{appLabel: appDriver})
 	if err != nil {
-		return nil, fmt.Errorf("BuildState: %w", err)
+		return nil, err
 	}
 	report, err := c.counters(obj.GetName(), state, policy)
 	if err != nil {
 		return nil, err
 	}
+	for node, pod := range unbound { // one pool: every unbound driver pod holds it
+		report.Held = append(report.Held, fmt.Sprintf("%s (driver pod %s not bound yet)", node, pod))
+	}
+	if len(report.Held) > 0 {
+		sort.Strings(report.Held)
+		c.log.Info("state lacks a node whose driver pod is not bound yet; ApplyState waits",
+			"clusterpolicy", obj.GetName(), "held", report.Held)
+		return &report, nil
+	}
 	withSkipDrainSelector(policy)
 	if err := c.manager.ApplyState(ctx, state, policy); err != nil {
 		return &report, fmt.Errorf("ApplyState for ClusterPolicy %s: %w", obj.GetName(), err)
 	}
+	report.Applied = true
 	return &report, nil
 }
 
