@@ -127,10 +127,12 @@ def test_a_share_only_node_counts_the_slots_its_cpu_cannot_serve() -> None:
     assert fragmenter.delta("T4", full, 48_000, 12_000, 0, 0, serves="any") == 0.0
     # A large share strands slots where cpu is short and nothing where it is plenty; a small one
     # frees some where cpu is short.
-    assert fragmenter.delta("T4", full, 24_000, 9000, 0, 250, serves="shares") > \
-        fragmenter.delta("T4", full, 96_000, 9000, 0, 250, serves="shares")
-    assert fragmenter.delta("T4", full, 24_000, 3000, 0, 250, serves="shares") < \
-        fragmenter.delta("T4", full, 96_000, 3000, 0, 250, serves="shares")
+    def share(cpu_left: int, cpu: int) -> float:
+        found = fragmenter.delta("T4", full, cpu_left, cpu, 0, 250, serves="shares")
+        assert found is not None
+        return found
+
+    assert share(24_000, 9000) > share(96_000, 9000) and share(24_000, 3000) < share(96_000, 3000)
     # Scored from the exact cpu, not its class among the mix's thresholds.
     assert fragmenter.points("T4", full, 48_000, 12_000, 0, 0, serves="shares") == fgd_points(500) < \
         fragmenter.points("T4", full, 96_000, 12_000, 0, 0, serves="shares")
