@@ -28,8 +28,9 @@ from webhook.balancer import extendercache, placementfeed
 from webhook.balancer.settings import BalancerSettings, ExtenderServing, SettingsError, load_mix
 from webhook.certs import pki
 from webhook.kube.gpunode import node_info
-from webhook.placement.extender import ExtenderState
+from webhook.placement.extender import ExtenderSettings, ExtenderState
 from webhook.placement.inputs import PodDemand
+from webhook.placement.shapes import Shape, ShapeMix
 
 
 def wait_for(predicate: Any, *, what: str, timeout: float = 30.0) -> Any:
@@ -162,6 +163,21 @@ class TestFeed:
                            for i in range(150)})
         mix = feed.state.fragmenter.mix
         assert sorted((s.cpu, s.gpus) for s in mix.shapes) == [(2000, 1), (2000, 2)]
+
+    def test_a_cpu_pod_keeps_off_the_cpu_a_time_sliced_nodes_slots_need(self) -> None:
+        """Two time-sliced nodes (only ``nvidia.com/gpu.shared``, 8 slots each) and a mix of 6-core
+        shares: the 24-core node's cpu already carries fewer shares than it has slots, so a CPU pod
+        there strands more of them, and the extender sends it to the 104-core node. Where the same
+        nodes also advertise whole GPUs, best fit still picks the fuller one."""
+        mix = ShapeMix((Shape(6000, 250, 1),), (1.0,))
+        for gpus, goes in (({"nvidia.com/gpu.shared": "8"}, "rich"), ({"nvidia.com/gpu.shared": "8",
+                                                                      "nvidia.com/gpu": "2"}, "poor")):
+            feed = placementfeed.Feed(ExtenderState(ExtenderSettings(mix=mix, device_policy="packed")))
+            sliced = {"nvidia.com/gpu.replicas": "4"}
+            feed.replace_nodes({name: node_info(node(name, gpus, cpu=cpu, labels=sliced))
+                                for name, cpu in (("poor", "24"), ("rich", "104"))})
+            answer = feed.prioritize(args(pod("new", cpu="4"), "poor", "rich"), now=0.0)
+            assert max(answer, key=lambda h: h["Score"])["Host"] == goes, gpus
 
     def test_args_without_a_pod_are_refused(self) -> None:
         with pytest.raises(placementfeed.ArgsError):

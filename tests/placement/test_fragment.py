@@ -108,3 +108,31 @@ def test_shapes_a_node_cannot_take_count_its_idle_gpus_as_fragment() -> None:
           for signature in (started, empty)}
     assert on[started] == on[empty] == -0.5 * 250
     assert fragmenter.delta("T4", empty, 32_000, 2000, 0, 250) == 0.5 * 750
+
+
+def test_a_share_only_node_counts_the_slots_its_cpu_cannot_serve() -> None:
+    """FGD asks whether one share still fits; a time-sliced node has four slots a GPU and runs out of
+    cpu first, so its fragment also counts the free slots beyond what its cpu carries at the mix's
+    mean cpu per share (here 6 cores). A node that takes whole GPUs or either kind (every DRA device)
+    is measured as before."""
+    mix = ShapeMix(shapes=(Shape(3000, 250, 1), Shape(9000, 250, 1), Shape(4000, 1000, 1)), weights=(0.25, 0.25, 0.5))
+    fragmenter = Fragmenter(mix, "packed")
+    full = (1000, 1000)                                       # 8 free slots
+    assert fragmenter.slot_need("T4") == (6000.0, ((250, 0.5), (250, 0.5)))
+    assert fragmenter.stranded("T4", full, 48_000) == 0.0     # 48 cores carry 8 shares of 6
+    assert fragmenter.stranded("T4", full, 24_000) == 4 * 250  # 24 cores carry 4: 4 slots left over
+    # A CPU pod of 12 cores on a node whose cpu carries its slots exactly strands two of them; the
+    # same pod on a node that takes either kind changes nothing FGD reads.
+    assert fragmenter.delta("T4", full, 48_000, 12_000, 0, 0, serves="shares") == 2 * 250
+    assert fragmenter.delta("T4", full, 48_000, 12_000, 0, 0, serves="any") == 0.0
+    # A large share strands slots where cpu is short and nothing where it is plenty; a small one
+    # frees some where cpu is short.
+    def share(cpu_left: int, cpu: int) -> float:
+        found = fragmenter.delta("T4", full, cpu_left, cpu, 0, 250, serves="shares")
+        assert found is not None
+        return found
+
+    assert share(24_000, 9000) > share(96_000, 9000) and share(24_000, 3000) < share(96_000, 3000)
+    # Scored from the exact cpu, not its class among the mix's thresholds.
+    assert fragmenter.points("T4", full, 48_000, 12_000, 0, 0, serves="shares") == fgd_points(500) < \
+        fragmenter.points("T4", full, 96_000, 12_000, 0, 0, serves="shares")

@@ -128,3 +128,41 @@ def test_a_cpu_pod_takes_the_cpu_of_the_product_gpu_pods_are_steered_away_from()
     assert scoring.prioritize(pod, nodes, fragmenter, where=where) == [10, 8, 9]
     plain = ShapeMix((Shape(4000, 1000, 1), Shape(4000)), (0.7, 0.3))
     assert scoring.prioritize(pod, nodes, Fragmenter(plain), where=scoring.context(nodes, plain)) == [9, 8, 10]
+
+
+def sliced(name: str, cpu: int, product: str = "X", serves: str = "shares", cpu_left: int | None = None) -> NodeView:
+    """A time-sliced node: two GPUs of four slots, taking shares only (``serves``)."""
+    left = cpu if cpu_left is None else cpu_left
+    return NodeView(name=name, cpu=cpu, memory=2**40, product=product, gpus=2, cpu_requested=cpu - left,
+                    left=(1000, 1000), serves=serves)  # type: ignore[arg-type]
+
+
+def test_on_share_only_nodes_a_share_goes_where_its_cpu_matches_what_the_node_has_per_slot() -> None:
+    """Shares of 3 and 11 cores (7 on average) on two time-sliced nodes, one with 3 cores per slot,
+    one with 13 (openb's G2 and T4 nodes). Best fit alone sends both to the poorer node, where the
+    large one leaves slots no cpu can serve; counting those sends it to the richer node, and the
+    small one still to the poorer, so neither node's slots nor its cpu are left over. On nodes that
+    take either kind (DRA devices), best fit decides as before."""
+    mix = ShapeMix((Shape(3000, 250, 1), Shape(11_000, 250, 1)), (0.5, 0.5))
+    small, large = PodDemand(cpu=3000, share_milli=250), PodDemand(cpu=11_000, share_milli=250)
+    for serves, large_goes in (("shares", "rich"), ("any", "poor")):
+        nodes = [sliced("poor", 24_000, serves=serves), sliced("rich", 104_000, serves=serves)]
+        fragmenter = Fragmenter(mix, "packed")
+        best = {pod.cpu: nodes[max((0, 1), key=scoring.prioritize(pod, nodes, fragmenter).__getitem__)].name
+                for pod in (small, large)}
+        assert best == {3000: "poor", 11_000: large_goes}, serves
+
+
+def test_a_share_only_node_carries_no_type_pressure() -> None:
+    """Type pressure keeps unconstrained GPU pods off the product pinned whole-GPU pods need; a
+    time-sliced node takes none of those, has slots to spare and runs out of cpu first. So an
+    unpinned share is scored there by FGD and best fit alone (here the fuller T4 node), where on
+    nodes that take either kind the pressure still sends it to the other product."""
+    mix = ShapeMix((Shape(4000, 250, 1), Shape(4000, 1000, 1, ("T4",)), Shape(4000, 1000, 1)), (0.4, 0.4, 0.2))
+    share = PodDemand(cpu=4000, share_milli=250)
+    for serves, goes in (("shares", "t4"), ("any", "g2")):
+        nodes = [sliced("t4", 64_000, "T4", serves, cpu_left=40_000), sliced("g2", 64_000, "G2", serves)]
+        where = scoring.context(nodes, mix)
+        assert where.pressure["T4"] > where.pressure.get("G2", 0)
+        scores = scoring.prioritize(share, nodes, Fragmenter(mix, "packed"), where=where)
+        assert nodes[scores.index(max(scores))].name == goes, serves

@@ -11,6 +11,17 @@ The measure reads only the node's product, the multiset of what its GPUs have le
 class). For one (product, signature) a table of prefix sums over the cpu classes gives F for every
 class at once; nodes of a cluster share few signatures, so the tables are few, and a delta is
 then two table reads. ``points`` memoizes FGD's score per (node key, pod shape) on top.
+
+One addition for a node that takes shares only (``serves`` ``shares``: a time-sliced node that
+advertises only ``nvidia.com/gpu.shared``): FGD asks whether *one* pod of each shape still fits, but
+such a node has four slots per GPU, and the shares ask about three times the cpu per GPU that
+whole-GPU pods do, so its cpu runs out long before its slots. Its fragment therefore also counts
+the slots its cpu cannot serve (``stranded``): free slots beyond what the cpu left carries at the
+mix's mean cpu per share. A CPU pod on such a node then costs the slots its cpu would have served,
+and a share goes where its cpu matches what the node has per slot (a large share to a node rich in
+cpu per slot), so neither the node's slots nor its cpu are left over. A node that takes whole GPUs
+or either kind (every DRA device, the published model) is measured exactly as before.
+docs/placement.md measures it (the timeslice world).
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ class Fragmenter:
                            for s, w in zip(mix.shapes, mix.weights, strict=True) if s.wants_gpu)
         self._access: dict[tuple[str, Serves], tuple[tuple[int, int, int, float], ...]] = {}
         self._tables: dict[tuple[str, tuple[int, ...], Serves], Table] = {}
+        self._slot_need: dict[str, tuple[float, tuple[tuple[int, float], ...]]] = {}
         self.memo: dict[tuple[object, ...], int] = {}
         """``points`` by (product, signature, cpu class before, after, gpus, share, ordered, serves): read
         directly by the hot loop."""
@@ -72,6 +84,33 @@ class Fragmenter:
                 (index, milli, gpus, weight) for index, milli, gpus, products, weight in self._rows
                 if (not products or product in products) and devices.takes(serves, milli))
         return rows
+
+    def slot_need(self, product: str) -> tuple[float, tuple[tuple[int, float], ...]]:
+        """What the mix's shares ask of a share-only node of ``product``: their mean cpu per share
+        (millicores; 0 without shares) and each share size (thousandths) with its part of the shares'
+        weight. Shares asking no cpu are left out: they strand nothing."""
+        found = self._slot_need.get(product)
+        if found is None:
+            rows = [(shape.cpu, shape.milli, weight) for shape, weight in zip(self.mix.shapes, self.mix.weights,
+                                                                              strict=True)
+                    if shape.wants_gpu and shape.milli < devices.MILLI and shape.cpu > 0
+                    and (not shape.products or product in shape.products)]
+            total = sum(weight for _, _, weight in rows)
+            found = (0.0, ()) if not total else (
+                sum(cpu * weight for cpu, _, weight in rows) / total,
+                tuple((milli, weight / total) for _, milli, weight in rows))
+            self._slot_need[product] = found
+        return found
+
+    def stranded(self, product: str, signature: tuple[int, ...], cpu_left: int) -> float:
+        """Idle thousandths of a share-only node that its cpu cannot serve: per share size of the mix,
+        the slots free beyond what ``cpu_left`` carries at the shares' mean cpu, weighted by the
+        size's part of the shares (see the module docstring)."""
+        per, sizes = self.slot_need(product)
+        out = 0.0
+        for milli, part in sizes:
+            out += part * max(0.0, sum(free // milli for free in signature) - max(0, cpu_left) / per) * milli
+        return out
 
     def table(self, product: str, signature: tuple[int, ...], serves: Serves = "any") -> Table:
         """Prefix sums over cpu classes for one (product, GPUs left, what it takes): F for any class in O(1)."""
@@ -123,21 +162,29 @@ class Fragmenter:
               share_milli: int, ordered: bool = False, serves: Serves = "any") -> float | None:
         """F_n after the pod minus before (negative: the pod fills a fragment); None: it does not fit.
         ``ordered``: a DRA node, whose signature is in device order and allocated first fit;
-        ``serves``: which shapes the node's GPUs take (``devices.Serves``)."""
+        ``serves``: which shapes the node's GPUs take (``devices.Serves``); a share-only node's
+        stranded slots count too (``stranded``)."""
         after = self.cpu_class(cpu_left - cpu)
         remaining = devices.after_sorted(signature, gpus, share_milli, "first" if ordered else self.policy)
         if remaining is None or after < 0:
             return None
-        return self.fragment(product, remaining, after, serves) - \
+        change = self.fragment(product, remaining, after, serves) - \
             self.fragment(product, signature, self.cpu_class(cpu_left), serves)
+        if serves == "shares":
+            change += self.stranded(product, remaining, cpu_left - cpu) - self.stranded(product, signature, cpu_left)
+        return change
 
     def points(self, product: str, signature: tuple[int, ...], cpu_left: int, cpu: int, gpus: int,
                share_milli: int, ordered: bool = False, serves: Serves = "any") -> int:
         """FGD's 0..100 score of placing the pod on the node (``NO_FIT``: it does not fit); memoized."""
         thresholds = self.thresholds
-        key = (product, signature, bisect_right(thresholds, cpu_left) if cpu_left >= 0 else -1,
-               bisect_right(thresholds, cpu_left - cpu) if cpu_left >= cpu else -1, gpus, share_milli, ordered,
-               serves)
+        key: tuple[object, ...]
+        if serves == "shares":  # stranded slots read the exact cpu, not its class
+            key = ("shares", product, signature, cpu_left, cpu, gpus, share_milli, ordered)
+        else:
+            key = (product, signature, bisect_right(thresholds, cpu_left) if cpu_left >= 0 else -1,
+                   bisect_right(thresholds, cpu_left - cpu) if cpu_left >= cpu else -1, gpus, share_milli, ordered,
+                   serves)
         found = self.memo.get(key)
         if found is None:
             delta = self.delta(product, signature, cpu_left, cpu, gpus, share_milli, ordered, serves)

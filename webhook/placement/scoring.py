@@ -25,8 +25,19 @@ For a CPU-only pod: FGD's score, then the type pressure of the node's product (t
 first), then best fit. FGD scores a CPU pod alike on every node where no typical shape's cpu stops
 fitting; among those, the nodes of a product that unconstrained GPU pods are steered away from
 (point 1) are where cpu stays idle, since only the few pods pinned to that product will ask for it.
-Without a constrained product it is best fit. (An earlier key, the cpu a node has beyond what its
-idle GPUs will ask, did worse on every pod list measured: docs/placement.md.)
+Without a constrained product it is best fit.
+
+A node that takes shares only (a time-sliced node advertising only ``nvidia.com/gpu.shared``)
+carries no type pressure, for either kind of pod. Type pressure keeps unconstrained pods off what
+the pinned pods need, but such a node has slots to spare and runs out of cpu first: steering
+unconstrained shares off a pressured product's share-only nodes (on the gpuspec lists, T4 nodes
+with 13 cores per slot) leaves their cpu to CPU pods (which the pressure sends there) and packs the
+shares onto nodes poor in cpu per slot, where they fail for cpu. Its slots and cpu are weighed by
+the fragment measure instead (``fragment``'s stranded slots). On a node that takes whole GPUs or
+either kind (every DRA device) nothing changes. docs/placement.md measures it.
+
+(An earlier CPU-pod key, the cpu a node has beyond what its idle GPUs will ask, did worse on every
+pod list measured: docs/placement.md.)
 
 Eleven levels are coarse for such a key, so the levels are a rank, not a rescaling: the best
 distinct key gets 10, the next 9, and so on; the 11th and later get 0. With a weight whose level
@@ -167,13 +178,15 @@ def node_keys(fragmenter: Fragmenter, demand: PodDemand, nodes: Sequence[NodeVie
             continue
         waste = int((left - cpu) * per_cpu + (node.gpu_free - milli) * per_milli)
         fit = top - (top if waste > top else waste if waste > 0 else 0)
+        # A share-only node carries no type pressure (the module docstring says why).
+        level = 0 if node.serves == "shares" else pressure.get(product, 0)
         if milli:
             # A GPU pod: low type pressure first, then FGD's score, then best fit.
-            append((((((calm - pressure.get(product, 0)) << _POINT_BITS) | found)) << _FIT_BITS) | fit)
+            append((((((calm - level) << _POINT_BITS) | found)) << _FIT_BITS) | fit)
         else:
             # A CPU pod: FGD's score, then the product constrained GPU pods need most (the cpu that GPU
             # pods steered away from it leave idle), then best fit.
-            append((((found << 10) | pressure.get(product, 0)) << _FIT_BITS) | fit)
+            append((((found << 10) | level) << _FIT_BITS) | fit)
     return keys
 
 
