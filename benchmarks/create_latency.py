@@ -80,6 +80,8 @@ from tests.e2e.webhook_fixture import (  # noqa: E402
 )
 
 ARMS = ("none", "shaped", "go", "go-patch", "null", "gpugate")
+REQUIRED = ("none", "go", "gpugate")
+"""The baseline, the issue's floor and gpugate: every run has them (``--arms`` picks among the rest)."""
 GO_ARMS = ("go", "go-patch")
 SHAPED_ARMS = ("go-patch", "gpugate", "before")
 """Arms whose created pods carry gpugate's mark (``gpugate.io/policy``), once their webhook is called."""
@@ -267,26 +269,27 @@ def gpugate_patch(core: client.CoreV1Api, gpugate: Arm, namespace: str, ca: Path
     return list(json.loads(base64.b64decode(response["patch"])))
 
 
-def shaped_body(created: Obj) -> Obj:
-    """A pod as gpugate's mutation left it (``created``: the API server's answer to a create in the
-    gpugate arm), stripped of what the API server adds itself: server-set metadata, status, and the
-    service-account token volume (its admission plugin adds one to every pod)."""
-    metadata = created["metadata"]
-    spec = copy.deepcopy(created["spec"])
-    token = {v["name"] for v in spec.get("volumes", []) if v["name"].startswith("kube-api-access-")}
-    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in token]
-    if not spec["volumes"]:
-        del spec["volumes"]
-    for container in spec["containers"]:
-        mounts = [m for m in container.get("volumeMounts", []) if m["name"] not in token]
-        container.pop("volumeMounts", None)
-        if mounts:
-            container["volumeMounts"] = mounts
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"labels": dict(metadata.get("labels") or {}),
-                         "annotations": dict(metadata.get("annotations") or {})},
-            "spec": spec}
-
+def shaped_body(created: Obj, patch: list[Obj]) -> Obj:
+    """The user's pod with what gpugate's ``patch`` set, taken from ``created`` (the API server's
+    answer to a create in the gpugate arm): for each operation, the field it adds or replaces, two
+    levels under ``metadata`` or ``spec`` (``/spec/tolerations/-`` copies the whole list). Nothing
+    else of the stored pod is copied: a client that sends every defaulted field makes the API
+    server track all of them in ``managedFields``, a cost the webhook's pods do not have."""
+    body = the_pod("shaped")
+    del body["metadata"]["name"]
+    for op in patch:
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
+        # /spec/containers/0/resources keeps its index; a list element (/spec/tolerations/2) does not
+        depth = 4 if tokens[:2] == ["spec", "containers"] else 2
+        source, target = created, body
+        for i, token in enumerate(tokens[:depth]):
+            key: Any = int(token) if isinstance(source, list) else token
+            source = source[key]
+            if i == len(tokens[:depth]) - 1:
+                target[key] = copy.deepcopy(source)
+            else:
+                target = target[key] if isinstance(target, list) else target.setdefault(key, {})
+    return body
 
 def serial_interleaved(core: client.CoreV1Api, arms: list[Arm], count: int, tag: str) -> None:
     """``count`` steps of one create per arm in turn: every arm meets the same spells of load, and
@@ -502,11 +505,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of null and gpugate")
     parser.add_argument("--idle-seconds", type=float, default=15.0,
                         help="how long each server's CPU with no request is measured before the rounds")
+    parser.add_argument("--arms", type=lambda text: tuple(text.split(",")), metavar="A,B",
+                        help=f"only these of {', '.join(ARMS)} ({', '.join(REQUIRED)} always run)")
     parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
     parser.add_argument("--floor", type=Path, metavar="BINARY",
                         help="the floor webhook binary to run (default: the cached build, built on first use)")
     args = parser.parse_args()
-    arm_names = (*ARMS, "before") if args.before else ARMS
+    arm_names = tuple(name for name in ARMS if name in REQUIRED or name in (args.arms or ARMS))
+    if args.before:
+        arm_names += ("before",)
     found = binaries.paths()
     if found is None:
         raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
@@ -524,7 +531,6 @@ def main() -> int:
             if arm.name in (*GO_ARMS, "null"):
                 arm.port = processes.free_port()
                 arm.base_url = f"https://{LOOPBACK}:{arm.port}"
-        assert arms["go"].port is not None and arms["null"].port is not None
 
         def start_go(arm: Arm, *extra: str) -> None:
             assert arm.port is not None
@@ -533,10 +539,13 @@ def main() -> int:
                  str(certs.key), *extra], arm.port, tmp / f"{arm.name}.log", certs.ca, "/healthz"))
 
         start_go(arms["go"])
-        arms["null"].pid = stack.enter_context(subprocess_server(
-            [sys.executable, str(REPO / "benchmarks" / "null_server.py"), "--bind", f"{LOOPBACK}:{arms['null'].port}",
-             "--cert", str(certs.cert), "--key", str(certs.key), "--workers", str(args.workers)],
-            arms["null"].port, tmp / "null.log", certs.ca, "/readyz"))
+        if "null" in arms:
+            null = arms["null"]
+            assert null.port is not None
+            null.pid = stack.enter_context(subprocess_server(
+                [sys.executable, str(REPO / "benchmarks" / "null_server.py"), "--bind", f"{LOOPBACK}:{null.port}",
+                 "--cert", str(certs.cert), "--key", str(certs.key), "--workers", str(args.workers)],
+                null.port, tmp / "null.log", certs.ca, "/readyz"))
         gpugate = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=REPO / "policies",
                                 log=tmp / "gpugate.log", workers=args.workers)
         gpugate.start()
@@ -567,10 +576,14 @@ def main() -> int:
         # gpugate first: its patch and its shaped pod are what go-patch answers and shaped creates.
         register(api, rendered, arms["gpugate"], certs.bundle.ca_cert)
         stack.callback(unregister, api, arms["gpugate"])
-        arms["shaped"].body = shaped_body(warm(core, arms["gpugate"], shaped))
-        patch_file = tmp / "gpugate-patch.json"
-        patch_file.write_text(json.dumps(gpugate_patch(core, arms["gpugate"], arms["go-patch"].namespace, certs.ca)))
-        start_go(arms["go-patch"], "--patch", str(patch_file))
+        created = warm(core, arms["gpugate"], shaped)
+        patch = gpugate_patch(core, arms["gpugate"], arms["none"].namespace, certs.ca)
+        if "shaped" in arms:
+            arms["shaped"].body = shaped_body(created, patch)
+        if "go-patch" in arms:
+            patch_file = tmp / "gpugate-patch.json"
+            patch_file.write_text(json.dumps(patch))
+            start_go(arms["go-patch"], "--patch", str(patch_file))
         for arm in arms.values():
             if arm.base_url is not None and arm.name != "gpugate":
                 register(api, rendered, arm, certs.bundle.ca_cert)
@@ -581,7 +594,7 @@ def main() -> int:
                 if arm.name == "shaped" and not shaped(created):
                     raise RuntimeError("the shaped arm's pod lost gpugate's mark on the way in")
             clear(core, arm.namespace)
-        go_before = {name: go_stats(arms[name], certs.ca) for name in GO_ARMS}
+        go_before = {name: go_stats(arms[name], certs.ca) for name in GO_ARMS if name in arms}
 
         order = [arms[name] for name in arm_names]
         counts_before = {arm.name: gunicorn_counts(arm, certs.ca) for arm in order
@@ -605,8 +618,11 @@ def main() -> int:
         for arm in order:
             arm.server_cpu = tree_cpu(arm.pid) - server_before[arm.name]
         plane_cpu = sum(map(tree_cpu, plane_pids)) - plane_before
-        notes = ["\nhow the API server called each server (during the rounds):"]
-        for name in GO_ARMS:
+        notes = [f"\ngpugate's patch for the benchmark's pod (what go-patch answers, what shaped carries): "
+                 f"{len(patch)} operations, {len(json.dumps(patch))} bytes: "
+                 + ", ".join(f"{op['op']} {op['path']}" for op in patch),
+                 "how the API server called each server (during the rounds):"]
+        for name in (name for name in GO_ARMS if name in arms):
             go_after = go_stats(arms[name], certs.ca)
             notes.append(f"{name}: {go_after['connections'] - go_before[name]['connections']} connections opened, "
                          "requests " + ", ".join(f"{k} {go_after.get(k, 0) - go_before[name].get(k, 0)}"
