@@ -105,10 +105,10 @@ class Arm:
     idle_cpu: float = 0.0     # CPU seconds per second the same server spends with no request (its pollers)
     pods: int = 0
     body: Obj | None = None   # the pod this arm creates (None: ``the_pod``, the user's plain GPU pod)
-    plane_serial: float = 0.0  # CPU seconds of kube-apiserver + etcd during the arm's serial creates
+    plane_serial: list[float] | None = None  # CPU seconds of kube-apiserver + etcd during each serial create
 
     def __post_init__(self) -> None:
-        self.serial, self.parallel = [], []
+        self.serial, self.parallel, self.plane_serial = [], [], []
 
     def pod(self, name: str) -> Obj:
         if self.body is None:
@@ -297,17 +297,18 @@ def serial_interleaved(core: client.CoreV1Api, arms: list[Arm], count: int, tag:
     """``count`` steps of one create per arm in turn: every arm meets the same spells of load, and
     step i of one arm pairs with step i of the others (the bootstrap resamples whole steps).
 
-    The CPU kube-apiserver and etcd spend from just before each create to just after it is added to
-    the arm's ``plane_serial``: with one create in flight that is mostly this create's (what the API
+    The CPU kube-apiserver and etcd spend from just before each create to just after it goes to the
+    arm's ``plane_serial``: with one create in flight that is mostly this create's (what the API
     server does for a webhook's answer, a patch, a bigger pod), plus whatever runs meanwhile (the
-    scheduler's look at the previous pod, the controllers), which falls on every arm alike. CPU
-    time, unlike latency, does not grow when the machine is loaded."""
+    scheduler's look at the previous pod, the controllers), which the median mostly leaves out.
+    CPU time, unlike latency, hardly grows when the machine is loaded."""
     for i in range(count):
         for arm in arms:
             assert arm.serial is not None
             before = sum(map(_process_cpu, plane_pids))
             arm.serial.append(create_one(core, arm, f"s-{tag}-{i}"))
-            arm.plane_serial += sum(map(_process_cpu, plane_pids)) - before
+            assert arm.plane_serial is not None
+            arm.plane_serial.append(sum(map(_process_cpu, plane_pids)) - before)
 
 
 def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: int, tag: str) -> None:
@@ -459,15 +460,14 @@ def report(arms: dict[str, Arm], parallel_count: int, notes: list[str], rounds_s
     print(f"\nCPU of each webhook server per pod created over the {rounds_seconds:.0f} s of rounds, ms; idle: what "
           "the server burns with no request (policy, certificate and inventory pollers, the loops), measured "
           "before the rounds; the last column takes it out:")
-    print("and what kube-apiserver + etcd spent during each serial create (see serial_interleaved), ms, and its "
-          "excess over none's (what the API server does for the arm's webhooks and pod):")
+    print("and what kube-apiserver + etcd spent during a serial create (see serial_interleaved; median, ms), and "
+          "its excess over none's (what the API server does for the arm's webhooks and the pod they leave):")
     print(f"{'arm':<9}{'per pod':>8}{'idle ms/s':>11}{'less idle':>11}{'plane/serial':>14}{'over none':>11}")
-    plane_none = base.plane_serial * 1000 / len(base.serial)
+    plane_none = pct(base.plane_serial or [0.0], 0.5)
     for name, arm in arms.items():
-        assert arm.serial is not None
         pods = max(arm.pods, 1)
         busy = arm.server_cpu - arm.idle_cpu * rounds_seconds
-        plane = arm.plane_serial * 1000 / max(len(arm.serial), 1)
+        plane = pct(arm.plane_serial or [0.0], 0.5)
         print(f"{name:<9}{arm.server_cpu * 1000 / pods:>8.2f}{arm.idle_cpu * 1000:>11.1f}{busy * 1000 / pods:>11.2f}"
               f"{plane:>14.2f}{plane - plane_none:>11.2f}")
     for note in notes:
