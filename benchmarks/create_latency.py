@@ -1,18 +1,19 @@
 """What a webhook costs a pod create through the real API server, next to the floor any webhook pays.
 
-One e2e control plane (tests/e2e: etcd, kube-apiserver v1.36.3 on 127.0.0.1) and four arms, all
+One e2e control plane (tests/e2e: etcd, kube-apiserver v1.36.3 on 127.0.0.1) and six arms, all
 live at once, each in its own namespace:
 
 - ``none``: no webhook selects the namespace;
-- ``shaped``: no webhook either, but the pod is created already in the form gpugate's mutation gives
-  it (annotation, requests, toleration, node affinity): what the bigger pod alone costs the API
-  server and etcd;
+- ``shaped``: no webhook either, but the pod is created with the fields gpugate's mutation sets
+  already in it (annotation, requests and limits, toleration, node affinity): what the bigger pod
+  alone costs the API server and etcd;
 - ``go``: webhook/localcluster/toolchain/floor-webhook, a minimal webhook in Go (TLS, JSON decode of the
   review and the pod, allow): the floor any webhook pays, with Go's HTTP/2;
 - ``go-patch``: the same Go webhook answering /mutate with gpugate's own JSON Patch for this pod
-  (asked of the gpugate arm's server before the rounds): the floor a *mutating* webhook pays, whose
-  API server applies the patch and carries the bigger pod through validation, the validating call
-  and etcd;
+  (``--patch``; the patch is asked of the gpugate arm's server before the rounds): the floor a
+  *mutating* webhook pays, whose API server applies the patch and carries the bigger pod through
+  validation, the validating call and etcd. gpugate is judged against both floors: issue 28's goal
+  against ``go``, and what is gpugate's own against ``go-patch``;
 - ``null``: benchmarks/null_server.py, gpugate's server with a core that allows everything;
 - ``gpugate``: ``gpugate serve`` with the starter policies/ (the pod is shaped and validated).
 
@@ -20,11 +21,16 @@ Every webhook arm registers the Mutating- and ValidatingWebhookConfiguration exa
 ``kubectl kustomize manifests/webhook`` renders them, with ``clientConfig`` pointed at the arm's
 server by url and the namespaceSelector narrowed to the arm's namespace, so the API server makes
 the same two calls per pod for each. Pods: a GPU pod with one gpugate label (``gpugate.io/gpus``)
-in an ``ml-*`` namespace. ``--before REV`` adds a fifth arm, ``before``: gpugate at an older git
-revision (a temporary worktree).
+in an ``ml-*`` namespace. ``--before REV`` adds an arm, ``before``: gpugate at an older git
+revision (a temporary worktree). ``--arms`` keeps only some of the optional arms.
+
+Where the time goes is printed twice: as differences of added latency between arms (the patch:
+go-patch - go; the bigger pod: shaped - none; gpugate's own: gpugate - go-patch), and as the CPU
+kube-apiserver + etcd spend during each serial create (median per arm), which a loaded machine
+hardly moves.
 
 How the arms are kept comparable on a shared machine whose load swings (issue 28): serial creates
-are interleaved, one create per arm in turn (none, go, null, gpugate, none, ...), so a slow spell
+are interleaved, one create per arm in turn (none, shaped, go, ..., none, ...), so a slow spell
 falls on every arm alike; in the parallel phase each of the ``--parallel`` creators (each on its own
 client) moves to the next arm after each create, so the creators are spread over the arms at every
 moment; an arm's create rate is then the creators' count over its mean create time (Little's law
@@ -35,6 +41,7 @@ are resampled whole, the parallel creates per arm. A ratio to the Go floor is *d
 whole interval lies on one side of the goal; otherwise it is printed as "within noise".
 
     python benchmarks/create_latency.py [--pods 150] [--parallel 8] [--rounds 4] [--before REV]
+        [--arms shaped,go-patch,null]
     python benchmarks/create_latency.py --pods 6 --rounds 1      # shortest
 """
 
