@@ -570,7 +570,8 @@ def main() -> int:
                  "--cert", str(certs.cert), "--key", str(certs.key), "--workers", str(args.workers)],
                 null.port, tmp / "null.log", certs.ca, "/readyz"))
         gpugate = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=REPO / "policies",
-                                log=tmp / "gpugate.log", workers=args.workers)
+                                log=tmp / "gpugate.log", workers=args.workers,
+                                reload_interval=1.0)  # gpugate serve's default, as the before arm runs
         gpugate.start()
         stack.callback(gpugate.stop)
         arms["gpugate"].base_url, arms["gpugate"].port = gpugate.base_url, gpugate.port
