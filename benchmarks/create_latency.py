@@ -1,11 +1,19 @@
 """What a webhook costs a pod create through the real API server, next to the floor any webhook pays.
 
-One e2e control plane (tests/e2e: etcd, kube-apiserver v1.36.3 on 127.0.0.1) and four arms, all
+One e2e control plane (tests/e2e: etcd, kube-apiserver v1.36.3 on 127.0.0.1) and six arms, all
 live at once, each in its own namespace:
 
 - ``none``: no webhook selects the namespace;
+- ``shaped``: no webhook either, but the pod is created with the fields gpugate's mutation sets
+  already in it (annotation, requests and limits, toleration, node affinity): what the bigger pod
+  alone costs the API server and etcd;
 - ``go``: webhook/localcluster/toolchain/floor-webhook, a minimal webhook in Go (TLS, JSON decode of the
   review and the pod, allow): the floor any webhook pays, with Go's HTTP/2;
+- ``go-patch``: the same Go webhook answering /mutate with gpugate's own JSON Patch for this pod
+  (``--patch``; the patch is asked of the gpugate arm's server before the rounds): the floor a
+  *mutating* webhook pays, whose API server applies the patch and carries the bigger pod through
+  validation, the validating call and etcd. gpugate is judged against both floors: issue 28's goal
+  against ``go``, and what is gpugate's own against ``go-patch``;
 - ``null``: benchmarks/null_server.py, gpugate's server with a core that allows everything;
 - ``gpugate``: ``gpugate serve`` with the starter policies/ (the pod is shaped and validated).
 
@@ -13,11 +21,16 @@ Every webhook arm registers the Mutating- and ValidatingWebhookConfiguration exa
 ``kubectl kustomize manifests/webhook`` renders them, with ``clientConfig`` pointed at the arm's
 server by url and the namespaceSelector narrowed to the arm's namespace, so the API server makes
 the same two calls per pod for each. Pods: a GPU pod with one gpugate label (``gpugate.io/gpus``)
-in an ``ml-*`` namespace. ``--before REV`` adds a fifth arm, ``before``: gpugate at an older git
-revision (a temporary worktree).
+in an ``ml-*`` namespace. ``--before REV`` adds an arm, ``before``: gpugate at an older git
+revision (a temporary worktree). ``--arms`` keeps only some of the optional arms.
+
+Where the time goes is printed twice: as differences of added latency between arms (the patch:
+go-patch - go; the bigger pod: shaped - none; gpugate's own: gpugate - go-patch), and as the CPU
+kube-apiserver + etcd spend during each serial create (median per arm), which a loaded machine
+hardly moves.
 
 How the arms are kept comparable on a shared machine whose load swings (issue 28): serial creates
-are interleaved, one create per arm in turn (none, go, null, gpugate, none, ...), so a slow spell
+are interleaved, one create per arm in turn (none, shaped, go, ..., none, ...), so a slow spell
 falls on every arm alike; in the parallel phase each of the ``--parallel`` creators (each on its own
 client) moves to the next arm after each create, so the creators are spread over the arms at every
 moment; an arm's create rate is then the creators' count over its mean create time (Little's law
@@ -28,12 +41,14 @@ are resampled whole, the parallel creates per arm. A ratio to the Go floor is *d
 whole interval lies on one side of the goal; otherwise it is printed as "within noise".
 
     python benchmarks/create_latency.py [--pods 150] [--parallel 8] [--rounds 4] [--before REV]
+        [--arms shaped,go-patch,null]
     python benchmarks/create_latency.py --pods 6 --rounds 1      # shortest
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import os
@@ -46,7 +61,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -71,7 +86,12 @@ from tests.e2e.webhook_fixture import (  # noqa: E402
     pod_manifest,
 )
 
-ARMS = ("none", "go", "null", "gpugate")
+ARMS = ("none", "shaped", "go", "go-patch", "null", "gpugate")
+REQUIRED = ("none", "go", "gpugate")
+"""The baseline, the issue's floor and gpugate: every run has them (``--arms`` picks among the rest)."""
+GO_ARMS = ("go", "go-patch")
+SHAPED_ARMS = ("go-patch", "gpugate", "before")
+"""Arms whose created pods carry gpugate's mark (``gpugate.io/policy``), once their webhook is called."""
 WEBHOOK_BASE = REPO / "manifests" / "webhook"
 LOOPBACK = "127.0.0.1"
 Obj = dict[str, Any]
@@ -91,9 +111,18 @@ class Arm:
     server_cpu: float = 0.0   # CPU seconds of the webhook server (all its processes) over the rounds
     idle_cpu: float = 0.0     # CPU seconds per second the same server spends with no request (its pollers)
     pods: int = 0
+    body: Obj | None = None   # the pod this arm creates (None: ``the_pod``, the user's plain GPU pod)
+    plane_serial: list[float] | None = None  # CPU seconds of kube-apiserver + etcd during each serial create
 
     def __post_init__(self) -> None:
-        self.serial, self.parallel = [], []
+        self.serial, self.parallel, self.plane_serial = [], [], []
+
+    def pod(self, name: str) -> Obj:
+        if self.body is None:
+            return the_pod(name)
+        body = copy.deepcopy(self.body)
+        body["metadata"]["name"] = name
+        return body
 
 
 def tree_cpu(pid: int | None) -> float:
@@ -221,20 +250,72 @@ def the_pod(name: str) -> Obj:
     return pod_manifest(name, labels={"gpugate.io/gpus": "1"})
 
 
-def create_one(core: client.CoreV1Api, namespace: str, name: str) -> float:
-    body = the_pod(name)
+def create_one(core: client.CoreV1Api, arm: Arm, name: str) -> float:
+    body = arm.pod(name)
     started = time.perf_counter()
-    core.create_namespaced_pod(namespace, body, _preload_content=False)
+    core.create_namespaced_pod(arm.namespace, body, _preload_content=False)
     return time.perf_counter() - started
 
 
-def serial_interleaved(core: client.CoreV1Api, arms: list[Arm], count: int, tag: str) -> None:
+def gpugate_patch(core: client.CoreV1Api, gpugate: Arm, namespace: str, ca: Path) -> list[Obj]:
+    """The JSON Patch gpugate's server answers for the benchmark's pod in ``namespace``: the pod as
+    the API server hands it to webhooks (a dry-run create there, where no webhook is registered yet:
+    defaults and the built-in admission plugins applied) in a review posted to the arm's /mutate."""
+    assert gpugate.base_url is not None
+    pod = json.loads(core.create_namespaced_pod(namespace, the_pod("patch-probe"), dry_run="All",
+                                                _preload_content=False).data)
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "create-latency-patch-probe", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": namespace,
+        "operation": "CREATE", "object": pod, "userInfo": {"username": "create-latency"}, "dryRun": False}}
+    request = urllib.request.Request(f"{gpugate.base_url}/mutate", data=json.dumps(review).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(ca)), timeout=10) as answer:
+        response = json.loads(answer.read())["response"]
+    if not response.get("allowed") or response.get("patchType") != "JSONPatch":
+        raise RuntimeError(f"gpugate did not shape the benchmark's pod: {response}")
+    return list(json.loads(base64.b64decode(response["patch"])))
+
+
+def shaped_body(created: Obj, patch: list[Obj]) -> Obj:
+    """The user's pod with what gpugate's ``patch`` set, taken from ``created`` (the API server's
+    answer to a create in the gpugate arm): for each operation, the field it adds or replaces, two
+    levels under ``metadata`` or ``spec`` (``/spec/tolerations/-`` copies the whole list). Nothing
+    else of the stored pod is copied: a client that sends every defaulted field makes the API
+    server track all of them in ``managedFields``, a cost the webhook's pods do not have."""
+    body = the_pod("shaped")
+    del body["metadata"]["name"]
+    for op in patch:
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
+        # /spec/containers/0/resources keeps its index; a list element (/spec/tolerations/2) does not
+        depth = 4 if tokens[:2] == ["spec", "containers"] else 2
+        source, target = created, body
+        for i, token in enumerate(tokens[:depth]):
+            key: Any = int(token) if isinstance(source, list) else token
+            source = source[key]
+            if i == len(tokens[:depth]) - 1:
+                target[key] = copy.deepcopy(source)
+            else:
+                target = target[key] if isinstance(target, list) else target.setdefault(key, {})
+    return body
+
+def serial_interleaved(core: client.CoreV1Api, arms: list[Arm], count: int, tag: str,
+                       plane_pids: Sequence[int] = ()) -> None:
     """``count`` steps of one create per arm in turn: every arm meets the same spells of load, and
-    step i of one arm pairs with step i of the others (the bootstrap resamples whole steps)."""
+    step i of one arm pairs with step i of the others (the bootstrap resamples whole steps).
+
+    The CPU kube-apiserver and etcd spend from just before each create to just after it goes to the
+    arm's ``plane_serial``: with one create in flight that is mostly this create's (what the API
+    server does for a webhook's answer, a patch, a bigger pod), plus whatever runs meanwhile (the
+    scheduler's look at the previous pod, the controllers), which the median mostly leaves out.
+    CPU time, unlike latency, hardly grows when the machine is loaded."""
     for i in range(count):
         for arm in arms:
             assert arm.serial is not None
-            arm.serial.append(create_one(core, arm.namespace, f"s-{tag}-{i}"))
+            before = sum(map(_process_cpu, plane_pids))
+            arm.serial.append(create_one(core, arm, f"s-{tag}-{i}"))
+            assert arm.plane_serial is not None
+            arm.plane_serial.append(sum(map(_process_cpu, plane_pids)) - before)
 
 
 def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: int, tag: str) -> None:
@@ -251,7 +332,7 @@ def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: 
         barrier.wait()
         for j in range(per[index]):
             arm = arms[(index + j) % len(arms)]
-            took = create_one(cores[index], arm.namespace, f"p-{tag}-{index}-{j}")
+            took = create_one(cores[index], arm, f"p-{tag}-{index}-{j}")
             with lock:
                 assert arm.parallel is not None
                 arm.parallel.append(took)
@@ -269,11 +350,12 @@ def clear(core: client.CoreV1Api, namespace: str) -> None:
         time.sleep(0.2)
 
 
-def warm(core: client.CoreV1Api, arm: Arm, check: Callable[[Obj], bool] | None) -> None:
-    """Creates until the API server calls the arm's webhooks (its webhook informer lags a little)."""
+def warm(core: client.CoreV1Api, arm: Arm, check: Callable[[Obj], bool] | None) -> Obj:
+    """Creates until the API server calls the arm's webhooks (its webhook informer lags a little);
+    the first pod that passed ``check``, as the API server answered it."""
     deadline = time.monotonic() + 30
     for i in range(10_000):
-        created = json.loads(core.create_namespaced_pod(arm.namespace, the_pod(f"warm-{i}"),
+        created = json.loads(core.create_namespaced_pod(arm.namespace, arm.pod(f"warm-{i}"),
                                                         _preload_content=False).data)
         if check is None or check(created):
             break
@@ -281,7 +363,8 @@ def warm(core: client.CoreV1Api, arm: Arm, check: Callable[[Obj], bool] | None) 
             raise RuntimeError(f"the API server never called the {arm.name} webhook")
         time.sleep(0.2)
     for _ in range(10):
-        create_one(core, arm.namespace, f"warm-more-{time.monotonic_ns()}")
+        create_one(core, arm, f"warm-more-{time.monotonic_ns()}")
+    return dict(created)
 
 
 # --- figures ---------------------------------------------------------------------------------
@@ -374,27 +457,67 @@ def report(arms: dict[str, Arm], parallel_count: int, notes: list[str], rounds_s
             low, high = interval([sample[index] for sample in samples[name]])
             cells.append(f"{added(arms, name)[index]:>6.1f} [{low:>5.1f}, {high:>5.1f}]")
         print(f"{measure:<16}" + "".join(f"{cell:>22}" for cell in cells))
-    if "go" in arms and "gpugate" in arms:
-        print(f"\ngpugate / the Go floor (goal: added latency <= {GOAL_LATENCY}x, create rate >= {GOAL_RATE}x):")
-        go, gg = added(arms, "go"), added(arms, "gpugate")
-        for index, measure in enumerate(MEASURES):
-            ratios = [ratio(g[index], f[index]) for g, f in zip(samples["gpugate"], samples["go"], strict=True)]
-            low, high = interval(ratios)
-            print(f"  {measure:<15}{ratio(gg[index], go[index]):>6.2f}x  [{low:.2f}, {high:.2f}]  "
-                  f"{verdict(low, high, GOAL_LATENCY, at_most=True)}")
-        rate = rates["gpugate"] / rates["go"]
-        print(f"  {'create rate':<15}{rate:>6.2f}x  ({parallel_count} creators)  "
-              f"{'met' if rate >= GOAL_RATE else 'MISSED'}")
+    print_differences(arms, samples)
+    for floor, title in (("go", "the Go floor (allow-only; issue 28's goal: added latency <= "
+                                f"{GOAL_LATENCY}x, create rate >= {GOAL_RATE}x)"),
+                         ("go-patch", "the Go floor answering gpugate's patch (the floor a mutating webhook pays)")):
+        if floor in arms and "gpugate" in arms:
+            print(f"\ngpugate / {title}:")
+            print_ratios(arms, samples, rates, floor, parallel_count)
     print(f"\nCPU of each webhook server per pod created over the {rounds_seconds:.0f} s of rounds, ms; idle: what "
           "the server burns with no request (policy, certificate and inventory pollers, the loops), measured "
           "before the rounds; the last column takes it out:")
-    print(f"{'arm':<9}{'per pod':>8}{'idle ms/s':>11}{'less idle':>11}")
+    print("and what kube-apiserver + etcd spent during a serial create (see serial_interleaved; median, ms), and "
+          "its excess over none's (what the API server does for the arm's webhooks and the pod they leave):")
+    print(f"{'arm':<9}{'per pod':>8}{'idle ms/s':>11}{'less idle':>11}{'plane/serial':>14}{'over none':>11}")
+    plane_none = pct(base.plane_serial or [0.0], 0.5)
     for name, arm in arms.items():
         pods = max(arm.pods, 1)
         busy = arm.server_cpu - arm.idle_cpu * rounds_seconds
-        print(f"{name:<9}{arm.server_cpu * 1000 / pods:>8.2f}{arm.idle_cpu * 1000:>11.1f}{busy * 1000 / pods:>11.2f}")
+        plane = pct(arm.plane_serial or [0.0], 0.5)
+        print(f"{name:<9}{arm.server_cpu * 1000 / pods:>8.2f}{arm.idle_cpu * 1000:>11.1f}{busy * 1000 / pods:>11.2f}"
+              f"{plane:>14.2f}{plane - plane_none:>11.2f}")
     for note in notes:
         print(note)
+
+
+def print_ratios(arms: dict[str, Arm], samples: dict[str, list[tuple[float, float, float, float]]],
+                 rates: dict[str, float], floor: str, parallel_count: int) -> None:
+    """gpugate's added latencies and create rate over ``floor``'s, each with its bootstrap interval
+    (the ratio taken on each resample) and its verdict against the issue's goals."""
+    base, mine = added(arms, floor), added(arms, "gpugate")
+    for index, measure in enumerate(MEASURES):
+        ratios = [ratio(g[index], f[index]) for g, f in zip(samples["gpugate"], samples[floor], strict=True)]
+        low, high = interval(ratios)
+        print(f"  {measure:<15}{ratio(mine[index], base[index]):>6.2f}x  [{low:.2f}, {high:.2f}]  "
+              f"{verdict(low, high, GOAL_LATENCY, at_most=True)}")
+    rate = rates["gpugate"] / rates[floor]
+    print(f"  {'create rate':<15}{rate:>6.2f}x  ({parallel_count} creators)  "
+          f"{'met' if rate >= GOAL_RATE else 'MISSED'}")
+
+
+DIFFERENCES = (("go-patch", "go", "what the API server spends on gpugate's patch (go-patch - go)"),
+               ("shaped", None, "what the shaped pod alone costs, no webhook (shaped - none)"),
+               ("gpugate", "go-patch", "what gpugate adds over the mutating floor (gpugate - go-patch)"),
+               ("gpugate", "null", "what gpugate's core and patch add to its own server (gpugate - null)"))
+
+
+def print_differences(arms: dict[str, Arm], samples: dict[str, list[tuple[float, float, float, float]]]) -> None:
+    """Where the added time goes: one arm's added latency minus another's, on the same resamples."""
+    shown = [(a, b, text) for a, b, text in DIFFERENCES if a in samples and (b is None or b in samples)]
+    if not shown:
+        return
+    print("\nwhere it goes, ms [90% bootstrap interval]:")
+    print(f"{'':<72}{'serial +p50':>20}{'parallel +p50':>20}")
+    for a, b, text in shown:
+        cells = []
+        zero = [(0.0, 0.0, 0.0, 0.0)] * len(samples[a])
+        minus = samples[b] if b is not None else zero
+        for index in (0, 2):
+            low, high = interval([x[index] - y[index] for x, y in zip(samples[a], minus, strict=True)])
+            whole = added(arms, a)[index] - (added(arms, b)[index] if b is not None else 0.0)
+            cells.append(f"{whole:>5.1f} [{low:>4.1f}, {high:>4.1f}]")
+        print(f"{text:<72}" + "".join(f"{cell:>20}" for cell in cells))
 
 
 def main() -> int:
@@ -405,11 +528,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of null and gpugate")
     parser.add_argument("--idle-seconds", type=float, default=15.0,
                         help="how long each server's CPU with no request is measured before the rounds")
+    parser.add_argument("--arms", type=lambda text: tuple(text.split(",")), metavar="A,B",
+                        help=f"only these of {', '.join(ARMS)} ({', '.join(REQUIRED)} always run)")
     parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
     parser.add_argument("--floor", type=Path, metavar="BINARY",
                         help="the floor webhook binary to run (default: the cached build, built on first use)")
     args = parser.parse_args()
-    arm_names = (*ARMS, "before") if args.before else ARMS
+    arm_names = tuple(name for name in ARMS if name in REQUIRED or name in (args.arms or ARMS))
+    if args.before:
+        arm_names += ("before",)
     found = binaries.paths()
     if found is None:
         raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
@@ -424,19 +551,27 @@ def main() -> int:
         arms = {name: Arm(name, namespaces.make(f"ml-bench-{name}")) for name in arm_names}
         stack.callback(namespaces.delete_all)
         for arm in arms.values():
-            if arm.name in ("go", "null"):
+            if arm.name in (*GO_ARMS, "null"):
                 arm.port = processes.free_port()
                 arm.base_url = f"https://{LOOPBACK}:{arm.port}"
-        assert arms["go"].port is not None and arms["null"].port is not None
-        arms["go"].pid = stack.enter_context(subprocess_server(
-            [str(floor), "--bind", f"{LOOPBACK}:{arms['go'].port}", "--cert", str(certs.cert), "--key",
-             str(certs.key)], arms["go"].port, tmp / "go.log", certs.ca, "/healthz"))
-        arms["null"].pid = stack.enter_context(subprocess_server(
-            [sys.executable, str(REPO / "benchmarks" / "null_server.py"), "--bind", f"{LOOPBACK}:{arms['null'].port}",
-             "--cert", str(certs.cert), "--key", str(certs.key), "--workers", str(args.workers)],
-            arms["null"].port, tmp / "null.log", certs.ca, "/readyz"))
+
+        def start_go(arm: Arm, *extra: str) -> None:
+            assert arm.port is not None
+            arm.pid = stack.enter_context(subprocess_server(
+                [str(floor), "--bind", f"{LOOPBACK}:{arm.port}", "--cert", str(certs.cert), "--key",
+                 str(certs.key), *extra], arm.port, tmp / f"{arm.name}.log", certs.ca, "/healthz"))
+
+        start_go(arms["go"])
+        if "null" in arms:
+            null = arms["null"]
+            assert null.port is not None
+            null.pid = stack.enter_context(subprocess_server(
+                [sys.executable, str(REPO / "benchmarks" / "null_server.py"), "--bind", f"{LOOPBACK}:{null.port}",
+                 "--cert", str(certs.cert), "--key", str(certs.key), "--workers", str(args.workers)],
+                null.port, tmp / "null.log", certs.ca, "/readyz"))
         gpugate = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=REPO / "policies",
-                                log=tmp / "gpugate.log", workers=args.workers)
+                                log=tmp / "gpugate.log", workers=args.workers,
+                                reload_interval=1.0)  # gpugate serve's default, as the before arm runs
         gpugate.start()
         stack.callback(gpugate.stop)
         arms["gpugate"].base_url, arms["gpugate"].port = gpugate.base_url, gpugate.port
@@ -459,17 +594,31 @@ def main() -> int:
 
         api = client.AdmissionregistrationV1Api(cluster.api_client())
         rendered = RenderedWebhooks.of(kustomize(WEBHOOK_BASE))
-        for arm in arms.values():
-            if arm.base_url is not None:
-                register(api, rendered, arm, certs.bundle.ca_cert)
-                stack.callback(unregister, api, arm)
         core = cluster.core()
         cores = [client.CoreV1Api(cluster.api_client()) for _ in range(args.parallel)]
         shaped = lambda pod: "gpugate.io/policy" in (pod["metadata"].get("annotations") or {})  # noqa: E731
+        # gpugate first: its patch and its shaped pod are what go-patch answers and shaped creates.
+        register(api, rendered, arms["gpugate"], certs.bundle.ca_cert)
+        stack.callback(unregister, api, arms["gpugate"])
+        created = warm(core, arms["gpugate"], shaped)
+        patch = gpugate_patch(core, arms["gpugate"], arms["none"].namespace, certs.ca)
+        if "shaped" in arms:
+            arms["shaped"].body = shaped_body(created, patch)
+        if "go-patch" in arms:
+            patch_file = tmp / "gpugate-patch.json"
+            patch_file.write_text(json.dumps(patch))
+            start_go(arms["go-patch"], "--patch", str(patch_file))
         for arm in arms.values():
-            warm(core, arm, shaped if arm.name in ("gpugate", "before") else None)
+            if arm.base_url is not None and arm.name != "gpugate":
+                register(api, rendered, arm, certs.bundle.ca_cert)
+                stack.callback(unregister, api, arm)
+        for arm in arms.values():
+            if arm.name != "gpugate":
+                created = warm(core, arm, shaped if arm.name in SHAPED_ARMS else None)
+                if arm.name == "shaped" and not shaped(created):
+                    raise RuntimeError("the shaped arm's pod lost gpugate's mark on the way in")
             clear(core, arm.namespace)
-        go_before = go_stats(arms["go"], certs.ca)
+        go_before = {name: go_stats(arms[name], certs.ca) for name in GO_ARMS if name in arms}
 
         order = [arms[name] for name in arm_names]
         counts_before = {arm.name: gunicorn_counts(arm, certs.ca) for arm in order
@@ -479,7 +628,7 @@ def main() -> int:
         plane_before = sum(map(tree_cpu, plane_pids))
         rounds_started = time.monotonic()
         for round_ in range(args.rounds):
-            serial_interleaved(core, order, args.pods, f"{round_}")
+            serial_interleaved(core, order, args.pods, f"{round_}", plane_pids)
             for arm in order:
                 clear(core, arm.namespace)
             parallel_interleaved(cores, order, args.pods, f"{round_}")
@@ -493,11 +642,15 @@ def main() -> int:
         for arm in order:
             arm.server_cpu = tree_cpu(arm.pid) - server_before[arm.name]
         plane_cpu = sum(map(tree_cpu, plane_pids)) - plane_before
-        go_after = go_stats(arms["go"], certs.ca)
-        notes = [f"\nhow the API server called each server (during the rounds): go: "
-                 f"{go_after['connections'] - go_before['connections']} connections opened, requests "
-                 + ", ".join(f"{k} {go_after.get(k, 0) - go_before.get(k, 0)}" for k in sorted(go_after)
-                             if k.startswith("HTTP"))]
+        notes = [f"\ngpugate's patch for the benchmark's pod (what go-patch answers, what shaped carries): "
+                 f"{len(patch)} operations, {len(json.dumps(patch))} bytes: "
+                 + ", ".join(f"{op['op']} {op['path']}" for op in patch),
+                 "how the API server called each server (during the rounds):"]
+        for name in (name for name in GO_ARMS if name in arms):
+            go_after = go_stats(arms[name], certs.ca)
+            notes.append(f"{name}: {go_after['connections'] - go_before[name]['connections']} connections opened, "
+                         "requests " + ", ".join(f"{k} {go_after.get(k, 0) - go_before[name].get(k, 0)}"
+                                                 for k in sorted(go_after) if k.startswith("HTTP")))
         for name, (connections, reviews) in counts_before.items():
             after_connections, after_reviews = gunicorn_counts(arms[name], certs.ca)
             notes.append(f"{name}: {after_connections - connections:.0f} connections accepted for "

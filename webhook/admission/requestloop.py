@@ -55,12 +55,16 @@ MAX_READ_PER_EVENT = 1024 * 1024
 IDLE_LINGER_SECONDS = 0.5
 HEARTBEAT_SECONDS = 1.0
 """At most one heartbeat to the arbiter per second (its timeout is 30 s)."""
-ACCEPT_RECHECK_SECONDS = 0.02
+ACCEPT_RECHECK_SECONDS = 0.25
 """While a worker leaves new connections to a less loaded sibling, how often it looks at the
 connection table again. Before issue 28 the pause was set once and then lay in the past, so the
 loop polled with a zero timeout: a worker holding one kept-alive connection more than its sibling
 burnt a whole core, and on the API server's kept-alive connections that was nearly always one of
-the two workers (3.5 ms of CPU per admission instead of under 1 ms)."""
+the two workers (3.5 ms of CPU per admission instead of under 1 ms). At 20 ms the loop's 50
+wake-ups a second still cost about 5.5 ms/s of CPU with no request at all (most of the "idle" that
+``benchmarks/create_latency.py`` prints for null and gpugate). Nothing waits on this look: the
+least loaded sibling accepts meanwhile. Only when that sibling stops accepting (it drains or dies)
+may a new connection wait, at most this long, in the listening socket's backlog."""
 
 
 class RequestLoop(ThreadWorker):
@@ -158,6 +162,11 @@ class RequestLoop(ThreadWorker):
                 return
             raise
         sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # As Go's net/http does for every connection it accepts: an answer the loop could not send
+            # whole is finished by a pool thread, and Nagle would hold that small tail until the client
+            # acknowledged the first part, a delayed ACK (up to 40 ms on Linux) later.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         now = time.monotonic()
         if self.cfg.is_ssl:
             context = gunicorn_sock.ssl_context(self.cfg)

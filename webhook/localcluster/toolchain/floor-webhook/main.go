@@ -3,7 +3,12 @@
 // offers HTTP/2 over TLS (ALPN h2) as net/http does by default, so the API server's client may
 // multiplex its calls on one connection. benchmarks/create_latency.py compares gpugate with it.
 //
-//	floor-webhook --bind 127.0.0.1:PORT --cert tls.crt --key tls.key
+// With --patch, /mutate answers that JSON Patch (the bytes of the file, unchanged) instead of an
+// allow-only answer: the floor a *mutating* webhook pays, whose API server must apply the patch and
+// carry the bigger pod through validation, the validating call and etcd (issue 28). /validate
+// always allows.
+//
+//	floor-webhook --bind 127.0.0.1:PORT --cert tls.crt --key tls.key [--patch patch.json]
 package main
 
 import (
@@ -12,6 +17,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,9 +36,14 @@ type review struct {
 }
 
 type response struct {
-	UID     string `json:"uid"`
-	Allowed bool   `json:"allowed"`
+	UID       string `json:"uid"`
+	Allowed   bool   `json:"allowed"`
+	PatchType string `json:"patchType,omitempty"`
+	Patch     []byte `json:"patch,omitempty"` // base64 in JSON, as admission/v1 wants
 }
+
+// The JSON Patch /mutate answers (nil: allow unchanged); read once at start.
+var mutatePatch []byte
 
 func admit(w http.ResponseWriter, r *http.Request) {
 	counter, _ := protocols.LoadOrStore(r.Proto, new(atomic.Int64))
@@ -55,6 +66,9 @@ func admit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := review{APIVersion: in.APIVersion, Kind: in.Kind, Response: &response{UID: in.Request.UID, Allowed: true}}
+	if mutatePatch != nil && r.URL.Path == "/mutate" {
+		out.Response.PatchType, out.Response.Patch = "JSONPatch", mutatePatch
+	}
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(out); err != nil {
 		log.Printf("answer: %v", err)
@@ -65,7 +79,19 @@ func main() {
 	bind := flag.String("bind", "127.0.0.1:8443", "address to listen on")
 	cert := flag.String("cert", "", "serving certificate (PEM)")
 	key := flag.String("key", "", "its private key (PEM)")
+	patchFile := flag.String("patch", "", "a JSON Patch file /mutate answers with (default: allow unchanged)")
 	flag.Parse()
+	if *patchFile != "" {
+		data, err := os.ReadFile(*patchFile)
+		if err != nil {
+			log.Fatalf("patch: %v", err)
+		}
+		var ops []map[string]any
+		if err := json.Unmarshal(data, &ops); err != nil {
+			log.Fatalf("patch %s is not a JSON Patch: %v", *patchFile, err)
+		}
+		mutatePatch = data
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/mutate", admit)
 	mux.HandleFunc("/validate", admit)
