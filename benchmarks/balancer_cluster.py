@@ -33,9 +33,11 @@ its TTL controller, which annotates every node once the cluster grows past 100, 
 ``--memory-floor-gb``.
 
     python benchmarks/balancer_cluster.py [--nodes 5000] [--pods 150000] [--burst 2000]
-    python benchmarks/balancer_cluster.py --nodes 5000 --pods 20000 --labelling-only --patch-cost 300 \
-        --code-before /tmp/main     # the first labelling, main's and this checkout's, and a patch's cost
-    python benchmarks/balancer_cluster.py --nodes 20 --pods 100 --burst 20      # shortest
+    python benchmarks/balancer_cluster.py --nodes 5000 --pods 20000 --labelling-only --patch-cost 100 \
+        --code-before main     # the first labelling by main's balancer and this checkout's, one run, and
+                               # benchmarks/patchcost.py's arms: what a label patch costs the API server
+    python benchmarks/balancer_cluster.py --nodes 20 --pods 100 --burst 20 --code-before HEAD \
+        --patch-cost 8 --patch-rounds 1     # shortest
 """
 
 from __future__ import annotations
@@ -509,7 +511,7 @@ def process_cpu(plane: controlplane.ControlPlane, name: str) -> float:
 
 
 def patch_costs(plane: controlplane.ControlPlane, core: client.CoreV1Api, etcd: EtcdBulk, names: list[str],
-                seed: int) -> dict[str, tuple[float, float]]:
+                seed: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
     """benchmarks/patchcost.py's arms on ``names`` and on copies of them with fewer managers."""
     sets = {"kubelet": names}
     for key, prefix in patchcost.NODE_SETS.items():
@@ -524,7 +526,7 @@ def patch_costs(plane: controlplane.ControlPlane, core: client.CoreV1Api, etcd: 
         wait(lambda key=key: all(_exists(core, name) for name in (sets[key][0], sets[key][-1])), timeout=300,
              what=f"the {key} nodes served")
     probe = patchcost.Probe(plane, account_token(core), plane.kubeconfig)
-    return probe.run(sets)
+    return probe.run(sets, rounds)
 
 
 def _exists(core: client.CoreV1Api, name: str) -> bool:
@@ -698,6 +700,7 @@ def main() -> int:
                         help="the checkout whose balancer is measured (default: this one)")
     parser.add_argument("--patch-cost", type=int, default=0, metavar="N",
                         help="at the end, patch N nodes per patch kind and print the API server's CPU per patch")
+    parser.add_argument("--patch-rounds", type=int, default=3, help="rounds of the --patch-cost arms (median)")
     parser.add_argument("--labelling-only", action="store_true",
                         help="measure the first labelling only, no bursts")
     args = parser.parse_args()
@@ -737,7 +740,7 @@ def run(args: argparse.Namespace, found: Binaries, code_before: Path | None) -> 
     seen = NodeWatch()
     firsts: dict[str, dict[str, float]] = {}
     results: dict[str, dict[str, float]] = {}
-    costs: dict[str, tuple[float, float]] = {}
+    costs: dict[str, list[tuple[float, float]]] = {}
     try:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         core = client.CoreV1Api(api)
@@ -824,7 +827,8 @@ def run(args: argparse.Namespace, found: Binaries, code_before: Path | None) -> 
             elapsed = time.monotonic() - balancers_began
             guard.sample()
             if args.patch_cost:
-                costs = patch_costs(plane, core, etcd, names[:min(args.patch_cost, args.nodes)], args.seed)
+                costs = patch_costs(plane, core, etcd, names[:min(args.patch_cost, args.nodes)], args.seed,
+                                    args.patch_rounds)
     finally:
         for started in STARTED:
             if started.proc.poll() is None:
