@@ -33,9 +33,11 @@ its TTL controller, which annotates every node once the cluster grows past 100, 
 ``--memory-floor-gb``.
 
     python benchmarks/balancer_cluster.py [--nodes 5000] [--pods 150000] [--burst 2000]
-    python benchmarks/balancer_cluster.py --nodes 5000 --pods 20000 --labelling-only --patch-cost 300 \
-        --code-before /tmp/main     # the first labelling, main's and this checkout's, and a patch's cost
-    python benchmarks/balancer_cluster.py --nodes 20 --pods 100 --burst 20      # shortest
+    python benchmarks/balancer_cluster.py --nodes 5000 --pods 20000 --labelling-only --patch-cost 100 \
+        --code-before main     # the first labelling by main's balancer and this checkout's, one run, and
+                               # benchmarks/patchcost.py's arms: what a label patch costs the API server
+    python benchmarks/balancer_cluster.py --nodes 20 --pods 100 --burst 20 --placements pack \
+        --code-before HEAD --patch-cost 8 --patch-rounds 1     # shortest
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,7 +57,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,7 @@ import orjson  # noqa: E402
 import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 
+from benchmarks import patchcost  # noqa: E402
 from benchmarks.balancer_scale import (  # noqa: E402
     cpu_seconds,
     metric,
@@ -78,6 +82,7 @@ from tests.e2e import binaries, processes  # noqa: E402
 from webhook.balancer.cluster import iter_lines  # noqa: E402
 from webhook.balancer.settings import BalancerSettings  # noqa: E402
 from webhook.localcluster import controlplane  # noqa: E402
+from webhook.localcluster.binaries import Binaries  # noqa: E402
 from webhook.names import GPU_FREE_LABEL, GPU_LOAD_LABEL  # noqa: E402
 
 NAMESPACE = "bench"
@@ -454,11 +459,15 @@ class Balancer:
             self.proc.wait(10)
 
 
+def account_token(core: client.CoreV1Api) -> str:
+    """A token of the balancer's ServiceAccount, as the Deployment's pod gets one."""
+    return str(core.create_namespaced_service_account_token(ACCOUNT, SYSTEM, client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=7200))).status.token)
+
+
 def start_balancer(plane: controlplane.ControlPlane, core: client.CoreV1Api, tmp: Path, interval: float,
                    tag: str, code: Path = REPO) -> Balancer:
-    token = core.create_namespaced_service_account_token(ACCOUNT, SYSTEM, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=7200))).status.token
-    (tmp / f"{tag}.token").write_text(token)
+    (tmp / f"{tag}.token").write_text(account_token(core))
     (tmp / f"{tag}.yaml").write_text("resync_interval: 3600\nwatch_timeout: 600\n")
     port = processes.free_port()
     log = tmp / f"balancer-{tag}.log"
@@ -472,6 +481,12 @@ def start_balancer(plane: controlplane.ControlPlane, core: client.CoreV1Api, tmp
             cwd=code, env={**os.environ, "PYTHONPATH": str(code)}, stdout=out, stderr=subprocess.STDOUT)
     STARTED.append(Balancer(proc, port, log, time.monotonic()))
     return STARTED[-1]
+
+
+def leading(balancer: Balancer) -> bool:
+    """The balancer holds the lease and has made its first full pass: its writes are the ones seen."""
+    return metric(balancer.port, "gpugate_balancer_leader") == 1 and \
+        metric(balancer.port, "gpugate_balancer_last_full_sync_timestamp_seconds") > 0
 
 
 def wait(condition: Callable[[], bool], *, timeout: float, what: str, balancer: Balancer | None = None,
@@ -495,59 +510,76 @@ def process_cpu(plane: controlplane.ControlPlane, name: str) -> float:
     return cpu_seconds(next(p.pid for p in plane.processes if p.name == name))
 
 
-PATCH_KINDS = (("strategic merge, JSON answer", "application/strategic-merge-patch+json", "application/json"),
-               ("JSON merge, JSON answer", "application/merge-patch+json", "application/json"),
-               ("strategic merge, protobuf answer", "application/strategic-merge-patch+json",
-                "application/vnd.kubernetes.protobuf"),
-               ("JSON merge, protobuf answer", "application/merge-patch+json", "application/vnd.kubernetes.protobuf"))
-PROBE_LABEL = "bench.gpugate.io/probe"
-"""What the patch-cost probe writes: not gpugate's labels, so the balancer's figures are untouched."""
+def patch_costs(plane: controlplane.ControlPlane, core: client.CoreV1Api, etcd: EtcdBulk, names: list[str],
+                seed: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """benchmarks/patchcost.py's arms on ``names`` and on copies of them with fewer managers."""
+    sets = {"kubelet": names}
+    for key, prefix in patchcost.NODE_SETS.items():
+        if not prefix:
+            continue
+        fold = patchcost.one_manager if key == "one manager" else patchcost.no_managers
+        copies = [patchcost.renamed(fold(stored(realistic_node(int(name.rsplit("-", 1)[1]), random.Random(
+            seed * 1_000_003 + int(name.rsplit("-", 1)[1]))))), prefix) for name in names]
+        etcd.put(len(copies), lambda i, copies=copies: (f"/registry/minions/{copies[i]['metadata']['name']}",
+                                                         copies[i]))
+        sets[key] = [c["metadata"]["name"] for c in copies]
+        wait(lambda key=key: all(_exists(core, name) for name in (sets[key][0], sets[key][-1])), timeout=300,
+             what=f"the {key} nodes served")
+    probe = patchcost.Probe(plane, account_token(core), plane.kubeconfig)
+    return probe.run(sets, rounds)
 
 
-def patch_costs(plane: controlplane.ControlPlane, names: list[str], count: int) -> dict[str, float]:
-    """The API server's CPU milliseconds per Node label patch, by patch type and answer encoding:
-    ``count`` nodes patched by 8 writers (as the balancer's pool) for each kind, one after the other."""
-    port = int(plane.server.rsplit(":", 1)[1])
-    costs: dict[str, float] = {}
-    for n, (kind, content_type, accept) in enumerate(PATCH_KINDS):
-        todo = iter(names[:count])
-        lock = threading.Lock()
-
-        def work(value: int = n, content_type: str = content_type, accept: str = accept,
-                 todo: Iterator[str] = todo, lock: threading.Lock = lock) -> None:
-            connection = http.client.HTTPSConnection("127.0.0.1", port, context=plane.admin_ssl_context())
-            body = orjson.dumps({"metadata": {"labels": {PROBE_LABEL: str(value)}}})
-            while True:
-                with lock:
-                    name = next(todo, None)
-                if name is None:
-                    connection.close()
-                    return
-                connection.request("PATCH", f"/api/v1/nodes/{name}?fieldManager=bench", body,
-                                   {"Content-Type": content_type, "Accept": accept})
-                answer = connection.getresponse()
-                answer.read()
-                if answer.status != 200:
-                    raise RuntimeError(f"PATCH node {name}: {answer.status}")
-
-        time.sleep(3.0)  # the previous kind's watch events delivered
-        before = process_cpu(plane, "kube-apiserver")
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        time.sleep(3.0)
-        costs[kind] = (process_cpu(plane, "kube-apiserver") - before - 6.0 * idle_cpu(plane)) * 1000 / count
-        print(f"  patch cost, {kind}: {costs[kind]:.1f} ms of API server CPU per patch", flush=True)
-    return costs
+def _exists(core: client.CoreV1Api, name: str) -> bool:
+    return bool(orjson.loads(core.list_node(field_selector=f"metadata.name={name}",
+                                            _preload_content=False).data)["items"])
 
 
-def idle_cpu(plane: controlplane.ControlPlane, seconds: float = 3.0) -> float:
-    """The API server's CPU seconds per second when nobody asks it anything (subtracted from a probe)."""
-    before = process_cpu(plane, "kube-apiserver")
-    time.sleep(seconds)
-    return (process_cpu(plane, "kube-apiserver") - before) / seconds
+def reset_nodes(plane: controlplane.ControlPlane, etcd: EtcdBulk, core: client.CoreV1Api, seen: NodeWatch,
+                names: list[str], seed: int, guard: MemoryGuard) -> None:
+    """Store every node unlabelled again, as at first, and wait until the API server serves them so.
+
+    The API server is the judge, not the benchmark's watcher: first its watch cache must have
+    taken in one event per node put (its own count), then a list of the nodes that still carry a
+    gpugate label must come back empty; then the watcher's marks are relisted. Why: at 5,000
+    nodes the watcher never saw every node unlabelled within 900 s (last session), and a list
+    sent before the cache had caught up timed out (504: a consistent read waits for the cache,
+    then a label-selected list scans every node) while kube-apiserver, on its share of this
+    machine, decoded 5,000 nodes of 19-37 KB. How far behind the watcher was is printed."""
+    began = time.monotonic()
+    events_before = cached(plane, "nodes")
+    etcd.put(len(names), lambda i: (f"/registry/minions/{names[i]}", stored(
+        realistic_node(i, random.Random(seed * 1_000_003 + i)))))
+    put = time.monotonic() - began
+    wait(lambda: cached(plane, "nodes") >= events_before + len(names), timeout=1800, guard=guard, every=3.0,
+         what="the API server's watch cache taking in the nodes stored again")
+    taken = time.monotonic() - began
+
+    def any_labelled() -> bool:
+        try:
+            return any(orjson.loads(core.list_node(label_selector=label, limit=1, _preload_content=False).data)[
+                "items"] for label in (GPU_FREE_LABEL, GPU_LOAD_LABEL))
+        except client.ApiException as err:
+            if err.status in (429, 500, 503, 504):  # busy: ask again
+                return True
+            raise
+
+    wait(lambda: not any_labelled(), timeout=900, what="the API server serving every node unlabelled again",
+         guard=guard, every=2.0)
+    behind = seen.labelled()
+    wait(lambda: _relisted(seen, core), timeout=300, what="the watcher's relist", guard=guard, every=2.0)
+    print(f"  nodes stored unlabelled again: put in {put:.0f} s, in the watch cache {taken:.0f} s and served so "
+          f"{time.monotonic() - began:.0f} s after the first put; the watcher still saw {behind} labelled then, "
+          "relisted", flush=True)
+
+
+def _relisted(seen: NodeWatch, core: client.CoreV1Api) -> bool:
+    try:
+        seen.relist(core)
+    except client.ApiException as err:
+        if err.status in (429, 500, 503, 504):
+            return False
+        raise
+    return True
 
 
 def first_labelling(plane: controlplane.ControlPlane, core: client.CoreV1Api, tmp: Path, seen: NodeWatch,
@@ -681,19 +713,46 @@ def main() -> int:
     parser.add_argument("--memory-floor-gb", type=float, default=4.0,
                         help="stop when the machine's MemAvailable falls under this")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--code-before", type=Path, metavar="DIR",
-                        help="also burst with the default settings of another checkout's balancer, e.g. "
-                             "`git archive main | tar -x -C /tmp/old` (before and after a change, one run)")
+    parser.add_argument("--code-before", metavar="DIR|REV",
+                        help="also measure another checkout's balancer (a directory, or a git revision of this "
+                             "repository, unpacked with `git archive`), e.g. main: before and after a change, one run")
     parser.add_argument("--code", type=Path, default=REPO, metavar="DIR",
                         help="the checkout whose balancer is measured (default: this one)")
     parser.add_argument("--patch-cost", type=int, default=0, metavar="N",
                         help="at the end, patch N nodes per patch kind and print the API server's CPU per patch")
+    parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS),
+                        help="how each arm's burst places its pods (each a burst of its own)")
+    parser.add_argument("--patch-rounds", type=int, default=3, help="rounds of the --patch-cost arms (median)")
     parser.add_argument("--labelling-only", action="store_true",
                         help="measure the first labelling only, no bursts")
     args = parser.parse_args()
     found = binaries.paths()
     if found is None:
         raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
+    unpacked = Path(tempfile.mkdtemp(prefix="balancer-cluster-code-"))
+    try:
+        return run(args, found, checkout(args.code_before, unpacked / "before") if args.code_before else None)
+    finally:
+        shutil.rmtree(unpacked, ignore_errors=True)
+
+
+def checkout(where: str, into: Path) -> Path:
+    """``where`` if it is a directory (a checkout), else that git revision of this repository
+    unpacked into ``into``; a clear error for neither."""
+    if Path(where).is_dir():
+        return Path(where)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", where], capture_output=True,
+                             check=False)
+    if archive.returncode:
+        raise SystemExit(f"--code-before {where}: neither a directory nor a git revision of {REPO} "
+                         f"({archive.stderr.decode().strip()})")
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def run(args: argparse.Namespace, found: Binaries, code_before: Path | None) -> int:
+    """The whole run (see the module docstring); ``code_before`` is the other checkout, if any."""
     rng = random.Random(args.seed)
     run_began = time.monotonic()
     print("starting the control plane ...", flush=True)
@@ -703,7 +762,7 @@ def main() -> int:
     seen = NodeWatch()
     firsts: dict[str, dict[str, float]] = {}
     results: dict[str, dict[str, float]] = {}
-    costs: dict[str, float] = {}
+    costs: dict[str, list[tuple[float, float]]] = {}
     try:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         core = client.CoreV1Api(api)
@@ -758,49 +817,40 @@ def main() -> int:
             tmp = Path(tmp_name)
             counts_before = apiserver_counts(plane)
             balancers_began = time.monotonic()
-            arms = [("after", args.code)] + ([("before", args.code_before)] if args.code_before is not None else [])
+            arms = [("after", args.code)] + ([("before", code_before)] if code_before is not None else [])
             for n, (arm, code) in enumerate(arms):  # after first: a run cut short still has its figures
                 if n:  # every arm starts from unlabelled nodes, as stored at first
-                    took = etcd.put(args.nodes, lambda i: (f"/registry/minions/{names[i]}", stored(
-                        realistic_node(i, random.Random(args.seed * 1_000_003 + i)))))
-                    wait(lambda: seen.labelled() == 0, timeout=900, what="nodes stored unlabelled again",
-                         guard=guard)
-                    print(f"  nodes stored unlabelled again in {took:.0f} s", flush=True)
+                    reset_nodes(plane, etcd, core, seen, names, args.seed, guard)
                 balancer, firsts[arm] = first_labelling(plane, core, tmp, seen, args.nodes, guard, arm, code)
                 print(f"  first labelling, {arm}: " + json.dumps(firsts[arm]), flush=True)
                 balancer.stop()
             if not args.labelling_only:
-                balancer = start_balancer(plane, core, tmp, DEFAULT_INTERVAL, "default", args.code)
-                wait(lambda b=balancer: metric(b.port, "gpugate_balancer_last_full_sync_timestamp_seconds") > 0,
-                     timeout=900, what="the default balancer's first pass", balancer=balancer, guard=guard)
-                time.sleep(2.0)
+                arms = [(f"{DEFAULT_INTERVAL:g}s", DEFAULT_INTERVAL, args.code), ("0s", 0.0, args.code)] + (
+                    [("old", DEFAULT_INTERVAL, code_before)] if code_before else [])
                 offsets = itertools.count(10_000_000, 1_000_000)
-
-                def bursts(short: str, interval: float) -> None:
-                    for placement in PLACEMENTS:
+                for n, (short, interval, code) in enumerate(arms):
+                    # One balancer at a time: each arm's stops before the next starts (and hands the
+                    # lease back), so no column measures another arm's balancer.
+                    balancer = start_balancer(plane, core, tmp, interval, short, code)
+                    guard.pids["balancer"] = balancer.proc.pid
+                    wait(lambda b=balancer: leading(b), timeout=900, what=f"the {short} balancer leading after "
+                         "its first pass", balancer=balancer, guard=guard)
+                    time.sleep(2.0)
+                    for placement in args.placements:
                         results[f"{short} {placement}"] = burst(bulk, plane, balancer, seen, free, args.burst,
                                                                 interval, next(offsets), placement, rng)
                         print(f"  burst done: {short} {placement}: " + json.dumps(results[f"{short} {placement}"]),
                               flush=True)  # a run cut short still leaves its figures
-
-                bursts(f"{DEFAULT_INTERVAL:g}s", DEFAULT_INTERVAL)
-                cpu_default, (_, peak_default) = cpu_seconds(balancer.proc.pid), rss_mb(balancer.proc.pid)
-                balancer.stop()
-                others = [("0s", 0.0, args.code)] + ([("old", DEFAULT_INTERVAL, args.code_before)]
-                                                     if args.code_before else [])
-                for short, interval, code in others:
-                    balancer = start_balancer(plane, core, tmp, interval, short, code)
-                    guard.pids["balancer"] = balancer.proc.pid
-                    wait(lambda b=balancer: metric(b.port, "gpugate_balancer_last_full_sync_timestamp_seconds") > 0,
-                         timeout=900, what=f"the {short} balancer's first pass", balancer=balancer, guard=guard)
-                    time.sleep(2.0)
-                    bursts(short, interval)
+                    if not n:
+                        cpu_default, (_, peak_default) = cpu_seconds(balancer.proc.pid), rss_mb(balancer.proc.pid)
+                    balancer.stop()
             balancer.stop()
             counts_all = delta(apiserver_counts(plane), counts_before)
             elapsed = time.monotonic() - balancers_began
             guard.sample()
             if args.patch_cost:
-                costs = patch_costs(plane, names, min(args.patch_cost, args.nodes))
+                costs = patch_costs(plane, core, etcd, names[:min(args.patch_cost, args.nodes)], args.seed,
+                                    args.patch_rounds)
     finally:
         for started in STARTED:
             if started.proc.poll() is None:
@@ -821,12 +871,9 @@ def main() -> int:
     print(f"{'API requests/s over the balancers run, all':<52}{counts_all.get('requests', 0) / elapsed:>12.0f}")
     print("peak RSS (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in guard.peaks.items()))
     if costs:
-        print(f"\nthe API server's CPU per Node label patch ({min(args.patch_cost, args.nodes)} nodes, 8 writers, "
-              "as admin), ms:")
-        for kind, ms in costs.items():
-            print(f"  {kind:<36}{ms:>8.1f}")
+        patchcost.print_costs(costs, min(args.patch_cost, args.nodes))
     if results:
-        print_bursts(results, args.burst, args.code_before)
+        print_bursts(results, args.burst, code_before)
     if seen.error:
         print(f"node watch error: {seen.error}")
     print(json.dumps({"first labelling": firsts, "results": results,

@@ -41,8 +41,9 @@ class Shortest:
 SHORTEST: dict[str, Shortest | str] = {
     "admission_load.py": Shortest(("--seconds", "0.5", "--rounds", "1", "--rate", "50", "--connections", "2",
                                    "--drivers", "1", "--workers", "1", "--threads", "2"), "req/s"),
-    "balancer_cluster.py": Shortest(("--nodes", "20", "--pods", "100", "--burst", "20"), "all nodes labelled",
-                                    control_plane=True, timeout=400),
+    "balancer_cluster.py": Shortest(("--nodes", "20", "--pods", "100", "--burst", "20", "--placements", "pack",
+                                     "--code-before", "HEAD", "--patch-cost", "8", "--patch-rounds", "1"), "sender",
+                                    control_plane=True, timeout=900),
     "balancer_scale.py": Shortest(("--nodes", "40", "--pods", "400", "--events", "100"), "labelled"),
     "create_latency.py": Shortest(("--pods", "4", "--rounds", "1", "--parallel", "2"), "creators",
                                   control_plane=True, timeout=400),
@@ -56,6 +57,7 @@ SHORTEST: dict[str, Shortest | str] = {
                                         "--pod-files", "openb_pod_list_default.csv"), "stock",
                                        trace=True, control_plane=True, timeout=400),
     "null_server.py": "started by admission_load.py",
+    "patchcost.py": "run by balancer_cluster.py --patch-cost",
     "realistic_review.py": "sent by admission_load.py",
 }
 SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Shortest))
