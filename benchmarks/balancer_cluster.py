@@ -184,14 +184,13 @@ class Bulk:
         first answer that is not a success (after retries), or when the memory guard trips."""
         counter = itertools.count()
         lock = threading.Lock()
-        failure: list[BaseException] = []
         done = [0]
         began = time.monotonic()
 
-        def work() -> None:
+        def work(failed: Callable[[], bool]) -> None:
             connection = self._connect()
             try:
-                while not failure:
+                while not failed():
                     with lock:
                         i = next(counter)
                     if i >= count:
@@ -204,18 +203,10 @@ class Bulk:
                         if what and done[0] % 10_000 == 0:
                             rate = done[0] / (time.monotonic() - began)
                             print(f"  {done[0]} {what} ({rate:.0f}/s)", flush=True)
-            except BaseException as err:
-                failure.append(err)
             finally:
                 connection.close()
 
-        threads = [threading.Thread(target=work, daemon=True) for _ in range(min(self._connections, max(count, 1)))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if failure:
-            raise failure[0]
+        patchcost.in_threads(min(self._connections, max(count, 1)), work)
         return time.monotonic() - began
 
     def _connect(self) -> http.client.HTTPConnection:

@@ -221,31 +221,42 @@ class Probe:
         return (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
-def _in_parallel(targets: list[str], make_sender: Callable[[], Callable[[str], None]]) -> None:
-    """Each target once, by WRITERS threads, each with the sender ``make_sender`` gives it."""
-    todo: Iterator[str] = iter(targets)
-    lock = threading.Lock()
+def in_threads(count: int, work: Callable[[Callable[[], bool]], None]) -> None:
+    """Run ``work(failed)`` on ``count`` threads and wait for all; ``failed()`` turns true once any
+    worker has raised, so the others stop early, and the first error is raised here. The one home
+    of this pattern for the benchmarks that drive the API server from several connections."""
     failure: list[BaseException] = []
 
-    def work() -> None:
-        send = make_sender()
+    def run() -> None:
         try:
-            while not failure:
-                with lock:
-                    name = next(todo, None)
-                if name is None:
-                    return
-                send(name)
+            work(lambda: bool(failure))
         except BaseException as err:
             failure.append(err)
 
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(WRITERS)]
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     if failure:
         raise failure[0]
+
+
+def _in_parallel(targets: list[str], make_sender: Callable[[], Callable[[str], None]]) -> None:
+    """Each target once, by WRITERS threads, each with the sender ``make_sender`` gives it."""
+    todo: Iterator[str] = iter(targets)
+    lock = threading.Lock()
+
+    def work(failed: Callable[[], bool]) -> None:
+        send = make_sender()
+        while not failed():
+            with lock:
+                name = next(todo, None)
+            if name is None:
+                return
+            send(name)
+
+    in_threads(WRITERS, work)
 
 
 def print_costs(costs: dict[str, list[tuple[float, float]]], count: int) -> None:
