@@ -119,7 +119,11 @@ test), so what is left between real and model allocation is kube-scheduler's ran
 this slice one GPU is 0.54 point, and single real runs spread 58.1-59.5 in timeslice (six runs over
 three sessions) against 77.8-78.2 in dra. Two timeslice runs against the model's median of 20 seeds
 missed the 0.5-point bound in one session of three (-0.74); six runs (about 18 s each) put the mean's
-spread near 0.2 point. A dra run takes about 65 s and its runs agree within 0.4 point."""
+spread near 0.2 point. A dra run takes about 20-40 s and its runs agree within 0.4 point once each
+starts on free devices: the ~160 claims of a run outlive its pods by ~25 s (kube-controller-manager
+deallocates and deletes them), and while they exist kube-scheduler counts their GPUs as taken. Before
+``clear_claims`` waited for them, one CI run's second dra run put pods on other GPUs than the
+model's first fit (355/358) and ended 1.2 points below it."""
 WORLD_LOCKSTEP = 99.0
 WORLD_BOUND = 0.5
 

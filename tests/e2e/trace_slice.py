@@ -696,6 +696,25 @@ def run_real_world(cluster: Cluster, slice_: Slice, world: World, namespace: str
     return outcomes
 
 
+def clear_claims(cluster: Cluster, namespace: str, timeout: float = 60.0) -> int:
+    """Wait until the namespace holds no ResourceClaim; return how many there were once its pods were gone.
+
+    Why: a claim outlives its pod until the resourceclaim controller (kube-controller-manager)
+    deallocates and deletes it, and for that while kube-scheduler counts its devices as taken. A
+    next run started in that window finds GPUs the model (which starts from empty nodes) holds
+    free: in one CI run the second dra run put three pods on other GPUs than the model's first fit
+    and ended 1.2 points below it.
+    """
+    resource = k8s.ResourceV1Api(cluster.api_client())
+    claims = Watch(lambda **kw: resource.list_namespaced_resource_claim(namespace, **kw),
+                   what=f"resource claims in {namespace}")
+    with claims:
+        left = len(claims.objects)
+        claims.wait(lambda objects: not objects, timeout=timeout, what=f"the claims of {namespace} to go",
+                    explain=lambda: ", ".join(sorted(claims.objects)))
+    return left
+
+
 def allocated_devices(cluster: Cluster, namespace: str, pod: str) -> tuple[int, ...]:
     """The GPU minors the pod's claims hold: its share claim (``resourceClaimStatuses``) or the claim
     kube-scheduler made for ``nvidia.com/gpu`` (``extendedResourceClaimStatus``)."""
@@ -851,6 +870,10 @@ def world_fidelity(cluster: Cluster, spec: SliceSpec, *, repeats: int = 1,
             reals.append(run_real_world(cluster, slice_, world, namespace, explain=lambda: cluster.logs_tail(10)))
             log(f"[{world.sharing}] real run {run + 1} done after {time.monotonic() - started:.0f} s")
             clear_pods(cluster, namespace)
+            if world.sharing == DRA:
+                left = clear_claims(cluster, namespace)
+                log(f"[{world.sharing}] {left} claim(s) outlived run {run + 1}'s pods; all gone after "
+                    f"{time.monotonic() - started:.0f} s")
     views = world_views(slice_, world, namespace)
     allocs, failed = [], []
     for seed in range(spec.model_seeds):
