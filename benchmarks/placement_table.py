@@ -200,6 +200,18 @@ def world_dra_goal(name: str, dra: float | None, fgd: float | None) -> str:
     return ", ".join(misses) or "met"
 
 
+def dra_goals(name: str, dra: float | None, fgd: float | None, mixed: float | None = None) -> str:
+    """The dra goals for the extender as shipped (a learned mix) and, when it was run, for the
+    extender given a configured mix (``extender_mix: trace``); a miss of the latter is marked so."""
+    found = world_dra_goal(name, dra, fgd)
+    if mixed is None:
+        return found
+    configured = world_dra_goal(name, mixed, fgd)
+    misses = [m for m in (found,) if m != "met"]
+    misses += [f"{m} (configured mix)" for m in configured.split(", ") if configured != "met"]
+    return ", ".join(misses) or "met"
+
+
 def worlds_table(args: argparse.Namespace) -> int:
     """Both sharing worlds side by side, per list, and the issue's goals for each world."""
     found = rows_of(Path(args.out) / "results.jsonl", seeds_of(args.seeds))
@@ -213,11 +225,14 @@ def worlds_table(args: argparse.Namespace) -> int:
         return statistics.median(values) if values else None
 
     tags = ("stock@timeslice", "bestfit-slots@timeslice", "extender@timeslice")
+    mixed_tag = "extender-mix@dra"
+    with_mix = any(tag == mixed_tag for _, tag in by)
     print("| list | timeslice: stock | bestfit-slots | **extender** | pods placed (stock / bestfit-slots / "
           "extender, up to 100% arrival) | overcommitted shares (same arms, whole run; % of shares placed) "
           "| timeslice goal "
-          "| dra: **extender** | fgd (published model) | dra goal |")
-    print("|---|---:|---:|---:|---|---|---|---:|---:|---|")
+          "| dra: **extender** |" + (" dra: extender, configured mix |" if with_mix else "")
+          + " fgd (published model) | dra goal |")
+    print("|---|---:|---:|---:|---|---|---|---:|" + ("---:|" if with_mix else "") + "---:|---|")
     for name in [n for n in all_lists(Path(args.trace)) if any((n, t) in by for t in (*tags, "extender@dra"))]:
         alloc = [med(name, t, "alloc_100") for t in tags]
         placed = [med(name, t, "placed_100") for t in tags]
@@ -225,13 +240,15 @@ def worlds_table(args: argparse.Namespace) -> int:
         shares = [med(name, t, "shares_placed") for t in tags]
         ts_goal = timeslice_goal(placed, over, shares)
         dra, ref = med(name, "extender@dra", "alloc_100"), fgd.get(name)
-        dra_goal = world_dra_goal(name, dra, ref)
+        mixed = med(name, mixed_tag, "alloc_100") if with_mix else None
+        dra_goal = dra_goals(name, dra, ref, mixed)
+        mixed_cell = (f"{'' if mixed is None else f'{mixed:.2f}'} | " if with_mix else "")
         cells = ["" if v is None else f"{v:.2f}" for v in alloc]
         counts = [" / ".join("" if v is None else f"{v:g}" for v in placed),
                   " / ".join("" if o is None else f"{o:g}" + (f" ({100 * o / n:.1f}%)" if n else "")
                              for o, n in zip(over, shares, strict=True))]
         print(f"| {name} | " + " | ".join(cells) + f" | {counts[0]} | {counts[1]} | {ts_goal} | "
-              f"{'' if dra is None else f'{dra:.2f}'} | {'' if ref is None else f'{ref:.2f}'} | {dra_goal} |")
+              f"{'' if dra is None else f'{dra:.2f}'} | {mixed_cell}{'' if ref is None else f'{ref:.2f}'} | {dra_goal} |")
     return 0
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from benchmarks.placement_table import fgd_figures, goals, timeslice_goal, world_dra_goal
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.placement_table import dra_goals, fgd_figures, goals, timeslice_goal, world_dra_goal, worlds_table
 
 REFS = {"stock": 90.0, "stock-packed": 91.0, "bestfit": 92.0, "fgd": 95.0}
 
@@ -33,6 +39,39 @@ def test_the_sharing_worlds_goals() -> None:
     assert world_dra_goal("cpu050", None, 95.07) == "incomplete"
 
 
+def test_the_dra_goals_judge_a_configured_mix_apart() -> None:
+    assert dra_goals("default", 95.14, 95.19) == "< 95.2"
+    assert dra_goals("default", 95.14, 95.19, 95.3) == "< 95.2"
+    assert dra_goals("default", 95.25, 95.19, 95.3) == "met"
+    assert dra_goals("default", 95.25, 95.19, 94.6) == "fgd -0.59 (configured mix), < 95.2 (configured mix)"
+    assert dra_goals("cpu050", 94.5, 95.07, 94.6) == "fgd -0.57"
+
+
 def test_the_fgd_reference_is_docs_placements_fgd_column() -> None:
     found = fgd_figures()
     assert len(found) == 17 and found["default"] == 95.19
+
+
+def test_the_worlds_table_shows_the_configured_mix_beside_the_shipped_extender(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Medians per (list, arm@world) from a results file; the configured-mix column appears only
+    when such runs are in it, after the shipped extender's (the README reads the 8th cell)."""
+    (tmp_path / "openb_pod_list_default.csv").write_text("")
+    rows = [("stock@timeslice", 76.5, 7400), ("bestfit-slots@timeslice", 79.9, 7295),
+            ("extender@timeslice", 81.2, 7616), ("extender@dra", 95.1, 7900), ("extender-mix@dra", 95.3, 7950)]
+    with (tmp_path / "results.jsonl").open("w") as out:
+        for seed in (42, 43, 44):
+            for tag, alloc, placed in rows:
+                out.write(json.dumps({"list": "default", "tag": tag, "seed": seed, "alloc_100": alloc + seed / 100,
+                                      "placed_100": placed, "overcommitted": 100, "shares_placed": 200}) + "\n")
+    args = argparse.Namespace(out=str(tmp_path), seeds="42-44", trace=str(tmp_path))
+    worlds_table(args)
+    header, _, default = capsys.readouterr().out.splitlines()
+    assert "| dra: **extender** | dra: extender, configured mix | fgd" in header
+    cells = [cell.strip() for cell in default.strip("|").split("|")]
+    assert cells[7:] == ["95.53", "95.73", "95.19", "met"]  # seed 43's: medians of three seeds
+    (tmp_path / "results.jsonl").write_text("\n".join(line for line in (tmp_path / "results.jsonl").read_text()
+                                                      .splitlines() if "extender-mix" not in line))
+    worlds_table(args)
+    header, _, default = capsys.readouterr().out.splitlines()
+    assert "configured mix" not in header and default.split("|")[9].strip() == "95.19"
