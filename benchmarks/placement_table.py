@@ -247,8 +247,9 @@ def worlds_table(args: argparse.Namespace) -> int:
         counts = [" / ".join("" if v is None else f"{v:g}" for v in placed),
                   " / ".join("" if o is None else f"{o:g}" + (f" ({100 * o / n:.1f}%)" if n else "")
                              for o, n in zip(over, shares, strict=True))]
+        reference = "" if ref is None else f"{ref:.2f}"
         print(f"| {name} | " + " | ".join(cells) + f" | {counts[0]} | {counts[1]} | {ts_goal} | "
-              f"{'' if dra is None else f'{dra:.2f}'} | {mixed_cell}{'' if ref is None else f'{ref:.2f}'} | {dra_goal} |")
+              f"{'' if dra is None else f'{dra:.2f}'} | {mixed_cell}{reference} | {dra_goal} |")
     return 0
 
 
