@@ -113,7 +113,7 @@ def test_real_allocation_is_within_two_points_of_the_model(report: Report) -> No
 
 
 WORLD_PODS_PER_LIST = 10
-WORLD_RUNS = {"timeslice": 6, "dra": 2}
+WORLD_RUNS = {"timeslice": 6, "dra": 8}
 """Real runs per world. Every real decision is among the model's best in both worlds (the lockstep
 test), so what is left between real and model allocation is kube-scheduler's random tie-breaks: on
 this slice one GPU is 0.54 point, and single real runs spread 58.1-59.5 in timeslice (six runs over
@@ -123,7 +123,12 @@ spread near 0.2 point. A dra run takes about 20-40 s and its runs agree within 0
 starts on free devices: the ~160 claims of a run outlive its pods by ~25 s (kube-controller-manager
 deallocates and deletes them), and while they exist kube-scheduler counts their GPUs as taken. Before
 ``clear_claims`` waited for them, one CI run's second dra run put pods on other GPUs than the
-model's first fit (355/358) and ended 1.2 points below it."""
+model's first fit (355/358) and ended 1.2 points below it. Runs on free devices still spread
+77.09-77.63 (five runs over three sessions, every decision among the model's best and every device
+the model's) against the model's median of 77.82 (20 seeds, 77.28-78.17): about 0.37 point low on
+average, so two runs missed the 0.5-point bound once (-0.64). Eight runs (about 45 s each with the
+claims' wait) put the mean's spread near 0.1 point. Why real runs sit low when every choice is one
+the model makes is not found: the suspect is how ties among the model's best nodes fall."""
 WORLD_LOCKSTEP = 99.0
 WORLD_BOUND = 0.5
 
