@@ -190,26 +190,33 @@ def timeslice_goal(placed: list[float | None], over: list[float | None],
     return ", ".join(misses) or "met"
 
 
-def world_dra_goal(name: str, dra: float | None, fgd: float | None) -> str:
+def _dra_misses(name: str, dra: float, fgd: float) -> list[str]:
     """Issue 25 in dra: the extender at least FGD's figure minus 0.5, and 95.2 on the default list."""
-    if dra is None or fgd is None:
-        return "incomplete"
     misses = [f"fgd {dra - fgd:+.2f}"] if dra < fgd - 0.5 else []
     if name == "default" and dra < 95.2:
         misses.append("< 95.2")
-    return ", ".join(misses) or "met"
+    return misses
+
+
+def world_dra_goal(name: str, dra: float | None, fgd: float | None) -> str:
+    """The dra goals for one extender figure: "met", the misses, or "incomplete"."""
+    if dra is None or fgd is None:
+        return "incomplete"
+    return ", ".join(_dra_misses(name, dra, fgd)) or "met"
 
 
 def dra_goals(name: str, dra: float | None, fgd: float | None, mixed: float | None = None) -> str:
     """The dra goals for the extender as shipped (a learned mix) and, when it was run, for the
     extender given a configured mix (``extender_mix: trace``); a miss of the latter is marked so."""
-    found = world_dra_goal(name, dra, fgd)
-    if mixed is None:
-        return found
-    configured = world_dra_goal(name, mixed, fgd)
-    misses = [m for m in (found,) if m != "met"]
-    misses += [f"{m} (configured mix)" for m in configured.split(", ") if configured != "met"]
+    if mixed is None or dra is None or fgd is None:
+        return world_dra_goal(name, dra, fgd)
+    misses = _dra_misses(name, dra, fgd) + [f"{m} (configured mix)" for m in _dra_misses(name, mixed, fgd)]
     return ", ".join(misses) or "met"
+
+
+def _cell(value: float | None) -> str:
+    """A table cell of two decimals, empty where nothing was run."""
+    return "" if value is None else f"{value:.2f}"
 
 
 def worlds_table(args: argparse.Namespace) -> int:
@@ -242,14 +249,13 @@ def worlds_table(args: argparse.Namespace) -> int:
         dra, ref = med(name, "extender@dra", "alloc_100"), fgd.get(name)
         mixed = med(name, mixed_tag, "alloc_100") if with_mix else None
         dra_goal = dra_goals(name, dra, ref, mixed)
-        mixed_cell = (f"{'' if mixed is None else f'{mixed:.2f}'} | " if with_mix else "")
-        cells = ["" if v is None else f"{v:.2f}" for v in alloc]
+        mixed_cell = f"{_cell(mixed)} | " if with_mix else ""
+        cells = [_cell(v) for v in alloc]
         counts = [" / ".join("" if v is None else f"{v:g}" for v in placed),
                   " / ".join("" if o is None else f"{o:g}" + (f" ({100 * o / n:.1f}%)" if n else "")
                              for o, n in zip(over, shares, strict=True))]
-        reference = "" if ref is None else f"{ref:.2f}"
         print(f"| {name} | " + " | ".join(cells) + f" | {counts[0]} | {counts[1]} | {ts_goal} | "
-              f"{'' if dra is None else f'{dra:.2f}'} | {mixed_cell}{reference} | {dra_goal} |")
+              f"{_cell(dra)} | {mixed_cell}{_cell(ref)} | {dra_goal} |")
     return 0
 
 
