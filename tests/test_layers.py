@@ -61,7 +61,8 @@ LAYERS: dict[str, dict[str, str]] = {
                  "replay": EDGE, "serve": EDGE, "stack": EDGE, "stack_options": EDGE,
                  "stack_render": EDGE, "stack_canary": EDGE, "smoke": EDGE, "demo": EDGE},
     "localcluster": {"__init__": CORE, "binaries": EDGE, "controlplane": EDGE, "pki": EDGE, "processes": EDGE,
-                     "fakekubelet": EDGE, "kubeletobjects": CORE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE},
+                     "fakekubelet": EDGE, "kubeletobjects": CORE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE,
+                     "interrupts": EDGE},
 }
 
 FORBIDDEN_LIBRARIES = ("flask", "werkzeug", "kubernetes", "gunicorn", "requests", "urllib3", "subprocess",

@@ -97,3 +97,64 @@ def test_ctrl_c_stops_everything_the_demo_started(demo_output: tuple[int, str, f
     assert "stopping" in rest
     assert _processes_mentioning(workdir) == []
     assert not Path(workdir).exists()
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Every process under ``pid`` and its command line, from /proc (the demo's servers run in
+    sessions of their own, so a process group would miss them)."""
+    parents: dict[int, int] = {}
+    lines: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                lines[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, its_parent in parents.items():
+            if its_parent == parent and child not in found:
+                found[child] = lines[child]
+                frontier.append(child)
+    return found
+
+
+def _alive(pid: int, cmdline: str) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        now = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return now == cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_ctrl_c_while_starting_stops_what_had_started_and_says_so(demo_output: tuple[int, str, float]) -> None:
+    """A Ctrl-C before the table unwinds: etcd, kube-apiserver, the scheduler and gpugate serve are
+    stopped, and the demo ends with 130 (as a shell reports Ctrl-C) and a line saying what it did."""
+    demo = subprocess.Popen([str(GPUGATE), "demo"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("gpugate serve at"):
+                break
+        else:
+            raise AssertionError("the demo ended before it started the server:\n" + "".join(lines))
+        started = _descendants(demo.pid)
+        assert any("kube-apiserver" in line for line in started.values()), started
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 130, "".join(lines) + rest
+    assert "SIGINT while starting: stopped everything the demo had started" in rest, rest
+    assert "Aborted" not in rest and "Traceback" not in rest, rest
+    assert [line for pid, line in started.items() if _alive(pid, line)] == []

@@ -21,8 +21,13 @@ import click
 def demo(policies: Path, webhook_configurations: Path, once: bool) -> None:
     """Start a local cluster of GPU nodes with gpugate, create the example pods, show what they became."""
     from webhook.localcluster import demo as demo_run
+    from webhook.localcluster import interrupts
 
-    rows = demo_run.run(demo_run.Settings(policies=policies, webhook_configurations=webhook_configurations,
-                                          once=once, log=lambda line: click.echo(line, err=False)))
+    try:
+        rows = demo_run.run(demo_run.Settings(policies=policies, webhook_configurations=webhook_configurations,
+                                              once=once, log=lambda line: click.echo(line, err=False)))
+    except interrupts.Interrupted as stop:
+        click.echo(f"{stop} while starting: stopped everything the demo had started", err=True)
+        raise SystemExit(interrupts.EXIT_STATUS) from None
     if any(pod.denied is None and pod.node is None for _, pod in rows):
         raise SystemExit(1)

@@ -18,17 +18,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import secrets
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from kubernetes import client, config
 
-from webhook.localcluster import binaries, controlplane, processes
+from webhook.localcluster import binaries, controlplane, interrupts, processes
 from webhook.localcluster.fakekubelet import FakeKubelet, NodeSpec
 
 KUBECONFIG_ENV = "GPUGATE_E2E_KUBECONFIG"
@@ -162,29 +159,32 @@ def ensure_binaries(log: Callable[[str], None] = print) -> binaries.Binaries:
 
 
 def up(*, gpu_nodes: int, cpu_nodes: int) -> int:
-    """Start a local cluster with fake nodes and keep it until SIGINT/SIGTERM."""
+    """Start a local cluster with fake nodes and keep it until SIGINT/SIGTERM (which, while still
+    starting, stops what has started and ends with 130)."""
     found = ensure_binaries()
-    stop = threading.Event()
+    try:
+        with interrupts.raised(), Cluster.local(found) as cluster:
+            for index in range(1, gpu_nodes + 1):
+                cluster.add_gpu_node(f"gpu-{index}", wait=False)
+            for index in range(1, cpu_nodes + 1):
+                cluster.add_cpu_node(f"cpu-{index}", wait=False)
+            for name in sorted(cluster.kubelet.node_names):
+                cluster.kubelet.wait_schedulable(name)
+            assert cluster.plane is not None
+            plane = cluster.plane
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+            def announce() -> None:
+                print(f"control plane up at {plane.server}; logs in {plane.logs}")
+                print(f"{gpu_nodes} GPU node(s), {cpu_nodes} CPU node(s) ready. In another shell:\n")
+                print(f"export KUBECONFIG={cluster.kubeconfig}\n")
+                print("Ctrl-C stops everything.", flush=True)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    with Cluster.local(found) as cluster:
-        for index in range(1, gpu_nodes + 1):
-            cluster.add_gpu_node(f"gpu-{index}", wait=False)
-        for index in range(1, cpu_nodes + 1):
-            cluster.add_cpu_node(f"cpu-{index}", wait=False)
-        for name in sorted(cluster.kubelet.node_names):
-            cluster.kubelet.wait_schedulable(name)
-        assert cluster.plane is not None
-        print(f"control plane up at {cluster.plane.server}; logs in {cluster.plane.logs}")
-        print(f"{gpu_nodes} GPU node(s), {cpu_nodes} CPU node(s) ready. In another shell:\n")
-        print(f"export KUBECONFIG={cluster.kubeconfig}\n")
-        print("Ctrl-C stops everything.", flush=True)
-        stop.wait()
-        print("stopping...", flush=True)
+            interrupts.announce_and_wait(announce)
+            interrupts.stopping()
+            print("stopping...", flush=True)
+    except interrupts.Interrupted as stop:
+        print(f"{stop} while starting: stopped everything", flush=True)
+        return interrupts.EXIT_STATUS
     return 0
 
 

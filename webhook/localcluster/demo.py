@@ -37,7 +37,7 @@ from webhook.admission import outcome
 from webhook.certs import pki as servingpki
 from webhook.errors import GpugateError
 from webhook.localcluster import cluster as cluster_module
-from webhook.localcluster import processes, webhooks
+from webhook.localcluster import interrupts, processes, webhooks
 from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.fakekubelet import NodeSpec
 
@@ -100,14 +100,17 @@ def example(file: str) -> dict[str, Any]:
 
 
 def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
-    """Start everything, create the example pods, report; stop everything before returning."""
+    """Start everything, create the example pods, report; stop everything before returning.
+
+    A SIGINT or SIGTERM while starting raises :class:`~webhook.localcluster.interrupts.Interrupted`
+    once everything started so far is stopped."""
     for path in (settings.policies, settings.webhook_configurations):
         if not path.exists():
             raise GpugateError(f"{path} does not exist: run `gpugate demo` from a clone of gpugate, or pass "
                                "--policies DIR and --webhook-configurations FILE")
     found = cluster_module.ensure_binaries(settings.log)
     started = time.monotonic()
-    with ExitStack() as stack:
+    with interrupts.raised(), ExitStack() as stack:
         settings.log("starting the control plane (etcd, kube-apiserver, controller manager, scheduler) ...")
         cluster = stack.enter_context(Cluster.local(found))
         assert cluster.plane is not None
@@ -137,9 +140,9 @@ def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
         settings.log(f"\nready in {time.monotonic() - started:.0f} s\n")
         settings.log(outcome.table(rows))
         if not settings.once:
-            settings.log(f"\nexport KUBECONFIG={cluster.kubeconfig}   # to look around with kubectl\n"
-                         "Ctrl-C stops everything.")
-            _wait_for_interrupt()
+            interrupts.announce_and_wait(lambda: settings.log(
+                f"\nexport KUBECONFIG={cluster.kubeconfig}   # to look around with kubectl\nCtrl-C stops everything."))
+        interrupts.stopping()
         settings.log("stopping ...")
     return rows
 
@@ -310,14 +313,3 @@ def _wait(condition: Callable[[], bool], what: str, watched: processes.Process |
     if required:
         raise GpugateError(f"timed out after {timeout:.0f} s waiting for {what}")
     return False
-
-
-def _wait_for_interrupt() -> None:
-    """Block until Ctrl-C (SIGINT) or SIGTERM."""
-    import signal
-
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
