@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -58,21 +59,50 @@ def test_the_web_pod_is_denied_with_the_policys_message(demo_output: tuple[int, 
     assert "DENIED" in row and "GPUs are not available in web and frontend namespaces" in row, row
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line names ``text`` (read from /proc, nothing is signalled)."""
-    found = []
+@dataclass(frozen=True)
+class _Process:
+    parent: int
+    state: str
+    cmdline: str
+
+
+def _processes() -> dict[int, _Process]:
+    """This machine's processes from /proc (nothing is signalled)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    found.append(int(entry.name))
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
+            found[int(entry.name)] = _Process(parent=int(stat[1]), state=stat[0], cmdline=cmdline)
     return found
 
 
-def test_ctrl_c_stops_everything_the_demo_started(demo_output: tuple[int, str, float]) -> None:
-    """Without --once the demo keeps running until SIGINT, then stops every process and removes its folder."""
+def _processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line names ``text`` and that have not exited."""
+    return [pid for pid, process in _processes().items() if text in process.cmdline and process.state != "Z"]
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Every process under ``pid`` and its command line (the demo's servers run in sessions of
+    their own, so a process group would miss them)."""
+    processes = _processes()
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, process in processes.items():
+            if process.parent == parent and child not in found:
+                found[child] = process.cmdline
+                frontier.append(child)
+    return found
+
+
+def _interrupted_demo(ready: str) -> tuple[subprocess.Popen[str], list[str], dict[int, str], str]:
+    """Run ``gpugate demo`` until a line starts with ``ready``, send it SIGINT and wait for it to end:
+    the process, the lines up to ``ready``, what ran under it then, and what it printed after."""
     demo = subprocess.Popen([str(GPUGATE), "demo"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     lines = []
@@ -80,81 +110,40 @@ def test_ctrl_c_stops_everything_the_demo_started(demo_output: tuple[int, str, f
         assert demo.stdout is not None
         for line in demo.stdout:
             lines.append(line)
-            if line.startswith("Ctrl-C stops everything"):
+            if line.startswith(ready):
                 break
         else:
-            raise AssertionError("the demo ended before it was ready:\n" + "".join(lines))
-        [export] = [line for line in lines if line.startswith("export KUBECONFIG=")]
-        workdir = str(Path(export.split("=", 1)[1].split()[0]).parent)
-        assert _processes_mentioning(workdir), "etcd and kube-apiserver run from the demo's folder"
+            raise AssertionError(f"the demo ended before it printed {ready!r}:\n" + "".join(lines))
+        started = _descendants(demo.pid)
         demo.send_signal(signal.SIGINT)
         rest, _ = demo.communicate(timeout=90)
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+    return demo, lines, started, rest
+
+
+def test_ctrl_c_stops_everything_the_demo_started(demo_output: tuple[int, str, float]) -> None:
+    """Without --once the demo keeps running until SIGINT, then stops every process and removes its folder."""
+    demo, lines, started, rest = _interrupted_demo("Ctrl-C stops everything")
+    [export] = [line for line in lines if line.startswith("export KUBECONFIG=")]
+    workdir = str(Path(export.split("=", 1)[1].split()[0]).parent)
+    assert any(workdir in line for line in started.values()), "etcd and kube-apiserver run from the demo's folder"
     assert demo.returncode == 0, "".join(lines) + rest
     assert "stopping" in rest
     assert _processes_mentioning(workdir) == []
     assert not Path(workdir).exists()
 
 
-def _descendants(pid: int) -> dict[int, str]:
-    """Every process under ``pid`` and its command line, from /proc (the demo's servers run in
-    sessions of their own, so a process group would miss them)."""
-    parents: dict[int, int] = {}
-    lines: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                lines[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: dict[int, str] = {}
-    frontier = [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, its_parent in parents.items():
-            if its_parent == parent and child not in found:
-                found[child] = lines[child]
-                frontier.append(child)
-    return found
-
-
-def _alive(pid: int, cmdline: str) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        now = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    return now == cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_ctrl_c_while_starting_stops_what_had_started_and_says_so(demo_output: tuple[int, str, float]) -> None:
     """A Ctrl-C before the table unwinds: etcd, kube-apiserver, the scheduler and gpugate serve are
     stopped, and the demo ends with 130 (as a shell reports Ctrl-C) and a line saying what it did."""
-    demo = subprocess.Popen([str(GPUGATE), "demo"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    lines = []
-    try:
-        assert demo.stdout is not None
-        for line in demo.stdout:
-            lines.append(line)
-            if line.startswith("gpugate serve at"):
-                break
-        else:
-            raise AssertionError("the demo ended before it started the server:\n" + "".join(lines))
-        started = _descendants(demo.pid)
-        assert any("kube-apiserver" in line for line in started.values()), started
-        demo.send_signal(signal.SIGINT)
-        rest, _ = demo.communicate(timeout=90)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+    demo, lines, started, rest = _interrupted_demo("gpugate serve at")
+    assert any("kube-apiserver" in line for line in started.values()), started
     assert demo.returncode == 130, "".join(lines) + rest
     assert "SIGINT while starting: stopped everything the demo had started" in rest, rest
     assert "Aborted" not in rest and "Traceback" not in rest, rest
-    assert [line for pid, line in started.items() if _alive(pid, line)] == []
+    still = _processes()
+    assert [line for pid, line in started.items() if pid in still and still[pid].cmdline == line
+            and still[pid].state != "Z"] == []
