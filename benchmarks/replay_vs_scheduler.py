@@ -2,6 +2,7 @@
 
     python benchmarks/replay_vs_scheduler.py [--nodes 32] [--pods 250] [--seed 42] [--model-seeds 10]
                                              [--pod-files all|NAME,...] [--arms gpugate,stock] [--repeats 1]
+                                             [--sharing timeslice|dra] [--ties]
 
 Starts a local control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 v1.36.3 from tests/e2e's cached binaries; builds them when missing), the real webhook with the
@@ -12,8 +13,11 @@ allocations, their difference, how many pods landed on the same node and on the 
 and how often the real choice is one the model would make from the same state (lockstep); with
 several pod lists, lockstep per list.
 ``--pod-files all`` takes an equal share of pods from every pod list of the trace (what
-tests/e2e/test_replay_fidelity.py runs: ``--pods 288 --pod-files all``). Asserts nothing;
-the test holds the bounds.
+tests/e2e/test_replay_fidelity.py runs: ``--pods 288 --pod-files all``). ``--sharing`` runs the
+slice *with* its shares in one sharing world instead, stock arm (the test's second part:
+``--pods 240 --pod-files all --model-seeds 20 --sharing dra``). ``--ties`` runs kube-scheduler at
+``--v=10`` and prints how its ties fell (tests/e2e/scheduler_ties.py: in v1.36.3, without an
+extender, not at random). Asserts nothing; the test holds the bounds.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     sys.path.insert(0, str(ROOT))
     from tests.e2e.cluster import Cluster, ensure_binaries
-    from tests.e2e.trace_slice import ARMS, TRACE, SliceSpec, every_pod_file, fidelity
+    from tests.e2e.scheduler_ties import tie_report
+    from tests.e2e.trace_slice import ARMS, TRACE, SliceSpec, every_pod_file, fidelity, world_fidelity
+    from webhook.localcluster.controlplane import Settings
+    from webhook.replay.runspec import SHARING
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--nodes", type=int, default=SliceSpec.nodes)
@@ -42,24 +49,33 @@ def main() -> int:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--repeats", type=int, default=1, help="real runs per arm (the model runs --model-seeds)")
     parser.add_argument("--disagreements", type=int, default=5, help="examples of lockstep disagreements to print")
+    parser.add_argument("--sharing", choices=SHARING, help="the slice with its shares, in this sharing world")
+    parser.add_argument("--ties", action="store_true", help="log kube-scheduler's scores and say how its ties fell")
     args = parser.parse_args()
     if not TRACE.is_dir():
         print(f"skipped: {TRACE} is absent (../shared beside the clone holds the trace)")
         return 0
     pod_files = every_pod_file() if args.pod_files == "all" else tuple(args.pod_files.split(","))
     spec = SliceSpec(nodes=args.nodes, pods=args.pods, seed=args.seed, pod_files=pod_files,
-                     model_seeds=args.model_seeds)
+                     model_seeds=args.model_seeds, sharing=args.sharing)
     started = time.monotonic()
 
     def log(message: str) -> None:
         print(f"[{time.monotonic() - started:6.1f} s] {message}", flush=True)
 
+    settings = Settings(scheduler_args=("--v=10",) if args.ties else ())
     with tempfile.TemporaryDirectory(prefix="gpugate-fidelity-") as scratch, \
-            Cluster.local(ensure_binaries(log)) as cluster:
+            Cluster.local(ensure_binaries(log), settings=settings) as cluster:
         log("control plane up")
-        report = fidelity(cluster, Path(scratch), spec, arms=args.arms.split(","), repeats=args.repeats,
-                          log=log)
-    print(report.text(examples=args.disagreements))
+        if args.sharing:
+            print(world_fidelity(cluster, spec, repeats=args.repeats, log=log).text(examples=args.disagreements))
+        else:
+            print(fidelity(cluster, Path(scratch), spec, arms=args.arms.split(","), repeats=args.repeats,
+                           log=log).text(examples=args.disagreements))
+        if args.ties:
+            assert cluster.plane is not None
+            with (cluster.plane.logs / "kube-scheduler.log").open(errors="replace") as scheduler_log:
+                print(tie_report(scheduler_log).text())
     return 0
 
 

@@ -114,3 +114,16 @@ def test_placement_table_runs_and_tabulates(tmp_path: Path) -> None:
     common = ("--out", str(tmp_path), "--lists", "gpushare100", "--arms", "random", "--seeds", "42")
     run("placement_table.py", "run", *common, timeout=300)
     assert "random" in run("placement_table.py", "table", *common)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_replay_vs_scheduler_in_a_sharing_world_says_how_kube_scheduler_broke_its_ties() -> None:
+    """The ``--sharing`` and ``--ties`` paths (the shortest mode above runs the arms' path)."""
+    how = SHORTEST["replay_vs_scheduler.py"]
+    assert isinstance(how, Shortest)
+    _prerequisites(how)
+    out = run("replay_vs_scheduler.py", "--nodes", "4", "--pods", "8", "--model-seeds", "1", "--sharing", "dra",
+              "--ties", "--pod-files", "openb_pod_list_default.csv", timeout=how.timeout)
+    assert "[dra] lockstep: real choice among the model's best" in out, out[-3000:]
+    assert "ties: " in out and "is kube-scheduler at --v=10?" not in out, out[-3000:]

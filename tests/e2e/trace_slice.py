@@ -99,7 +99,7 @@ from webhook.replay.labels import Relabeler
 from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
 from webhook.replay.runner import World
-from webhook.replay.runspec import DRA, TIMESLICE, RunSpec
+from webhook.replay.runspec import DRA, SHARING, TIMESLICE, RunSpec
 from webhook.replay.trace import DEFAULT_POD_FILE, NODE_FILE, load_nodes, load_pods
 
 TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
@@ -853,7 +853,7 @@ class WorldReport:
 def world_fidelity(cluster: Cluster, spec: SliceSpec, *, repeats: int = 1,
                    log: Callable[[str], None] = lambda _: None) -> WorldReport:
     """The slice, shares included, through the real scheduler in ``spec.sharing``'s world and the model."""
-    assert spec.sharing in (TIMESLICE, DRA), spec.sharing
+    assert spec.sharing in SHARING, spec.sharing
     started = time.monotonic()
     slice_ = load_slice(spec)
     world = world_of(slice_, spec.sharing)

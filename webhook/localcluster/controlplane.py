@@ -44,6 +44,8 @@ class Settings:
     apiserver_args: tuple[str, ...] = ()
     """Extra flags, e.g. ``("--enable-admission-plugins=ExtendedResourceToleration",)``."""
     controller_manager_args: tuple[str, ...] = ()
+    scheduler_args: tuple[str, ...] = ()
+    """Extra flags for every kube-scheduler started, e.g. ``("--v=10",)`` to log each node's score."""
     ready_timeout: float = 120.0
     """Two busy cores can take a while to start an API server; a healthy one needs ~5-10 s."""
     keep_workdir: bool = False
@@ -138,7 +140,7 @@ class ControlPlane:
             command=lambda ports: [
                 str(self.binaries.kube_scheduler), f"--config={path}",
                 f"--bind-address={LOOPBACK}", f"--secure-port={ports[0]}",
-                *_delegated_auth(self.kubeconfig),
+                *_delegated_auth(self.kubeconfig), *self.settings.scheduler_args,
             ],
             probe=lambda ports: _https_ok(ports[0], "/healthz"),
         ), self.logs)
