@@ -16,8 +16,10 @@ several pod lists, lockstep per list.
 tests/e2e/test_replay_fidelity.py runs: ``--pods 288 --pod-files all``). ``--sharing`` runs the
 slice *with* its shares in one sharing world instead, stock arm (the test's second part:
 ``--pods 240 --pod-files all --model-seeds 20 --sharing dra``). ``--ties`` runs kube-scheduler at
-``--v=10`` and prints how its ties fell (tests/e2e/scheduler_ties.py: in v1.36.3, without an
-extender, not at random). Asserts nothing; the test holds the bounds.
+``--v=10`` and prints how each scheduler's ties fell (tests/e2e/scheduler_ties.py: in v1.36.3,
+without an extender, not at random): the session's kube-scheduler (16 filter threads) places the
+arms' slice, the world slices have their own with one thread (trace_slice.FIDELITY_SCHEDULER).
+Asserts nothing; the test holds the bounds.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from tests.e2e.cluster import Cluster, ensure_binaries
     from tests.e2e.scheduler_ties import tie_report
-    from tests.e2e.trace_slice import ARMS, TRACE, SliceSpec, every_pod_file, fidelity, world_fidelity
+    from tests.e2e.trace_slice import (
+        ARMS,
+        FIDELITY_SCHEDULER,
+        TRACE,
+        SliceSpec,
+        every_pod_file,
+        fidelity,
+        world_fidelity,
+    )
     from webhook.localcluster.controlplane import Settings
     from webhook.replay.runspec import SHARING
 
@@ -74,8 +84,11 @@ def main() -> int:
                            log=log).text(examples=args.disagreements))
         if args.ties:
             assert cluster.plane is not None
-            with (cluster.plane.logs / "kube-scheduler.log").open(errors="replace") as scheduler_log:
-                print(tie_report(scheduler_log).text())
+            for name in ("kube-scheduler", FIDELITY_SCHEDULER):
+                path = cluster.plane.logs / f"{name}.log"
+                if path.is_file():
+                    with path.open(errors="replace") as scheduler_log:
+                        print(f"{name}: {tie_report(scheduler_log).text()}")
     return 0
 
 

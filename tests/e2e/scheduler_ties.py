@@ -18,8 +18,10 @@ order and "Successfully bound pod to node" the host.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from webhook.replay.kubescheduler import heap_top
 
 _SCORE = re.compile(r'"Calculated node\'s final score for pod" pod="([^"]+)" node="([^"]+)" score=(-?\d+)')
 _BOUND = re.compile(r'"Successfully bound pod to node" pod="([^"]+)" node="([^"]+)"')
@@ -53,23 +55,6 @@ def cycles(lines: Iterable[str]) -> list[Scored]:
             for index, (pod, scores) in enumerate(found)]
 
 
-def heap_top(scores: Sequence[tuple[str, int]]) -> str:
-    """The node Go's ``container/heap`` puts on top after ``heap.Init`` of ``scores`` in this order,
-    with kube-scheduler's ``nodeScoreHeap.Less`` and every Randomizer 0 (a higher total is "less")."""
-    heap = list(scores)
-    size = len(heap)
-    for start in range(size // 2 - 1, -1, -1):
-        parent = start
-        while (child := 2 * parent + 1) < size:
-            if child + 1 < size and heap[child + 1][1] > heap[child][1]:
-                child += 1
-            if not heap[child][1] > heap[parent][1]:
-                break
-            heap[parent], heap[child] = heap[child], heap[parent]
-            parent = child
-    return heap[0][0]
-
-
 @dataclass
 class TieReport:
     """Ties among the best-scored nodes and how they fell."""
@@ -92,7 +77,7 @@ class TieReport:
         if len(tied) < 2 or cycle.host not in tied:
             return
         self.ties += 1
-        self.heap_top += heap_top(cycle.scores) == cycle.host
+        self.heap_top += cycle.scores[heap_top([score for _, score in cycle.scores])][0] == cycle.host
         self.first_tied += tied[0] == cycle.host
         self.uniform_first += 1 / len(tied)
         if len(tied) == 2:

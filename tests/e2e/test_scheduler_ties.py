@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.scheduler_ties import Scored, cycles, heap_top, tie_report
+from tests.e2e.scheduler_ties import Scored, cycles, tie_report
 
 
 def _score(pod: str, node: str, score: int) -> str:
@@ -15,17 +15,6 @@ def _score(pod: str, node: str, score: int) -> str:
 def _bound(pod: str, node: str) -> str:
     return (f'I1206 06:14:51.555597   18591 schedule_one.go:481] "Successfully bound pod to node" pod="{pod}" '
             f'node="{node}" evaluatedNodes=3 feasibleNodes=3')
-
-
-@pytest.mark.parametrize(("scores", "top"), [
-    ([("a", 5), ("b", 9), ("c", 9)], "b"),
-    # heap.Init sifts d (a leaf) above b, then over a: the later of two equal totals ends on top.
-    ([("a", 1), ("b", 5), ("c", 9), ("d", 9)], "d"),
-    ([("a", 9), ("b", 9), ("c", 9)], "a"),
-    ([("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5)], "e"),
-])
-def test_heap_top_is_where_gos_container_heap_puts_the_best_total(scores: list[tuple[str, int]], top: str) -> None:
-    assert heap_top(scores) == top
 
 
 def test_cycles_pair_each_scored_list_with_the_host_and_split_a_retry() -> None:

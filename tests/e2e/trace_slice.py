@@ -89,6 +89,8 @@ from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState
 from webhook.replay.kubescheduler import (
     DEFAULT_PROFILE,
+    LIST_TIES,
+    RANDOM_TIES,
     KubeCluster,
     KubeScheduler,
     PodView,
@@ -614,6 +616,31 @@ def fidelity(cluster: Cluster, workdir: Path, spec: SliceSpec, *, arms: Sequence
 # world. The arm is the stock one (no webhook, no balancer labels): what is compared is how the
 # scheduler counts and fits shares, which the policies' affinity does not change.
 
+FIDELITY_SCHEDULER = "gpugate-fidelity"
+"""The world slices' own kube-scheduler: v1.36.3's default plugins under another name, with one
+filter thread (``parallelism: 1``). Without an extender v1.36.3 sets no ``Randomizer`` and the host
+is the heap's top of the filtered list (tests/e2e/scheduler_ties.py); with 16 threads that list is
+in whatever order they finish, with one it is the order the scheduler learned of the nodes, which
+``world_nodes`` makes the slice's. So a run is one fixed draw the model can make exactly
+(``ties="list"``), not a different draw each session."""
+FIDELITY_PROFILE = dataclasses.replace(DEFAULT_PROFILE, name=FIDELITY_SCHEDULER)
+
+
+@contextmanager
+def fidelity_scheduler(cluster: Cluster) -> Iterator[None]:
+    """:data:`FIDELITY_SCHEDULER`, running until the block ends (started before the slice's nodes exist,
+    so it learns them in the order they are created)."""
+    assert cluster.plane is not None, "the fidelity scheduler runs beside a local control plane"
+    process = cluster.plane.start_scheduler({
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "parallelism": 1, "profiles": [{"schedulerName": FIDELITY_SCHEDULER}],
+    }, name=FIDELITY_SCHEDULER, leader_elect=False)
+    try:
+        yield
+    finally:
+        process.stop()
+
+
 def world_of(slice_: Slice, sharing: str) -> World:
     """The replay's world for the slice (its nodes and pods, as ``gpugate replay`` builds it)."""
     trace = Trace(workload="slice", nodes=slice_.nodes, pods=slice_.pods)
@@ -624,6 +651,7 @@ def world_pod(slice_: Slice, world: World, record: PodRecord, namespace: str) ->
     manifest = world.pod_for(record)
     manifest["metadata"]["namespace"] = namespace
     manifest["spec"]["nodeSelector"] = {POOL_LABEL: slice_.tag}
+    manifest["spec"]["schedulerName"] = FIDELITY_SCHEDULER
     return manifest
 
 
@@ -638,15 +666,15 @@ def world_node_fields(node: NodeRecord, tag: str, world: World, sliced: bool) ->
 
 @contextmanager
 def world_nodes(cluster: Cluster, slice_: Slice, world: World) -> Iterator[list[str]]:
-    """The slice's nodes in the world; in dra each GPU node's ResourceSlice, owned by its Node."""
+    """The slice's nodes in the world, created one after the other in the slice's order (the order
+    :data:`FIDELITY_SCHEDULER` scans them in); in dra each GPU node's ResourceSlice, owned by its Node."""
     sliced = world.sliced or (False,) * len(slice_.nodes)
     made: list[str] = []
     api = cluster.api_client()
     try:
-        with ThreadPoolExecutor(8) as pool:
-            made.extend(pool.map(lambda pair: cluster.add_gpu_node(
-                pair[0].name, wait=False, **world_node_fields(pair[0], slice_.tag, world, pair[1])),
-                list(zip(slice_.nodes, sliced, strict=True))))
+        for node, is_sliced in zip(slice_.nodes, sliced, strict=True):
+            made.append(cluster.add_gpu_node(node.name, wait=False,
+                                             **world_node_fields(node, slice_.tag, world, is_sliced)))
         for name in made:
             cluster.kubelet.wait_schedulable(name)
         if world.sharing == DRA:
@@ -744,10 +772,11 @@ def world_cluster(slice_: Slice, world: World) -> KubeCluster:
     return cluster
 
 
-def world_run_model(slice_: Slice, world: World, views: Sequence[PodView], seed: int) -> list[str | None]:
-    """The replay's stock arm in the world on the slice."""
+def world_run_model(slice_: Slice, world: World, views: Sequence[PodView], seed: int,
+                    ties: str = RANDOM_TIES) -> list[str | None]:
+    """The replay's stock arm in the world on the slice (under :data:`FIDELITY_SCHEDULER`'s name)."""
     cluster = world_cluster(slice_, world)
-    kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), np.random.default_rng(seed))
+    kube = KubeScheduler((FIDELITY_PROFILE,), np.random.default_rng(seed), ties=ties)
     placed: list[str | None] = []
     for view in views:
         node = kube.schedule(cluster, view)
@@ -781,7 +810,7 @@ def world_lockstep(slice_: Slice, world: World, views: Sequence[PodView], real: 
     result = Lockstep()
     sources = slice_.sources or (("",) * len(real))
     for view, outcome, source in zip(views, real, sources, strict=True):
-        chosen, explained = _judge(result, DEFAULT_PROFILE, cluster, view, outcome, index, source)
+        chosen, explained = _judge(result, FIDELITY_PROFILE, cluster, view, outcome, index, source)
         kind = "share" if view.demand.shares_gpu else f"{view.demand.num_gpu} GPU(s)"
         if explained:
             result.disagreements.append(f"[{kind}] " + explained)
@@ -815,6 +844,10 @@ class WorldReport:
     model_failed: list[int]
     lockstep: Lockstep
     seconds: float
+    heap_alloc: float = 0.0
+    """The model with v1.36.3's tie rule (``ties="list"``), which is deterministic: one run."""
+    heap_matches: list[int] = field(default_factory=list)
+    """Per real run, the pods that got the node the model with ``ties="list"`` gives them (or, like it, none)."""
 
     @property
     def world(self) -> str:
@@ -839,6 +872,8 @@ class WorldReport:
             f"[{self.world}] difference real (mean) - model (median): {self.difference:+.2f} points",
             f"[{self.world}] lockstep: real choice among the model's best in {self.lockstep.agreed}/"
             f"{self.lockstep.decisions} ({self.lockstep.percent:.1f}%; chance {self.lockstep.chance:.0f}%)",
+            f"[{self.world}] the model with v1.36.3's tie rule (ties=list): allocation {self.heap_alloc:.2f}%, the "
+            f"real node for {', '.join(f'{m}/{len(s.pods)}' for m in self.heap_matches)} pods",
         ]
         if self.lockstep.device_decisions:
             lines.append(f"[{self.world}] devices: the model's device rule picks the GPUs kube-scheduler allocated "
@@ -861,6 +896,7 @@ def world_fidelity(cluster: Cluster, spec: SliceSpec, *, repeats: int = 1,
     with ExitStack() as stack:
         namespaces = Namespaces(cluster)
         stack.callback(namespaces.delete_all)
+        stack.enter_context(fidelity_scheduler(cluster))
         stack.enter_context(world_nodes(cluster, slice_, world))
         log(f"[{world.sharing}] {len(slice_.nodes)} nodes up after {time.monotonic() - started:.0f} s")
         namespace = ""
@@ -883,7 +919,9 @@ def world_fidelity(cluster: Cluster, spec: SliceSpec, *, repeats: int = 1,
     steps = Lockstep()
     for real in reals:
         steps.add(world_lockstep(slice_, world, views, real))
-    return WorldReport(spec=spec, slice=slice_,
+    heap = world_run_model(slice_, world, views, 0, ties=LIST_TIES)
+    return WorldReport(spec=spec, slice=slice_, heap_alloc=world_allocation(slice_, world, views, heap),
+                       heap_matches=[sum(1 for o, m in zip(r, heap, strict=True) if o.node == m) for r in reals],
                        real_allocs=[world_allocation(slice_, world, views, [o.node for o in r],
                                                      [o.devices for o in r]) for r in reals],
                        real_failed=[sum(1 for o in r if o.node is None) for r in reals],

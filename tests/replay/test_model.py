@@ -178,6 +178,36 @@ def test_equal_nodes_are_chosen_at_random_from_the_seeded_generator() -> None:
     assert len(set(again)) == 1
 
 
+@pytest.mark.parametrize(("totals", "top"), [
+    ([5, 9, 9], 1),
+    # heap.Init sifts the last 9 (a leaf) above the 5, then over the 1: the later of two equal totals wins.
+    ([1, 5, 9, 9], 3),
+    ([9, 9, 9], 0),
+    ([1, 2, 3, 4, 5], 4),
+    ([7], 0),
+])
+def test_heap_top_is_where_gos_container_heap_puts_the_best_total(totals: list[int], top: int) -> None:
+    assert kubescheduler.heap_top(totals) == top
+
+
+def test_list_ties_go_to_the_heaps_top_of_the_scan_without_an_extender_and_at_random_with_one() -> None:
+    kc = cluster(nodes=20)
+    view = demand.view(pod())
+    default = (kubescheduler.DEFAULT_PROFILE,)
+    picks = {kubescheduler.KubeScheduler(default, np.random.default_rng(seed), ties="list").schedule(kc, view)
+             for seed in range(30)}
+    assert picks == {kubescheduler.heap_top([1] * 20)} == {0}  # 20 equal empty nodes: the first scanned
+    scheduler = kubescheduler.KubeScheduler(default, np.random.default_rng(0), ties="list")
+    scheduler.next_start = 7
+    assert scheduler.schedule(kc, view) == 7  # the scan, and so the scored list, starts at node 7
+    flat = dataclasses.replace(kubescheduler.DEFAULT_PROFILE, extenders=((lambda kc, pod, nodes: [0] * len(nodes), 1),))
+    extended = {kubescheduler.KubeScheduler((flat,), np.random.default_rng(seed), ties="list").schedule(kc, view)
+                for seed in range(30)}
+    assert len(extended) > 5  # an extender's Randomizer breaks the ties
+    with pytest.raises(ValueError, match="ties 'first': not one of random, list"):
+        kubescheduler.KubeScheduler(default, np.random.default_rng(0), ties="first")
+
+
 def test_gpus_fit_at_per_gpu_thousandths_and_unknown_profiles_or_resources_never_schedule() -> None:
     kc = cluster(nodes=2)
     kc.state.gpu_left[0] = [600, 0]

@@ -98,11 +98,16 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
               help="shares-only arm: time-sliced slots per GPU on the partitioned nodes.")
 @click.option("--synthetic-nodes", type=click.IntRange(min=4), default=120, show_default=True,
               help="Nodes of the synthetic cluster (only without --trace).")
+@click.option("--ties", type=click.Choice(["random", "list"]), default="random", show_default=True,
+              help="How the kube-scheduler model breaks equal best totals: random (what kube-scheduler intends, "
+                   "and does for nodes an extender scored) or list (v1.36.3 without an extender: the first of "
+                   "its scored list, as its heap orders them; docs/placement.md).")
 def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, sharing: str, seeds: str,
            out: Path,
            label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
            extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
-           tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int) -> None:
+           tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int,
+           ties: str) -> None:
     """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
 
     Prints arm by metric (GPU allocation at 100% and 130% arrived GPU request, fragmentation),
@@ -135,7 +140,7 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
                             device_policy=device_allocation, extender_weight=extender_weight,
                             extender_percentage=extender_nodes_percentage, extender_mix=extender_mix,
                             extender_levels=extender_levels, extender_assume=extender_assume,
-                            mig_mix=mix, share_replicas=share_replicas, sharing=sharing,
+                            mig_mix=mix, share_replicas=share_replicas, sharing=sharing, ties=ties,
                             policies=str(policies) if arm in runner.POLICY_ARMS else None)
              for arm in arm_list for seed in seed_list]
     mix_file = write_pod_mix(loaded, out)
@@ -143,10 +148,10 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
     for result in results:
         report.write_run_csv(result, out / "runs")
-    data = report.summary(results, workload=loaded.workload, seeds=seed_list, sharing=sharing)
+    data = report.summary(results, workload=loaded.workload, seeds=seed_list, sharing=sharing, ties=ties)
     report.write_summary(data, out)
     report.plot(results, out / "allocation.png", title=f"GPU allocation vs arrival: {loaded.workload}")
-    click.echo(report.table(results, workload=loaded.workload, seeds=seed_list, sharing=sharing))
+    click.echo(report.table(results, workload=loaded.workload, seeds=seed_list, sharing=sharing, ties=ties))
     sized = report.sizing_table(results)
     if sized:
         click.echo(f"{sized}\n(MIG mix {mix}; docs/rightsizing.md)")

@@ -11,7 +11,7 @@ requests with integer arithmetic, BalancedAllocation on actual requests (the cha
 1 - std of the fractions),
 NodeAffinity preferred weights normalized to the best feasible node, TaintToleration counting
 untolerated PreferNoSchedule taints (reverse-normalized), the adaptive percentageOfNodesToScore with
-a round-robin start index, and a random pick among equal totals. Plugins that cannot change the
+a round-robin start index, and a pick among equal totals (``TIES``). Plugins that cannot change the
 result for these pods (PodTopologySpread and InterPodAffinity without constraints or Services,
 ImageLocality without images, volumes) are left out.
 """
@@ -289,6 +289,37 @@ def binpack_profile(weights: tuple[tuple[str, int], ...] = BINPACK_WEIGHTS, perc
     )
 
 
+RANDOM_TIES = "random"
+LIST_TIES = "list"
+TIES = (RANDOM_TIES, LIST_TIES)
+"""How equal best totals are broken. ``random``: uniformly, what kube-scheduler intends (each node's
+``Randomizer`` orders equal totals in ``nodeScoreHeap``) and what v1.36.3 does for nodes an extender
+scored. ``list``: v1.36.3 without an extender, where no Randomizer is set (pkg/scheduler/
+schedule_one.go ``prioritizeNodes``; kubernetes PR #141024 proposes setting it for every node) and
+the host is whichever tied node ``heap.Init`` brings to the top of the scored list; here that list
+is in scan order, while a real scheduler's is the parallel filter's completion order, roughly the
+scan order with jitter (tests/e2e/scheduler_ties.py measures how ties fell on the real one)."""
+
+
+def heap_top(totals: list[int]) -> int:
+    """The index Go's ``container/heap`` puts on top after ``heap.Init`` of ``totals`` with
+    ``nodeScoreHeap.Less`` (a higher total first) and every Randomizer 0: the host kube-scheduler
+    v1.36.3 pops when no extender scored. Not always the first best total in order: a best total
+    deep in the heap can be sifted above an earlier one."""
+    heap = list(range(len(totals)))
+    size = len(heap)
+    for start in range(size // 2 - 1, -1, -1):
+        parent = start
+        while (child := 2 * parent + 1) < size:
+            if child + 1 < size and totals[heap[child + 1]] > totals[heap[child]]:
+                child += 1
+            if not totals[heap[child]] > totals[heap[parent]]:
+                break
+            heap[parent], heap[child] = heap[child], heap[parent]
+            parent = child
+    return heap[0]
+
+
 def nodes_to_find(total: int, percentage: int) -> int:
     """kube-scheduler's numFeasibleNodesToFind: stop after this many feasible nodes."""
     if total < 100 or percentage >= 100:
@@ -302,12 +333,15 @@ class KubeScheduler:
     """Schedules one pod at a time with the profile its schedulerName names.
 
     Holds what kube-scheduler carries between cycles: the round-robin start index of the node scan.
-    Randomness comes only from the ``rng`` argument.
+    Randomness comes only from the ``rng`` argument; ``ties`` is one of ``TIES``.
     """
 
-    def __init__(self, profiles: tuple[Profile, ...], rng: np.random.Generator) -> None:
+    def __init__(self, profiles: tuple[Profile, ...], rng: np.random.Generator, ties: str = RANDOM_TIES) -> None:
+        if ties not in TIES:
+            raise ValueError(f"ties {ties!r}: not one of {', '.join(TIES)}")
         self.profiles = {profile.name: profile for profile in profiles}
         self.rng = rng
+        self.ties = ties
         self.next_start = 0
 
     def schedule(self, cluster: KubeCluster, pod: PodView) -> int | None:
@@ -337,11 +371,15 @@ class KubeScheduler:
         for plugin, weight in profile.scores:
             total += weight * plugin(cluster, pod, nodes)
         # schedule_one.go prioritizeNodes: extender scores are added unclipped, scaled by weight x 100/10.
+        randomized = False
         for extender, weight in profile.extenders:
             priorities = extender(cluster, pod, nodes)
             if priorities is not None:  # an error: ignorable extenders are skipped
                 total += np.asarray(priorities, dtype=np.int64) * weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+                randomized = True  # v1.36.3 sets a Randomizer for the nodes an extender scored
         best = np.flatnonzero(total == total.max())
+        if len(best) > 1 and self.ties == LIST_TIES and not randomized:
+            return int(nodes[heap_top(total.tolist())])
         return int(nodes[best[self.rng.integers(len(best))]])
 
     @staticmethod

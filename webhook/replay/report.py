@@ -35,7 +35,8 @@ def by_arm(results: list[RunResult]) -> dict[str, list[RunResult]]:
     return grouped
 
 
-def summary(results: list[RunResult], *, workload: str, seeds: list[int], sharing: str = "") -> dict[str, Any]:
+def summary(results: list[RunResult], *, workload: str, seeds: list[int], sharing: str = "",
+            ties: str = "random") -> dict[str, Any]:
     arms = {}
     for arm, runs in by_arm(results).items():
         arms[arm] = {"world": runs[0].world,
@@ -47,7 +48,7 @@ def summary(results: list[RunResult], *, workload: str, seeds: list[int], sharin
             arms[arm].update(world_counts(runs))
     for row in sizing_rows(results):
         arms[row["arm"]].update({k: v for k, v in row.items() if k not in ("arm", "alloc_at_100", "runs")})
-    return {"workload": workload, "seeds": list(seeds), "sharing": sharing, "arms": arms}
+    return {"workload": workload, "seeds": list(seeds), "sharing": sharing, "ties": ties, "arms": arms}
 
 
 def world_counts(runs: list[RunResult]) -> dict[str, Any]:
@@ -60,7 +61,8 @@ def world_counts(runs: list[RunResult]) -> dict[str, Any]:
             "overcommitted": statistics.median([r.oversubscribed for r in runs])}
 
 
-def table(results: list[RunResult], *, workload: str, seeds: list[int], sharing: str = "") -> str:
+def table(results: list[RunResult], *, workload: str, seeds: list[int], sharing: str = "",
+          ties: str = "random") -> str:
     """Arm by metric, medians over seeds, with the world each arm ran in; failed pods are those
     that arrived up to 100%; placed and overcommitted over the whole run (n/a outside a sharing world)."""
     data = summary(results, workload=workload, seeds=seeds, sharing=sharing)["arms"]
@@ -80,6 +82,8 @@ def table(results: list[RunResult], *, workload: str, seeds: list[int], sharing:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     several = len(seeds) > 1
     world = f"sharing world {sharing} (reference arms: their published model); " if sharing else ""
+    if ties != "random":
+        world += f"kube-scheduler ties: {ties} (v1.36.3 without an extender); "
     lines = [f"workload {workload}, {'seeds' if several else 'seed'} {_seed_text(seeds)}; {world}"
              f"{'medians over seeds, ' if several else ''}% of GPU capacity"]
     for number, row in enumerate(rows):

@@ -234,7 +234,7 @@ class KubePlacer:
             mix = trace_mix(trace.pods, world.slot) if spec.extender_mix == "trace" else None
             self.extender = BlindExtender(trace, spec, mix, world)
             profiles.append(extender_profile(self.extender, spec))
-        self.kube = KubeScheduler(tuple(profiles), rng)
+        self.kube = KubeScheduler(tuple(profiles), rng, ties=spec.ties)
         self.relabeler = Relabeler(lag=spec.label_lag, taint_congested=spec.taint_congested)
         self.relabeler.start(cluster)
         self.admission = CachedAdmission(spec.policies) if arm.policies else None

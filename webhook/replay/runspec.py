@@ -57,6 +57,10 @@ class RunSpec:
     manifests/ ship) or dra (a share is a consumable-capacity claim of its memory); ``published``
     runs them in the reference arms' model (a share is its size on any GPU), which no stock
     component implements. The reference arms ignore it: they stay in their published model."""
+    ties: str = "random"
+    """How the kube-scheduler model breaks equal best totals (``kubescheduler.TIES``): random, as
+    kube-scheduler intends and does for nodes an extender scored, or list, as v1.36.3 does
+    without an extender (the heap's top of the scored list)."""
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,8 @@ class Twin:
         self.cluster = KubeCluster(state=self.state,
                                    labels=NodeLabels(self.state.names, [node.labels for node in self.nodes]))
         self.capacity = sum(node.physical_gpus for node in self.nodes) * MILLI
-        self.kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), np.random.default_rng((spec.seed, 1)))
+        self.kube = KubeScheduler((DEFAULT_PROFILE, binpack_profile()), np.random.default_rng((spec.seed, 1)),
+                                  ties=spec.ties)
         self.relabeler = TwinRelabeler(self.nodes, lag=spec.label_lag, taint_congested=spec.taint_congested)
         self.relabeler.start(self.cluster)
         self.admission = CachedAdmission(spec.policies)
