@@ -59,6 +59,8 @@ def cycles(lines: Iterable[str]) -> list[Scored]:
 class TieReport:
     """Ties among the best-scored nodes and how they fell."""
 
+    scored: int = 0
+    """Bound pods whose cycle scored two or more nodes."""
     ties: int = 0
     heap_top: int = 0
     """Hosts that are the heap's top of the scored list in logged order."""
@@ -70,8 +72,9 @@ class TieReport:
     """Two-way ties: hosts that were the earlier / the later of the two in logged order."""
 
     def add(self, cycle: Scored) -> None:
-        if cycle.host is None or not cycle.scores:
+        if cycle.host is None or len(cycle.scores) < 2:
             return
+        self.scored += 1
         best = max(score for _, score in cycle.scores)
         tied = [node for node, score in cycle.scores if score == best]
         if len(tied) < 2 or cycle.host not in tied:
@@ -84,10 +87,12 @@ class TieReport:
             self.two_way[tied.index(cycle.host)] += 1
 
     def text(self) -> str:
+        if not self.scored:
+            return "scored no bound pod (is it at --v=10?)"
         if not self.ties:
-            return "ties: none among bound pods (is kube-scheduler at --v=10?)"
-        return (f"ties: {self.ties} bound pods had two or more best-scored nodes; the host was the heap's top of "
-                f"the scored list {self.heap_top}/{self.ties} times, the first tied node in that list "
+            return f"no ties among {self.scored} scored bound pods"
+        return (f"{self.scored} scored bound pods, {self.ties} with two or more best nodes; the host was the heap's "
+                f"top of the scored list {self.heap_top}/{self.ties} times, the first tied node in that list "
                 f"{self.first_tied} times (uniform picks: {self.uniform_first:.0f}); two-way ties went "
                 f"{self.two_way[0]}:{self.two_way[1]} to the earlier node")
 

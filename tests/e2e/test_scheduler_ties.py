@@ -37,4 +37,7 @@ def test_the_report_counts_ties_and_which_of_them_won() -> None:
     # equal ones over a, so b is on top and c, the host, is not.
     assert report.heap_top == 1
     assert report.first_tied == 1 and report.uniform_first == pytest.approx(1.5)
-    assert "3 bound pods" in report.text() and "1:2 to the earlier node" in report.text()
+    assert report.scored == 4 and "4 scored bound pods, 3 with two or more" in report.text()
+    assert "1:2 to the earlier node" in report.text()
+    assert tie_report(lines[6:9]).text() == "no ties among 1 scored bound pods"
+    assert tie_report(["nothing at --v=2"]).text() == "scored no bound pod (is it at --v=10?)"
