@@ -60,7 +60,8 @@ from tests.prerequisites import needed
 
 PODS_PER_LIST = 12
 REAL_RUNS = 3
-"""Real runs per arm. kube-scheduler breaks ties at random, so one run is one draw: on this slice one
+"""Real runs per arm. Ties fall differently from run to run (with 16 filter threads their order varies,
+``WORLD_RUNS`` says why), so one run is one draw: on this slice one
 run's allocation has a standard deviation of ~0.7 point (gpugate) and ~1.0 (stock), measured over
 200 model seeds, so one run against the model's median would miss 2 points in 2-5% of CI runs. The
 mean of three against the median of 20 seeds misses it about once in 800 runs (stock), never in

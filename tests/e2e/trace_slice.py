@@ -31,9 +31,13 @@ Choices, each so that the two sides are asked the same question:
 * **Isolation.** Every pod gets ``nodeSelector: {e2e.gpugate.io/pool: <tag>}`` and the slice's nodes
   (and the model's) that label, so nodes other tests left in the session cannot take pods. It is
   scoring-neutral (scores are normalized over feasible nodes only).
-* **Same randomness structure.** kube-scheduler breaks ties at random (schedule_one.go,
-  ``nodeScoreHeap`` ordered by TotalScore then ``Randomizer``, a ``rand.Int()`` per node); the model
-  draws from its ``rng``. One real run is one sample; the model is run over several seeds.
+* **Randomness.** The model breaks ties from its ``rng`` and runs over several seeds; one real run
+  is one sample. kube-scheduler v1.36.3 means to break them at random too (schedule_one.go,
+  ``nodeScoreHeap`` ordered by TotalScore then ``Randomizer``) but sets the Randomizer only for
+  nodes an extender scored, so without one a tie goes to the heap's top of the list the filter
+  threads produced (tests/e2e/scheduler_ties.py). With 16 threads that list's order varies, which
+  is why the arms' runs still differ; the world slices use a one-thread scheduler
+  (:data:`FIDELITY_SCHEDULER`) so their runs do not.
 
 Besides the end-to-end comparison, :func:`lockstep` replays the real decisions through the model:
 before each pod, the model's state is the real cluster's (real bindings so far, labels recomputed),
@@ -480,7 +484,7 @@ class ArmReport:
 
     @property
     def real_alloc(self) -> float:
-        """The mean over the real runs: each is one draw of the scheduler's random tie-breaks."""
+        """The mean over the real runs: each is one draw of how the scheduler's ties fall."""
         return statistics.mean(self.real_allocs)
 
     @property
