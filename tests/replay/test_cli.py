@@ -59,10 +59,25 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
     (("--seeds", "forty"), "is not a seed"),
     (("--arms", "stock,tetris"), "unknown arm(s) tetris"),
     (("--pods", "x.csv"), "--pods needs --trace"),
+    (("--ties", "first"), "'first' is not one of 'random', 'list'"),
 ])
 def test_usage_errors_exit_2(args: tuple[str, ...], message: str) -> None:
     code, _, stderr = invoke(*args)
     assert code == 2 and message in stderr
+
+
+def test_ties_list_is_named_in_the_table_and_the_summary_and_changes_what_stock_does(tmp_path: Path) -> None:
+    """``--ties list``: v1.36.3's tie rule without an extender (the heap's top, no Randomizer)."""
+    common = ("--arms", "stock", "--seeds", "5", "--synthetic-nodes", "24")
+    code, stdout, stderr = invoke(*common, "--ties", "list", "--out", str(tmp_path / "list"))
+    assert code == 0, stderr
+    assert "kube-scheduler ties: list (v1.36.3 without an extender)" in stdout.splitlines()[0]
+    assert json.loads((tmp_path / "list" / "summary.json").read_text())["ties"] == "list"
+    assert invoke(*common, "--out", str(tmp_path / "random"))[0] == 0
+    # The fragment after each pod: where the pods went differs (an empty synthetic cluster ties everywhere).
+    fragment = {ties: [row["frag_pct"] for row in csv.DictReader((tmp_path / ties / "runs" / "stock-seed5.csv").open())]
+                for ties in ("list", "random")}
+    assert fragment["list"] != fragment["random"]
 
 
 def test_a_bad_trace_or_policy_folder_exits_1_with_the_reason(tmp_path: Path) -> None:
