@@ -108,9 +108,9 @@ def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
         if not path.exists():
             raise GpugateError(f"{path} does not exist: run `gpugate demo` from a clone of gpugate, or pass "
                                "--policies DIR and --webhook-configurations FILE")
-    found = cluster_module.ensure_binaries(settings.log)
-    started = time.monotonic()
     with interrupts.raised(), ExitStack() as stack:
+        found = cluster_module.ensure_binaries(settings.log)  # a first build's Ctrl-C ends here too
+        started = time.monotonic()
         settings.log("starting the control plane (etcd, kube-apiserver, controller manager, scheduler) ...")
         cluster = stack.enter_context(Cluster.local(found))
         assert cluster.plane is not None
