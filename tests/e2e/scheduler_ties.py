@@ -10,9 +10,9 @@ node the heap brings to the top of the scored list. That list is in the order th
 finished nodes, which is roughly the scheduler's node list order with jitter, so ties lean
 towards nodes early in that list rather than falling uniformly.
 
-``python benchmarks/replay_vs_scheduler.py --sharing dra --ties`` measures it: with kube-scheduler
-at ``--v=10``, each scored pod's "Calculated node's final score" lines give the scored list in its
-order and "Successfully bound pod to node" the host.
+``python benchmarks/replay_vs_scheduler.py --pods 288 --pod-files all --ties`` measures it on the
+session's kube-scheduler (16 filter threads): at ``--v=10``, each scored pod's "Calculated node's
+final score" lines give the scored list in its order and "Successfully bound pod to node" the host.
 """
 
 from __future__ import annotations

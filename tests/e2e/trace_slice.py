@@ -93,8 +93,6 @@ from webhook.replay.arrival import arrival_order
 from webhook.replay.cluster import ClusterState
 from webhook.replay.kubescheduler import (
     DEFAULT_PROFILE,
-    LIST_TIES,
-    RANDOM_TIES,
     KubeCluster,
     KubeScheduler,
     PodView,
@@ -105,7 +103,7 @@ from webhook.replay.labels import Relabeler
 from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
 from webhook.replay.runner import World
-from webhook.replay.runspec import DRA, SHARING, TIMESLICE, RunSpec
+from webhook.replay.runspec import DRA, LIST_TIES, RANDOM_TIES, SHARING, TIMESLICE, RunSpec
 from webhook.replay.trace import DEFAULT_POD_FILE, NODE_FILE, load_nodes, load_pods
 
 TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"

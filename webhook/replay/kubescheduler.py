@@ -38,6 +38,7 @@ from webhook.placement.scoring import MAX_EXTENDER_PRIORITY
 from webhook.replay.cluster import ClusterState
 from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import MILLI
+from webhook.replay.runspec import LIST_TIES, RANDOM_TIES, TIES
 
 MAX_NODE_SCORE = 100
 # The GPU resources scoring may weigh (the per-device pool); MIG slices are integer extended resources,
@@ -287,18 +288,6 @@ def binpack_profile(weights: tuple[tuple[str, int], ...] = BINPACK_WEIGHTS, perc
                 (dynamic_resources_score, 2)),
         percentage_of_nodes_to_score=percentage,
     )
-
-
-RANDOM_TIES = "random"
-LIST_TIES = "list"
-TIES = (RANDOM_TIES, LIST_TIES)
-"""How equal best totals are broken. ``random``: uniformly, what kube-scheduler intends (each node's
-``Randomizer`` orders equal totals in ``nodeScoreHeap``) and what v1.36.3 does for nodes an extender
-scored. ``list``: v1.36.3 without an extender, where no Randomizer is set (pkg/scheduler/
-schedule_one.go ``prioritizeNodes``; kubernetes PR #141024 proposes setting it for every node) and
-the host is whichever tied node ``heap.Init`` brings to the top of the scored list; here that list
-is in scan order, while a real scheduler's is the parallel filter's completion order, roughly the
-scan order with jitter (tests/e2e/scheduler_ties.py measures how ties fell on the real one)."""
 
 
 def heap_top(totals: list[int]) -> int:

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any, TextIO
 
-from webhook.replay.runspec import MIG_TWIN, PUBLISHED, RunResult
+from webhook.replay.runspec import MIG_TWIN, PUBLISHED, RANDOM_TIES, RunResult
 
 POINTS = range(0, 131)
 
@@ -36,7 +36,7 @@ def by_arm(results: list[RunResult]) -> dict[str, list[RunResult]]:
 
 
 def summary(results: list[RunResult], *, workload: str, seeds: list[int], sharing: str = "",
-            ties: str = "random") -> dict[str, Any]:
+            ties: str = RANDOM_TIES) -> dict[str, Any]:
     arms = {}
     for arm, runs in by_arm(results).items():
         arms[arm] = {"world": runs[0].world,
@@ -62,7 +62,7 @@ def world_counts(runs: list[RunResult]) -> dict[str, Any]:
 
 
 def table(results: list[RunResult], *, workload: str, seeds: list[int], sharing: str = "",
-          ties: str = "random") -> str:
+          ties: str = RANDOM_TIES) -> str:
     """Arm by metric, medians over seeds, with the world each arm ran in; failed pods are those
     that arrived up to 100%; placed and overcommitted over the whole run (n/a outside a sharing world)."""
     data = summary(results, workload=workload, seeds=seeds, sharing=sharing)["arms"]
@@ -82,7 +82,7 @@ def table(results: list[RunResult], *, workload: str, seeds: list[int], sharing:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     several = len(seeds) > 1
     world = f"sharing world {sharing} (reference arms: their published model); " if sharing else ""
-    if ties != "random":
+    if ties != RANDOM_TIES:
         world += f"kube-scheduler ties: {ties} (v1.36.3 without an extender); "
     lines = [f"workload {workload}, {'seeds' if several else 'seed'} {_seed_text(seeds)}; {world}"
              f"{'medians over seeds, ' if several else ''}% of GPU capacity"]

@@ -21,6 +21,17 @@ PUBLISHED = "published"
 """The world of the reference arms: the FGD artifact's model (a share is its size on any GPU)."""
 MIG_TWIN = "mig-twin"
 """The world of the right-sizing arms: the trace on an H100 twin (``migcluster``)."""
+RANDOM_TIES = "random"
+LIST_TIES = "list"
+TIES = (RANDOM_TIES, LIST_TIES)
+"""How equal best totals are broken. ``random``: uniformly, what kube-scheduler intends (each node's
+``Randomizer`` orders equal totals in ``nodeScoreHeap``) and what v1.36.3 does for nodes an extender
+scored. ``list``: v1.36.3 without an extender, where no Randomizer is set (pkg/scheduler/
+schedule_one.go ``prioritizeNodes``; kubernetes PR #141024 proposes setting it for every node) and
+the host is whichever tied node ``heap.Init`` brings to the top of the scored list; here that list
+is in scan order, while a real scheduler's is the parallel filter's completion order, roughly the
+scan order with jitter (``kubescheduler.heap_top``; tests/e2e/scheduler_ties.py measures how ties
+fell on the real one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +68,8 @@ class RunSpec:
     manifests/ ship) or dra (a share is a consumable-capacity claim of its memory); ``published``
     runs them in the reference arms' model (a share is its size on any GPU), which no stock
     component implements. The reference arms ignore it: they stay in their published model."""
-    ties: str = "random"
-    """How the kube-scheduler model breaks equal best totals (``kubescheduler.TIES``): random, as
+    ties: str = RANDOM_TIES
+    """How the kube-scheduler model breaks equal best totals (``TIES``): random, as
     kube-scheduler intends and does for nodes an extender scored, or list, as v1.36.3 does
     without an extender (the heap's top of the scored list)."""
 
