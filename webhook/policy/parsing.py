@@ -25,6 +25,7 @@ from webhook.policy import overlap
 from webhook.policy.model import (
     ClaimRules,
     DenyRule,
+    Disruption,
     GPUPolicy,
     GPUSpec,
     LabelSelector,
@@ -308,7 +309,14 @@ def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
         ),
         rightsizing=_rightsizing(spec.get("rightsizing")),
         claims=_claims(spec.get("claims")),
+        disruption=_disruption(spec.get("disruption")),
     )
+
+
+def _disruption(raw: dict[str, Any] | None) -> Disruption:
+    raw = raw or {}
+    return Disruption(movable=bool(raw.get("movable", False)), max_moves_per_hour=_int(raw.get("maxMovesPerHour")),
+                      min_runtime_seconds=_int(raw.get("minRuntimeSeconds")) or 0)
 
 
 def _claims(raw: dict[str, Any] | None) -> ClaimRules:
