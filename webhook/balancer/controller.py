@@ -38,6 +38,7 @@ from webhook.balancer.labeller import Labeller
 from webhook.balancer.labelwrites import LabelWrites
 from webhook.balancer.lease import LeaderElector
 from webhook.balancer.metrics import Metrics
+from webhook.balancer.mover import Mover
 from webhook.balancer.prometheus import PrometheusClient
 from webhook.balancer.publisher import InventoryPublisher
 from webhook.balancer.settings import BalancerSettings, load_mix, parse_bind
@@ -112,6 +113,9 @@ class Balancer:
         if settings.lease.enabled and not settings.dry_run:
             self.elector = LeaderElector(self._api(), settings.lease, clock=clock,
                                          on_change=self._leader_changed, on_error=self._api_error)
+        # The rebalancer (docs/rebalance.md): watches of its own, acting only where this replica writes.
+        self.mover = Mover(settings, self._api, metrics=self.metrics, may_write=self.writes,
+                           informer_args=self._informer_args()) if settings.rebalance.enabled else None
         self._prometheus = PrometheusClient(settings.prometheus.url, window=settings.prometheus.window,
                                             timeout=settings.prometheus.timeout) if settings.prometheus.url else None
 
@@ -347,6 +351,8 @@ class Balancer:
                                             daemon=True))
         for thread in threads:
             thread.start()
+        if self.mover is not None:
+            self.mover.start(stop)
         return lease_thread
 
     def _poll_prometheus(self, stop: threading.Event) -> None:
@@ -392,6 +398,8 @@ class Balancer:
                 informer.close()
         self.dra.close()
         self.templates.close()
+        if self.mover is not None:
+            self.mover.close()
         self.writes_pool.shutdown()
         if self.elector is not None:
             if lease_thread is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from webhook.balancer.moveplan import RebalanceSettings
 from webhook.errors import GpugateError
 from webhook.placement.shapes import MixError, ShapeMix, parse_mix
 from webhook.placement.tiers import ThresholdError, TierThresholds
@@ -121,6 +122,8 @@ class BalancerSettings:
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     inventory: InventorySettings = field(default_factory=InventorySettings)
     extender: ExtenderServing = field(default_factory=ExtenderServing)
+    rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
+    """The rebalancer (docs/rebalance.md): off by default."""
     server: str | None = None
     """API server URL; unset means in-cluster service account, else kubeconfig."""
     dry_run: bool = False
@@ -192,6 +195,8 @@ class BalancerSettings:
             raise SettingsError("extender.mix_file is for the extender's measure: set extender.bind too, or drop it")
         if not extender.path.startswith("/") or extender.assume_ttl <= 0:
             raise SettingsError("extender: path must start with / and assume_ttl must be > 0")
+        if self.rebalance.problems():
+            raise SettingsError("; ".join(self.rebalance.problems()))
 
     @classmethod
     def from_file(cls, path: Path) -> BalancerSettings:
@@ -277,7 +282,7 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
         kind = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
         sections: dict[str, type] = {"TierThresholds": TierThresholds, "PrometheusSettings": PrometheusSettings,
                                      "LeaseSettings": LeaseSettings, "InventorySettings": InventorySettings,
-                                     "ExtenderServing": ExtenderServing}
+                                     "ExtenderServing": ExtenderServing, "RebalanceSettings": RebalanceSettings}
         if kind in sections:
             section = sections[kind]
             values[key] = _build(section, value if value is not None else {}, source, f"{where}.")
