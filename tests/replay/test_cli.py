@@ -28,7 +28,8 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
                                   "--out", str(out), "--workers", "2")
     assert code == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"workload", "seeds", "sharing", "ties", "arms"} and summary["sharing"] == "timeslice"
+    assert set(summary) == {"mode", "workload", "seeds", "sharing", "ties", "arms"} and summary["sharing"] == "timeslice"
+    assert summary["mode"] == "published"
     assert summary["ties"] == "random"
     assert summary["workload"] == "synthetic-5" and summary["seeds"] == [5, 6]
     assert list(summary["arms"]) == ["stock", "gpugate", "fgd"]

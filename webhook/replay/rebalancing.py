@@ -92,11 +92,16 @@ class ReplayRebalancer:
         self._quiet_at = -1
         self.memo = moves.Memo()
         self.asks: dict[int, Any] = {}
+        self.moved: list[tuple[int, int, int]] = []
+        """(evicted pod, the node it left, its replacement), in the order moved."""
+        self.landed: dict[int, int] = {}
+        """Replacement -> the node it was first bound to."""
         """Per trace pod, what it asks as the decision reads it (its GPU models as products)."""
 
     # --- the view, kept with every bind and departure ----------------------------------------
     def bound(self, uid: int, pod: Any) -> None:
         policy = self.timeline.world.device_policy
+        self.landed.setdefault(uid, pod.node)  # (a replacement is bound once)
         self.views[pod.node] = self.views[pod.node].bind(f"u{uid}", pod.demand, policy)
         minimum = self._min_runtime(pod.index)
         if minimum is not None:
@@ -156,7 +161,7 @@ class ReplayRebalancer:
             pod = timeline.live[uid]
             milli = timeline.trace.pods[pod.index].gpu_request_milli
             self.lost_gpu_hours += milli / MILLI * (now - pod.started) / 3600.0
-            lives.append((pod.index, pod.life + (now - pod.started)))
+            lives.append((uid, pod.node, pod.index, pod.life + (now - pod.started)))
             timeline.remove(uid)
             self.recent.append(now)
             self.moves += 1
@@ -171,5 +176,5 @@ class ReplayRebalancer:
             Toleration(key=names.REBALANCE_TAINT_KEY, operator="Equal", value=move.pending, effect="NoSchedule"),))
         timeline.changed.difference_update(marked)
         timeline.attempt(pending, view=tolerating)
-        for index, life in lives:
-            timeline.submit(index, life)
+        for uid, left, index, life in lives:
+            self.moved.append((uid, left, timeline.submit(index, life)))

@@ -24,6 +24,8 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import numpy as np
@@ -220,7 +222,7 @@ class Timeline:
         """Submit a pod now (a replacement); returns its uid."""
         uid = self.new_uid()
         self.live[uid] = Live(index=index, submitted=self.now, life=life)
-        self.recorder.submitted(self, uid)
+        self.recorder.submitted(self, uid, offered=False)
         self.attempt(uid, learn=True)
         return uid
 
@@ -273,3 +275,36 @@ def run(trace: Trace, spec: TimelineSpec, default: Trace | None = None) -> Timel
     timed = stream.borrow(trace, default or trace, spec.run.seed)
     found = stream.build(timed, capacity_milli=timed.gpu_capacity_milli, load=spec.load, seed=spec.run.seed)
     return Timeline(timed, spec).run(found)
+
+
+_WORKER: tuple[Trace, Trace | None] | None = None
+
+
+def _init_worker(trace: Trace, default: Trace | None) -> None:
+    global _WORKER  # per worker process, set once before any task: the traces are sent once
+    _WORKER = (trace, default)
+
+
+def _run_in_worker(spec: TimelineSpec) -> TimelineResult:
+    assert _WORKER is not None
+    return run(_WORKER[0], spec, _WORKER[1])
+
+
+def run_many(trace: Trace, specs: list[TimelineSpec], *, default: Trace | None, workers: int,
+             progress: Callable[[TimelineResult], None] | None = None) -> list[TimelineResult]:
+    """Independent runs in separate processes (one when ``workers`` is 1), in the order given."""
+    if workers <= 1 or len(specs) <= 1:
+        results = []
+        for spec in specs:
+            results.append(run(trace, spec, default))
+            if progress:
+                progress(results[-1])
+        return results
+    done: dict[int, TimelineResult] = {}
+    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(trace, default)) as pool:
+        futures = {pool.submit(_run_in_worker, spec): i for i, spec in enumerate(specs)}
+        for future in as_completed(futures):
+            done[futures[future]] = future.result()
+            if progress:
+                progress(done[futures[future]])
+    return [done[i] for i in range(len(specs))]

@@ -92,12 +92,15 @@ class Recorder:
                 self.samples[name].append(value)
             filled += 1
 
-    def submitted(self, timeline: Any, uid: int) -> None:
+    def submitted(self, timeline: Any, uid: int, *, offered: bool = True) -> None:
+        """A pod was submitted; ``offered``: it is the stream's (a moved pod's replacement is not: the
+        offered load is the same in every arm)."""
         pod = timeline.live[uid]
         milli = timeline.trace.pods[pod.index].gpu_request_milli
         if milli:
             self.opened[uid] = timeline.now
-            self.offered.append((timeline.now, pod.life, milli))
+            if offered:
+                self.offered.append((timeline.now, pod.life, milli))
 
     def bound(self, timeline: Any, uid: int) -> None:
         since = self.opened.pop(uid, None)
