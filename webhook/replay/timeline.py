@@ -86,6 +86,11 @@ class Timeline:
         self.placer = KubePlacer(arm, spec.run, trace, self.world, self.cluster,
                                  np.random.default_rng((spec.run.seed, 1)))
         self.rebalancer = rebalancing.ReplayRebalancer(self, spec.rebalance) if arm.rebalancer else None
+        # The balancer's labels reach the scheduler only through a policy's preferred terms and the
+        # congested taint: an arm with neither never reads them, so they are not kept up to date.
+        self.relabel = arm.policies or spec.run.taint_congested
+        self.stale: set[int] = set()
+        """Nodes whose fragment is to be measured again before it is next read."""
         self.live: dict[int, Live] = {}
         self.waiting: dict[PodDemand, set[int]] = {}
         self.events: list[tuple[float, int, int]] = []
@@ -165,8 +170,7 @@ class Timeline:
         node, devices = placement
         demand = self.placer.bound(pod.index)
         self.state.bind(node, demand, devices)
-        self.tracker.refresh(self.state, node)
-        self.placer.placed(node)
+        self._changed_node(node)
         self._unwait(uid)
         pod.node, pod.devices, pod.started, pod.demand = node, devices, self.now, demand
         self.running_gpu_pods += bool(demand.num_gpu or demand.extended)
@@ -187,8 +191,7 @@ class Timeline:
         assert pod.demand is not None
         self.state.release(pod.node, pod.demand, pod.devices)
         self.running_gpu_pods -= bool(pod.demand.num_gpu or pod.demand.extended)
-        self.tracker.refresh(self.state, pod.node)
-        self.placer.placed(pod.node)
+        self._changed_node(pod.node)
         if self.placer.extender is not None:
             self.placer.extender.release(uid)
         if self.rebalancer is not None:
@@ -196,6 +199,18 @@ class Timeline:
         self.recorder.left(self, pod)
         self.changed.add(pod.node)
         return pod.node
+
+    def _changed_node(self, node: int) -> None:
+        self.stale.add(node)
+        if self.relabel:
+            self.placer.placed(node)
+
+    def fragment(self) -> float:
+        """FGD's fragmentation of the cluster now (the nodes changed since the last reading measured again)."""
+        for node in self.stale:
+            self.tracker.refresh(self.state, node)
+        self.stale.clear()
+        return self.tracker.cluster_fragment()
 
     def _wait(self, uid: int) -> None:
         demand = self.fits_demand[self.live[uid].index]

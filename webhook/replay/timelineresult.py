@@ -77,7 +77,7 @@ class Recorder:
     def levels(self, timeline: Any) -> dict[str, float]:
         return {"allocation": 100.0 * timeline.state.used_milli / self.capacity,
                 "pending": 100.0 * timeline.pending_milli / self.capacity,
-                "fragment": 100.0 * timeline.tracker.cluster_fragment() / self.capacity,
+                "fragment": 100.0 * timeline.fragment() / self.capacity,
                 "running": float(timeline.running_gpu_pods)}
 
     def hold(self, timeline: Any, until: float) -> None:
