@@ -46,6 +46,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "balancer": (("balancer",), ()),
     "scheduler": (("scheduler",), ()),
     "webhook+balancer+observability": (("webhook", "balancer"), ("observability",)),
+    "webhook+balancer+rebalance": (("webhook", "balancer"), ("balancer/components/rebalance",)),
     # Everything at once: also proves no two parts define the same object.
     "all": (("webhook", "balancer", "scheduler"), ("webhook/components/builtin-tls",
                                                    "webhook/components/fail-closed", "observability")),
@@ -57,6 +58,7 @@ COMPONENT_VARIANTS: dict[str, str] = {
     "webhook/components/cert-manager": "webhook+cert-manager",
     "webhook/components/fail-closed": "webhook+builtin-tls+fail-closed",
     "observability": "webhook+balancer+observability",
+    "balancer/components/rebalance": "webhook+balancer+rebalance",
 }
 
 Obj = dict[str, Any]
