@@ -43,7 +43,8 @@ def node(name: str, gpus: int = 8, *, labels: dict[str, str] | None = None, tain
     return moveplan.seen_node({"metadata": {"name": name, "resourceVersion": "1",
                                             "labels": {"nvidia.com/gpu.product": "H100", **(labels or {})}},
                                "spec": {"taints": taints or []},
-                               "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(gpus)}}})
+                               "status": {"allocatable": {"cpu": "64", "memory": "512Gi",
+                                                          "nvidia.com/gpu": str(gpus)}}})
 
 
 def pod(name: str, *, namespace: str = "batch", node_name: str = "", gpus: int = 1, owner: str = "ReplicaSet",
@@ -144,6 +145,12 @@ class TestDecide:
         open_pdb = dataclasses.replace(pdb, allowed=2)
         assert decide(snapshot(fragmented(), {pdb.key: open_pdb})).plan.moves
 
+    def test_a_pod_two_disruption_budgets_select_never_moves(self) -> None:
+        pdbs = {f"batch/b{i}": moveplan.seen_budget({"metadata": {"name": f"b{i}", "namespace": "batch"},
+                                                     "spec": {"selector": {}}, "status": {"disruptionsAllowed": 9}})
+                for i in (1, 2)}
+        assert not decide(snapshot(fragmented(), pdbs)).plan.moves
+
     def test_the_hourly_budget_is_a_share_of_the_running_gpu_pods_less_the_last_hours_evictions(self) -> None:
         found = snapshot(fragmented())
         assert not decide(found, budget_percent=2.0).plan.moves  # 2% of 8 pods is none
@@ -164,6 +171,11 @@ class TestDecide:
         [move] = decide(snapshot(pods)).plan.moves
         evicted = set(move.evict)
         assert not evicted & {"batch/be-0-0", "batch/be-1-0"} or {"batch/be-0-0", "batch/be-1-0"} <= evicted
+
+    def test_no_second_move_for_a_pod_whose_first_is_under_way(self) -> None:
+        found = snapshot(fragmented())
+        assert not moveplan.decide(found, POLICIES, now=NOW, settings=SETTINGS,
+                                   moving=frozenset({"uid-big"})).plan.moves
 
     def test_a_pod_waiting_for_anything_but_gpus_gets_no_move(self) -> None:
         pods = fragmented()
@@ -217,7 +229,7 @@ def test_a_plan_only_ever_holds_movable_pods() -> None:
     """Whatever the decision, every evicted pod was a candidate marked movable."""
     found = snapshot(fragmented())
     decision = decide(found)
-    movable = {c.key for c in moveplan._candidates(  # noqa: SLF001 - the decision's own reading
+    movable = {c.key for c in moveplan._candidates(
         [p for p in found.pods.values() if p.node], found, POLICIES, now=NOW, settings=SETTINGS, refused={})[0]
         if c.movable}
     assert all(key in movable for m in decision.plan.moves for key in m.evict)

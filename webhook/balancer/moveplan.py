@@ -14,7 +14,8 @@ into a ``webhook.placement.moves`` plan, the code the timeline replay measures:
 * the pods of one distributed job (``gpugate.io/group``, or the job labels the policies read) move
   together or not at all; each pod counts against the PodDisruptionBudgets that select it;
 * the budget: ``budget_percent`` of the running GPU pods per hour, less the evictions of the last
-  hour, and each namespace's ``maxMovesPerHour`` (the smallest its movable pods' policies set).
+  hour, and each namespace's ``maxMovesPerHour`` (the smallest its movable pods' policies set);
+  a pod two PodDisruptionBudgets select is never moved (the Eviction API refuses it).
 """
 
 from __future__ import annotations
@@ -253,14 +254,16 @@ class Decision:
 
 def decide(snapshot: Snapshot, policies: PolicySet, *, now: float, settings: RebalanceSettings,
            evictions: Sequence[tuple[float, str]] = (), refused: Mapping[str, float] | None = None,
-           device_policy: DevicePolicy = "distributed") -> Decision:
+           moving: frozenset[str] = frozenset(), device_policy: DevicePolicy = "distributed") -> Decision:
     """The round's plan. ``evictions``: (when, namespace) of this balancer's recent evictions;
-    ``refused``: pod key -> until when it is not planned again (its eviction was refused)."""
+    ``refused``: pod key -> until when it is not planned again (its eviction was refused);
+    ``moving``: uids of waiting pods a move was made for, whose marks still stand (kube-scheduler has
+    not bound them yet, and the evicted pods may still be terminating: no second move for them)."""
     live = [p for p in snapshot.pods.values() if not p.terminating and p.phase not in ("Succeeded", "Failed")]
     running = [p for p in live if p.node and p.phase == "Running"]
     gpu_running = [p for p in running if uses_gpus(p.demand)]
     waiting = tuple(p for p in live if not p.node and p.waiting_since is not None and uses_gpus(p.demand)
-                    and p.demand is not None and not p.demand.claims)
+                    and p.demand is not None and not p.demand.claims and p.uid not in moving)
     recent = [(at, namespace) for at, namespace in evictions if now - at < HOUR]
     allowed = max(0, math.floor(settings.budget_percent / 100.0 * len(gpu_running)) - len(recent))
     candidates, limits = _candidates([p for p in running if uses_gpus(p.demand) or pods.group_of(_as_pod(p))],
@@ -296,14 +299,15 @@ def _candidates(running: Sequence[SeenPod], snapshot: Snapshot, policies: Policy
         if marked and policy is not None and policy.disruption.max_moves_per_hour is not None:
             limits[pod.namespace] = min(limits.get(pod.namespace, policy.disruption.max_moves_per_hour),
                                         policy.disruption.max_moves_per_hour)
-        ran = now - pod.started if pod.started is not None else -1.0
-        movable = marked and policy is not None and pod.controller in RECREATED_BY \
-            and ran >= policy.disruption.min_runtime_seconds and refused.get(pod.key, -math.inf) <= now \
-            and not tolerates_any_mark(pod)
-        group = pods.group_of(as_pod)
         labels = dict(pod.labels)
         guards = tuple(b.key for b in snapshot.budgets.values()
                        if b.namespace == pod.namespace and matching.selector_matches(b.selector, labels))
+        ran = now - pod.started if pod.started is not None else -1.0
+        # The Eviction API refuses a pod that two PodDisruptionBudgets select: never plan one.
+        movable = marked and policy is not None and pod.controller in RECREATED_BY and len(guards) <= 1 \
+            and ran >= policy.disruption.min_runtime_seconds and refused.get(pod.key, -math.inf) <= now \
+            and not tolerates_any_mark(pod)
+        group = pods.group_of(as_pod)
         found.append(moves.Candidate(
             key=pod.key, namespace=pod.namespace, unit=f"{pod.namespace}/{group[0]}={group[1]}" if group else pod.key,
             movable=movable, nodes=usable_nodes(pod, snapshot.nodes) if movable else None, disruption_budgets=guards))

@@ -152,7 +152,8 @@ class Mover:
             self._lift(snapshot, now)
         self.refused = {key: until for key, until in self.refused.items() if until > now}
         decision = moveplan.decide(snapshot, self.policies, now=now, settings=self.settings,
-                                   evictions=self.evictions, refused=self.refused, device_policy=self.device_policy)
+                                   evictions=self.evictions, refused=self.refused, device_policy=self.device_policy,
+                                   moving=frozenset(uid for _, uid in self.marks))
         self.metrics.rebalance_waiting.set(decision.waiting_gpus)
         self.metrics.rebalance_budget.set(decision.budget)
         for move in decision.plan.moves:

@@ -92,6 +92,7 @@ class ReplayRebalancer:
         self._quiet_at = -1
         self.memo = moves.Memo()
         self.asks: dict[int, Any] = {}
+        self.usable: dict[int, frozenset[str] | None] = {}
         self.moved: list[tuple[int, int, int]] = []
         """(evicted pod, the node it left, its replacement), in the order moved."""
         self.landed: dict[int, int] = {}
@@ -141,8 +142,19 @@ class ReplayRebalancer:
             self._apply(move, now)
 
     def _candidates(self, now: float) -> list[moves.Candidate]:
-        return [moves.Candidate(key=f"u{uid}", namespace=workload.NAMESPACE, unit=f"u{uid}", movable=True)
+        live = self.timeline.live
+        return [moves.Candidate(key=f"u{uid}", namespace=workload.NAMESPACE, unit=f"u{uid}", movable=True,
+                                nodes=self._usable(live[uid].index))
                 for uid, ready in self.movable.items() if ready <= now]
+
+    def _usable(self, index: int) -> frozenset[str] | None:
+        """Where a replacement of the trace pod may go: the nodes of the GPU models it names (None: any)."""
+        if index not in self.usable:
+            models = self.timeline.trace.pods[index].gpu_spec
+            state = self.timeline.state
+            self.usable[index] = frozenset(name for name, node in zip(state.names, state.nodes, strict=True)
+                                           if node.model in models) if models else None
+        return self.usable[index]
 
     def _waiting(self, uid: int) -> moves.Waiting:
         pod = self.timeline.live[uid]
