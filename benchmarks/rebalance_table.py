@@ -39,11 +39,11 @@ COLUMNS = (("pending", "pending GPU demand %"), ("wait_p95", "p95 wait s"), ("al
 
 
 def seeds_of(text: str) -> list[int]:
-    found: list[int] = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        found.extend(range(int(low), int(high or low) + 1))
-    return found
+    """``42-51`` or ``42,45``: the replay command's reading of ``--seeds``."""
+    sys.path.insert(0, str(ROOT))
+    from webhook.commands.replay import parse_seeds
+
+    return parse_seeds(text)
 
 
 def done_keys(path: Path, load: float) -> set[tuple[str, str, int]]:

@@ -98,7 +98,9 @@ def test_the_fewest_pods_move_the_waiting_pod_binds_and_the_replacements_land_el
     env.waiting_pod(local, namespace, "big", 8)
     node = wait_until(lambda: env.node_of(local, namespace, "big"), timeout=90, what="the 8-GPU pod bound",
                       explain=lambda: logs(leader, standby))
-    after = env.running(local, namespace, "be", 8)
+    on_node = {uid for uid, (_, where) in before.items() if where == node}
+    after = wait_until(lambda: (found := env.running(local, namespace, "be", 8)) and not on_node & set(found)
+                       and found, timeout=60, what="the evicted pods replaced", explain=lambda: logs(leader))
     evicted = set(before) - set(after)
     assert len(evicted) == min(counts.values()) == counts[node], (counts, node, evicted)
     assert {before[uid][1] for uid in evicted} == {node}
@@ -186,9 +188,11 @@ def test_a_two_pod_job_moves_whole(local: Cluster, nodes: Nodes, namespace: str,
     node = wait_until(lambda: env.node_of(local, namespace, "big"), timeout=90, what="the 4-GPU pod bound",
                       explain=lambda: logs(leader, standby))
     assert node in (first, second)
-    moved = env.running(local, namespace, "job", 2)
-    assert not set(moved) & set(job), "both pods of the job were evicted"
+    # The two evictions are two API calls: wait for both replacements, not for the first.
+    moved = wait_until(lambda: (found := env.running(local, namespace, "job", 2)) and not set(found) & set(job)
+                       and found, timeout=60, what="both pods of the job replaced", explain=lambda: logs(leader))
     assert [where for _, where in moved.values()] == [third, third]
+    assert len(env.events(local, namespace)) == 2
 
 
 def test_unmarked_pods_stay_and_a_dry_run_only_logs_its_plan(
