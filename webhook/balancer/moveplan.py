@@ -310,7 +310,8 @@ def _candidates(running: Sequence[SeenPod], snapshot: Snapshot, policies: Policy
         group = pods.group_of(as_pod)
         found.append(moves.Candidate(
             key=pod.key, namespace=pod.namespace, unit=f"{pod.namespace}/{group[0]}={group[1]}" if group else pod.key,
-            movable=movable, nodes=usable_nodes(pod, snapshot.nodes) if movable else None, disruption_budgets=guards))
+            movable=movable, nodes=usable_nodes(pod, snapshot.nodes) if movable else None, node=pod.node,
+            disruption_budgets=guards))
     return found, limits
 
 

@@ -65,7 +65,9 @@ class Room:
     whole_most: int
     share_now: int
     share_most: int
+    cpu_now: int
     cpu_most: int
+    memory_now: int
     memory_most: int
 
 
@@ -91,13 +93,14 @@ def room(view: NodeView, may_go: Mapping[str, object]) -> Room:
         share_now, share_most = max(share_now, left), max(share_most, freed)
     going = [b.demand for b in view.pods if b.key in may_go]
     return Room(whole_now=whole_now, whole_most=whole_most, share_now=share_now, share_most=share_most,
-                cpu_most=view.cpu_left + sum(d.cpu for d in going),
-                memory_most=view.memory_left + sum(d.memory_bytes for d in going))
+                cpu_now=view.cpu_left, cpu_most=view.cpu_left + sum(d.cpu for d in going),
+                memory_now=view.memory_left, memory_most=view.memory_left + sum(d.memory_bytes for d in going))
 
 
 def could_fit(found: Room, demand: PodDemand, *, now: bool) -> bool:
     """``Room``'s bound: False means the pod cannot fit (now, or after any eviction on the node)."""
-    if demand.cpu > found.cpu_most or demand.memory_bytes > found.memory_most:
+    if demand.cpu > (found.cpu_now if now else found.cpu_most) or \
+            demand.memory_bytes > (found.memory_now if now else found.memory_most):
         return False
     if demand.gpus:
         return (found.whole_now if now else found.whole_most) >= demand.gpus

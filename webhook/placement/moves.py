@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from webhook.kube.demand import PodDemand
-from webhook.placement import freeing
+from webhook.placement import freeing, rooms
 from webhook.placement.devices import DevicePolicy
 from webhook.placement.inputs import NodeView
+from webhook.placement.rooms import Memo
 
 WAITING, FITS, NO_ROOM, BUDGET, NO_REPLACEMENT = "waiting", "fits", "no-room", "budget", "no-replacement"
 """Why a waiting pod got no move: not waited long enough; fits a node already; no set of movable
@@ -51,6 +52,8 @@ class Candidate:
     eviction of it was refused lately."""
     nodes: frozenset[str] | None = None
     """Nodes its replacement may use (its affinity and tolerations); None: any."""
+    node: str = ""
+    """The node it is bound to, when the caller knows it (else it is looked up in the views)."""
     disruption_budgets: tuple[str, ...] = ()
     """The PodDisruptionBudgets that select it (``Budget.disruptions`` says how many each allows)."""
 
@@ -126,38 +129,6 @@ class _World:
     guarded_by: dict[str, tuple[str, ...]]
 
 
-class Memo:
-    """Answers about one node that hold while its view and the pods that may leave it are the same:
-    a caller that plans round after round keeps one, so an unchanged node is not looked at again.
-    A plan gives the same moves with or without it."""
-
-    def __init__(self) -> None:
-        self.rooms: dict[str, tuple[NodeView, tuple[str, ...], freeing.Room]] = {}
-        self.cheapest: dict[tuple[str, PodDemand], tuple[NodeView, tuple[str, ...], tuple[str, ...] | None]] = {}
-
-    def room(self, view: NodeView, going: tuple[str, ...], unit_of: Mapping[str, str]) -> freeing.Room:
-        found = self.rooms.get(view.name)
-        if found is None or found[0] is not view or found[1] != going:
-            found = self.rooms[view.name] = (view, going, freeing.room(view, unit_of))
-        return found[2]
-
-    def freeing(self, view: NodeView, going: tuple[str, ...], demand: PodDemand, world: _World,
-                policy: DevicePolicy) -> tuple[str, ...] | None:
-        key = (view.name, demand)
-        found = self.cheapest.get(key)
-        if found is None or found[0] is not view or found[1] != going:
-            found = self.cheapest[key] = (view, going,
-                                          freeing.cheapest(view, demand, world.unit_of, world.sizes, policy))
-        return found[2]
-
-
-def _going(view: NodeView, world: _World) -> tuple[str, ...]:
-    """The pods that may leave the node, with their units and the units' sizes (a unit may span
-    nodes, so its size is part of what an answer about this node depends on)."""
-    unit_of, sizes = world.unit_of, world.sizes
-    return tuple(f"{b.key}={unit_of[b.key]}:{sizes[unit_of[b.key]]}" for b in view.pods if b.key in unit_of)
-
-
 def plan(nodes: Sequence[NodeView], candidates: Sequence[Candidate], waiting: Sequence[Waiting], *,
          now: float, settings: Settings, budget: Budget, memo: Memo | None = None) -> Plan:
     """The moves for this round (see the module docstring); ``memo``: kept from earlier rounds."""
@@ -165,29 +136,23 @@ def plan(nodes: Sequence[NodeView], candidates: Sequence[Candidate], waiting: Se
     moves: list[Move] = []
     skipped: list[Skip] = []
     memo = memo or Memo()
-    going = {name: _going(view, world) for name, view in world.views.items()}
-    rooms = {name: memo.room(view, going[name], world.unit_of) for name, view in world.views.items()}
+    going = {name: rooms.going_from(view, world.unit_of, world.sizes) for name, view in world.views.items()}
+    table = rooms.Table(list(world.views), {name: memo.room(view, going[name], world.unit_of)
+                                            for name, view in world.views.items()})
     # Pods that ask the same on the same nodes get the same answer until a move changes the views.
     answered: dict[tuple[PodDemand, frozenset[str] | None], str] = {}
     homes_now: dict[PodDemand, frozenset[str]] = {}
     for pod in sorted(waiting, key=lambda w: (w.since, w.key)):
         shape = (pod.demand, pod.nodes)
-        if now - pod.since < settings.threshold:
-            skipped.append(Skip(pod.key, WAITING))
+        reason = WAITING if now - pod.since < settings.threshold else BUDGET if world.cluster <= 0 \
+            else answered.get(shape, "")
+        if not reason and any(freeing.fits(world.views[name], pod.demand, settings.device_policy)
+                              for name in table.could_fit(pod.demand, pod.nodes, now=True)):
+            reason = answered[shape] = FITS
+        if reason:
+            skipped.append(Skip(pod.key, reason))
             continue
-        if world.cluster <= 0:
-            skipped.append(Skip(pod.key, BUDGET))
-            continue
-        if shape in answered:
-            skipped.append(Skip(pod.key, answered[shape]))
-            continue
-        usable = [v for name, v in world.views.items() if pod.nodes is None or name in pod.nodes]
-        if any(freeing.fits(v, pod.demand, settings.device_policy) for v in usable
-               if freeing.could_fit(rooms[v.name], pod.demand, now=True)):
-            answered[shape] = FITS
-            skipped.append(Skip(pod.key, FITS))
-            continue
-        found, reason = _move_for(pod, usable, world, settings, (memo, going, rooms), homes_now)
+        found, reason = _move_for(pod, world, settings, (memo, going, table), homes_now)
         if found is None:
             answered[shape] = reason
             skipped.append(Skip(pod.key, reason))
@@ -197,13 +162,17 @@ def plan(nodes: Sequence[NodeView], candidates: Sequence[Candidate], waiting: Se
         homes_now.clear()
         _apply(found, pod, world, settings)
         for name in {found.node, *found.left, *(home for _, home in found.replacements)}:
-            going[name] = _going(world.views[name], world)
-            rooms[name] = memo.room(world.views[name], going[name], world.unit_of)
+            going[name] = rooms.going_from(world.views[name], world.unit_of, world.sizes)
+            table.update(name, memo.room(world.views[name], going[name], world.unit_of))
     return Plan(moves=tuple(moves), skipped=tuple(skipped))
 
 
 def _world(nodes: Sequence[NodeView], candidates: Sequence[Candidate], budget: Budget) -> _World:
-    where = {bound.key: view.name for view in nodes for bound in view.pods}
+    names = {view.name for view in nodes}
+    if all(c.node for c in candidates):
+        where = {c.key: c.node for c in candidates if c.node in names}
+    else:
+        where = {bound.key: view.name for view in nodes for bound in view.pods}
     members: dict[str, list[str]] = {}
     for found in candidates:
         members.setdefault(found.unit, []).append(found.key)
@@ -235,19 +204,18 @@ def _may_rehome(evict: tuple[str, ...], world: _World, settings: Settings,
     return True
 
 
-Known = tuple[Memo, dict[str, tuple[str, ...]], dict[str, freeing.Room]]
+Known = tuple[Memo, dict[str, rooms.Going], rooms.Table]
 """The memo, and per node the pods that may leave it and its room, as the plan stands."""
 
 
-def _move_for(pod: Waiting, usable: list[NodeView], world: _World, settings: Settings, known: Known,
+def _move_for(pod: Waiting, world: _World, settings: Settings, known: Known,
               homes_now: dict[PodDemand, frozenset[str]]) -> tuple[Move | None, str]:
     """The cheapest move that lets ``pod`` bind, or None and why not."""
     options = []
-    for view in usable:
-        memo, going, rooms = known
-        if not freeing.could_fit(rooms[view.name], pod.demand, now=False):
-            continue
-        units = memo.freeing(view, going[view.name], pod.demand, world, settings.device_policy)
+    memo, going, table = known
+    for name in table.could_fit(pod.demand, pod.nodes, now=False):
+        view = world.views[name]
+        units = memo.freeing(view, going[name], pod.demand, world.unit_of, world.sizes, settings.device_policy)
         if units is None:
             continue
         keys = tuple(sorted(key for unit in units for key in world.members[unit]))

@@ -93,6 +93,7 @@ class ReplayRebalancer:
         self.memo = moves.Memo()
         self.asks: dict[int, Any] = {}
         self.usable: dict[int, frozenset[str] | None] = {}
+        self.candidates: dict[int, moves.Candidate] = {}
         self.moved: list[tuple[int, int, int]] = []
         """(evicted pod, the node it left, its replacement), in the order moved."""
         self.landed: dict[int, int] = {}
@@ -112,6 +113,7 @@ class ReplayRebalancer:
     def left(self, uid: int, pod: Any) -> None:
         self.views[pod.node] = self.views[pod.node].release(f"u{uid}")
         self.movable.pop(uid, None)
+        self.candidates.pop(uid, None)
         self.version += 1
 
     def _min_runtime(self, index: int) -> int | None:
@@ -142,10 +144,16 @@ class ReplayRebalancer:
             self._apply(move, now)
 
     def _candidates(self, now: float) -> list[moves.Candidate]:
-        live = self.timeline.live
-        return [moves.Candidate(key=f"u{uid}", namespace=workload.NAMESPACE, unit=f"u{uid}", movable=True,
-                                nodes=self._usable(live[uid].index))
-                for uid, ready in self.movable.items() if ready <= now]
+        return [self._candidate(uid) for uid, ready in self.movable.items() if ready <= now]
+
+    def _candidate(self, uid: int) -> moves.Candidate:
+        found = self.candidates.get(uid)
+        if found is None:
+            pod = self.timeline.live[uid]
+            found = self.candidates[uid] = moves.Candidate(
+                key=f"u{uid}", namespace=workload.NAMESPACE, unit=f"u{uid}", movable=True,
+                nodes=self._usable(pod.index), node=self.views[pod.node].name)
+        return found
 
     def _usable(self, index: int) -> frozenset[str] | None:
         """Where a replacement of the trace pod may go: the nodes of the GPU models it names (None: any)."""
