@@ -187,7 +187,7 @@ def test_moved_pods_never_land_back_and_the_budget_holds_on_a_synthetic_cluster(
     assert result.moves <= 0.02 * result.means["running"] * max(1.0, result.window / 3600) + 1
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(st.integers(0, 10_000), st.floats(0.3, 1.5))
 def test_a_synthetic_run_keeps_its_books(seed: int, load: float) -> None:
     """Whatever the seed and load: allocation never above capacity, pending never negative, every GPU
