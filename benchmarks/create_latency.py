@@ -12,7 +12,7 @@ live at once, each in its own namespace:
 - ``go-patch``: the same Go webhook answering /mutate with gpugate's own JSON Patch for this pod
   (``--patch``; the patch is asked of the gpugate arm's server before the rounds): the floor a
   *mutating* webhook pays, whose API server applies the patch and carries the bigger pod through
-  validation, the validating call and etcd. gpugate is judged against both floors: issue 28's goal
+  validation, the validating call and etcd. gpugate is judged against both floors: the latency goal
   against ``go``, and what is gpugate's own against ``go-patch``;
 - ``null``: benchmarks/null_server.py, gpugate's server with a core that allows everything;
 - ``gpugate``: ``gpugate serve`` with the starter policies/ (the pod is shaped and validated).
@@ -29,7 +29,7 @@ go-patch - go; the bigger pod: shaped - none; gpugate's own: gpugate - go-patch)
 kube-apiserver + etcd spend during each serial create (median per arm), which a loaded machine
 hardly moves.
 
-How the arms are kept comparable on a shared machine whose load swings (issue 28): serial creates
+How the arms are kept comparable on a shared machine whose load swings: serial creates
 are interleaved, one create per arm in turn (none, shaped, go, ..., none, ...), so a slow spell
 falls on every arm alike; in the parallel phase each of the ``--parallel`` creators (each on its own
 client) moves to the next arm after each create, so the creators are spread over the arms at every
@@ -165,7 +165,7 @@ def idle_rates(arms: list[Arm], seconds: float) -> None:
 
     In the interleaved rounds each server idles most of the time (the other arms' creates), so its CPU
     over the rounds holds its pollers' too: at gpugate's default 1 s policy and certificate reload,
-    about as much as its reviews on a long loaded run (issue 28)."""
+    about as much as its reviews on a long loaded run."""
     before = {arm.name: tree_cpu(arm.pid) for arm in arms}
     time.sleep(seconds)
     for arm in arms:
@@ -458,7 +458,7 @@ def report(arms: dict[str, Arm], parallel_count: int, notes: list[str], rounds_s
             cells.append(f"{added(arms, name)[index]:>6.1f} [{low:>5.1f}, {high:>5.1f}]")
         print(f"{measure:<16}" + "".join(f"{cell:>22}" for cell in cells))
     print_differences(arms, samples)
-    for floor, title in (("go", "the Go floor (allow-only; issue 28's goal: added latency <= "
+    for floor, title in (("go", "the Go floor (allow-only; the goal: added latency <= "
                                 f"{GOAL_LATENCY}x, create rate >= {GOAL_RATE}x)"),
                          ("go-patch", "the Go floor answering gpugate's patch (the floor a mutating webhook pays)")):
         if floor in arms and "gpugate" in arms:

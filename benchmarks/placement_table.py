@@ -170,7 +170,7 @@ def fgd_figures(path: Path = FGD_TABLE) -> dict[str, float]:
 
 def timeslice_goal(placed: list[float | None], over: list[float | None],
                    shares: list[float | None] | None = None) -> str:
-    """Issue 25 in timeslice: the extender (last) places at least as many pods as stock and
+    """The goal in timeslice: the extender (last) places at least as many pods as stock and
     BestFit-on-slots (first two), with fewer overcommitted shares. No scheduler in this world sees a
     share's size (a slot is a slot), so which shares are overcommitted is the list's, and their
     count follows the shares placed: with ``shares`` (shares placed, same arms) "fewer" is judged per
@@ -191,7 +191,7 @@ def timeslice_goal(placed: list[float | None], over: list[float | None],
 
 
 def _dra_misses(name: str, dra: float, fgd: float) -> list[str]:
-    """Issue 25 in dra: the extender at least FGD's figure minus 0.5, and 95.2 on the default list."""
+    """The goal in dra: the extender at least FGD's figure minus 0.5, and 95.2 on the default list."""
     misses = [f"fgd {dra - fgd:+.2f}"] if dra < fgd - 0.5 else []
     if name == "default" and dra < 95.2:
         misses.append("< 95.2")

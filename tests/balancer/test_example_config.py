@@ -1,4 +1,4 @@
-"""The shipped example balancer config names every settings key at its default (issue 30).
+"""The shipped example balancer config names every settings key at its default.
 
 The README's ``gpugate balance ... --config`` pointed at a file that did not exist; a key added to
 the settings without the example, or a default changed in one place only, fails here.

@@ -1,4 +1,4 @@
-"""The README's first screen shows real output (issue 30): its before/after of one pod is what
+"""The README's first screen shows real output: its before/after of one pod is what
 ``gpugate mutate ... -o diff`` prints today, and its measured figure is the one docs/placement.md holds."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a new user hits first: every failure is a message that names the thing and the fix (issue 20).
+"""What a new user hits first: every failure is a message that names the thing and the fix.
 
 Each case was a traceback or a misleading message before; the CLI runs as a user runs it.
 """

@@ -1,4 +1,4 @@
-"""The replay model against the real kube-scheduler on a fixed slice of the openb trace (issue 11, item 6).
+"""The replay model against the real kube-scheduler on a fixed slice of the openb trace.
 
 The slice (tests/e2e/trace_slice.py): 32 nodes sampled from openb_node_list_gpu_node.csv with seed
 42, and 288 whole-GPU or CPU-only pods, 12 from each of the trace's 24 pod lists (the first ones
@@ -27,7 +27,7 @@ What is proven:
 
 ``python benchmarks/replay_vs_scheduler.py`` prints the same figures for any slice.
 
-Shares, in both sharing worlds (issue 25, item 4): a second slice, 32 nodes and 10 pods of each pod
+Shares, in both sharing worlds: a second slice, 32 nodes and 10 pods of each pod
 list *with* the trace's shares (~40% of the pods), goes through the real scheduler once per world,
 as ``gpugate replay --sharing`` models it (``trace_slice.world_fidelity``): in ``timeslice`` the
 nodes the replay time-slices advertise only ``nvidia.com/gpu.shared`` (4 slots a GPU) and a share

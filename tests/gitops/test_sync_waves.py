@@ -1,4 +1,4 @@
-"""Every state the GPU Operator can be in lets the Argo CD syncs finish (issue 14 item 1).
+"""Every state the GPU Operator can be in lets the Argo CD syncs finish.
 
 ``tests/gitops/argosync.py`` replays gitops-engine's wave rule. Over it run:
 

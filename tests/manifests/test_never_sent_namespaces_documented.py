@@ -1,4 +1,4 @@
-"""The namespaces the webhook configurations never send are the ones the docs name (issue 30).
+"""The namespaces the webhook configurations never send are the ones the docs name.
 
 docs/deploy.md and the README left out ``gpu-operator``, which both configurations exclude.
 """

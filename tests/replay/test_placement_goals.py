@@ -1,4 +1,4 @@
-"""benchmarks/placement_table.py's goal check: each of issue 16's goals, for both extender columns."""
+"""benchmarks/placement_table.py's goal check: each of the placement goals, for both extender columns."""
 
 from __future__ import annotations
 

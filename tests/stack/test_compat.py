@@ -140,7 +140,7 @@ def test_a_malformed_operator_version_names_the_expected_form(bad):
         V.parse(bad)
 
 
-# ---------------------------------------------------------------------------- issue 14: driver images, matrix data
+# ---------------------------------------------------------------------------- driver images, matrix data
 
 
 @pytest.mark.parametrize(("driver", "precompiled", "says"), [

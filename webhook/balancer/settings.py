@@ -148,7 +148,7 @@ class BalancerSettings:
     """Seconds a node waits after its last patch before the next one, whatever changed (``gpu-free``,
     the tier, the taint); only a node gaining or losing its marks is written at once. Within the
     interval the latest wanted labels replace older ones, so a burst of pod events costs each node
-    at most one patch per interval, and every watcher of all nodes one event (issue 28)."""
+    at most one patch per interval, and every watcher of all nodes one event."""
     stream_lists: bool = True
     """List through a watch with ``sendInitialEvents`` (Kubernetes' streaming list) where the API
     server allows it: objects arrive one per line, so the pods that hold no GPU are skipped
