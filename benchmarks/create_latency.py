@@ -88,7 +88,7 @@ from tests.e2e.webhook_fixture import (  # noqa: E402
 
 ARMS = ("none", "shaped", "go", "go-patch", "null", "gpugate")
 REQUIRED = ("none", "go", "gpugate")
-"""The baseline, the issue's floor and gpugate: every run has them (``--arms`` picks among the rest)."""
+"""The baseline, the Go floor and gpugate: every run has them (``--arms`` picks among the rest)."""
 GO_ARMS = ("go", "go-patch")
 SHAPED_ARMS = ("go-patch", "gpugate", "before")
 """Arms whose created pods carry gpugate's mark (``gpugate.io/policy``), once their webhook is called."""
@@ -484,7 +484,7 @@ def report(arms: dict[str, Arm], parallel_count: int, notes: list[str], rounds_s
 def print_ratios(arms: dict[str, Arm], samples: dict[str, list[tuple[float, float, float, float]]],
                  rates: dict[str, float], floor: str, parallel_count: int) -> None:
     """gpugate's added latencies and create rate over ``floor``'s, each with its bootstrap interval
-    (the ratio taken on each resample) and its verdict against the issue's goals."""
+    (the ratio taken on each resample) and its verdict against the latency goals."""
     base, mine = added(arms, floor), added(arms, "gpugate")
     for index, measure in enumerate(MEASURES):
         ratios = [ratio(g[index], f[index]) for g, f in zip(samples["gpugate"], samples[floor], strict=True)]

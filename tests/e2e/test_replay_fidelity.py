@@ -124,8 +124,8 @@ with one filter thread (``trace_slice.FIDELITY_SCHEDULER``), because v1.36.3 wit
 not break ties at random: it sets no Randomizer and takes the heap's top of the filtered list
 (tests/e2e/scheduler_ties.py; with its scores logged, 353 of 353 ties on the dra slice fell that
 way, two-way ones 104:49 to the node earlier in the list). With the default 16 threads that list is
-in the order they finish, so runs were different draws among the model's best nodes and sessions
-differed more than seeds (dra runs 77.09-78.17 over five sessions; one CI session's two missed the
+in the order they finish, so runs were different draws among the model's best nodes and separate runs
+differed more than seeds (dra runs 77.09-78.17 over five runs; one CI run's two missed the
 0.5-point bound at -0.64 with every decision agreeing). With one thread and the nodes created in the
 slice's order, every run makes the same decisions, and the model with the heap's rule
 (``ties="list"``) makes them too. Before a dra run the previous run's claims must be gone: they
