@@ -579,7 +579,7 @@ def test_a_failed_plan_lists_no_commit(stack_repo):
 def test_plan_runs_without_kubernetes_validate_and_shows_the_check_skipped(stack_repo, monkeypatch):
     """On the quick start's install (no `stack` extra) `plan` failed drivers-valid;
     it now says what it would do and shows the schema check skipped with the install command.
-    Committing still needs the extra, as the README says."""
+    Committing still needs the extra, as docs/stack.md says."""
     monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # import kubernetes_validate fails
     args = ["--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary"]
     result = run(stack_repo, "plan", *args)

@@ -1,7 +1,7 @@
 """The balancer's settings: grouped frozen dataclasses, one YAML file, flags on top.
 
 Order of precedence: command-line flags > the YAML file (``--config``) > the defaults below.
-Each default's docstring says why it is what it is; the README's balancer section repeats them.
+Each default's docstring says why it is what it is; docs/balancer.md's settings table repeats them.
 The file is checked once when loaded: an unknown key or a wrong type is refused with its
 dotted path, so a typo never silently falls back to a default.
 """
