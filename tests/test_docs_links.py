@@ -196,7 +196,8 @@ def parse_problem(args: tuple[str, ...]) -> str | None:
     rest = list(args)
     while isinstance(command, click.Group):
         if not rest or rest[0].startswith("-"):
-            return None if rest[:1] in ([], ["--help"], ["-h"], ["--version"]) else f"options before a subcommand: {rest}"
+            alone = rest[:1] in ([], ["--help"], ["-h"], ["--version"])
+            return None if alone else f"options before a subcommand: {rest}"
         name, rest = rest[0], rest[1:]
         sub = command.get_command(ctx, name)
         if sub is None:
