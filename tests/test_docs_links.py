@@ -280,3 +280,22 @@ def test_no_page_speaks_of_tickets_sessions_branches_or_people() -> None:
 ])
 def test_the_talk_pattern_catches_what_it_must(text: str, hit: bool) -> None:
     assert bool(TALK.search(text)) is hit
+
+
+# --- the README stays a front door ----------------------------------------------------------------------
+
+def test_the_readme_is_a_front_door() -> None:
+    """Under 12 KB, in the order a new user needs it, every feature one line with its page, and each
+    install way short: the manual holds the rest, so the README does not grow back into one."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) < 12 * 1024, f"README.md is {len(text.encode())} bytes; move detail to docs/"
+    headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    order = ["Quick start", "Try it", "How the parts fit", "Features", "Install", "Contributing"]
+    assert len(headings) == len(order) and all(h.startswith(o) for h, o in zip(headings, order)), headings
+    features = re.split(r"^## ", text, flags=re.MULTILINE)[headings.index("Features") + 1]
+    rows = [line for line in features.splitlines() if line.startswith("| ") and "docs/" in line]
+    assert len(rows) >= 10 and all(re.search(r"\]\(docs/[\w-]+\.md(#[\w-]+)?\)", row) for row in rows)
+    install = re.split(r"^## ", text, flags=re.MULTILINE)[headings.index("Install") + 1]
+    blocks = re.findall(r"```sh\n(.*?)```", install, re.DOTALL)
+    assert len(blocks) == 3 and all(len(block.splitlines()) <= 5 for block in blocks)
+    assert install.count("docs/deploy.md") >= 2 and "docs/development.md" in text
