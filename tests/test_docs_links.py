@@ -291,7 +291,8 @@ def test_the_readme_is_a_front_door() -> None:
     assert len(text.encode()) < 12 * 1024, f"README.md is {len(text.encode())} bytes; move detail to docs/"
     headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
     order = ["Quick start", "Try it", "How the parts fit", "Features", "Install", "Contributing"]
-    assert len(headings) == len(order) and all(h.startswith(o) for h, o in zip(headings, order)), headings
+    assert len(headings) == len(order), headings
+    assert all(h.startswith(o) for h, o in zip(headings, order, strict=True)), headings
     features = re.split(r"^## ", text, flags=re.MULTILINE)[headings.index("Features") + 1]
     rows = [line for line in features.splitlines() if line.startswith("| ") and "docs/" in line]
     assert len(rows) >= 10 and all(re.search(r"\]\(docs/[\w-]+\.md(#[\w-]+)?\)", row) for row in rows)
