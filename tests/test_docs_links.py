@@ -35,18 +35,22 @@ def rel(path: Path) -> str:
 
 # --- headings and links -----------------------------------------------------------------------------
 
-def prose_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, line) outside fenced blocks."""
-    out: list[tuple[int, str]] = []
+def marked_lines(text: str) -> list[tuple[int, str, bool]]:
+    """(line number, line, inside a fenced block) for every line but the fences themselves."""
+    out: list[tuple[int, str, bool]] = []
     fence: str | None = None
     for n, line in enumerate(text.splitlines(), 1):
         opened = FENCE.match(line)
         if opened and (fence is None or opened.group(2).startswith(fence)):
             fence = None if fence else opened.group(2)[:3]
             continue
-        if fence is None:
-            out.append((n, line))
+        out.append((n, line, fence is not None))
     return out
+
+
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) outside fenced blocks."""
+    return [(n, line) for n, line, fenced in marked_lines(text) if not fenced]
 
 
 def slug(heading: str) -> str:
@@ -149,14 +153,9 @@ class Command:
 def fenced_lines(text: str) -> list[tuple[int, str]]:
     """(line number, logical line) inside fenced blocks, backslash continuations joined."""
     out: list[tuple[int, str]] = []
-    fence: str | None = None
     pending: tuple[int, str] | None = None
-    for n, line in enumerate(text.splitlines(), 1):
-        opened = FENCE.match(line)
-        if opened and (fence is None or opened.group(2).startswith(fence)):
-            fence = None if fence else opened.group(2)[:3]
-            continue
-        if fence is None:
+    for n, line, fenced in marked_lines(text):
+        if not fenced:
             continue
         start, sofar = pending if pending else (n, "")
         joined = sofar + line.strip()
