@@ -298,4 +298,4 @@ def test_the_readme_is_a_front_door() -> None:
     install = re.split(r"^## ", text, flags=re.MULTILINE)[headings.index("Install") + 1]
     blocks = re.findall(r"```sh\n(.*?)```", install, re.DOTALL)
     assert len(blocks) == 3 and all(len(block.splitlines()) <= 5 for block in blocks)
-    assert install.count("docs/deploy.md") >= 2 and "docs/development.md" in text
+    assert install.count("docs/deploy.md") == 3 and "docs/development.md" in text
