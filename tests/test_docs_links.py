@@ -299,3 +299,16 @@ def test_the_readme_is_a_front_door() -> None:
     blocks = re.findall(r"```sh\n(.*?)```", install, re.DOTALL)
     assert len(blocks) == 3 and all(len(block.splitlines()) <= 5 for block in blocks)
     assert install.count("docs/deploy.md") == 3 and "docs/development.md" in text
+
+
+def test_the_performance_page_covers_every_benchmark() -> None:
+    """A benchmark added without its section (what it measures, its command, its figures) fails here."""
+    page = (ROOT / "docs" / "performance.md").read_text()
+    sections = set(re.findall(r"^### `(\w+\.py)`", page, re.MULTILINE))
+    helpers = {"null_server.py", "realistic_review.py", "patchcost.py"}  # parts of another benchmark's run
+    programs = {p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name != "__init__.py"}
+    assert programs - helpers <= sections, f"no section for {sorted(programs - helpers - sections)}"
+    assert all(f"`{name}`" in page for name in helpers & programs)
+    for name in sections:
+        body = page.split(f"### `{name}`", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+        assert f"python benchmarks/{name}" in body, f"{name}: no command"
