@@ -68,9 +68,10 @@ class Server:
         self.url = f"https://127.0.0.1:{self.port}"
         self.state_dir = workdir / "state"
         self.log_path = workdir / "server.log"
+        self.metrics_port = free_port()
         self.args = [sys.executable, "-m", "webhook.cli", "serve", "--bind", f"127.0.0.1:{self.port}",
                      "--state-dir", str(self.state_dir), "--workers", str(workers), "--threads", str(threads),
-                     "--reload-interval", "0.2"]
+                     "--reload-interval", "0.2", "--metrics-bind", f"127.0.0.1:{self.metrics_port}"]
         if policies is not None:
             self.args += ["--policies", str(policies)]
         self.args += extra or []
@@ -136,8 +137,9 @@ class Server:
         return self.session.post(f"{self.url}/{endpoint}", data=data, headers=headers, timeout=10, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        """The /metrics samples as {'name{labels}': value}."""
-        text = self.session.get(f"{self.url}/metrics", timeout=10).text
+        """The /metrics samples as {'name{labels}': value}, from the plaintext metrics port (the TLS
+        port serves admission only)."""
+        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
         samples = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):

@@ -13,6 +13,7 @@ import requests
 
 from tests.admission.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
 from webhook.admission import reviews
+from webhook.admission.serverstate import MAX_BODY_BYTES
 
 
 def _response(http: requests.Response) -> dict:
@@ -108,7 +109,7 @@ def test_requests_the_webhook_does_not_handle_are_allowed_without_patch(server, 
     (b"{not json", "not JSON"),
     (b"\xff\xfe\x00garbage", "not JSON"),
     (b"[1, 2]", "JSON list, not an AdmissionReview"),
-    (b"[" * 100_000, "nests JSON too deeply"),
+    (b"[" * 100_000, "nests JSON more than 1,024 levels"),
     (json.dumps({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview",
                  "request": {"uid": "u", "operation": "CREATE"}}), "admission.k8s.io/v1beta1"),
     (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "ConversionReview"}), "kind is 'ConversionReview'"),
@@ -127,17 +128,17 @@ def test_malformed_reviews_get_400_saying_what_is_wrong(server, endpoint, body, 
     assert message in http.json()["error"]
 
 
-def test_a_body_over_3_mib_gets_413_on_its_declared_length(server):
+def test_a_body_over_what_the_api_server_can_send_gets_413_on_its_declared_length(server):
     review = review_of(example_pod())
-    review["request"]["object"]["metadata"]["annotations"] = {"big": "x" * (3 * 1024 * 1024)}
+    review["request"]["object"]["metadata"]["annotations"] = {"big": "x" * MAX_BODY_BYTES}
     http = server.post("mutate", review)
-    assert http.status_code == 413 and "3145728-byte limit" in http.json()["error"]
+    assert http.status_code == 413 and f"{MAX_BODY_BYTES}-byte limit" in http.json()["error"]
 
 
-def test_a_chunked_body_over_3_mib_gets_413(server):
+def test_a_chunked_body_over_what_the_api_server_can_send_gets_413(server):
     def chunks():
         yield b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"x": "'
-        for _ in range(4):
+        for _ in range(MAX_BODY_BYTES // (1024 * 1024) + 1):
             yield b"y" * (1024 * 1024)
         yield b'"}}'
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.admission.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
+from webhook.admission.serverstate import MAX_BODY_BYTES
 
 pytestmark = pytest.mark.slow
 
@@ -128,7 +129,7 @@ def test_a_declared_body_over_the_limit_gets_413_without_being_sent(live: Server
         sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 50000000\r\n\r\n")
         status, body = read_response(sock)
-    assert status == 413 and b"exceeds the 3145728-byte limit" in body
+    assert status == 413 and f"exceeds the {MAX_BODY_BYTES}-byte limit".encode() in body
 
 
 def test_a_header_block_over_the_limit_gets_431(live: Server) -> None:

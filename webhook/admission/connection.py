@@ -68,10 +68,11 @@ class ConnCallback:
 
 
 def endpoint_of(buffer: bytes | bytearray) -> str:
+    """The admission endpoint a request's line names, whatever its query string (the API server
+    adds ``?timeout=5s``), so its refusals (413, 408) are counted where they belong."""
     line = bytes(buffer[:200]).split(b"\r\n", 1)[0].split(b" ")
-    if len(line) >= 2 and line[1].lstrip(b"/") in (b"mutate", b"validate"):
-        return line[1].lstrip(b"/").decode()
-    return "other"
+    path = line[1].split(b"?", 1)[0].lstrip(b"/") if len(line) >= 2 else b""
+    return path.decode() if path in (b"mutate", b"validate") else "other"
 
 
 def client_name(conn: Conn) -> str:

@@ -24,7 +24,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import logs
-from webhook.admission import answers, framing, leanpath, metrics, requestbody, reviews, worker
+from webhook.admission import answers, envelope, framing, leanpath, metrics, requestbody, reviews, worker
 from webhook.admission.inventoryfile import InventoryFile
 from webhook.admission.results import CoreResult
 from webhook.admission.serverstate import ClaimCore, Core, PolicyCore, ServerSettings, ServerState
@@ -96,12 +96,6 @@ def readyz() -> tuple[Response, int]:
     return jsonify(ready=True, revision=current.revision), 200
 
 
-@blueprint.get("/metrics")
-def metrics_route() -> Response:
-    body, content_type = metrics.exposition()
-    return Response(body, 200, content_type=content_type)
-
-
 @blueprint.post("/mutate")
 def mutate_route() -> Response:
     return _admit("mutate")
@@ -159,20 +153,27 @@ def lean_routes(st: ServerState) -> leanpath.LeanRoutes:
 
 def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[int, bytes]:
     """One review's answer from its body: (200, review) or (400, error); logged and counted."""
+    fail_closed = st.settings.fails_closed(endpoint)
     try:
         review = reviews.decode(body)
     except BadReview as err:
-        return 400, requestbody.refusal(endpoint, 400, str(err), started, {"endpoint": endpoint})
-
-    try:
-        decision = _decide(st, endpoint, review)
-    except Exception as err:  # our own bug outside the core: still answer the review
-        _server_log.exception("admission failed", extra={"fields": {"uid": review.uid}})
-        decision = answers.internal_error(err, endpoint=endpoint, uid=review.uid, fail_closed=st.settings.fail_closed)
+        # A review the API server sent but gpugate cannot decode (nested deeper than the decoder
+        # goes) is still answered, by its uid: fail closed.
+        salvaged = envelope.review(body) if isinstance(err, reviews.UndecodableBody) else None
+        if salvaged is None:
+            return 400, requestbody.refusal(endpoint, 400, str(err), started, {"endpoint": endpoint})
+        review = salvaged
+        decision = _unjudged(st, endpoint, review, str(err))
+    else:
+        try:
+            decision = _decide(st, endpoint, review)
+        except Exception as err:  # our own bug outside the core: still answer the review
+            _server_log.exception("admission failed", extra={"fields": {"uid": review.uid}})
+            decision = answers.internal_error(err, endpoint=endpoint, uid=review.uid, fail_closed=fail_closed)
     try:
         body_out = reviews.encode(review, decision.answer)
     except (RecursionError, ValueError) as err:  # warnings or a patch we cannot serialize
-        decision = answers.internal_error(err, endpoint=endpoint, uid=review.uid, fail_closed=st.settings.fail_closed)
+        decision = answers.internal_error(err, endpoint=endpoint, uid=review.uid, fail_closed=fail_closed)
         body_out = reviews.encode(review, decision.answer)
     duration = time.perf_counter() - started
 
@@ -199,13 +200,25 @@ def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[
     return 200, body_out
 
 
+def _unjudged(st: ServerState, endpoint: str, review: reviews.Review, reason: str) -> answers.Decision:
+    """The answer to a review whose body could not be decoded: what the webhook judges is refused
+    (validation) or left unshaped (mutation), with the reason; anything else is let through."""
+    if not (review.is_claim() or (review.is_pod() and review.operation == "CREATE")):
+        return answers.SKIPPED
+    logs.log_event(_server_log, "admission input refused", logging.WARNING, uid=review.uid, endpoint=endpoint,
+                   error=reason)
+    current = st.store.current()
+    return answers.unreadable(reason, revision=current.revision if current else "",
+                              fail_closed=st.settings.fails_closed(endpoint))
+
+
 def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> answers.Decision:
     claim = st.claims is not None and review.is_claim() and isinstance(review.object, dict) \
         and _claim_needs_judging(endpoint, review)
     if not claim and not (review.is_pod() and review.operation == "CREATE" and isinstance(review.object, dict)):
         # Registered for pod CREATE and claim CREATE/UPDATE only; anything else is let through untouched.
         return answers.SKIPPED
-    fail_closed = st.settings.fail_closed
+    fail_closed = st.settings.fails_closed(endpoint)
     policies = st.store.current()
     if policies is None:
         return answers.internal_error(RuntimeError(f"no valid policy set loaded from {st.store.directory}"),
@@ -217,8 +230,8 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> answers.D
         result = _judge(st, endpoint, obj, namespace, policies, claim=claim)
         return answers.answer(result, revision=policies.revision, subject=obj)
     except (InputError, RecursionError) as err:
-        # Input we cannot read: the API server never sends such a pod (it decodes into typed
-        # structs first), so this is a hand-made or hostile request. One line, no traceback.
+        # Input we cannot read (a field of the wrong type, absurd nesting, a claim the pod names that
+        # cannot be read in time). One line, no traceback; validation refuses it.
         reason = str(err) if isinstance(err, InputError) else "the pod is nested deeper than any Kubernetes object"
         logs.log_event(_server_log, "admission input refused", logging.WARNING, uid=review.uid,
                        endpoint=endpoint, error=reason)

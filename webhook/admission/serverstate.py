@@ -26,7 +26,17 @@ from webhook.policy.store import PolicyStore
 if TYPE_CHECKING:
     from webhook.admission.claimlookup import ClaimLookup
 
-MAX_BODY_BYTES = 3 * 1024 * 1024
+API_SERVER_INPUT_BYTES = 3 * 1024 * 1024
+"""The most a client may send the API server for one object (its ``--max-request-body-bytes`` default)."""
+ENCODED_BYTES_PER_INPUT_BYTE = 6
+"""The API server re-encodes the object as JSON and writes ``<``, ``>``, ``&`` (and U+2028/9) as
+``\u003c``: one input byte can become six in the review."""
+MAX_BODY_BYTES = 2 * ENCODED_BYTES_PER_INPUT_BYTE * API_SERVER_INPUT_BYTES + 1024 * 1024
+"""The largest review the API server can send: an object and an old object (an UPDATE), each at most
+3 MiB of input re-encoded at six bytes per byte, plus 1 MiB for the request's other fields (userInfo,
+options). A smaller limit would refuse a review the API server can send, and a refusal that is not an
+answer (413) is a failed call: under failurePolicy Fail a 500 for the user, under Ignore a pod
+admitted unjudged."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,9 +44,13 @@ class ServerSettings:
     policy_dir: Path = Path("policies")
     """The folder of GPUPolicy files; watched for changes."""
     fail_closed: bool = False
-    """On an internal error, deny instead of admitting unchanged. Off by default: a bug in gpugate
-    must not stop every pod in the cluster (the API server rejects on a failed call anyway when
-    the webhook configuration says failurePolicy: Fail)."""
+    """Mutation too denies what it cannot shape (an internal error, an unreadable pod) instead of
+    admitting it unchanged. Off by default: mutation is defaulting, and validation judges the pod anyway."""
+    fail_open: bool = False
+    """Validation admits, with a warning, what it cannot judge (the behaviour before validation failed
+    closed; for a validating webhook registered with failurePolicy: Ignore). Off by default: a review
+    the server cannot judge is denied with the reason, or any tenant who can make the webhook fail
+    (a huge or deeply nested object, a claim that cannot be read) gets past every policy."""
     reload_interval: float = 1.0
     """Seconds between two looks at the policy folder; 0 disables hot reload."""
     max_body_bytes: int = MAX_BODY_BYTES
@@ -52,6 +66,11 @@ class ServerSettings:
     service account or KUBECONFIG), so ``max`` per pod counts their devices. Off: the webhook has no
     API access, and a pod's claims are judged one by one when each is created."""
 
+    def fails_closed(self, endpoint: str) -> bool:
+        """Whether ``endpoint`` denies what it cannot judge: validation unless ``fail_open``, mutation
+        only with ``fail_closed``."""
+        return not self.fail_open if endpoint == "validate" else self.fail_closed
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ServerSettings:
         env = os.environ if environ is None else environ
@@ -61,6 +80,7 @@ class ServerSettings:
         return cls(
             policy_dir=Path(env.get("GPUGATE_POLICIES", "policies")),
             fail_closed=env.get("GPUGATE_FAIL_CLOSED", "").lower() in truthy,
+            fail_open=env.get("GPUGATE_FAIL_OPEN", "").lower() in truthy,
             reload_interval=float(env.get("GPUGATE_RELOAD_INTERVAL", "1.0")),
             allow_empty=env.get("GPUGATE_ALLOW_EMPTY_POLICIES", "").lower() in truthy,
             snapshot_dir=Path(snapshot) if snapshot else None,

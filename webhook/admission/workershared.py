@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.admission.serverstate import MAX_BODY_BYTES
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerSettings:
@@ -23,11 +25,12 @@ class WorkerSettings:
     drain_seconds: float = 3.0
     """After SIGTERM, how long the worker keeps answering (with Connection: close) before it stops
     accepting: clients whose next request is already on its way are answered, not reset."""
-    max_body_bytes: int = 3 * 1024 * 1024
-    """Larger bodies get 413 from the loop, without being buffered (an object in etcd is at most ~1.5 MiB)."""
+    max_body_bytes: int = MAX_BODY_BYTES
+    """Larger bodies get 413 from the loop, without being buffered: the largest review the API server
+    can send (``serverstate.MAX_BODY_BYTES``), so it never gets a 413, only an answer."""
     max_header_bytes: int = 64 * 1024
     """A larger header block gets 431."""
-    discard_limit_bytes: int = 16 * 1024 * 1024
+    discard_limit_bytes: int = MAX_BODY_BYTES
     """How much of an over-limit body is read and dropped so the client sees its 413 (instead of a
     reset from unread data); a client streaming more is cut off."""
 

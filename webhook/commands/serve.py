@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import socket
 import ssl
 import sys
 import tempfile
@@ -88,7 +90,10 @@ def _dns_names(cert_pem: bytes) -> set[str]:
               help="Threads per worker (requests are short and CPU-bound: a few are enough).")
 @click.option("--metrics-bind", help="HOST:PORT for a plaintext /metrics-only listener (off unless given).")
 @click.option("--fail-closed", is_flag=True,
-              help="Deny, instead of admitting unchanged, when gpugate fails internally.")
+              help="Mutation too denies what it cannot shape, instead of admitting it unchanged.")
+@click.option("--fail-open", is_flag=True,
+              help="Validation admits, with a warning, what it cannot judge (for failurePolicy: Ignore; "
+                   "docs/server.md says what that gives away).")
 @click.option("--reload-interval", type=click.FloatRange(0.1, 300), default=1.0, show_default=True,
               help="Seconds between checks of the policy folder and certificate files.")
 @click.option("--request-timeout", type=click.FloatRange(0.1, 120), default=5.0, show_default=True,
@@ -106,7 +111,7 @@ def _dns_names(cert_pem: bytes) -> set[str]:
                    "KUBECONFIG) so spec.gpu.max per pod counts their devices (docs/dra.md).")
 def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
           service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
-          fail_closed: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
+          fail_closed: bool, fail_open: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
           max_requests: int, inventory_file: Path | None, allow_empty_policies: bool, resolve_claims: bool) -> None:
     """Serve the admission webhook over HTTPS (POST /mutate, /validate; GET /healthz, /readyz, /metrics)."""
     _host_port(bind, "--bind")
@@ -124,12 +129,15 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
         if not path.is_file():
             raise GpugateError(f"{path} does not exist")
     pki.check_pair(certfile.read_bytes(), keyfile.read_bytes(), cert_name=str(certfile), key_name=str(keyfile))
+    if resolve_claims:
+        _check_cluster_access()
+    listener = _listen(bind)
 
     def make_app(runtime_dir: Path) -> Any:
         from webhook.admission import routes
 
         return routes.create_app(routes.ServerSettings(
-            policy_dir=policy_dir, fail_closed=fail_closed, reload_interval=reload_interval,
+            policy_dir=policy_dir, fail_closed=fail_closed, fail_open=fail_open, reload_interval=reload_interval,
             allow_empty=allow_empty_policies, snapshot_dir=runtime_dir / "policies", inventory_file=inventory_file,
             resolve_claims=resolve_claims))
 
@@ -138,9 +146,48 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
     not_ready = unservable_reason(policy_dir, allow_empty=allow_empty_policies)
     if not_ready:
         click.echo(not_ready, err=True)
-    run_gunicorn(make_app, bind=bind, workers=workers, threads=threads, certfile=certfile, keyfile=keyfile,
-                 reload_interval=reload_interval, metrics_bind=metrics_address, max_requests=max_requests,
-                 request_timeout=request_timeout, drain_seconds=drain_seconds)
+    run_gunicorn(make_app, bind=f"fd://{listener.fileno()}", workers=workers, threads=threads, certfile=certfile,
+                 keyfile=keyfile, reload_interval=reload_interval, metrics_bind=metrics_address,
+                 max_requests=max_requests, request_timeout=request_timeout, drain_seconds=drain_seconds)
+
+
+def _check_cluster_access() -> None:
+    """``--resolve-claims`` needs an API server to read from: found once here, before any worker
+    starts, so a missing one is one clear error and exit 1 instead of workers failing in a loop."""
+    from webhook.admission.claimlookup import ClaimLookup
+
+    try:
+        ClaimLookup.from_environment()
+    except GpugateError as err:
+        raise GpugateError("--resolve-claims reads claims from the API server, and there is none to talk to "
+                           f"({_cause(err)}): run the server in a pod with its service account, or set KUBECONFIG; "
+                           "or leave --resolve-claims off") from err
+
+
+def _cause(err: GpugateError) -> str:
+    cause = err.__cause__
+    return (str(cause).strip() or type(cause).__name__) if cause is not None else str(err)
+
+
+def _listen(bind: str) -> socket.socket:
+    """The listening socket, bound before anything says "serving"; handed to gunicorn by its fd.
+
+    gunicorn binds on its own only after the banner, and a busy port then costs five retries and a
+    traceback-like log; bound here, a busy port is one line and exit 1, and nothing else starts.
+    """
+    host, port = _host_port(bind, "--bind")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+        listener.listen(2048)
+    except OSError as err:
+        listener.close()
+        why = "another process is listening there" if err.errno == errno.EADDRINUSE else err.strerror
+        raise GpugateError(f"cannot listen on {bind}: {why}; pass another --bind HOST:PORT") from err
+    listener.set_inheritable(True)
+    return listener
 
 
 def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:

@@ -1,0 +1,77 @@
+"""``gpugate serve`` as a person runs it in a terminal: what it cannot do it says in one line and exits 1
+before anything starts, and Ctrl-C ends it promptly and cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.admission.harness import Server, copy_policies, free_port
+
+
+def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+           timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    copy_policies(tmp_path / "policies")
+    return subprocess.run([sys.executable, "-m", "webhook.cli", "serve", "--state-dir", str(tmp_path / "state"),
+                           "--policies", str(tmp_path / "policies"), *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=timeout)
+
+
+def test_resolve_claims_without_a_cluster_is_one_error_not_workers_failing_in_a_loop(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    env.update(KUBECONFIG=str(tmp_path / "no-such-kubeconfig"), HOME=str(tmp_path))
+    started = time.monotonic()
+    result = _serve(tmp_path, "--bind", f"127.0.0.1:{free_port()}", "--resolve-claims", env=env)
+    assert result.returncode == 1
+    assert time.monotonic() - started < 15
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--resolve-claims" in errors[0] and "KUBECONFIG" in errors[0], result.stderr
+    assert "--server" not in result.stderr           # an option serve does not have
+    assert "Booting worker" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_busy_port_is_one_line_and_nothing_says_serving(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _serve(tmp_path, "--bind", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "serving" not in result.stderr and "Connection in use" not in result.stderr, result.stderr
+
+
+def test_ctrl_c_ends_the_server_promptly_with_connections_open(tmp_path):
+    """Ctrl-C reaches the master and every worker (the terminal signals the process group); with an
+    idle kept-alive connection, a connection that never sent a byte and a request stalled halfway,
+    the server still ends within seconds and no worker is SIGKILLed."""
+    srv = Server(tmp_path, policies=copy_policies(tmp_path / "policies")).start()
+    context = ssl.create_default_context(cafile=str(srv.ca))
+    context.check_hostname = False
+    held = []
+    try:
+        idle = context.wrap_socket(socket.create_connection(("127.0.0.1", srv.port)), server_hostname="x")
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        idle.recv(4096)
+        stalled = context.wrap_socket(socket.create_connection(("127.0.0.1", srv.port)), server_hostname="x")
+        stalled.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        held += [idle, stalled, socket.create_connection(("127.0.0.1", srv.port))]
+        time.sleep(0.5)
+        assert srv.process is not None
+        started = time.monotonic()
+        os.killpg(srv.process.pid, signal.SIGINT)
+        srv.process.wait(15)
+        took = time.monotonic() - started
+    finally:
+        for sock in held:
+            sock.close()
+        srv.stop()
+    assert took < 5, f"Ctrl-C took {took:.1f} s"
+    log = srv.log_text()
+    assert "SIGKILL" not in log and "Traceback" not in log, log[-2000:]
