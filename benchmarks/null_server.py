@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
 
     def make_app(runtime_dir: Path) -> Any:
-        from webhook.admission import routes
+        from webhook.server import routes
 
         settings = routes.ServerSettings(policy_dir=REPO / "policies", reload_interval=0,
                                          snapshot_dir=runtime_dir / "policies")

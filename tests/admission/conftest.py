@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.harness import Server, copy_policies
+from tests.server.harness import Server, copy_policies
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.admission.harness import example_pod, review_of
+from tests.server.harness import example_pod, review_of
 from webhook.admission import envelope, reviews
 
 DEEP = "__deep__"

@@ -21,7 +21,7 @@ from tests.manifests.helpers import (
     render_variant,
     rule_allows,
 )
-from webhook.admission import routes, serving
+from webhook.server import routes, serving
 from webhook.stack import manifestcheck
 
 WEBHOOK_VARIANTS = sorted(v for v, (resources, _) in VARIANTS.items() if "webhook" in resources)

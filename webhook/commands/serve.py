@@ -19,11 +19,12 @@ from typing import Any
 import click
 import jsonpatch
 
-from webhook.admission import client, reviews
+from webhook.admission import reviews
 from webhook.certs import pki
 from webhook.errors import GpugateError, InputError, PolicyLoadError
 from webhook.kube import claims
 from webhook.kube.documents import read_one
+from webhook.server import client
 
 DEFAULT_BIND = "127.0.0.1:8443"
 DEFAULT_STATE_DIR = Path(".gpugate")
@@ -134,7 +135,7 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
     listener = _listen(bind)
 
     def make_app(runtime_dir: Path) -> Any:
-        from webhook.admission import routes
+        from webhook.server import routes
 
         return routes.create_app(routes.ServerSettings(
             policy_dir=policy_dir, fail_closed=fail_closed, fail_open=fail_open, reload_interval=reload_interval,
@@ -154,7 +155,7 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
 def _check_cluster_access() -> None:
     """``--resolve-claims`` needs an API server to read from: found once here, before any worker
     starts, so a missing one is one clear error and exit 1 instead of workers failing in a loop."""
-    from webhook.admission.claimlookup import ClaimLookup
+    from webhook.server.claimlookup import ClaimLookup
 
     try:
         ClaimLookup.from_environment()
@@ -224,12 +225,12 @@ def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, th
     # frame too: only the master may remove the folder its live and future workers write into.
     master_pid = os.getpid()
     try:
-        from webhook.admission import serving, workershared
+        from webhook.server import serving, workershared
 
         workershared.configure(workershared.WorkerSettings(request_timeout=request_timeout,
                                                            drain_seconds=drain_seconds), max_workers=workers)
         try:
-            reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval)
+            reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval, alpn=serving.ALPN)
         except ssl.SSLError as err:
             raise GpugateError(f"cannot use {certfile} / {keyfile}: {err}") from err
         options = serving.gunicorn_options(bind=bind, workers=workers, threads=threads, certfile=certfile,

@@ -1,6 +1,6 @@
 """The admission server's settings and what one app holds: the policy store, the inventory, the core.
 
-Settings come from the caller (``gpugate serve``) or, for ``gunicorn 'webhook.admission.routes:create_app()'``,
+Settings come from the caller (``gpugate serve``) or, for ``gunicorn 'webhook.server.routes:create_app()'``,
 from ``GPUGATE_*`` variables read once in ``ServerSettings.from_env``. The policy core is passed in
 (``Core``): the real one by default, a stub in the benchmark that measures what the server alone
 costs. Whatever core is used, it answers with the typed results of ``admission.results``.
@@ -14,7 +14,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from webhook.admission.inventoryfile import InventoryFile
 from webhook.admission.results import Mutation, Verdict
 from webhook.kube import demand as kube_demand
 from webhook.kube.claims import Claim
@@ -22,9 +21,10 @@ from webhook.kube.inventory import Inventory
 from webhook.kube.pods import Pod
 from webhook.policy import PolicySet
 from webhook.policy.store import PolicyStore
+from webhook.server.inventoryfile import InventoryFile
 
 if TYPE_CHECKING:
-    from webhook.admission.claimlookup import ClaimLookup
+    from webhook.server.claimlookup import ClaimLookup
 
 API_SERVER_INPUT_BYTES = 3 * 1024 * 1024
 """The most a client may send the API server for one object (its ``--max-request-body-bytes`` default)."""

@@ -13,12 +13,13 @@ import jsonpatch
 import pytest
 from flask.testing import FlaskClient
 
-from tests.admission.harness import copy_policies
 from tests.kubefake import FakeKube
+from tests.server.harness import copy_policies
 from webhook import kubeclient
-from webhook.admission import reviews, routes
-from webhook.admission.claimlookup import ClaimLookup
+from webhook.admission import reviews
 from webhook.kube import claims
+from webhook.server import routes
+from webhook.server.claimlookup import ClaimLookup
 
 
 def template(name: str = "eight", count: int = 8, labels: dict[str, str] | None = None) -> dict[str, Any]:

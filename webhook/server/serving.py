@@ -19,8 +19,8 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger as GunicornLogger
 
 from webhook import logs
-from webhook.admission import metrics, workershared
 from webhook.certs.reload import CertReloader
+from webhook.server import metrics, workershared
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
 
@@ -36,6 +36,11 @@ class NoAccessLogLogger(GunicornLogger):
     def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
         return None
 
+
+H2_STREAMS_PER_CONNECTION = 8
+"""The HTTP/2 streams one connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS)."""
+ALPN = ("h2", "http/1.1")
+"""What the TLS handshake offers, preferred first."""
 
 GRACEFUL_TIMEOUT = 20
 """Seconds gunicorn's master gives a stopping worker (drain and in-flight requests) before SIGKILL."""
@@ -93,8 +98,15 @@ def gunicorn_options(
         "bind": [bind],
         "workers": workers,
         "threads": threads,
-        "worker_class": "webhook.admission.worker.AdmissionWorker",
+        "worker_class": "webhook.server.worker.AdmissionWorker",
         "worker_connections": 1000,
+        # HTTP/2 from gunicorn itself (the ``http2`` extra, the h2 package) for clients that choose it
+        # by ALPN, as the API server does; HTTP/1.1 for the rest.
+        "http_protocols": "h2,h1",
+        # gunicorn answers a connection's streams one after another on one thread: with a few streams per
+        # connection the API server opens more connections as its calls in flight grow, and those
+        # spread over the workers and their threads.
+        "http2_max_concurrent_streams": H2_STREAMS_PER_CONNECTION,
         "keepalive": keepalive,
         "timeout": 30,
         "graceful_timeout": graceful_timeout,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.admission.harness import (
+from tests.server.harness import (
     SERVICE_HOST,
     ConfigMapVolume,
     Server,

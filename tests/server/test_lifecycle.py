@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.chaos import Chaos
-from tests.admission.harness import (
+from tests.server.chaos import Chaos
+from tests.server.harness import (
     REPO,
     ConfigMapVolume,
     Server,
@@ -128,7 +128,7 @@ def test_a_worker_whose_boot_fails_is_replaced_and_the_master_keeps_serving(tmp_
     port = free_port()
     log = open(tmp_path / "server.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.admission.bootfail_server", "--bind", f"127.0.0.1:{port}",
+        [sys.executable, "-m", "tests.server.bootfail_server", "--bind", f"127.0.0.1:{port}",
          "--cert", str(tls / pki.CERT_FILE), "--key", str(tls / pki.KEY_FILE), "--policies", str(REPO / "policies"),
          "--fail-tokens", str(tokens)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.harness import ConfigMapVolume, Server, repo_policies
+from tests.server.harness import ConfigMapVolume, Server, repo_policies
 
 
 def _words(server: Server) -> str:

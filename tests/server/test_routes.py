@@ -11,9 +11,9 @@ import jsonpatch
 import pytest
 import requests
 
-from tests.admission.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
+from tests.server.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
 from webhook.admission import reviews
-from webhook.admission.serverstate import MAX_BODY_BYTES
+from webhook.server.serverstate import MAX_BODY_BYTES
 
 
 def _response(http: requests.Response) -> dict:
@@ -287,7 +287,7 @@ def _admit(server: Server, *args: str):
 
 
 def test_admit_wraps_a_pod_and_prints_the_decoded_patch(server):
-    from tests.admission.harness import EXAMPLE_POD
+    from tests.server.harness import EXAMPLE_POD
 
     result = _admit(server, str(EXAMPLE_POD), "--namespace", "ml-vision")
     assert result.exit_code == 0, result.output
@@ -298,7 +298,7 @@ def test_admit_wraps_a_pod_and_prints_the_decoded_patch(server):
 
 
 def test_admit_exits_1_on_a_denial(server, tmp_path):
-    from tests.admission.harness import EXAMPLE_POD
+    from tests.server.harness import EXAMPLE_POD
 
     result = _admit(server, str(EXAMPLE_POD), "--namespace", "web-shop", "--endpoint", "validate")
     assert result.exit_code == 1
@@ -327,7 +327,7 @@ def test_admit_reports_the_servers_400(server, tmp_path):
 def test_admit_refuses_a_server_it_cannot_verify(server, tmp_path):
     from click.testing import CliRunner
 
-    from tests.admission.harness import EXAMPLE_POD
+    from tests.server.harness import EXAMPLE_POD
     from webhook.cli import main
 
     result = CliRunner().invoke(main, ["admit", str(EXAMPLE_POD), "--server", server.url, "--ca", str(server.ca),

@@ -24,14 +24,15 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import logs
-from webhook.admission import answers, envelope, framing, leanpath, metrics, requestbody, reviews, worker
-from webhook.admission.inventoryfile import InventoryFile
+from webhook.admission import answers, envelope, reviews
 from webhook.admission.results import CoreResult
-from webhook.admission.serverstate import ClaimCore, Core, PolicyCore, ServerSettings, ServerState
 from webhook.errors import BadReview, InputError
 from webhook.kube import pods
 from webhook.policy import PolicySet
 from webhook.policy.store import PolicyStore
+from webhook.server import framing, metrics, requestbody, worker
+from webhook.server.inventoryfile import InventoryFile
+from webhook.server.serverstate import ClaimCore, Core, PolicyCore, ServerSettings, ServerState
 
 EXTENSION = "gpugate"
 
@@ -48,7 +49,6 @@ def create_app(settings: ServerSettings | None = None, *, core: Core | None = No
     """Build the app; loads the policy folder once and starts watching it."""
     settings = settings or ServerSettings.from_env()
     app = Flask("gpugate")
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     store = PolicyStore(
         settings.policy_dir,
         on_loaded=_count_load,
@@ -61,13 +61,13 @@ def create_app(settings: ServerSettings | None = None, *, core: Core | None = No
     inventory_file = InventoryFile(settings.inventory_file, interval=max(settings.reload_interval, 0.1))
     lookup = None
     if settings.resolve_claims:
-        from webhook.admission.claimlookup import ClaimLookup
+        from webhook.server.claimlookup import ClaimLookup
 
         lookup = ClaimLookup.from_environment()
     claim_core = ClaimCore(lookup) if core is None else None  # a stub core (benchmarks) judges pods only
     app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore(), inventory_file, claim_core)
-    app.extensions[worker.LEAN_ROUTES] = lean_routes(app.extensions[EXTENSION])
     app.register_blueprint(blueprint)
+    app.wsgi_app = admission_wsgi(app.extensions[EXTENSION], app.wsgi_app)  # type: ignore[method-assign]
     app.register_error_handler(HTTPException, _http_error)
     return app
 
@@ -96,59 +96,43 @@ def readyz() -> tuple[Response, int]:
     return jsonify(ready=True, revision=current.revision), 200
 
 
-@blueprint.post("/mutate")
-def mutate_route() -> Response:
-    return _admit("mutate")
-
-
-@blueprint.post("/validate")
-def validate_route() -> Response:
-    return _admit("validate")
-
-
 # --- the admission path ------------------------------------------------------------------------
 
 _OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+_ENDPOINTS = {"/mutate": "mutate", "/validate": "validate"}
+_STATUS = {200: "200 OK", 400: "400 Bad Request", 405: "405 Method Not Allowed", 413: "413 Payload Too Large"}
 
 
-def _admit(endpoint: str) -> Response:
-    """The Flask route: reads the body under the limit, then ``admit`` answers it."""
-    started = time.perf_counter()
-    st = state()
-    limit = st.settings.max_body_bytes
-    fields: dict[str, Any] = {"endpoint": endpoint}
-    # Refuse on the declared length before buffering or parsing any of the body.
-    if request.content_length is not None and request.content_length > limit:
-        return requestbody.refuse(endpoint, 413, framing.too_large(limit, request.content_length), started, fields,
-                                  drain=True)
-    try:
-        body = requestbody.read(limit)
-    except Exception as err:  # the server's body reader refused a malformed (e.g. chunked) body
-        return requestbody.refuse(endpoint, 400, f"malformed request body: {err or type(err).__name__}", started,
-                                  fields)
-    if body is None:  # a chunked body that grew past the limit
-        return requestbody.refuse(endpoint, 413, framing.too_large(limit), started, fields, drain=True)
-    status, body_out = admit(st, endpoint, body, started)
-    return Response(body_out, status, content_type="application/json")
+def admission_wsgi(st: ServerState, inner: Any) -> Any:
+    """``POST /mutate`` and ``/validate`` as a plain WSGI app in front of Flask (``app.wsgi_app``).
 
+    The API server calls these two the same way every time, and Flask's request context, URL map and
+    request and response objects cost about 0.8 ms of CPU per review (``benchmarks/admission_load.py
+    --profile``) for nothing they decide: the body goes to ``admit``
+    (bytes in, status and JSON out) and the answer out, over HTTP/1.1 and HTTP/2 alike (gunicorn's
+    ``wsgi.input`` decodes both). Every other path is Flask's.
+    """
 
-def lean_routes(st: ServerState) -> leanpath.LeanRoutes:
-    """``POST /mutate`` and ``/validate`` for the worker's lean path (``worker.LEAN_ROUTES``): the
-    request's whole body in, (status, JSON body) out, without Flask's request and response objects.
-    Run by the worker's loop itself unless claims are read from the API (network I/O)."""
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        endpoint = _ENDPOINTS.get(environ.get("PATH_INFO", ""))
+        if endpoint is None:
+            return inner(environ, start_response)
+        started = time.perf_counter()
+        fields = {"endpoint": endpoint}
+        limit = st.settings.max_body_bytes
+        if environ.get("REQUEST_METHOD") != "POST":
+            status, out = 405, requestbody.refusal(endpoint, 405, f"use POST {environ.get('PATH_INFO')}", started,
+                                                   fields)
+        else:
+            body = requestbody.read(environ, limit)
+            if body is None:
+                status, out = 413, requestbody.refusal(endpoint, 413, framing.too_large(limit), started, fields)
+            else:
+                status, out = admit(st, endpoint, body, started)
+        start_response(_STATUS[status], [("Content-Type", "application/json"), ("Content-Length", str(len(out)))])
+        return [out]
 
-    def route(endpoint: str) -> leanpath.LeanRoute:
-        def answer(body: bytes) -> tuple[int, bytes]:
-            started = time.perf_counter()
-            limit = st.settings.max_body_bytes
-            if len(body) > limit:
-                message = framing.too_large(limit, len(body))
-                return 413, requestbody.refusal(endpoint, 413, message, started, {"endpoint": endpoint})
-            return admit(st, endpoint, body, started)
-        return answer
-
-    return leanpath.LeanRoutes({"/mutate": route("mutate"), "/validate": route("validate")},
-                               inline=st.claims is None or st.claims.lookup is None)
+    return app
 
 
 def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[int, bytes]:

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.admission.serverstate import MAX_BODY_BYTES
+from webhook.server.serverstate import MAX_BODY_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +30,13 @@ class WorkerSettings:
     can send (``serverstate.MAX_BODY_BYTES``), so it never gets a 413, only an answer."""
     max_header_bytes: int = 64 * 1024
     """A larger header block gets 431."""
+    max_buffered_bytes: int = 96 * 1024 * 1024
+    """Bytes of unfinished HTTP/1.1 requests one worker holds at most; past it the largest is refused
+    (503). Two workers then stay under the Deployment's 512 Mi with stalled maximum-size bodies
+    (``tests/server/test_cost_ceilings.py``), and a request being sent wins over one that stalled."""
+    connections_per_source: int = 256
+    """Open connections one source address may hold in one worker; more are closed at accept. The API
+    server keeps a few (HTTP/2: one per about 8 calls in flight); a pod opening hundreds is refused."""
     discard_limit_bytes: int = MAX_BODY_BYTES
     """How much of an over-limit body is read and dropped so the client sees its 413 (instead of a
     reset from unread data); a client streaming more is cut off."""

@@ -1,4 +1,4 @@
-"""The server's own worker (webhook.admission.worker) against clients that misbehave (issue 12).
+"""The server's own worker (webhook.server.worker) against clients that misbehave (issue 12).
 
 Each test talks TLS to a real ``gpugate serve`` and verifies it with the CA it made, as the API
 server does with the webhook configuration's caBundle.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
-from webhook.admission.serverstate import MAX_BODY_BYTES
+from tests.server.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
+from webhook.server.serverstate import MAX_BODY_BYTES
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.clock import Clock
-from webhook.admission.inventoryfile import InventoryFile
 from webhook.kube import inventory
+from webhook.server.inventoryfile import InventoryFile
 
 
 def document(**fields) -> str:

@@ -49,6 +49,12 @@ CONNECTIONS = Counter(
     "TLS connections accepted. Clients that keep connections alive (the API server does) make this grow "
     "slowly; a rate near the admission rate means a TLS handshake per review.",
 )
+CONNECTIONS_REFUSED = Counter(
+    "gpugate_connections_refused_total",
+    "Connections closed at once because a limit was reached: per_source (one address holds too many), "
+    "h2_limit (HTTP/2 connections per worker or per address).",
+    ["reason"],
+)
 POLICY_RELOADS = Counter(
     "gpugate_policy_reloads_total",
     "Policy sets loaded and swapped in (each worker process loads and counts its own).",

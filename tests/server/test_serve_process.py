@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.admission.harness import Server, copy_policies, free_port
+from tests.server.harness import Server, copy_policies, free_port
 
 
 def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None,

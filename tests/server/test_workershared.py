@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.admission.workershared import ConnectionTable
+from webhook.server.workershared import ConnectionTable
 
 
 def test_others_sees_every_live_sibling_that_is_not_draining() -> None:

@@ -1,6 +1,6 @@
 """Steady load on a real server while everything that happens to a webhook pod happens to it.
 
-Used by ``tests/admission/test_lifecycle.py`` (about a minute) and ``benchmarks/chaos.py`` (ten
+Used by ``tests/server/test_lifecycle.py`` (about a minute) and ``benchmarks/chaos.py`` (ten
 minutes); no pytest here. In turn, repeatedly: a valid policy edit, an invalid policy, a serving
 certificate rotation, SIGTERM to one worker, SIGHUP to the master, SIGKILL to one worker. Every
 request is recorded with its time and outcome; only requests in flight on the worker that was
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from tests.admission.harness import ConfigMapVolume, Server, example_pod, https_session, repo_policies, review_of
+from tests.server.harness import ConfigMapVolume, Server, example_pod, https_session, repo_policies, review_of
 from webhook.certs import pki
 
 EVENTS = ("policy-edit", "policy-invalid", "cert-rotation", "worker-term", "master-hup", "worker-kill")

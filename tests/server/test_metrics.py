@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import requests
 
-from tests.admission.harness import Server, copy_policies, example_pod, https_session, review_of
+from tests.server.harness import Server, copy_policies, example_pod, https_session, review_of
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ from typing import Any, Protocol
 
 from gunicorn.workers.gthread import TConn
 
-from webhook.admission import leanpath
-
 
 class Phase(Enum):
     HANDSHAKE = "handshake"
@@ -39,8 +37,9 @@ class Conn(TConn):
         self.generation = 0   # bumped whenever the deadline changes, so stale heap entries are skipped
         self.request_id = 0   # bumped for each request handed to a thread
         self.rearmed = False  # the thread that answered has put the socket back in the poller
-        self.lean: leanpath.LeanRequest | None = None  # the request, when it takes the lean path
-        self.unsent: tuple[bytes, bool] | None = None  # an answer the loop could not send whole; keep-alive
+        self.source = ""      # the client's address, for the per-source limits
+        self.is_http2 = False
+        self.h2_source = ""
 
 
 class EventHandler(Protocol):

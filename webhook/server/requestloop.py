@@ -37,6 +37,7 @@ import selectors
 import socket
 import ssl
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -44,8 +45,8 @@ from gunicorn import sock as gunicorn_sock
 from gunicorn.workers.gthread import ThreadWorker
 
 from webhook import logs
-from webhook.admission import framing, metrics, workershared
-from webhook.admission.connection import Conn, ConnCallback, Phase, client_name, endpoint_of, send_without_blocking
+from webhook.server import framing, metrics, workershared
+from webhook.server.connection import Conn, ConnCallback, Phase, client_name, endpoint_of, send_without_blocking
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
 
@@ -81,6 +82,10 @@ class RequestLoop(ThreadWorker):
         self._tiebreak = itertools.count()
         self._accept_paused_until = 0.0
         self.slot: int | None = None
+        self.sources: Counter[str] = Counter()
+        """Open connections per source address."""
+        self.buffered = 0
+        """Bytes of unfinished requests held in the connections' buffers."""
 
     def init_process(self) -> None:
         self.slot = getattr(self, "gpugate_slot", None)  # given by pre_fork in the master
@@ -161,6 +166,12 @@ class RequestLoop(ThreadWorker):
             if err.errno in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
                 return
             raise
+        source = str(client[0]) if isinstance(client, tuple) else str(client)
+        if self.sources[source] >= self.settings.connections_per_source:
+            # One client (one pod) may not hold what the others need: its extra connections end at once.
+            metrics.CONNECTIONS_REFUSED.labels("per_source").inc()
+            sock.close()
+            return
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             # As Go's net/http does for every connection it accepts: an answer the loop could not send
@@ -173,6 +184,8 @@ class RequestLoop(ThreadWorker):
             sock = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False,
                                        suppress_ragged_eofs=True)
         conn = Conn(self.cfg, sock, client, listener.getsockname())
+        conn.source = source
+        self.sources[source] += 1
         metrics.CONNECTIONS.inc()
         self.nr_conns += 1
         self.conns.add(conn)
@@ -230,10 +243,14 @@ class RequestLoop(ThreadWorker):
             return
         conn.initialized = True
         conn.last_activity = time.monotonic()
-        # Connected: the request deadline starts with the request's first byte, like on a kept-alive
-        # connection. An idle connection costs a socket, never a thread.
+        if conn.sock.selected_alpn_protocol() == "h2":
+            self._take_h2(conn)
+            return
+        # Connected: the first request must start within the request timeout (a connection that never
+        # sends one is closed then, not kept for the keep-alive time); after a request, the keep-alive
+        # time applies. An idle connection costs a socket, never a thread.
         conn.phase = Phase.IDLE
-        self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)
+        self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
         self._watch(conn, selectors.EVENT_READ)
         self._read(conn)
 
@@ -260,11 +277,29 @@ class RequestLoop(ThreadWorker):
             if conn.phase is Phase.IDLE:
                 conn.phase = Phase.READING
                 self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
+            if self.buffered + len(chunk) > self.settings.max_buffered_bytes and not self._make_room(conn, len(chunk)):
+                return
             conn.buffer += chunk
+            self.buffered += len(chunk)
             if len(conn.buffer) > self.settings.max_header_bytes + self.settings.max_body_bytes + READ_CHUNK:
                 break
         if conn.phase is Phase.READING:
             self._examine(conn)
+
+    def _make_room(self, reading: Conn, size: int) -> bool:
+        """Unfinished requests hold this worker's whole share of memory: refuse the largest of them,
+        or ``reading`` itself when it is the largest. 128 stalled maximum-size bodies would otherwise
+        take the pod past its memory limit; a client that keeps sending wins over one that stalled."""
+        while self.buffered + size > self.settings.max_buffered_bytes:
+            largest = max((c for c in self.conns if c.phase is Phase.READING), key=lambda c: len(c.buffer),
+                          default=reading)
+            if largest is reading or len(largest.buffer) <= len(reading.buffer):
+                largest = reading
+            self._refuse(largest, 503, "Service Unavailable",
+                         "the server holds too many unfinished requests; send the request whole, quicker")
+            if largest is reading:
+                return False
+        return True
 
     def _examine(self, conn: Conn) -> None:
         """Act on what the buffer holds: wait for more, take a whole request, or refuse. Requests the
@@ -280,6 +315,7 @@ class RequestLoop(ThreadWorker):
             if found.state in (framing.State.COMPLETE, framing.State.MALFORMED):
                 data = bytes(conn.buffer[:found.end])
                 del conn.buffer[:found.end]
+                self.buffered -= found.end
                 if conn.continue_sent:  # answered already: the parser must not send a second 100
                     data = _EXPECT_CONTINUE.sub(b"", data, count=1)
                 conn.continue_sent = False
@@ -303,6 +339,13 @@ class RequestLoop(ThreadWorker):
         """Act on one whole request (``body_start`` -1 when its framing is broken): the subclass answers."""
         raise NotImplementedError
 
+    def _take_h2(self, conn: Conn) -> None:
+        """Serve a connection whose handshake chose HTTP/2: the subclass does."""
+        raise NotImplementedError
+
+    def _stop_h2(self) -> None:
+        """The drain is over: end the HTTP/2 connections (the subclass has them)."""
+
     def _resume(self, conn: Conn) -> None:
         """A connection whose answer went out waits for its next request (loop bookkeeping)."""
         conn.rearmed = False
@@ -315,12 +358,13 @@ class RequestLoop(ThreadWorker):
         body = json.dumps({"error": message, "code": status}).encode()
         head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-        result = {413: "too_large", 408: "timeout", 431: "bad_request"}.get(status, "bad_request")
+        result = {413: "too_large", 408: "timeout", 431: "bad_request", 503: "busy"}.get(status, "bad_request")
         endpoint = endpoint_of(conn.buffer)
         metrics.ADMISSIONS.labels(endpoint, "", "", result).inc()
         logs.log_event(_log, "request refused", logging.WARNING, result=result, code=status, error=message,
                        endpoint=endpoint, client=client_name(conn))
         self._send_now(conn, head + body)
+        self.buffered -= len(conn.buffer)
         conn.buffer.clear()
         if discard > 0:
             conn.phase = Phase.DISCARDING
@@ -386,6 +430,11 @@ class RequestLoop(ThreadWorker):
         if conn not in self.conns:
             return
         self.conns.discard(conn)
+        self.buffered -= len(conn.buffer)
+        conn.buffer.clear()
+        self.sources[conn.source] -= 1
+        if self.sources[conn.source] <= 0:
+            del self.sources[conn.source]
         self._unwatch(conn)
         self._clear_deadline(conn)
         try:
@@ -415,6 +464,7 @@ class RequestLoop(ThreadWorker):
                 listener.close()
             except OSError:
                 pass
+        self._stop_h2()
         give_up = started + self.cfg.graceful_timeout - 1.0
         while self.conns and time.monotonic() < give_up:
             self.notify()

@@ -2,7 +2,7 @@
 
 Each file in ``--fail-tokens`` makes one worker's app factory raise; the worker that removes a
 token (os.unlink is atomic, so each token fails exactly one boot) raises, the others boot.
-Run as ``python -m tests.admission.bootfail_server --bind HOST:PORT --cert C --key K --policies P --fail-tokens D``.
+Run as ``python -m tests.server.bootfail_server --bind HOST:PORT --cert C --key K --policies P --fail-tokens D``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main() -> None:
             except FileNotFoundError:
                 continue  # a sibling took it
             raise RuntimeError(f"boot failure injected by the test ({token.name})")
-        from webhook.admission import routes
+        from webhook.server import routes
 
         return routes.create_app(routes.ServerSettings(policy_dir=Path(args.policies),
                                                        snapshot_dir=runtime_dir / "policies"))

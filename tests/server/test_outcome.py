@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from webhook.admission import outcome
+from webhook.server import outcome
 
 
 def _pod(**extra) -> dict:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.admission.harness import Server, copy_policies, example_pod, review_of
 from tests.admission.test_envelope import DEEP, _api_server_bytes
-from webhook.admission.serverstate import API_SERVER_INPUT_BYTES, MAX_BODY_BYTES
+from tests.server.harness import Server, copy_policies, example_pod, review_of
+from webhook.server.serverstate import API_SERVER_INPUT_BYTES, MAX_BODY_BYTES
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Where one HTTP/1.1 request ends in a byte buffer, without parsing more than that. Pure.
 
 The server's event loop reads a request whole, under a deadline, before a thread is given it
-(a slow or stalled client must not hold a thread: webhook.admission.worker). To know when it
+(a slow or stalled client must not hold a thread: webhook.server.worker). To know when it
 has the whole request it needs only the framing of RFC 9112 section 6: the end of the header
 block, then ``Content-Length`` bytes or a chunked body up to its last chunk and trailers.
 Everything else (methods, header syntax, chunk extensions) is left to gunicorn's parser, which

@@ -1,0 +1,257 @@
+"""gunicorn's threaded worker, serving HTTP/2 with gunicorn's own code and HTTP/1.1 only once a request is whole.
+
+HTTP/2 (what the API server speaks when the TLS handshake offers it by ALPN): the connection is
+handed, once its handshake is done, to gunicorn's own HTTP/2 server (``gunicorn.http2``, the ``h2``
+package) and its ``gthread`` stream loop (``ThreadWorker.handle_http2``), on a thread of its own for
+the connection's life. gunicorn frames, multiplexes, flow-controls and times out the streams; its
+idle timeout (``keepalive``) and per-read stream timeout bound what a connection holds.
+
+HTTP/1.1 (health probes, ``gpugate admit``, clients without ALPN): gunicorn's ``gthread`` hands a
+connection to a thread as soon as its first bytes arrive, and the thread then blocks reading the
+rest with no deadline. Eight TLS connections that announced a body and stalled held every thread of
+two workers (``tests/server/test_gunicorn_gaps.py`` measures it on a stock gunicorn), and with
+validation failing closed that is an outage any pod can cause. The event loop (``requestloop``)
+reads each HTTP/1.1 request whole under a deadline first; a pool thread then parses it with
+gunicorn's parser, from memory, and runs the app.
+
+A worker whose app fails to load never makes the master give up: gunicorn halts the whole server
+when a worker fails to boot, so the exception is logged and the worker exits with an ordinary
+failure after a pause, and the master starts another one.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import selectors
+import socket
+import ssl
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from gunicorn import http
+from gunicorn.http.errors import NoMoreData
+
+from webhook import logs
+from webhook.server import metrics
+from webhook.server.connection import Conn, ConnCallback, Phase
+from webhook.server.requestloop import RequestLoop
+
+_log = logging.getLogger(logs.SERVER_LOGGER)
+
+DRAINING_KEY = "gpugate.draining"
+"""WSGI environ key: True once this worker has been told to stop (``/readyz`` then answers 503)."""
+H2_CONNECTIONS = 64
+"""HTTP/2 connections one worker serves at once, each on a thread of its own (gunicorn serves a
+connection's streams on one thread): an idle thread blocked in a read costs a few KB, and the cap
+bounds what a flood of connections can hold."""
+H2_PER_SOURCE = 32
+"""HTTP/2 connections one source address may hold in one worker. The API server opens more when
+it has more calls in flight than the server's stream limit; one pod opening many is refused here."""
+
+
+class AdmissionWorker(RequestLoop):
+    """The loop's whole HTTP/1.1 requests answered on the thread pool; HTTP/2 connections by gunicorn."""
+
+    wsgi: Any  # the app; set by gunicorn's load_wsgi
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.h2_sources: Counter[str] = Counter()
+        self.h2_conns: set[Conn] = set()
+
+    def load_wsgi(self) -> None:
+        try:
+            super().load_wsgi()
+        except Exception:
+            # gunicorn would halt the whole server ("Worker failed to boot"); one worker's bad boot
+            # must instead cost only that worker. The pause keeps a persistent failure from spinning.
+            _log.exception("worker could not load the app; exiting so the master starts another",
+                           extra={"fields": {"pid": os.getpid()}})
+            time.sleep(1.0)
+            sys.exit(1)
+        inner = self.wsgi
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            environ[DRAINING_KEY] = not self.alive
+            return inner(environ, start_response)
+
+        self.wsgi = app
+
+    # --- HTTP/2 --------------------------------------------------------------------------------
+    def _take_h2(self, conn: Conn) -> None:
+        """A connection whose handshake chose ``h2``: gunicorn's HTTP/2 server takes it, on a thread."""
+        source = str(conn.client[0]) if isinstance(conn.client, tuple) else str(conn.client)
+        if len(self.h2_conns) >= H2_CONNECTIONS or self.h2_sources[source] >= H2_PER_SOURCE:
+            metrics.CONNECTIONS_REFUSED.labels("h2_limit").inc()
+            self._close(conn)
+            return
+        self._unwatch(conn)
+        self._clear_deadline(conn)
+        conn.phase = Phase.BUSY
+        conn.is_http2 = True
+        self.h2_conns.add(conn)
+        self.h2_sources[source] += 1
+        conn.h2_source = source
+        # A daemon thread, not the pool: a connection lives long, and Ctrl-C (SIGINT to every process)
+        # must not wait for one blocked in a read.
+        threading.Thread(target=self._serve_h2, args=(conn,), name="h2", daemon=True).start()
+
+    def _serve_h2(self, conn: Conn) -> None:  # its own thread
+        try:
+            conn.sock.setblocking(True)
+            conn.parser = http.get_parser(self.cfg, conn.sock, conn.client, http2_connection=True)
+            conn.parser.initiate_connection()
+            self.handle_http2(conn)
+        except Exception:
+            self.log.exception("HTTP/2 connection failed")
+        finally:
+            self.method_queue.defer(self._h2_done, conn)
+
+    def _h2_done(self, conn: Conn) -> None:  # back on the loop
+        self.h2_conns.discard(conn)
+        source = getattr(conn, "h2_source", "")
+        self.h2_sources[source] -= 1
+        if self.h2_sources[source] <= 0:
+            del self.h2_sources[source]
+        self._close(conn)
+
+    def _stop_h2(self) -> None:
+        """Wake every HTTP/2 thread blocked in a read: a stream being answered finishes, then the
+        connection ends (gunicorn sends GOAWAY when it sees the worker stopping)."""
+        for conn in list(self.h2_conns):
+            try:
+                raw = socket.socket(fileno=conn.sock.fileno())  # the TCP socket under the TLS one
+            except (OSError, ValueError):
+                continue
+            try:
+                raw.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+            finally:
+                raw.detach()
+
+    # --- HTTP/1.1 -------------------------------------------------------------------------------
+    def _take(self, conn: Conn, data: bytes, body_start: int) -> None:
+        """Hand one whole request to a thread; the loop stops watching the socket meanwhile."""
+        self._unwatch(conn)
+        self._clear_deadline(conn)
+        conn.phase = Phase.BUSY
+        conn.parser = http.get_parser(self.cfg, iter([data]), conn.client)
+        conn.request_id += 1
+        conn.rearmed = False
+        self.enqueue_req(conn)
+
+    def enqueue_req(self, conn: Conn) -> None:
+        request_id = conn.request_id
+        done = self.tpool.submit(self.handle, conn)
+        done.add_done_callback(lambda fs: self.method_queue.defer(self.finish_request, conn, fs, request_id))
+
+    def handle(self, conn: Conn) -> bool:  # runs in a pool thread
+        req = None
+        try:
+            # The request is in memory; only the answer touches the socket, bounded by the timeout.
+            conn.sock.settimeout(self.settings.request_timeout)
+            req = next(conn.parser)
+            if not req:
+                return False
+            keep = bool(self._keepalive_after(conn, self._answer_in_one_write(req, conn)))
+            if keep and not conn.buffer:
+                self._rearm(conn)
+            return keep
+        except (NoMoreData, StopIteration):
+            return False
+        except ssl.SSLError as err:
+            self.log.debug("TLS error while answering: %s", err)
+        except OSError as err:
+            if err.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
+                self.log.exception("socket error while answering")
+        except Exception as err:  # gunicorn's parser refused the request: it answers 400 itself
+            self.handle_error(req, conn.sock, conn.client, err)
+        return False
+
+    def _answer_in_one_write(self, req: Any, conn: Conn) -> bool:
+        """gunicorn's handle_request, with the whole answer sent in one write (one TLS record).
+
+        gunicorn writes the status line and headers, then the body, each with its own ``sendall``:
+        two TLS records and two wake-ups of the client per answer.
+        """
+        real = conn.sock
+        buffered = _AnswerBuffer(real)
+        conn.sock = buffered
+        try:
+            return bool(self.handle_request(req, conn))
+        finally:
+            conn.sock = real
+            buffered.flush()
+
+    def _rearm(self, conn: Conn) -> None:  # runs in the pool thread, after the answer is sent
+        """Put the answered connection back in the poller from the thread that answered it, so the
+        client's next request on it does not wait for the loop to wake up first."""
+        try:
+            conn.sock.setblocking(False)
+            conn.rearmed = True
+            self.poller.register(conn.sock, selectors.EVENT_READ, ConnCallback(self, conn))
+        except (OSError, KeyError, ValueError):
+            conn.rearmed = False  # the loop's finish_request watches it as before
+
+    def finish_request(self, conn: Conn, fs: Any, request_id: int | None = None) -> None:  # back on the loop
+        try:
+            keep = bool(fs.result()) and not fs.cancelled()
+        except Exception:
+            keep = False
+        if conn not in self.conns:
+            return
+        if request_id is not None and (request_id != conn.request_id or conn.phase is not Phase.BUSY):
+            return  # the next request's bytes came first and resumed the connection already
+        if not keep:
+            if conn.rearmed:
+                self._unwatch(conn)
+                conn.rearmed = False
+            self._close_gracefully(conn)
+            return
+        if conn.rearmed:
+            self._resume(conn)
+        else:
+            try:
+                conn.sock.setblocking(False)
+            except OSError:
+                self._close(conn)
+                return
+            self._resume(conn)
+            self._watch(conn, selectors.EVENT_READ)
+        if conn.buffer:  # the client sent its next request behind the last one
+            conn.phase = Phase.READING
+            self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
+            self._examine(conn)
+        elif isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
+            self._read(conn)
+
+
+class _AnswerBuffer:
+    """Stands in for a connection's socket while gunicorn writes an answer: writes are kept, then
+    sent together by ``flush``. Everything else goes to the real socket."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._parts: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self._parts.append(bytes(data))
+
+    def send(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        """Send what was written, in one ``sendall`` (the socket's timeout bounds it)."""
+        if self._parts:
+            data, self._parts = b"".join(self._parts), []
+            self._sock.sendall(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
