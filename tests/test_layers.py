@@ -33,7 +33,7 @@ LAYERS: dict[str, dict[str, str]] = {
                   "patches": CORE, "patchcheck": CORE, "affinity": CORE, "chain": CORE, "rightsizing": CORE,
                   "dra": CORE, "claimladder": CORE, "cases": EDGE, "results": CORE, "answers": CORE,
                   "desiredpod": CORE, "requeststeps": CORE, "schedulingsteps": CORE, "preferences": CORE},
-    "server": {"__init__": CORE, "framing": CORE, "outcome": CORE, "claimlookup": EDGE,
+    "server": {"__init__": CORE, "framing": CORE, "outcome": CORE, "drain": EDGE, "claimlookup": EDGE,
                "serverstate": EDGE, "requestbody": EDGE, "worker": EDGE, "requestloop": EDGE, "connection": EDGE,
                "workershared": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
                "client": EDGE},

@@ -1,27 +1,14 @@
-"""The worker's event loop: TLS handshakes, whole-request reads, balanced accepts, deadlines, the drain.
+"""The worker's event loop: TLS handshakes, whole HTTP/1.1 requests, balanced accepts, limits, the drain.
 
-The loop does the TLS handshake and reads each request without blocking, under one deadline per
-request (``WorkerSettings.request_timeout``, from the connection's first byte, or from the first
-byte of a request on a kept-alive connection, to the request's last byte). Only a complete request
-is acted on (``_take``, in ``admission.worker``). A client that stalls costs a socket and its buffer
-until its deadline, then gets 408; a body over the limit gets 413 and a header block over the limit
-431, answered by the loop without a thread. gunicorn's master, signals, reloads and worker timeouts
-are unchanged.
-
-The loop also:
-
-- spreads connections over the workers: the API server keeps connections alive, and with one
-  shared listening socket the kernel often gave most of them to one worker while the other idled.
-  Each worker publishes its open-connection count in a table shared by all workers
-  (``workershared``), and accepts only while it has no more connections than the least loaded live
-  worker; the others take the rest.
-- drains on SIGTERM (gunicorn's graceful stop, also how HUP retires old workers): the app is told
-  (``environ["gpugate.draining"]``) so ``/readyz`` answers 503 at once; for ``drain_seconds`` the
-  worker keeps accepting and answering, each answer with ``Connection: close`` so every client
-  closes between requests, never in the middle of one; then it stops accepting, closes idle
-  connections, finishes what is in flight, and exits.
-
-Split out of ``admission.worker`` (issue 31).
+Each HTTP/1.1 request is read without blocking, under one deadline from its first byte to its last
+(``WorkerSettings.request_timeout``); only a whole request is acted on (``_take``, in
+``server.worker``), so a stalled client costs a socket until its deadline (then 408), never a thread;
+413 and 431 are answered by the loop. A connection whose handshake chose HTTP/2 goes to ``_take_h2``.
+The loop also balances connections over the workers (each publishes its count in ``workershared``'s
+table and accepts only while it has no more than the least loaded sibling), enforces the per-worker
+ceilings (connections per source address, unfinished request bytes), and drains on SIGTERM: ``/readyz``
+turns 503, answers carry ``Connection: close`` for ``drain_seconds``, then idle connections close and
+in-flight requests finish. docs/server.md says what each part protects and which test shows it.
 """
 
 from __future__ import annotations
@@ -45,7 +32,7 @@ from gunicorn import sock as gunicorn_sock
 from gunicorn.workers.gthread import ThreadWorker
 
 from webhook import logs
-from webhook.server import framing, metrics, workershared
+from webhook.server import drain, framing, metrics, workershared
 from webhook.server.connection import Conn, ConnCallback, Phase, client_name, endpoint_of, send_without_blocking
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
@@ -53,19 +40,11 @@ _log = logging.getLogger(logs.SERVER_LOGGER)
 READ_CHUNK = 65536
 _EXPECT_CONTINUE = re.compile(rb"\r\nexpect:[ \t]*100-continue[ \t]*(?=\r\n)", re.IGNORECASE)
 MAX_READ_PER_EVENT = 1024 * 1024
-IDLE_LINGER_SECONDS = 0.5
 HEARTBEAT_SECONDS = 1.0
 """At most one heartbeat to the arbiter per second (its timeout is 30 s)."""
 ACCEPT_RECHECK_SECONDS = 0.25
-"""While a worker leaves new connections to a less loaded sibling, how often it looks at the
-connection table again. Before issue 28 the pause was set once and then lay in the past, so the
-loop polled with a zero timeout: a worker holding one kept-alive connection more than its sibling
-burnt a whole core, and on the API server's kept-alive connections that was nearly always one of
-the two workers (3.5 ms of CPU per admission instead of under 1 ms). At 20 ms the loop's 50
-wake-ups a second still cost about 5.5 ms/s of CPU with no request at all (most of the "idle" that
-``benchmarks/create_latency.py`` prints for null and gpugate). Nothing waits on this look: the
-least loaded sibling accepts meanwhile. Only when that sibling stops accepting (it drains or dies)
-may a new connection wait, at most this long, in the listening socket's backlog."""
+"""While a worker leaves new connections to a less loaded sibling, how often it looks at the table
+again: never a busy loop, and rarely enough that an idle worker costs almost no CPU (docs/server.md)."""
 
 
 class RequestLoop(ThreadWorker):
@@ -447,49 +426,4 @@ class RequestLoop(ThreadWorker):
     # --- stopping ------------------------------------------------------------------------------
     def _drain(self) -> None:
         """Stop the way a client can live with: answer, then close between requests, never in one."""
-        started = time.monotonic()
-        # siblings now see this worker draining and take the new clients
-        workershared.publish(self.slot, self.nr_conns, draining=not self.alive)
-        drain_end = started + self.settings.drain_seconds
-        while time.monotonic() < drain_end and self.is_parent_alive():
-            self.notify()
-            self.set_accept_enabled(self._may_accept())
-            self._dispatch(min(self._timeout(), 0.05, max(drain_end - time.monotonic(), 0.0)))
-            self._expire()
-        self.set_accept_enabled(False)
-        if not workershared.siblings(self.slot):
-            self._accept_backlog()  # the last to stop: take what the kernel queued, then close
-        for listener in self.sockets:
-            try:
-                listener.close()
-            except OSError:
-                pass
-        self._stop_h2()
-        give_up = started + self.cfg.graceful_timeout - 1.0
-        while self.conns and time.monotonic() < give_up:
-            self.notify()
-            now = time.monotonic()
-            # An idle connection is closed once it has been quiet for a moment: a client that was
-            # about to send on it has done so (and is answered with Connection: close).
-            for conn in [c for c in self.conns if c.phase in (Phase.IDLE, Phase.HANDSHAKE)
-                         and now - c.last_activity >= IDLE_LINGER_SECONDS]:
-                self._close_gracefully(conn)
-            self._dispatch(min(self._timeout(), 0.05))
-            self._expire()
-        for conn in list(self.conns):
-            self._close(conn)
-        self.tpool.shutdown(wait=False)
-        self.poller.close()
-        self.method_queue.close()
-
-    def _accept_backlog(self) -> None:
-        for listener in self.sockets:
-            for _ in range(self.worker_connections):
-                before = self.nr_conns
-                try:
-                    listener.setblocking(False)
-                    self.accept(listener)
-                except OSError:
-                    break
-                if self.nr_conns == before:
-                    break
+        drain.stop(self)
