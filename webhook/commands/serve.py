@@ -101,6 +101,8 @@ def _dns_names(cert_pem: bytes) -> set[str]:
               help="Seconds a client has to send a whole request (and to take the answer); slower ones get 408.")
 @click.option("--drain-seconds", type=click.FloatRange(0, 60), default=3.0, show_default=True,
               help="After SIGTERM, seconds a worker keeps answering (with Connection: close) before it stops.")
+@click.option("--max-connections-per-source", type=click.IntRange(1), default=256, show_default=True,
+              help="Open connections one client address may hold per worker; more are closed at once.")
 @click.option("--max-requests", type=click.IntRange(0), default=0, show_default=True,
               help="Recycle a worker after this many requests (0: never).")
 @click.option("--inventory", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -113,7 +115,8 @@ def _dns_names(cert_pem: bytes) -> set[str]:
 def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
           service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
           fail_closed: bool, fail_open: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
-          max_requests: int, inventory_file: Path | None, allow_empty_policies: bool, resolve_claims: bool) -> None:
+          max_connections_per_source: int, max_requests: int, inventory_file: Path | None,
+          allow_empty_policies: bool, resolve_claims: bool) -> None:
     """Serve the admission webhook over HTTPS (POST /mutate, /validate; GET /healthz, /readyz, /metrics)."""
     _host_port(bind, "--bind")
     metrics_address = _host_port(metrics_bind, "--metrics-bind") if metrics_bind else None
@@ -149,7 +152,8 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
         click.echo(not_ready, err=True)
     run_gunicorn(make_app, bind=f"fd://{listener.fileno()}", workers=workers, threads=threads, certfile=certfile,
                  keyfile=keyfile, reload_interval=reload_interval, metrics_bind=metrics_address,
-                 max_requests=max_requests, request_timeout=request_timeout, drain_seconds=drain_seconds)
+                 max_requests=max_requests, request_timeout=request_timeout, drain_seconds=drain_seconds,
+                 connections_per_source=max_connections_per_source)
 
 
 def _check_cluster_access() -> None:
@@ -210,7 +214,8 @@ def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:
 
 def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, threads: int, certfile: Path,
                  keyfile: Path, reload_interval: float = 1.0, metrics_bind: tuple[str, int] | None = None,
-                 max_requests: int = 0, request_timeout: float = 5.0, drain_seconds: float = 3.0) -> None:
+                 max_requests: int = 0, request_timeout: float = 5.0, drain_seconds: float = 3.0,
+                 connections_per_source: int = 256) -> None:
     """Run ``make_app(runtime_dir)`` in gunicorn workers until the master is stopped.
 
     ``runtime_dir`` is a fresh temporary folder shared by the master and its workers: Prometheus'
@@ -228,7 +233,9 @@ def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, th
         from webhook.server import serving, workershared
 
         workershared.configure(workershared.WorkerSettings(request_timeout=request_timeout,
-                                                           drain_seconds=drain_seconds), max_workers=workers)
+                                                           drain_seconds=drain_seconds,
+                                                           connections_per_source=connections_per_source),
+                               max_workers=workers)
         try:
             reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval, alpn=serving.ALPN)
         except ssl.SSLError as err:

@@ -49,6 +49,10 @@ CONNECTIONS = Counter(
     "TLS connections accepted. Clients that keep connections alive (the API server does) make this grow "
     "slowly; a rate near the admission rate means a TLS handshake per review.",
 )
+HTTP2_CONNECTIONS = Counter(
+    "gpugate_http2_connections_total",
+    "Connections whose TLS handshake chose HTTP/2 by ALPN (the API server does), served by gunicorn's HTTP/2.",
+)
 CONNECTIONS_REFUSED = Counter(
     "gpugate_connections_refused_total",
     "Connections closed at once because a limit was reached: per_source (one address holds too many), "

@@ -24,7 +24,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import logs
-from webhook.admission import answers, envelope, reviews
+from webhook.admission import answers, budget, envelope, reviews
 from webhook.admission.results import CoreResult
 from webhook.errors import BadReview, InputError
 from webhook.kube import pods
@@ -139,7 +139,15 @@ def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[
     """One review's answer from its body: (200, review) or (400, error); logged and counted."""
     fail_closed = st.settings.fails_closed(endpoint)
     try:
+        if budget.keys_over(body):  # counted on the bytes: decoding such a body is the cost itself
+            raise _OverBudget(budget.over_reason())
         review = reviews.decode(body)
+    except _OverBudget as over:
+        salvaged = envelope.review(body)
+        if salvaged is None:
+            return 400, requestbody.refusal(endpoint, 400, str(over), started, {"endpoint": endpoint})
+        review = salvaged
+        decision = _unjudged(st, endpoint, review, str(over))
     except BadReview as err:
         # A review the API server sent but gpugate cannot decode (nested deeper than the decoder
         # goes) is still answered, by its uid: fail closed.
@@ -182,6 +190,10 @@ def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[
         **({"error": decision.error} if decision.error else {}),
     })
     return 200, body_out
+
+
+class _OverBudget(Exception):
+    """The review holds more than the core judges in time (``admission.budget``)."""
 
 
 def _unjudged(st: ServerState, endpoint: str, review: reviews.Review, reason: str) -> answers.Decision:

@@ -90,6 +90,7 @@ class AdmissionWorker(RequestLoop):
             metrics.CONNECTIONS_REFUSED.labels("h2_limit").inc()
             self._close(conn)
             return
+        metrics.HTTP2_CONNECTIONS.inc()
         self._unwatch(conn)
         self._clear_deadline(conn)
         conn.phase = Phase.BUSY
