@@ -28,11 +28,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 from kubernetes import client
 
+from tests.e2e import processes
 from tests.e2e.accounts import applied, kubeconfig_as
+from tests.e2e.balancer_access import scrape
 from tests.e2e.cluster import Cluster
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
@@ -126,10 +129,13 @@ def server(local: Cluster, workdir: Path, relay: SlowRelay) -> Iterator[GpugateS
         config = yaml.safe_load(kubeconfig.read_text())
         config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{relay.port}"
         kubeconfig.write_text(yaml.safe_dump(config))
+        metrics_port = processes.free_port()
         started = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca,
                                 policies=deployed_policies(workdir / "policies", {}),
-                                log=local.plane.logs / "gpugate-serve-limits.log", extra_args=("--resolve-claims",),
+                                log=local.plane.logs / "gpugate-serve-limits.log",
+                                extra_args=("--resolve-claims", "--metrics-bind", f"127.0.0.1:{metrics_port}"),
                                 env={"KUBECONFIG": str(kubeconfig)})
+        started.metrics_port = metrics_port  # type: ignore[attr-defined]
         started.certs = certs  # type: ignore[attr-defined]
         with serving(started):
             yield started
@@ -166,8 +172,8 @@ def _post(cluster: Cluster, path: str, document: Obj, deep: int = 0) -> tuple[in
     response = api.rest_client.pool_manager.request("POST", configuration.host + path, body=body, headers=headers,
                                                     timeout=30.0, retries=False)
     try:
-        answer = json.loads(response.data)
-    except ValueError:
+        answer = orjson.loads(response.data)
+    except orjson.JSONDecodeError:  # a stored object nested deeper than any decoder here reads
         answer = {"raw": response.data[:300].decode(errors="replace")}
     return response.status, answer
 
@@ -265,3 +271,17 @@ def test_a_slow_claim_read_is_refused_before_the_timeout_and_admitted_when_quick
     assert took < 2 * timeout   # mutation's read and validation's, each refused at its 2 s deadline
     status, answer = _post(local, f"/api/v1/namespaces/{ml}/pods", pod)
     assert status == 201, answer
+
+
+def test_the_api_server_talks_http2_to_the_webhook(local: Cluster, registered: Registration,
+                                                   server: GpugateServer, namespaces: Namespaces) -> None:
+    """The API server offers h2 by ALPN and gunicorn's HTTP/2 serves it: pod creates through it are
+    answered, over connections that chose HTTP/2 (the readiness probes of the test speak HTTP/1.1)."""
+    ml = namespaces.make("ml-team")
+    for i in range(5):
+        status, answer = _post(local, f"/api/v1/namespaces/{ml}/pods", _gpu_pod(f"h2-{i}", gpus=1))
+        assert status == 201, answer
+    port = server.metrics_port  # type: ignore[attr-defined]
+    assert scrape(port, "gpugate_http2_connections_total") >= 1
+    assert scrape(port, "gpugate_admissions_total", endpoint="validate") >= 5
+

@@ -189,7 +189,8 @@ def _listen(bind: str) -> socket.socket:
         listener.listen(2048)
     except OSError as err:
         listener.close()
-        why = "another process is listening there" if err.errno == errno.EADDRINUSE else err.strerror
+        why = "the address is in use (another process listens there)" if err.errno == errno.EADDRINUSE \
+            else err.strerror
         raise GpugateError(f"cannot listen on {bind}: {why}; pass another --bind HOST:PORT") from err
     listener.set_inheritable(True)
     return listener
