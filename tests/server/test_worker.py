@@ -162,44 +162,6 @@ def test_pipelined_requests_on_one_connection_are_answered_in_order(live: Server
     assert statuses == [200, 200, 200]
 
 
-def test_an_answer_is_one_tls_record(live: Server) -> None:
-    """gunicorn wrote the head and the body of an answer in two writes: two TLS records, and the API
-    server's client woke up twice per answer, the first time for the head alone (issue 28). One
-    ``recv`` on a TLS socket returns at most one record, so after the answer has had time to arrive
-    a single ``recv`` must hold all of it."""
-    payload = json.dumps(review_of(example_pod())).encode()
-    with tls_socket(live) as sock:
-        for _ in range(3):  # the first answer on a connection and the kept-alive ones after it
-            sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
-            time.sleep(0.3)
-            first = sock.recv(65536)
-            head, _, body = first.partition(b"\r\n\r\n")
-            length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            assert len(body) == length, f"one record held {len(body)} of the {length} body bytes"
-            assert json.loads(body)["response"]["allowed"] is True
-
-
-def test_back_to_back_requests_race_the_loop_and_all_get_answered(live: Server) -> None:
-    """The thread that answers puts the socket back in the poller itself (issue 28), so the next
-    request can reach the loop before the loop has heard the last one was answered. Single and
-    pipelined requests, sent the moment each answer is read, must all be answered, in order."""
-    payload = json.dumps(review_of(example_pod())).encode()
-    one = (b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
-    answered = 0
-    with tls_socket(live) as sock:
-        for i in range(150):
-            count = 2 if i % 10 == 9 else 1
-            sock.sendall(one * count)
-            for _ in range(count):
-                status, body = read_response(sock)
-                assert status == 200 and json.loads(body)["response"]["allowed"] is True
-                answered += 1
-    assert answered == 165
-
-
 def test_sixteen_kept_alive_connections_spread_over_both_workers(tmp_path: Path) -> None:
     """The API server keeps its connections; with one shared socket most of them went to one worker."""
     srv = Server(tmp_path, policies=copy_policies(tmp_path / "policies")).start()

@@ -35,8 +35,6 @@ class Conn(TConn):
         self.last_activity = time.monotonic()
         self.events = 0
         self.generation = 0   # bumped whenever the deadline changes, so stale heap entries are skipped
-        self.request_id = 0   # bumped for each request handed to a thread
-        self.rearmed = False  # the thread that answered has put the socket back in the poller
         self.source = ""      # the client's address, for the per-source limits
         self.is_http2 = False
         self.h2_source = ""

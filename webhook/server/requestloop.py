@@ -181,9 +181,7 @@ class RequestLoop(ThreadWorker):
     # --- per-connection state machine --------------------------------------------------------
     def on_event(self, conn: Conn) -> None:
         if conn.phase is Phase.BUSY:
-            if not conn.rearmed:
-                return
-            self._resume(conn)  # the next request came before the loop heard the last one was answered
+            return
         if conn.phase is Phase.HANDSHAKE:
             self._handshake(conn)
         elif conn.phase in (Phase.READING, Phase.IDLE, Phase.DISCARDING, Phase.CLOSING):
@@ -327,7 +325,6 @@ class RequestLoop(ThreadWorker):
 
     def _resume(self, conn: Conn) -> None:
         """A connection whose answer went out waits for its next request (loop bookkeeping)."""
-        conn.rearmed = False
         conn.phase = Phase.IDLE
         conn.last_activity = time.monotonic()
         self._set_deadline(conn, time.monotonic() + self.cfg.keepalive)

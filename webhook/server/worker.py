@@ -38,7 +38,7 @@ from gunicorn.http.errors import NoMoreData
 
 from webhook import logs
 from webhook.server import metrics
-from webhook.server.connection import Conn, ConnCallback, Phase
+from webhook.server.connection import Conn, Phase
 from webhook.server.requestloop import RequestLoop
 
 _log = logging.getLogger(logs.SERVER_LOGGER)
@@ -143,14 +143,7 @@ class AdmissionWorker(RequestLoop):
         self._clear_deadline(conn)
         conn.phase = Phase.BUSY
         conn.parser = http.get_parser(self.cfg, iter([data]), conn.client)
-        conn.request_id += 1
-        conn.rearmed = False
         self.enqueue_req(conn)
-
-    def enqueue_req(self, conn: Conn) -> None:
-        request_id = conn.request_id
-        done = self.tpool.submit(self.handle, conn)
-        done.add_done_callback(lambda fs: self.method_queue.defer(self.finish_request, conn, fs, request_id))
 
     def handle(self, conn: Conn) -> bool:  # runs in a pool thread
         req = None
@@ -160,10 +153,7 @@ class AdmissionWorker(RequestLoop):
             req = next(conn.parser)
             if not req:
                 return False
-            keep = bool(self._keepalive_after(conn, self._answer_in_one_write(req, conn)))
-            if keep and not conn.buffer:
-                self._rearm(conn)
-            return keep
+            return bool(self._keepalive_after(conn, self.handle_request(req, conn)))
         except (NoMoreData, StopIteration):
             return False
         except ssl.SSLError as err:
@@ -175,84 +165,26 @@ class AdmissionWorker(RequestLoop):
             self.handle_error(req, conn.sock, conn.client, err)
         return False
 
-    def _answer_in_one_write(self, req: Any, conn: Conn) -> bool:
-        """gunicorn's handle_request, with the whole answer sent in one write (one TLS record).
-
-        gunicorn writes the status line and headers, then the body, each with its own ``sendall``:
-        two TLS records and two wake-ups of the client per answer.
-        """
-        real = conn.sock
-        buffered = _AnswerBuffer(real)
-        conn.sock = buffered
-        try:
-            return bool(self.handle_request(req, conn))
-        finally:
-            conn.sock = real
-            buffered.flush()
-
-    def _rearm(self, conn: Conn) -> None:  # runs in the pool thread, after the answer is sent
-        """Put the answered connection back in the poller from the thread that answered it, so the
-        client's next request on it does not wait for the loop to wake up first."""
-        try:
-            conn.sock.setblocking(False)
-            conn.rearmed = True
-            self.poller.register(conn.sock, selectors.EVENT_READ, ConnCallback(self, conn))
-        except (OSError, KeyError, ValueError):
-            conn.rearmed = False  # the loop's finish_request watches it as before
-
-    def finish_request(self, conn: Conn, fs: Any, request_id: int | None = None) -> None:  # back on the loop
+    def finish_request(self, conn: Conn, fs: Any) -> None:  # back on the loop
         try:
             keep = bool(fs.result()) and not fs.cancelled()
         except Exception:
             keep = False
         if conn not in self.conns:
             return
-        if request_id is not None and (request_id != conn.request_id or conn.phase is not Phase.BUSY):
-            return  # the next request's bytes came first and resumed the connection already
         if not keep:
-            if conn.rearmed:
-                self._unwatch(conn)
-                conn.rearmed = False
             self._close_gracefully(conn)
             return
-        if conn.rearmed:
-            self._resume(conn)
-        else:
-            try:
-                conn.sock.setblocking(False)
-            except OSError:
-                self._close(conn)
-                return
-            self._resume(conn)
-            self._watch(conn, selectors.EVENT_READ)
+        try:
+            conn.sock.setblocking(False)
+        except OSError:
+            self._close(conn)
+            return
+        self._resume(conn)
+        self._watch(conn, selectors.EVENT_READ)
         if conn.buffer:  # the client sent its next request behind the last one
             conn.phase = Phase.READING
             self._set_deadline(conn, time.monotonic() + self.settings.request_timeout)
             self._examine(conn)
         elif isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
             self._read(conn)
-
-
-class _AnswerBuffer:
-    """Stands in for a connection's socket while gunicorn writes an answer: writes are kept, then
-    sent together by ``flush``. Everything else goes to the real socket."""
-
-    def __init__(self, sock: Any) -> None:
-        self._sock = sock
-        self._parts: list[bytes] = []
-
-    def sendall(self, data: bytes) -> None:
-        self._parts.append(bytes(data))
-
-    def send(self, data: bytes) -> int:
-        self._parts.append(bytes(data))
-        return len(data)
-
-    def flush(self) -> None:
-        """Send what was written, in one ``sendall`` (the socket's timeout bounds it)."""
-        if self._parts:
-            data, self._parts = b"".join(self._parts), []
-            self._sock.sendall(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
