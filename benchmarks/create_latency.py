@@ -534,6 +534,41 @@ def print_differences(arms: dict[str, Arm], samples: dict[str, list[tuple[float,
         print(f"{text:<72}" + "".join(f"{cell:>20}" for cell in cells))
 
 
+def hostile_phase(core: client.CoreV1Api, arms: dict[str, Arm], seconds: float, ca: Path) -> None:
+    """An ordinary creator, interleaved over gpugate and the Go floor, while gpugate's server is under
+    ``hostile_load.HostileLoad``; the p50 and p99 of its creates, and the same before the attack."""
+    from benchmarks.hostile_load import HostileLoad
+
+    pair = [arms[name] for name in ("go", "gpugate")]
+    assert pair[1].port is not None
+
+    def ordinary(tag: str) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {arm.name: [] for arm in pair}
+        deadline = time.monotonic() + seconds
+        index = 0
+        while time.monotonic() < deadline:
+            for arm in pair:
+                times[arm.name].append(create_one(core, arm, f"h-{tag}-{index}"))
+            index += 1
+        for arm in pair:
+            clear(core, arm.namespace)
+        return times
+
+    quiet = ordinary("quiet")
+    attack = HostileLoad(pair[1].port, ca).start()
+    time.sleep(2.0)
+    try:
+        under = ordinary("attack")
+    finally:
+        counts = attack.stop()
+    print(f"\nhostile load on gpugate's server for {seconds:.0f} s ({counts}); an ordinary creator, interleaved "
+          "over the Go floor's namespace and gpugate's, create latency p50 / p99, ms:")
+    for name in ("go", "gpugate"):
+        print(f"  {name:<8} quiet {pct(quiet[name], 0.5):6.1f} / {pct(quiet[name], 0.99):6.1f}   "
+              f"under attack {pct(under[name], 0.5):6.1f} / {pct(under[name], 0.99):6.1f}   "
+              f"({len(under[name])} creates)")
+
+
 def report_levels(arms: dict[str, Arm], seed: int = 40) -> None:
     """Create rate per number of concurrent creators, each arm against the Go floor, with a 90% interval."""
     if "go" not in arms:
@@ -572,6 +607,9 @@ def main() -> int:
                         help="how long each server's CPU with no request is measured before the rounds")
     parser.add_argument("--arms", type=lambda text: tuple(text.split(",")), metavar="A,B",
                         help=f"only these of {', '.join(ARMS)} ({', '.join(REQUIRED)} always run)")
+    parser.add_argument("--hostile", type=float, default=0.0, metavar="SECONDS",
+                        help="after the rounds, one ordinary creator for SECONDS per arm-pair (gpugate and the Go "
+                             "floor, interleaved) while benchmarks/hostile_load.py attacks gpugate's server")
     parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
     parser.add_argument("--floor", type=Path, metavar="BINARY",
                         help="the floor webhook binary to run (default: the cached build, built on first use)")
@@ -689,6 +727,8 @@ def main() -> int:
                   flush=True)
             order = order[1:] + order[:1]
         rounds_seconds = time.monotonic() - rounds_started
+        if args.hostile:
+            hostile_phase(core, arms, args.hostile, certs.ca)
         for arm in order:
             arm.server_cpu = tree_cpu(arm.pid) - server_before[arm.name]
         plane_cpu = sum(map(tree_cpu, plane_pids)) - plane_before
