@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,14 @@ class Server:
         if hasattr(self, "_log"):
             self._log.close()
 
+    def ctrl_c(self) -> float:
+        """Send SIGINT to the whole process group, as a terminal's Ctrl-C does; seconds until it exited."""
+        assert self.process is not None
+        started = time.monotonic()
+        os.killpg(self.process.pid, signal.SIGINT)
+        self.process.wait(15)
+        return time.monotonic() - started
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -146,6 +156,16 @@ class Server:
                 key, _, value = line.rpartition(" ")
                 samples[key] = float(value)
         return samples
+
+
+@contextmanager
+def running(workdir: Path, *extra: str) -> Iterator[Server]:
+    """A server on the repository's policies (copied into ``workdir``) with ``extra`` flags, stopped after."""
+    srv = Server(workdir, policies=copy_policies(workdir / "policies"), extra=list(extra)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def example_pod() -> dict[str, Any]:

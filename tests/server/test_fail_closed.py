@@ -88,19 +88,3 @@ def test_fail_open_admits_what_it_cannot_judge_with_a_warning(module_tmp):
         assert answer["allowed"] is True and "admitted unchanged" in answer["warnings"][0]
     finally:
         srv.stop()
-
-
-def test_without_a_valid_policy_set_validation_denies_and_mutation_admits(module_tmp):
-    bad = module_tmp / "bad-policies"
-    bad.mkdir()
-    (bad / "broken.yaml").write_text("apiVersion: gpugate.io/v1alpha1\nkind: GPUPolicy\nmetadata: {name: x}\n"
-                                     "spec: {gpu: {max: eight}}\n")
-    workdir = module_tmp / "unloaded"
-    workdir.mkdir()
-    srv = Server(workdir, policies=bad, workers=1).start(wait_ready=False)
-    try:
-        review = review_of(example_pod())
-        assert srv.post("validate", review).json()["response"]["allowed"] is False
-        assert srv.post("mutate", review).json()["response"]["allowed"] is True
-    finally:
-        srv.stop()

@@ -267,6 +267,8 @@ def test_without_a_valid_policy_set_it_is_not_ready_and_fails_open_or_closed(mod
             assert "internal error" in response["warnings"][0] and review["request"]["uid"] in response["warnings"][0]
             if not allowed:
                 assert response["status"]["code"] == 403 and "fails closed" in response["status"]["message"]
+            # Validation denies what it cannot judge either way (docs/server.md, "Validation fails closed").
+            assert _response(srv.post("validate", review))["allowed"] is False
             errors = [line for line in srv.log_lines() if line.get("uid") == review["request"]["uid"]]
             assert errors and errors[0]["result"] == "error" and "no valid policy set" in errors[0]["error"]
             refused = [line for line in srv.log_lines() if line.get("event") == "policy reload refused"]

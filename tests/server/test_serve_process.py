@@ -3,8 +3,8 @@ before anything starts, and Ctrl-C ends it promptly and cleanly."""
 
 from __future__ import annotations
 
+import json
 import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.server.harness import Server, copy_policies, free_port
+from tests.server.h2client import H2Client
+from tests.server.harness import Server, copy_policies, example_pod, free_port, review_of
 
 
 def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
@@ -49,8 +50,8 @@ def test_a_busy_port_is_one_line_and_nothing_says_serving(tmp_path):
 
 def test_ctrl_c_ends_the_server_promptly_with_connections_open(tmp_path):
     """Ctrl-C reaches the master and every worker (the terminal signals the process group); with an
-    idle kept-alive connection, a connection that never sent a byte and a request stalled halfway,
-    the server still ends within seconds and no worker is SIGKILLed."""
+    idle kept-alive connection, a connection that never sent a byte, a request stalled halfway and
+    HTTP/2 connections open, the server still ends within seconds and no worker is SIGKILLed."""
     srv = Server(tmp_path, policies=copy_policies(tmp_path / "policies")).start()
     context = ssl.create_default_context(cafile=str(srv.ca))
     context.check_hostname = False
@@ -62,12 +63,11 @@ def test_ctrl_c_ends_the_server_promptly_with_connections_open(tmp_path):
         stalled = context.wrap_socket(socket.create_connection(("127.0.0.1", srv.port)), server_hostname="x")
         stalled.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
         held += [idle, stalled, socket.create_connection(("127.0.0.1", srv.port))]
+        streams = [H2Client(srv.port, srv.ca) for _ in range(3)]   # the API server's, each on its own thread
+        streams[0].post("/validate", json.dumps(review_of(example_pod())).encode())
+        held += [client.sock for client in streams]
         time.sleep(0.5)
-        assert srv.process is not None
-        started = time.monotonic()
-        os.killpg(srv.process.pid, signal.SIGINT)
-        srv.process.wait(15)
-        took = time.monotonic() - started
+        took = srv.ctrl_c()
     finally:
         for sock in held:
             sock.close()

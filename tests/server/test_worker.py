@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of
+from tests.server.harness import SERVICE_HOST, Server, copy_policies, example_pod, https_session, review_of, running
 from webhook.server.serverstate import MAX_BODY_BYTES
 
 pytestmark = pytest.mark.slow
@@ -54,12 +54,8 @@ def read_response(sock: ssl.SSLSocket, timeout: float = 10) -> tuple[int, bytes]
 
 @pytest.fixture(scope="module")
 def live(module_tmp: Path) -> Iterator[Server]:
-    srv = Server(module_tmp, policies=copy_policies(module_tmp / "policies"),
-                 extra=["--request-timeout", "2", "--drain-seconds", "0.5"]).start()
-    try:
+    with running(module_tmp, "--request-timeout", "2", "--drain-seconds", "0.5") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def timed(call) -> float:
