@@ -178,11 +178,14 @@ def idle_rates(arms: list[Arm], seconds: float) -> None:
 
 @contextmanager
 def subprocess_server(command: list[str], port: int, log: Path, ca: Path, ready_path: str,
-                      env: dict[str, str] | None = None) -> Iterator[int]:
-    """A server started in its own session, ready when ``ready_path`` answers 200, stopped by PID."""
+                      env: dict[str, str] | None = None, cwd: Path | None = None) -> Iterator[int]:
+    """A server started in its own session, ready when ``ready_path`` answers 200, stopped by PID.
+
+    ``cwd``: where it runs; ``python -m`` puts that folder first on the module path, so the before arm
+    runs there, or it would import this checkout's code whatever PYTHONPATH says."""
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env={**os.environ, **(env or {})})
+                                   start_new_session=True, env={**os.environ, **(env or {})}, cwd=cwd)
     try:
         context = ssl.create_default_context(cafile=str(ca))
         deadline = time.monotonic() + 60
@@ -667,12 +670,14 @@ def main() -> int:
                            capture_output=True)
             before = arms["before"]
             before.port = processes.free_port()
+            before.metrics_port = processes.free_port()
             before.base_url = f"https://{LOOPBACK}:{before.port}"
             before.pid = stack.enter_context(subprocess_server(
                 [sys.executable, "-m", "webhook.cli", "serve", "--bind", f"{LOOPBACK}:{before.port}", "--cert",
                  str(certs.cert), "--key", str(certs.key), "--policies", str(code / "policies"), "--workers",
-                 str(args.workers)], before.port, tmp / "before.log", certs.ca, "/readyz",
-                env={"PYTHONPATH": str(code)}))
+                 str(args.workers), "--metrics-bind", f"127.0.0.1:{before.metrics_port}",
+                 "--state-dir", str(tmp / "before-state")], before.port, tmp / "before.log", certs.ca, "/readyz",
+                env={"PYTHONPATH": str(code)}, cwd=code))
         assert cluster.plane is not None
         plane_pids = [p.pid for p in cluster.plane.processes if p.name in ("etcd", "kube-apiserver")]
 
