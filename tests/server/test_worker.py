@@ -121,11 +121,15 @@ def test_a_well_formed_chunked_review_is_answered(live: Server) -> None:
 
 
 def test_a_declared_body_over_the_limit_gets_413_without_being_sent(live: Server) -> None:
+    """...and is counted under its endpoint though the API server's query string follows the path."""
+    key = 'gpugate_admissions_total{endpoint="mutate",operation="",policy="",result="too_large"}'
+    before = live.metrics().get(key, 0)
     with tls_socket(live) as sock:
-        sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /mutate?timeout=5s HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 50000000\r\n\r\n")
         status, body = read_response(sock)
     assert status == 413 and f"exceeds the {MAX_BODY_BYTES}-byte limit".encode() in body
+    assert live.metrics().get(key, 0) == before + 1
 
 
 def test_a_header_block_over_the_limit_gets_431(live: Server) -> None:
