@@ -28,6 +28,7 @@ def stop(loop: RequestLoop) -> None:
     started = time.monotonic()
     # siblings now see this worker draining and take the new clients
     workershared.publish(loop.slot, loop.nr_conns, draining=not loop.alive)
+    loop._drain_h2()
     drain_end = started + loop.settings.drain_seconds
     while time.monotonic() < drain_end and loop.is_parent_alive():
         loop.notify()

@@ -320,6 +320,9 @@ class RequestLoop(ThreadWorker):
         """Serve a connection whose handshake chose HTTP/2: the subclass does."""
         raise NotImplementedError
 
+    def _drain_h2(self) -> None:
+        """The drain begins: HTTP/2 connections are told to go away (the subclass has them)."""
+
     def _stop_h2(self) -> None:
         """The drain is over: end the HTTP/2 connections (the subclass has them)."""
 

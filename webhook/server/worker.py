@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import selectors
 import socket
 import ssl
@@ -45,13 +46,14 @@ _log = logging.getLogger(logs.SERVER_LOGGER)
 
 DRAINING_KEY = "gpugate.draining"
 """WSGI environ key: True once this worker has been told to stop (``/readyz`` then answers 503)."""
-H2_CONNECTIONS = 64
+H2_CONNECTIONS = 128
 """HTTP/2 connections one worker serves at once, each on a thread of its own (gunicorn serves a
 connection's streams on one thread): an idle thread blocked in a read costs a few KB, and the cap
 bounds what a flood of connections can hold."""
-H2_PER_SOURCE = 32
-"""HTTP/2 connections one source address may hold in one worker. The API server opens more when
-it has more calls in flight than the server's stream limit; one pod opening many is refused here."""
+H2_PER_SOURCE = 96
+"""HTTP/2 connections one source address may hold in one worker. The API server opens one more each
+time its calls in flight pass the stream limit (8 per connection): 256 concurrent creates need about
+32 per webhook. A pod opening hundreds is refused here, and the API server keeps room beside it."""
 
 
 class AdmissionWorker(RequestLoop):
@@ -63,6 +65,8 @@ class AdmissionWorker(RequestLoop):
         super().__init__(*args, **kwargs)
         self.h2_sources: Counter[str] = Counter()
         self.h2_conns: set[Conn] = set()
+        self.h2_wake = os.pipe()
+        """Written once when the worker stops; every HTTP/2 connection's idle read watches it."""
 
     def load_wsgi(self) -> None:
         try:
@@ -105,7 +109,8 @@ class AdmissionWorker(RequestLoop):
     def _serve_h2(self, conn: Conn) -> None:  # its own thread
         try:
             conn.sock.setblocking(True)
-            conn.parser = http.get_parser(self.cfg, conn.sock, conn.client, http2_connection=True)
+            wakeable = _WakeableSocket(conn.sock, self.h2_wake)
+            conn.parser = http.get_parser(self.cfg, wakeable, conn.client, http2_connection=True)
             conn.parser.initiate_connection()
             self.handle_http2(conn)
         except Exception:
@@ -119,7 +124,18 @@ class AdmissionWorker(RequestLoop):
         self.h2_sources[source] -= 1
         if self.h2_sources[source] <= 0:
             del self.h2_sources[source]
-        self._close(conn)
+        # FIN, then read until the peer closes: closing with its last frames unread would reset the
+        # connection, and a reset can drop the answer the client has not read yet (its "unexpected EOF").
+        self._close_gracefully(conn)
+
+    def _drain_h2(self) -> None:
+        """The worker stops: every HTTP/2 connection waiting for its next stream is woken and ends with
+        GOAWAY (gunicorn's, naming the last stream served), so the API server sends its next call on a
+        new connection, to a server that is not stopping; streams in flight are answered first."""
+        try:
+            os.write(self.h2_wake[1], b"x")
+        except OSError:
+            pass
 
     def _stop_h2(self) -> None:
         """Wake every HTTP/2 thread blocked in a read: a stream being answered finishes, then the
@@ -188,3 +204,35 @@ class AdmissionWorker(RequestLoop):
             self._examine(conn)
         elif isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
             self._read(conn)
+
+
+WAKE_GRACE_SECONDS = 0.5
+"""Once the worker stops, how long a read still waits for bytes before the connection goes away."""
+
+
+class _WakeableSocket:
+    """The TLS socket as gunicorn's HTTP/2 connection reads it: a read that waits for the peer also
+    watches ``wake``, and once it is written the read times out as an idle connection's does, so
+    gunicorn closes the connection with GOAWAY. A read with TLS data already buffered is not delayed."""
+
+    def __init__(self, sock: ssl.SSLSocket, wake: tuple[int, int]) -> None:
+        self._sock = sock
+        self._wake = wake[0]
+        self._timeout: float | None = None
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+        self._sock.settimeout(timeout)
+
+    def recv(self, size: int) -> bytes:
+        if not self._sock.pending():
+            ready, _, _ = select.select([self._sock, self._wake], [], [], self._timeout)
+            if ready and self._sock not in ready:  # woken: bytes on their way (a body) still get a moment
+                ready, _, _ = select.select([self._sock], [], [], WAKE_GRACE_SECONDS)
+            if not ready:
+                raise TimeoutError("idle, or the worker stops")
+        return self._sock.recv(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
