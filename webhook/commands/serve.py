@@ -135,7 +135,7 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
     pki.check_pair(certfile.read_bytes(), keyfile.read_bytes(), cert_name=str(certfile), key_name=str(keyfile))
     if resolve_claims:
         _check_cluster_access()
-    listener = _listen(bind)
+    _check_port(bind)
 
     def make_app(runtime_dir: Path) -> Any:
         from webhook.server import routes
@@ -150,7 +150,7 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
     not_ready = unservable_reason(policy_dir, allow_empty=allow_empty_policies)
     if not_ready:
         click.echo(not_ready, err=True)
-    run_gunicorn(make_app, bind=f"fd://{listener.fileno()}", workers=workers, threads=threads, certfile=certfile,
+    run_gunicorn(make_app, bind=bind, workers=workers, threads=threads, certfile=certfile,
                  keyfile=keyfile, reload_interval=reload_interval, metrics_bind=metrics_address,
                  max_requests=max_requests, request_timeout=request_timeout, drain_seconds=drain_seconds,
                  connections_per_source=max_connections_per_source)
@@ -174,26 +174,24 @@ def _cause(err: GpugateError) -> str:
     return (str(cause).strip() or type(cause).__name__) if cause is not None else str(err)
 
 
-def _listen(bind: str) -> socket.socket:
-    """The listening socket, bound before anything says "serving"; handed to gunicorn by its fd.
+def _check_port(bind: str) -> None:
+    """A busy port is one line and exit 1, before anything says "serving".
 
     gunicorn binds on its own only after the banner, and a busy port then costs five retries and a
-    traceback-like log; bound here, a busy port is one line and exit 1, and nothing else starts.
+    log that reads like a crash. The port is tried here and released again: gunicorn binds it when its
+    workers are about to start, so the API server's calls do not queue unanswered while the server
+    starts (a socket bound early made a restart's first calls time out).
     """
     host, port = _host_port(bind, "--bind")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port))
-        listener.listen(2048)
-    except OSError as err:
-        listener.close()
-        why = "the address is in use (another process listens there)" if err.errno == errno.EADDRINUSE \
-            else err.strerror
-        raise GpugateError(f"cannot listen on {bind}: {why}; pass another --bind HOST:PORT") from err
-    listener.set_inheritable(True)
-    return listener
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gunicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            why = "the address is in use (another process listens there)" if err.errno == errno.EADDRINUSE \
+                else err.strerror
+            raise GpugateError(f"cannot listen on {bind}: {why}; pass another --bind HOST:PORT") from err
 
 
 def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:

@@ -38,6 +38,7 @@ class Conn(TConn):
         self.source = ""      # the client's address, for the per-source limits
         self.is_http2 = False
         self.h2_source = ""
+        self.h2_goaway = False  # end this HTTP/2 connection with GOAWAY after its current stream
 
 
 class EventHandler(Protocol):

@@ -26,7 +26,6 @@ import logging
 import os
 import select
 import selectors
-import socket
 import ssl
 import sys
 import threading
@@ -36,6 +35,7 @@ from typing import Any
 
 from gunicorn import http
 from gunicorn.http.errors import NoMoreData
+from gunicorn.http2.errors import HTTP2ConnectionError, HTTP2ProtocolError
 
 from webhook import logs
 from webhook.server import metrics
@@ -112,11 +112,32 @@ class AdmissionWorker(RequestLoop):
             wakeable = _WakeableSocket(conn.sock, self.h2_wake)
             conn.parser = http.get_parser(self.cfg, wakeable, conn.client, http2_connection=True)
             conn.parser.initiate_connection()
-            self.handle_http2(conn)
+            self._streams(conn, conn.parser)
+        except (NoMoreData, HTTP2ConnectionError, HTTP2ProtocolError, ssl.SSLError, OSError) as err:
+            self.log.debug("HTTP/2 connection ended: %s", err)
         except Exception:
             self.log.exception("HTTP/2 connection failed")
         finally:
             self.method_queue.defer(self._h2_done, conn)
+
+    def _streams(self, conn: Conn, h2: Any) -> None:  # its own thread
+        """gunicorn's stream loop (``handle_http2``), ending with GOAWAY when the worker stops.
+
+        gunicorn's own loop, once the worker stops, reads the socket with ``receive_data(b"")``, which
+        marks the connection closed by the peer, and so never sends the GOAWAY it means to: the API
+        server then writes its next call into a connection about to close and gets "unexpected EOF"
+        (500, and a refused pod with validation failing closed). Here GOAWAY names the last stream
+        answered, and Go's client sends anything after it again on a new connection. A connection
+        opened while the worker drains is kept while it is busy (the single server of a restart
+        still answers) and goes away once idle or when the drain ends.
+        """
+        last = 0
+        while not h2.is_closed:
+            for request in h2.receive_data():
+                self._serve_http2_stream(request, conn, h2)
+                last = request.stream.stream_id
+            if conn.h2_goaway and not h2.is_closed:
+                h2.close(last_stream_id=last)
 
     def _h2_done(self, conn: Conn) -> None:  # back on the loop
         self.h2_conns.discard(conn)
@@ -129,28 +150,21 @@ class AdmissionWorker(RequestLoop):
         self._close_gracefully(conn)
 
     def _drain_h2(self) -> None:
-        """The worker stops: every HTTP/2 connection waiting for its next stream is woken and ends with
-        GOAWAY (gunicorn's, naming the last stream served), so the API server sends its next call on a
-        new connection, to a server that is not stopping; streams in flight are answered first."""
+        """The worker stops: every HTTP/2 connection open now ends with GOAWAY (naming the last stream
+        served) after the stream it is answering, or at once when idle, so the API server sends its
+        next call on a new connection, to a server that is not stopping."""
+        for conn in self.h2_conns:
+            conn.h2_goaway = True
         try:
             os.write(self.h2_wake[1], b"x")
         except OSError:
             pass
 
     def _stop_h2(self) -> None:
-        """Wake every HTTP/2 thread blocked in a read: a stream being answered finishes, then the
-        connection ends (gunicorn sends GOAWAY when it sees the worker stopping)."""
-        for conn in list(self.h2_conns):
-            try:
-                raw = socket.socket(fileno=conn.sock.fileno())  # the TCP socket under the TLS one
-            except (OSError, ValueError):
-                continue
-            try:
-                raw.shutdown(socket.SHUT_RD)
-            except OSError:
-                pass
-            finally:
-                raw.detach()
+        """The drain is over: the connections opened during it go away too, after their current stream
+        (an idle one within ``WAKE_GRACE_SECONDS``: its reads are woken already)."""
+        for conn in self.h2_conns:
+            conn.h2_goaway = True
 
     # --- HTTP/1.1 -------------------------------------------------------------------------------
     def _take(self, conn: Conn, data: bytes, body_start: int) -> None:
