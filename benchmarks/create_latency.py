@@ -64,7 +64,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,8 @@ class Arm:
     body: Obj | None = None   # the pod this arm creates (None: ``the_pod``, the user's plain GPU pod)
     plane_serial: list[float] | None = None  # CPU seconds of kube-apiserver + etcd during each serial create
     metrics_port: int | None = None           # a gunicorn arm's plaintext /metrics (the TLS port has none)
+    failed: dict[int, int] = field(default_factory=dict)   # refused creates per number of creators
+    failures: list[str] = field(default_factory=list)
     by_level: dict[int, list[float]] | None = None  # create times per number of concurrent creators
 
     def __post_init__(self) -> None:
@@ -347,7 +349,14 @@ def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: 
         barrier.wait()
         for j in range(per[index]):
             arm = arms[(index + j) % len(arms)]
-            took = create_one(cores[index], arm, f"p-{tag}-{index}-{j}")
+            started = time.perf_counter()
+            try:
+                took = create_one(cores[index], arm, f"p-{tag}-{index}-{j}")
+            except ApiException as err:  # a refused create (a webhook's timeout, failing closed) is counted
+                took = time.perf_counter() - started
+                with lock:
+                    arm.failed[creators] = arm.failed.get(creators, 0) + 1
+                    arm.failures.append(f"{creators} creators: {err.status} {str(err.body)[:160]}")
             with lock:
                 assert arm.parallel is not None and arm.by_level is not None
                 if main_level:
@@ -596,6 +605,12 @@ def report_levels(arms: dict[str, Arm], seed: int = 40) -> None:
             cells.append(f"{name} {rate:.0f}/s {(sum(go) / len(go)) / (sum(times) / len(times)):.2f}x "
                          f"[{low:.2f}, {high:.2f}]")
         print(f"  {level:>4} creators: " + "; ".join(cells))
+        refused = {name: (arm.failed or {}).get(level, 0) for name, arm in arms.items()}
+        if any(refused.values()):
+            print(f"       refused creates (counted in the times above): {refused}")
+    for name, arm in arms.items():
+        for line in arm.failures[:3]:
+            print(f"  {name} refused: {line}")
 
 
 def main() -> int:
