@@ -75,3 +75,18 @@ def test_ctrl_c_ends_the_server_promptly_with_connections_open(tmp_path):
     assert took < 5, f"Ctrl-C took {took:.1f} s"
     log = srv.log_text()
     assert "SIGKILL" not in log and "Traceback" not in log, log[-2000:]
+
+
+def test_no_http2_offers_http1_alone(tmp_path):
+    """``--no-http2``: the handshake offers HTTP/1.1 only, so the API server speaks it (docs/server.md
+    compares the two under load)."""
+    srv = Server(tmp_path, policies=copy_policies(tmp_path / "policies"), workers=1, extra=["--no-http2"]).start()
+    try:
+        client = H2Client(srv.port, srv.ca)
+        try:
+            assert client.protocol is None
+        finally:
+            client.close()
+        assert srv.session.get(f"{srv.url}/healthz", timeout=5).status_code == 200
+    finally:
+        srv.stop()

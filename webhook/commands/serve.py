@@ -101,6 +101,9 @@ def _dns_names(cert_pem: bytes) -> set[str]:
               help="Seconds a client has to send a whole request (and to take the answer); slower ones get 408.")
 @click.option("--drain-seconds", type=click.FloatRange(0, 60), default=3.0, show_default=True,
               help="After SIGTERM, seconds a worker keeps answering (with Connection: close) before it stops.")
+@click.option("--http2/--no-http2", default=True, show_default=True,
+              help="Offer HTTP/2 by ALPN (the API server takes it); --no-http2 serves HTTP/1.1 alone "
+                   "(docs/server.md compares them).")
 @click.option("--max-connections-per-source", type=click.IntRange(1), default=256, show_default=True,
               help="Open connections one client address may hold per worker; more are closed at once.")
 @click.option("--max-requests", type=click.IntRange(0), default=0, show_default=True,
@@ -115,7 +118,7 @@ def _dns_names(cert_pem: bytes) -> set[str]:
 def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
           service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
           fail_closed: bool, fail_open: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
-          max_connections_per_source: int, max_requests: int, inventory_file: Path | None,
+          http2: bool, max_connections_per_source: int, max_requests: int, inventory_file: Path | None,
           allow_empty_policies: bool, resolve_claims: bool) -> None:
     """Serve the admission webhook over HTTPS (POST /mutate, /validate; GET /healthz, /readyz, /metrics)."""
     _host_port(bind, "--bind")
@@ -153,7 +156,7 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
     run_gunicorn(make_app, bind=bind, workers=workers, threads=threads, certfile=certfile,
                  keyfile=keyfile, reload_interval=reload_interval, metrics_bind=metrics_address,
                  max_requests=max_requests, request_timeout=request_timeout, drain_seconds=drain_seconds,
-                 connections_per_source=max_connections_per_source)
+                 connections_per_source=max_connections_per_source, http2=http2)
 
 
 def _check_cluster_access() -> None:
@@ -214,7 +217,7 @@ def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:
 def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, threads: int, certfile: Path,
                  keyfile: Path, reload_interval: float = 1.0, metrics_bind: tuple[str, int] | None = None,
                  max_requests: int = 0, request_timeout: float = 5.0, drain_seconds: float = 3.0,
-                 connections_per_source: int = 256) -> None:
+                 connections_per_source: int = 256, http2: bool = True) -> None:
     """Run ``make_app(runtime_dir)`` in gunicorn workers until the master is stopped.
 
     ``runtime_dir`` is a fresh temporary folder shared by the master and its workers: Prometheus'
@@ -236,12 +239,13 @@ def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, th
                                                            connections_per_source=connections_per_source),
                                max_workers=workers)
         try:
-            reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval, alpn=serving.ALPN)
+            reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval,
+                                            alpn=serving.ALPN if http2 else ("http/1.1",))
         except ssl.SSLError as err:
             raise GpugateError(f"cannot use {certfile} / {keyfile}: {err}") from err
         options = serving.gunicorn_options(bind=bind, workers=workers, threads=threads, certfile=certfile,
                                            keyfile=keyfile, reloader=reloader, metrics_bind=metrics_bind,
-                                           max_requests=max_requests)
+                                           max_requests=max_requests, http2=http2)
         serving.GunicornServer(lambda: make_app(runtime_dir), options).run()
     finally:
         if os.getpid() == master_pid:

@@ -45,7 +45,7 @@ timed out at the validating webhook (HTTP/1.1, one call per connection, none). A
 opens a connection per two calls in flight, each on its own thread, and the serial path keeps its one
 connection."""
 ALPN = ("h2", "http/1.1")
-"""What the TLS handshake offers, preferred first."""
+"""What the TLS handshake offers, preferred first (``--no-http2``: HTTP/1.1 alone)."""
 
 GRACEFUL_TIMEOUT = 20
 """Seconds gunicorn's master gives a stopping worker (drain and in-flight requests) before SIGKILL."""
@@ -89,6 +89,7 @@ def gunicorn_options(
     keepalive: int = 75,
     max_requests: int = 0,
     graceful_timeout: int = GRACEFUL_TIMEOUT,
+    http2: bool = True,
 ) -> dict[str, Any]:
     """The gunicorn settings ``gpugate serve`` runs with, in one place.
 
@@ -107,7 +108,7 @@ def gunicorn_options(
         "worker_connections": 1000,
         # HTTP/2 from gunicorn itself (the ``http2`` extra, the h2 package) for clients that choose it
         # by ALPN, as the API server does; HTTP/1.1 for the rest.
-        "http_protocols": "h2,h1",
+        "http_protocols": "h2,h1" if http2 else "h1",
         # gunicorn answers a connection's streams one after another on one thread: with a few streams per
         # connection the API server opens more connections as its calls in flight grow, and those
         # spread over the workers and their threads.
