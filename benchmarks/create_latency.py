@@ -628,6 +628,8 @@ def main() -> int:
     parser.add_argument("--hostile", type=float, default=0.0, metavar="SECONDS",
                         help="after the rounds, one ordinary creator for SECONDS per arm-pair (gpugate and the Go "
                              "floor, interleaved) while benchmarks/hostile_load.py attacks gpugate's server")
+    parser.add_argument("--serve-arg", action="append", default=[], metavar="FLAG",
+                        help="one more gpugate serve flag for the gpugate arm (e.g. --serve-arg=--no-http2)")
     parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
     parser.add_argument("--floor", type=Path, metavar="BINARY",
                         help="the floor webhook binary to run (default: the cached build, built on first use)")
@@ -672,7 +674,8 @@ def main() -> int:
         arms["gpugate"].metrics_port = processes.free_port()
         gpugate = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=REPO / "policies",
                                 log=tmp / "gpugate.log", workers=args.workers,
-                                extra_args=("--metrics-bind", f"127.0.0.1:{arms['gpugate'].metrics_port}"),
+                                extra_args=("--metrics-bind", f"127.0.0.1:{arms['gpugate'].metrics_port}",
+                                            *args.serve_arg),
                                 reload_interval=1.0)  # gpugate serve's default, as the before arm runs
         gpugate.start()
         stack.callback(gpugate.stop)
