@@ -133,7 +133,8 @@ def server(local: Cluster, workdir: Path, relay: SlowRelay) -> Iterator[GpugateS
         started = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca,
                                 policies=deployed_policies(workdir / "policies", {}),
                                 log=local.plane.logs / "gpugate-serve-limits.log",
-                                extra_args=("--resolve-claims", "--metrics-bind", f"127.0.0.1:{metrics_port}"),
+                                extra_args=("--resolve-claims", "--http2",
+                                            "--metrics-bind", f"127.0.0.1:{metrics_port}"),
                                 env={"KUBECONFIG": str(kubeconfig)})
         started.metrics_port = metrics_port  # type: ignore[attr-defined]
         started.certs = certs  # type: ignore[attr-defined]

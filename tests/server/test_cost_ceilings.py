@@ -25,7 +25,7 @@ from webhook.server.serverstate import MAX_BODY_BYTES
 
 @pytest.fixture(scope="module")
 def server(module_tmp):
-    with running(module_tmp, "--request-timeout", "2", "--max-connections-per-source", "40") as srv:
+    with running(module_tmp, "--http2", "--request-timeout", "2", "--max-connections-per-source", "40") as srv:
         yield srv
 
 

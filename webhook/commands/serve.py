@@ -101,9 +101,9 @@ def _dns_names(cert_pem: bytes) -> set[str]:
               help="Seconds a client has to send a whole request (and to take the answer); slower ones get 408.")
 @click.option("--drain-seconds", type=click.FloatRange(0, 60), default=3.0, show_default=True,
               help="After SIGTERM, seconds a worker keeps answering (with Connection: close) before it stops.")
-@click.option("--http2/--no-http2", default=True, show_default=True,
-              help="Offer HTTP/2 by ALPN (the API server takes it); --no-http2 serves HTTP/1.1 alone "
-                   "(docs/server.md compares them).")
+@click.option("--http2/--no-http2", default=False, show_default=True,
+              help="Offer HTTP/2 by ALPN (the API server then takes it; gunicorn's HTTP/2). Off: HTTP/1.1 "
+                   "alone, which held 256 concurrent creators where HTTP/2 did not (docs/server.md).")
 @click.option("--max-connections-per-source", type=click.IntRange(1), default=256, show_default=True,
               help="Open connections one client address may hold per worker; more are closed at once.")
 @click.option("--max-requests", type=click.IntRange(0), default=0, show_default=True,
@@ -217,7 +217,7 @@ def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:
 def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, threads: int, certfile: Path,
                  keyfile: Path, reload_interval: float = 1.0, metrics_bind: tuple[str, int] | None = None,
                  max_requests: int = 0, request_timeout: float = 5.0, drain_seconds: float = 3.0,
-                 connections_per_source: int = 256, http2: bool = True) -> None:
+                 connections_per_source: int = 256, http2: bool = False) -> None:
     """Run ``make_app(runtime_dir)`` in gunicorn workers until the master is stopped.
 
     ``runtime_dir`` is a fresh temporary folder shared by the master and its workers: Prometheus'

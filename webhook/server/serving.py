@@ -89,7 +89,7 @@ def gunicorn_options(
     keepalive: int = 75,
     max_requests: int = 0,
     graceful_timeout: int = GRACEFUL_TIMEOUT,
-    http2: bool = True,
+    http2: bool = False,
 ) -> dict[str, Any]:
     """The gunicorn settings ``gpugate serve`` runs with, in one place.
 
