@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from tests.admission.harness import SERVICE_HOST, Server, copy_policies
+from tests.server.harness import SERVICE_HOST, Server, copy_policies
 from webhook.cli import main
 from webhook.kube import claims
 

@@ -40,7 +40,7 @@ def _ids(path: Path) -> str:
 
 
 def test_every_documented_combination_is_a_ci_values_file() -> None:
-    assert {_ids(p) for p in CI_VALUES} >= {"default", "cert-manager", "fail-closed", "everything", "external-url",
+    assert {_ids(p) for p in CI_VALUES} >= {"default", "cert-manager", "fail-open", "everything", "external-url",
                                           "own-policies", "existing-policies", "webhook-only", "balancer-only", "lean"}
     readme = (CHART / "README.md").read_text()
     for path in CI_VALUES:
@@ -107,7 +107,7 @@ def test_the_chart_holds_no_copy_of_the_policies_dashboard_or_scheduler_config()
 
 @pytest.mark.parametrize(("pair", "expected"), [
     ("webhook.replicas=two", r"webhook.*replicas.*(integer|got string)"),
-    ("webhook.failClosed=maybe", r"failClosed.*(boolean|got string)"),
+    ("webhook.failOpen=maybe", r"failOpen.*(boolean|got string)"),
     ("tls.mode=vault", r"tls.*mode.*(builtin|must be one of|value must be)"),
     ("webhook.url=http://127.0.0.1:8443", r"webhook.*url.*(pattern|does not match)"),
     ("webhook.replica=2", r"(replica.*not allowed|additional properties.*replica)"),
@@ -168,17 +168,18 @@ def test_a_webhook_url_points_both_configurations_at_it_with_the_ca() -> None:
 
 
 def test_no_ca_bundle_is_rendered_unless_given() -> None:
-    for values in ("default", "cert-manager", "fail-closed"):
+    for values in ("default", "cert-manager", "fail-open"):
         for hook in _webhooks(render((values_file(values),))):
             assert "caBundle" not in hook["clientConfig"], (values, hook["name"])
 
 
-def test_fail_closed_switches_both_webhooks_and_the_server() -> None:
-    objects = render((values_file("fail-closed"),))
-    assert {h["failurePolicy"] for h in _webhooks(objects)} == {"Fail"}
+def test_fail_open_switches_validation_to_ignore_and_the_server() -> None:
+    objects = render((values_file("fail-open"),))
+    assert {h["failurePolicy"] for h in _webhooks(objects)} == {"Ignore"}
     [container] = one(objects, "Deployment", "gpugate-webhook")["spec"]["template"]["spec"]["containers"]
-    assert "--fail-closed" in container["args"]
-    assert {h["failurePolicy"] for h in _webhooks(render())} == {"Ignore"}
+    assert "--fail-open" in container["args"]
+    assert {h["name"]: h["failurePolicy"] for h in _webhooks(render())} == {
+        "mutate.gpugate.io": "Ignore", "validate.gpugate.io": "Fail"}
 
 
 @pytest.mark.parametrize(("values", "kinds"), [

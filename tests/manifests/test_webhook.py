@@ -21,7 +21,7 @@ from tests.manifests.helpers import (
     render_variant,
     rule_allows,
 )
-from webhook.admission import routes, serving
+from webhook.server import routes, serving
 from webhook.stack import manifestcheck
 
 WEBHOOK_VARIANTS = sorted(v for v, (resources, _) in VARIANTS.items() if "webhook" in resources)
@@ -192,19 +192,21 @@ def test_webhook_registration_fields() -> None:
         assert hook["sideEffects"] == "None"
         assert hook["timeoutSeconds"] == 5
         assert hook["matchPolicy"] == "Equivalent"
-        assert hook["failurePolicy"] == "Ignore"
+        # Mutation is defaulting and fails open; validation fails closed (docs/server.md).
+        assert hook["failurePolicy"] == ("Ignore" if kind == "MutatingWebhookConfiguration" else "Fail")
         if kind == "MutatingWebhookConfiguration":
             assert hook["reinvocationPolicy"] == "IfNeeded"
 
 
-def test_fail_closed_component_switches_both_to_fail_and_the_server_flag() -> None:
-    objs = render_variant("webhook+builtin-tls+fail-closed")
-    assert {hook["failurePolicy"] for _, hook in _hooks(objs)} == {"Fail"}
-    assert "--fail-closed" in _container(objs)["args"]
-    assert _deployment(objs)["spec"]["replicas"] >= 3
-    readme = (MANIFESTS / "webhook/components/fail-closed/README.md").read_text()
-    assert "Trade-off" in (MANIFESTS / "webhook/components/fail-closed/kustomization.yaml").read_text()
-    assert "break-glass" in readme
+def test_fail_open_component_switches_validation_to_ignore_and_the_server_flag() -> None:
+    objs = render_variant("webhook+builtin-tls+fail-open")
+    assert {hook["failurePolicy"] for _, hook in _hooks(objs)} == {"Ignore"}
+    assert "--fail-open" in _container(objs)["args"]
+    assert "--fail-open" not in _container(render_variant("webhook+builtin-tls"))["args"]
+    assert _deployment(objs)["spec"]["replicas"] >= 2
+    readme = (MANIFESTS / "webhook/components/fail-open/README.md").read_text()
+    assert "Trade-off" in (MANIFESTS / "webhook/components/fail-open/kustomization.yaml").read_text()
+    assert "The risk" in readme
 
 
 # --- the Deployment ---------------------------------------------------------------------------------
