@@ -82,7 +82,7 @@ class Device:
     def uuid(self) -> str:
         """A stable UUID per host and GPU index, shaped like NVML's ``GPU-<8-4-4-4-12 hex>``."""
         digest = hashlib.sha256(f"{self.host}/{self.gpu}".encode()).hexdigest()
-        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:]}"
+        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
     @property
     def pci_bus_id(self) -> str:
