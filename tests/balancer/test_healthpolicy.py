@@ -113,3 +113,18 @@ def test_property_any_xid_list_outside_the_never_list_loads(xids: list[int]) -> 
     wanted = [x for x in xids if x not in NEVER_XIDS]
     policy = healthschema.parse({"rules": [{"name": "mine", "signal": "xid", "xids": wanted}]})
     assert policy.rules[0].xids == tuple(sorted(wanted))
+
+
+def test_the_docs_describe_every_key_of_the_schema() -> None:
+    """docs/health.md's table names each key the schema accepts, so neither can drift alone."""
+    text = (ROOT / "docs" / "health.md").read_text()
+    keys = []
+    for key, spec in healthschema.SCHEMA["properties"].items():
+        if key == "rules":
+            keys += [f"rules[].{k}" for k in healthschema.RULE_SCHEMA["properties"]]
+        elif spec.get("type") == "object":
+            keys += [f"{key}.{k}" for k in spec["properties"]]
+        else:
+            keys.append(key)
+    missing = [k for k in keys if f"| `{k}` |" not in text]
+    assert not missing, f"docs/health.md does not describe {missing}"
