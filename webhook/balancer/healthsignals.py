@@ -36,18 +36,15 @@ from typing import Any
 from webhook import names
 from webhook.kube import slices
 
-XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
-DBE_METRIC = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-ROW_REMAP_FAILURE_METRIC = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
-GROUP = "node, UUID"
-
 
 @dataclass(frozen=True, slots=True, order=True)
 class Fault:
     """One observed fault of one GPU (``gpu`` empty: some GPU of ``node``, the device plugin's case)."""
 
     node: str
+    """The node's name (dcgm-exporter's host, mapped through the node's host names)."""
     gpu: str
+    """The physical GPU's NVML UUID; empty when the fault names none."""
     signal: str
     code: int = 0
     """The XID (``xid``, ``driver-taint``; 0 for the driver's ``gpu-lost``); 0 otherwise."""
@@ -71,6 +68,13 @@ class Fault:
     def slug(self) -> str:
         """The taint's value: a label value (``xid-79``, ``ecc-dbe``)."""
         return f"{self.signal}-{self.code}" if self.code else self.signal
+
+
+XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
+DBE_METRIC = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+ROW_REMAP_FAILURE_METRIC = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+GROUP = "node, UUID"
+"""What every series is folded into first: the node and the physical GPU."""
 
 
 def _seconds(value: float) -> str:

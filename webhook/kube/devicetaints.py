@@ -38,6 +38,19 @@ EFFECTS: tuple[Effect, ...] = ("None", "NoSchedule", "NoExecute")
 NONE: Effect = "None"
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    """One taint on a device: from its ResourceSlice or from a DeviceTaintRule."""
+
+    key: str
+    """A label name (``gpu.nvidia.com/xid``)."""
+    value: str = ""
+    """A label value, possibly empty (``79``)."""
+    effect: Effect = NONE
+    time_added: str = ""
+    """RFC 3339 as the API server stored it (empty when not set)."""
+
+
 class DeviceTaintSelectorWire(TypedDict):
     driver: str
     pool: str
@@ -57,36 +70,12 @@ class DeviceTaintRuleSpecWire(TypedDict):
 
 
 class DeviceTaintRuleWire(TypedDict):
+    """A whole DeviceTaintRule as sent (``status`` is kube-controller-manager's)."""
+
     apiVersion: str
     kind: str
     metadata: dict[str, Any]
     spec: DeviceTaintRuleSpecWire
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceTaint:
-    """One taint on a device: from its ResourceSlice or from a DeviceTaintRule."""
-
-    key: str
-    value: str = ""
-    effect: Effect = NONE
-    time_added: str = ""
-    """RFC 3339 as the API server stored it (empty when not set)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RuleView:
-    """A DeviceTaintRule as read back: which device, which taint, and what the controller said of it."""
-
-    name: str
-    device: DeviceKey | None
-    """None when the selector is not one whole device (not a rule this code writes)."""
-    taint: DeviceTaint
-    labels: tuple[tuple[str, str], ...] = ()
-    annotations: tuple[tuple[str, str], ...] = ()
-    status: str = ""
-    """The ``EvictionInProgress`` condition's reason and message (``NoEffect: 2 pods would be evicted``)."""
-    resource_version: str = ""
 
 
 def effect_of(raw: Any) -> Effect:
@@ -120,6 +109,21 @@ def render_rule(name: str, device: DeviceKey, taint: DeviceTaint, *, labels: Map
         spec=DeviceTaintRuleSpecWire(
             deviceSelector=DeviceTaintSelectorWire(driver=device.driver, pool=device.pool, device=device.device),
             taint=wire_taint))
+
+
+@dataclass(frozen=True, slots=True)
+class RuleView:
+    """A DeviceTaintRule as read back: which device, which taint, and what the controller said of it."""
+
+    name: str
+    device: DeviceKey | None
+    """None when the selector is not one whole device (not a rule this code writes)."""
+    taint: DeviceTaint
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+    status: str = ""
+    """The ``EvictionInProgress`` condition's reason and message (``NoEffect: 2 pods would be evicted``)."""
+    resource_version: str = ""
 
 
 def parse_rule(obj: Mapping[str, Any]) -> RuleView:
