@@ -211,7 +211,8 @@ class TestOperator:
         released = run(asked, T0 + 2)
         assert released.ledger.quarantines == () and released.ledger.requests == ()
         assert released.actions[0].detail == "released by an operator by alice: RMA done"
-        assert released.ledger.returned[0].how == "operator"
+        assert (released.ledger.returned[0].how, released.ledger.returned[0].note) == (
+            "operator", "released by alice: RMA done")
 
     def test_a_release_sticks_while_the_condition_it_was_given_with_lasts(self) -> None:
         taint = Fault(node="n1", gpu="GPU-3", signal="driver-taint", code=79)

@@ -272,3 +272,15 @@ def test_releasing_a_gpu_that_is_not_quarantined_is_refused(rig: Rig) -> None:
     done = CliRunner().invoke(main, ["health", "release", DRA_NODE, "GPU-nope", "--reason", "x",
                                      "--server", rig.fake.url, "--namespace", NS])
     assert done.exit_code == 1 and "no quarantined GPU 'GPU-nope' on node dra-1" in done.output
+
+
+def test_the_labeller_takes_held_back_gpus_off_gpu_free_and_gives_them_back(rig: Rig) -> None:
+    labeller = rig.labeller
+    labeller.reconcile(full=True)
+    assert labeller.schedule.wanted[PLUGIN_NODE].free == "8"
+    labeller.hold_back({PLUGIN_NODE: 2})
+    labeller.reconcile(full=False)
+    assert labeller.schedule.wanted[PLUGIN_NODE].free == "6"
+    labeller.hold_back({})
+    labeller.reconcile(full=False)
+    assert labeller.schedule.wanted[PLUGIN_NODE].free == "8"

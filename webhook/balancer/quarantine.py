@@ -91,9 +91,10 @@ def _prune(policy: HealthPolicy, ledger: Ledger, now: float) -> Ledger:
     return replace(ledger, returned=tuple(latest[k] for k in sorted(latest)))
 
 
-def _returned(ledger: Ledger, q: Quarantine, now: float, how: str, accepted: tuple[str, ...] = ()) -> Ledger:
+def _returned(ledger: Ledger, q: Quarantine, now: float, how: str, note: str = "",
+              accepted: tuple[str, ...] = ()) -> Ledger:
     others = tuple(r for r in ledger.returned if (r.node, r.gpu) != q.key)
-    back = Returned(node=q.node, gpu=q.gpu, strikes=q.strikes, at=now, how=how, accepted=accepted)
+    back = Returned(node=q.node, gpu=q.gpu, strikes=q.strikes, at=now, how=how, note=note, accepted=accepted)
     return replace(ledger, quarantines=tuple(x for x in ledger.quarantines if x.key != q.key),
                    returned=others + (back,))
 
@@ -108,7 +109,7 @@ def _operator_releases(policy: HealthPolicy, ledger: Ledger, observed: Observed,
             actions.append(Action("request-ignored", request.node, request.gpu, None, f"not quarantined; {detail}"))
             continue
         present = tuple(sorted({f.slug() for f in observed.faults if (f.node, f.gpu) == q.key and not _is_event(f)}))
-        ledger = _returned(ledger, q, now, "operator", present)
+        ledger = _returned(ledger, q, now, "operator", f"released {detail}", present)
         actions.append(Action("returned", q.node, q.gpu, q, f"released by an operator {detail}"))
     return replace(ledger, requests=()), actions
 
@@ -254,7 +255,7 @@ def _follow(policy: HealthPolicy, ledger: Ledger, q: Quarantine, observed: Obser
                                                    "validation passed but a fault condition still holds")]
         if not observed.signals_ok:
             return ledger, []
-        return _returned(ledger, q, now, "validated"), [
+        return _returned(ledger, q, now, "validated", f"validation pod {q.validation_pod} succeeded"), [
             Action("returned", q.node, q.gpu, q, f"validation pod {q.validation_pod} succeeded")]
     timed_out = now - q.validation_started > policy.validation.timeout
     if phase != "Failed" and not timed_out:

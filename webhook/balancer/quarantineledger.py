@@ -79,6 +79,8 @@ class Returned:
     at: float
     how: str
     """``validated``, ``operator`` or ``hold`` (a dry run's end)."""
+    note: str = ""
+    """Who released it and why (an operator), or the validation pod that passed."""
     accepted: tuple[str, ...] = ()
     """Conditions (taint values) an operator released it with: not held against it again until
     each has cleared once (a release would otherwise last one pass)."""
