@@ -264,6 +264,9 @@ def test_an_operators_release_returns_the_gpu_at_the_next_pass_and_is_logged(rig
     assert [a.kind for a in decision.actions] == ["returned"] and rig.rules() == {}
     (back,) = rig.ledger().returned
     assert (back.how, back.gpu) == ("operator", GPUS[3].uuid)
+    after = CliRunner().invoke(main, ["health", "--server", rig.fake.url, "--namespace", NS])
+    assert "no GPU is quarantined" in after.output
+    assert f"returned {DRA_NODE} {GPUS[3].uuid}" in after.output and "released by alice: RMA done" in after.output
     reasons = [e["reason"] for e in rig.fake.list("v1", "Event", "default")]
     assert sorted(reasons) == ["GPUQuarantined", "GPUReleaseRequested", "GPUReturned"]
 

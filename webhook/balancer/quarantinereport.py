@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from webhook.balancer.quarantineledger import Ledger, Quarantine, ReleaseRequest
+from webhook.balancer.quarantineledger import Ledger, Quarantine
 from webhook.errors import GpugateError
 from webhook.kube.devicetaints import RuleView
 
@@ -47,8 +47,8 @@ def _returns(q: Quarantine, now: float) -> str:
     return when
 
 
-def table(found: list[dict[str, Any]], requests: Iterable[ReleaseRequest]) -> str:
-    """The rows as an aligned text table, then pending operator releases."""
+def table(found: list[dict[str, Any]], ledger: Ledger) -> str:
+    """The rows as an aligned text table, then pending operator releases and the returns remembered."""
     if not found:
         text = "no GPU is quarantined"
     else:
@@ -59,8 +59,10 @@ def table(found: list[dict[str, Any]], requests: Iterable[ReleaseRequest]) -> st
         notes = [f"{r['node']} {r['gpu']}: kube-controller-manager: {s}" for r in found for s in r["controller"]]
         text += "".join(f"\n{n}" for n in notes)
     pending = [f"release of {r.node} {r.gpu or '(device plugin)'} asked by {r.by} at {stamp(r.at)}: {r.reason} "
-               "(the balancer's leader acts on it at its next pass)" for r in requests]
-    return text + "".join(f"\n{p}" for p in pending)
+               "(the balancer's leader acts on it at its next pass)" for r in ledger.requests]
+    back = [f"returned {r.node} {r.gpu or '(device plugin)'} at {stamp(r.at)} ({r.how}, strike {r.strikes}"
+            f"{': ' + r.note if r.note else ''})" for r in sorted(ledger.returned, key=lambda r: r.at)]
+    return text + "".join(f"\n{line}" for line in pending + back)
 
 
 def target(ledger: Ledger, node: str, gpu: str | None) -> Quarantine:
@@ -79,7 +81,9 @@ def target(ledger: Ledger, node: str, gpu: str | None) -> Quarantine:
     return matches[0]
 
 
-def as_json(found: list[dict[str, Any]], requests: Iterable[ReleaseRequest]) -> Mapping[str, Any]:
+def as_json(found: list[dict[str, Any]], ledger: Ledger) -> Mapping[str, Any]:
     return {"quarantined": found,
             "requests": [{"node": r.node, "gpu": r.gpu, "by": r.by, "reason": r.reason, "at": stamp(r.at)}
-                         for r in requests]}
+                         for r in ledger.requests],
+            "returned": [{"node": r.node, "gpu": r.gpu, "at": stamp(r.at), "how": r.how, "strikes": r.strikes,
+                          "note": r.note} for r in ledger.returned]}

@@ -39,7 +39,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
 def health(ctx: click.Context, server: str | None, namespace: str | None, output: str) -> None:
-    """List quarantined GPUs: why, since when, and what will return them.
+    """List quarantined GPUs: why, since when, and what will return them (then the recent returns).
 
     The balancer's leader quarantines a GPU on a fatal XID, a double-bit ECC error, a failed row
     remap, its DRA driver's taint or its device plugin's health report (the ``health:`` section
@@ -63,9 +63,9 @@ def health(ctx: click.Context, server: str | None, namespace: str | None, output
         rules = []  # before Kubernetes 1.37: no DeviceTaintRule in resource.k8s.io/v1
     found = quarantinereport.rows(ledger, rules, time.time())
     if output == "json":
-        click.echo(json.dumps(quarantinereport.as_json(found, ledger.requests), indent=2))
+        click.echo(json.dumps(quarantinereport.as_json(found, ledger), indent=2))
     else:
-        click.echo(quarantinereport.table(found, ledger.requests))
+        click.echo(quarantinereport.table(found, ledger))
 
 
 @health.command("release")
