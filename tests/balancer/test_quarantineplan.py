@@ -123,8 +123,10 @@ class TestValidation:
         assert wanted.claim is not None
         (request,) = wanted.claim["spec"]["devices"]["requests"]
         assert found[3].uuid in request["exactly"]["selectors"][0]["cel"]["expression"]
-        assert {t["key"] for t in request["exactly"]["tolerations"]} == {
-            names.UNHEALTHY_TAINT_KEY, names.DRA_XID_TAINT_KEY, names.DRA_GPU_LOST_TAINT_KEY}
+        assert {(t["key"], t["effect"]) for t in request["exactly"]["tolerations"]} == {
+            (key, effect) for key in (names.UNHEALTHY_TAINT_KEY, names.DRA_XID_TAINT_KEY, names.DRA_GPU_LOST_TAINT_KEY)
+            for effect in ("NoSchedule", "NoExecute")}
+        assert not any("tolerationSeconds" in t for t in request["exactly"]["tolerations"])
         spec = wanted.pod["spec"]
         assert spec["restartPolicy"] == "Never"
         assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimName": "gpugate-validate-x-1-0"}]

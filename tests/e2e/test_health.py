@@ -30,7 +30,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e import dra_slices
-from tests.e2e.balancer_access import rbac_applied
+from tests.e2e.balancer_access import NAMESPACE, rbac_applied
 from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.health_env import HOLD, VALIDATION_IMAGE, HealthRig, Replica, RuleWatch, config, health_rig
 from tests.e2e.test_dra_allocation import claim_pod, claims_of
@@ -185,6 +185,7 @@ def test_a_fatal_xid_quarantines_exactly_its_gpu_evicts_its_pod_and_it_returns_a
     assert wait_until(lambda: held(cluster, one_gpu).get(waiting), what="the waiting pod placed", timeout=60) == target
     (back,) = rig.ledger().returned
     assert (back.how, back.gpu) == ("validated", gpus[index].uuid)
+    assert pod_events(cluster, NAMESPACE, "DeviceTaintManagerEviction") == set(), "the validation pod tolerates NoExecute"
     assert {"GPUValidationStarted", "GPUReturned"} <= set(node_events(cluster, "h-dra"))
 
 

@@ -144,9 +144,16 @@ def parse_rule(obj: Mapping[str, Any]) -> RuleView:
                     status=status, resource_version=str(meta.get("resourceVersion") or ""))
 
 
-def tolerating(key: str) -> dict[str, Any]:
-    """A claim toleration of every taint with ``key``, every effect, forever (no tolerationSeconds)."""
-    return {"key": key, "operator": "Exists"}
+def tolerating(key: str) -> list[dict[str, Any]]:
+    """Claim tolerations of every taint with ``key``, forever (no tolerationSeconds), one per effect.
+
+    Not one toleration without an effect, although the API reads that as "every effect": the
+    device-taint eviction controller of kube-controller-manager v1.37.2 spares a pod only for a
+    toleration whose effect is ``NoExecute`` (``claimEvictionTime`` in
+    ``pkg/controller/devicetainteviction/device_taint_eviction.go``), and deleted validation pods
+    that tolerated ``gpugate.io/gpu-unhealthy`` without one (tests/e2e/test_health.py).
+    """
+    return [{"key": key, "operator": "Exists", "effect": effect} for effect in ("NoSchedule", "NoExecute")]
 
 
 def uuid_selector(uuid: str) -> str:
@@ -164,7 +171,7 @@ def pinned_claim(name: str, namespace: str, *, uuid: str, tolerate: tuple[str, .
     """
     request = {"name": "gpu", "exactly": {"deviceClassName": names.DRA_GPU_CLASS, "allocationMode": "ExactCount",
                                           "count": 1, "selectors": [{"cel": {"expression": uuid_selector(uuid)}}],
-                                          "tolerations": [tolerating(k) for k in tolerate]}}
+                                          "tolerations": [t for k in tolerate for t in tolerating(k)]}}
     return {"apiVersion": API_VERSION, "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
             "spec": {"devices": {"requests": [request]}}}
