@@ -44,7 +44,8 @@ COMPLETE_AFTER = "e2e.gpugate.io/complete-after"
 VALIDATION_IMAGE = "gpugate-e2e/dcgm-validate"
 SCRAPE = "500ms"
 HOLD = 3.0
-"""The hold, in seconds: a repeat holds 6 s, a failed validation after it 12 s."""
+"""The hold, in seconds: a repeat holds 6 s, a failed validation after it 12 s. A validation pod
+runs 3 s (so a GPU is out at least 6 s: time for a test to see what a quarantine does)."""
 
 
 def config(*, hold: float = HOLD, dry_run: bool = False, interval: float = 0.5, step: float = 1.0,
@@ -72,7 +73,7 @@ health:
     image: {VALIDATION_IMAGE}
     command: [dcgmi, diag, -r, "1"]
     timeout: 20
-    labels: {{"{COMPLETE_AFTER}": "1"}}
+    labels: {{"{COMPLETE_AFTER}": "3"}}
 """
 
 

@@ -155,37 +155,40 @@ def test_a_fatal_xid_quarantines_exactly_its_gpu_evicts_its_pod_and_it_returns_a
         rig.xid("h-dra", others[1], 94)
         wait_until(lambda: devices_of(rig.rules(), "h-dra"), what="the DeviceTaintRule", timeout=30, explain=rig.logs)
         print(f"XID 79 to DeviceTaintRule: {max(watch.seen.values()) - injected:.2f} s")
+        # New claims get healthy devices only (asked before the hold ends): three healthy GPUs are free.
+        for i in range(5, 9):
+            core.create_namespaced_pod(one_gpu, claim_pod(f"late-{i}", "one-gpu"))
+        rules = rig.rules()
+        assert devices_of(rules, "h-dra") == {target}
+        (rule,) = rules.values()
+        assert rule["spec"]["taint"] == {"key": names.UNHEALTHY_TAINT_KEY, "value": "xid-79", "effect": "NoExecute",
+                                         "timeAdded": rule["spec"]["taint"]["timeAdded"]}
+        # kube-controller-manager's device-taint eviction controller deletes the pod on it, and only that pod.
+        wait_until(lambda: pod_events(cluster, one_gpu, "DeviceTaintManagerEviction") == {"work-0"}, timeout=30,
+                   what="the eviction controller marking work-0", explain=rig.logs)
+        wait_until(lambda: "work-0" not in {p.metadata.name for p in core.list_namespaced_pod(one_gpu).items},
+                   what="work-0 deleted", timeout=30)
+        late = wait_until(lambda: when_count(
+            {p: d for p, d in held(cluster, one_gpu).items() if p.startswith("late")}, 3),
+            what="three late pods placed", timeout=60, explain=rig.logs)
+        assert target not in late.values() and devices_of(rig.rules(), "h-dra") == {target}, \
+            "the late pods were placed while the GPU was out, on other GPUs"
+        waiting = ({f"late-{i}" for i in range(5, 9)} - set(late)).pop()
+        running = {p.metadata.name for p in core.list_namespaced_pod(one_gpu).items}
+        assert running == {f"work-{i}" for i in range(1, 5)} | {f"late-{i}" for i in range(5, 9)}
+        assert "GPUQuarantined" in node_events(cluster, "h-dra")
+        # After the hold a validation pod claims exactly that GPU, passes, and the GPU returns: the waiting
+        # pod gets it.
+        wait_until(lambda: not rig.rules(), what="the rule removed after a passed validation", timeout=60,
+                   explain=rig.logs)
     finally:
         watch.stop()
-    # New claims get healthy devices only (asked before the hold ends): three healthy GPUs are free.
-    for i in range(5, 9):
-        core.create_namespaced_pod(one_gpu, claim_pod(f"late-{i}", "one-gpu"))
-    rules = rig.rules()
-    assert devices_of(rules, "h-dra") == {target}
-    (rule,) = rules.values()
-    assert rule["spec"]["taint"] == {"key": names.UNHEALTHY_TAINT_KEY, "value": "xid-79", "effect": "NoExecute",
-                                     "timeAdded": rule["spec"]["taint"]["timeAdded"]}
-    # kube-controller-manager's device-taint eviction controller deletes the pod on it, and only that pod.
-    wait_until(lambda: pod_events(cluster, one_gpu, "DeviceTaintManagerEviction") == {"work-0"}, timeout=30,
-               what="the eviction controller marking work-0", explain=rig.logs)
-    wait_until(lambda: "work-0" not in {p.metadata.name for p in core.list_namespaced_pod(one_gpu).items},
-               what="work-0 deleted", timeout=30)
-    late = wait_until(lambda: when_count({p: d for p, d in held(cluster, one_gpu).items() if p.startswith("late")}, 3),
-                      what="three late pods placed", timeout=60, explain=rig.logs)
-    assert target not in late.values()
-    waiting = ({f"late-{i}" for i in range(5, 9)} - set(late)).pop()
-    assert devices_of(rig.rules(), "h-dra") == {target}, "XIDs 43 and 94 quarantine nothing"
-    running = {p.metadata.name for p in core.list_namespaced_pod(one_gpu).items}
-    assert running == {f"work-{i}" for i in range(1, 5)} | {f"late-{i}" for i in range(5, 9)}
-    assert [q.gpu for q in rig.ledger().quarantines] == [gpus[index].uuid]
-    assert "GPUQuarantined" in node_events(cluster, "h-dra")
-    # After the hold a validation pod claims exactly that GPU, passes, and the GPU returns: the waiting pod gets it.
-    wait_until(lambda: not rig.rules(), what="the rule removed after a passed validation", timeout=60,
-               explain=rig.logs)
+    assert set(watch.seen) == {rule["metadata"]["name"]}, "XIDs 43 and 94 quarantined nothing, ever"
     assert wait_until(lambda: held(cluster, one_gpu).get(waiting), what="the waiting pod placed", timeout=60) == target
     (back,) = rig.ledger().returned
     assert (back.how, back.gpu) == ("validated", gpus[index].uuid)
-    assert pod_events(cluster, NAMESPACE, "DeviceTaintManagerEviction") == set(), "the validation pod tolerates NoExecute"
+    assert pod_events(cluster, NAMESPACE, "DeviceTaintManagerEviction") == set(), \
+        "the validation pod tolerates NoExecute"
     assert {"GPUValidationStarted", "GPUReturned"} <= set(node_events(cluster, "h-dra"))
 
 
