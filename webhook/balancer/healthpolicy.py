@@ -117,8 +117,8 @@ class HealthPolicy:
     interval: float = 5.0
     """Seconds between two passes (one Prometheus query per signal, one read of the ledger)."""
     step: float = 5.0
-    """Resolution, in seconds, of the subquery that finds when an XID series first appeared: an
-    XID shows up to one step late and its time is known to within a step."""
+    """Resolution, in seconds, of the subquery that dates an XID series' first sample: the time of an
+    XID is known to within a step (it is found at once all the same)."""
     hold: float = 1800.0
     """Seconds a device stays out before it may be validated (the first time)."""
     hold_growth: float = 2.0

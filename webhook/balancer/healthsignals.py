@@ -89,10 +89,15 @@ def _host_and_gpu(expression: str) -> str:
 
 
 def xid_query(lookback: float, step: float) -> str:
-    """Per node, GPU and XID that first appeared within ``lookback``: the first sample's time."""
+    """Per node, GPU and XID that first appeared within ``lookback``: the first sample's time.
+
+    The subquery's steps are aligned to multiples of ``step``, so a series scraped since the last
+    one has no point in it yet: ``or timestamp(...)`` finds it at once, with its latest sample's
+    time (a later pass reads the earlier, first one: an XID is never found late for the step).
+    """
     selector = f'{XID_METRIC}{{err_code!="0"}}'
     window, resolution = _seconds(lookback), _seconds(step)
-    first = _host_and_gpu(f"min_over_time(timestamp({selector})[{window}:{resolution}])")
+    first = _host_and_gpu(f"min_over_time(timestamp({selector})[{window}:{resolution}]) or timestamp({selector})")
     before = _host_and_gpu(f"{selector} offset {window}")
     return (f"min by ({GROUP}, err_code) ({first}) unless on ({GROUP}, err_code) "
             f"count by ({GROUP}, err_code) ({before})")
