@@ -5,7 +5,8 @@ The e2e control plane (Kubernetes v1.37.2 on 127.0.0.1), ``--nodes`` DRA nodes o
 series carries), a real Prometheus scraping the exporter page every ``--scrape``, and ``gpugate
 balance`` as its shipped ServiceAccount with a health policy (``--interval``, ``--step``; the
 shipped defaults are 5 s and 5 s). ``--injections`` XIDs, one GPU at a time on a GPU not yet
-quarantined, ``--gap`` seconds apart; for each, three moments:
+quarantined, ``--gap`` seconds plus a random share of a pass apart (so injections do not lock to
+the loop's phase: each lands anywhere in a pass); for each, three moments:
 
 - the exporter starts serving XID 79 for the GPU (the clock starts);
 - Prometheus first answers the series (polled every 50 ms: the scrape's share);
@@ -15,7 +16,7 @@ quarantined, ``--gap`` seconds apart; for each, three moments:
 Percentiles are nearest-rank over the injections (with 20, p99 is the slowest). Figures move with
 the machine's load: run it alone and say how loaded the machine was.
 
-    python benchmarks/health_quarantine.py [--nodes 3] [--injections 20] [--scrape 1s] [--interval 1] [--step 1]
+    python benchmarks/health_quarantine.py [--nodes 3] [--injections 20] [--scrape 1s] [--interval 5] [--step 5]
     python benchmarks/health_quarantine.py --nodes 1 --injections 2        # shortest
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import sys
 import tempfile
 import time
@@ -58,9 +60,11 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=3, help="DRA nodes of 8 GPUs")
     parser.add_argument("--injections", type=int, default=20, help="XIDs injected, each on a fresh GPU")
     parser.add_argument("--scrape", default="1s", help="Prometheus' scrape interval of the exporter")
-    parser.add_argument("--interval", type=float, default=1.0, help="health.interval of the balancer (s)")
-    parser.add_argument("--step", type=float, default=1.0, help="health.step of the balancer (s)")
-    parser.add_argument("--gap", type=float, default=2.0, help="seconds between two injections")
+    parser.add_argument("--interval", type=float, default=5.0, help="health.interval of the balancer (s)")
+    parser.add_argument("--step", type=float, default=5.0, help="health.step of the balancer (s)")
+    parser.add_argument("--gap", type=float, default=1.0,
+                        help="seconds between two injections, plus a uniform draw in [0, --interval)")
+    parser.add_argument("--seed", type=int, default=42, help="of the draws above")
     args = parser.parse_args()
     if args.injections > args.nodes * GPUS_PER_NODE:
         parser.error(f"--injections {args.injections} needs at least {math.ceil(args.injections / 8)} --nodes")
@@ -88,6 +92,7 @@ def main() -> int:
         print(f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs, scrape {args.scrape}, health.interval {args.interval:g} s, "
               f"health.step {args.step:g} s, {args.injections} injections {args.gap:g} s apart", flush=True)
         to_prometheus, to_rule = [], []
+        draws = random.Random(args.seed)
         for i in range(args.injections):
             node, gpu = hosts[i // GPUS_PER_NODE], i % GPUS_PER_NODE
             series = f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{node}",gpu="{gpu}",err_code="79"}}'
@@ -105,7 +110,7 @@ def main() -> int:
             to_prometheus.append((seen_series or watch.seen[name]) - start)
             print(f"  {node} gpu-{gpu}: in Prometheus after {to_prometheus[-1]:5.2f} s, "
                   f"DeviceTaintRule after {to_rule[-1]:5.2f} s", flush=True)
-            time.sleep(args.gap)
+            time.sleep(args.gap + draws.uniform(0, args.interval))
         print(summary("XID page -> Prometheus", to_prometheus))
         print(summary("XID page -> DeviceTaintRule", to_rule))
         print(summary("Prometheus -> DeviceTaintRule", [r - p for r, p in zip(to_rule, to_prometheus, strict=True)]))
