@@ -53,8 +53,6 @@ def test_the_shipped_example_holds_the_defaults() -> None:
      "health.rules[0] (x): row-remap-failure is a condition"),
     ({"rules": [{"name": "x", "signal": "xid"}, {"name": "x", "signal": "ecc-dbe"}]}, "two rules are named 'x'"),
     ({"rules": [{"name": "x", "signal": "xid", "no_execute_after": 5}]}, "no_execute_after needs effect: NoExecute"),
-    ({"eviction": {"api_first": True}, "rules": [{"name": "x", "signal": "xid", "effect": "NoExecute"}]},
-     "eviction.api_first needs no_execute_after > 0"),
     ({"hold": 100, "hold_max": 50}, "health.hold_max (50) must be >= health.hold (100)"),
     ({"validation": {"labels": {"team": "not a label value!"}}}, "health.validation.labels.team: 'not a label"),
     ({"node_taint_effect": "NoExecute"}, "health.node_taint_effect: 'NoExecute' is not one of"),

@@ -42,6 +42,8 @@ from webhook.localcluster import processes
 ROOT = Path(__file__).resolve().parents[2]
 COMPLETE_AFTER = "e2e.gpugate.io/complete-after"
 VALIDATION_IMAGE = "gpugate-e2e/dcgm-validate"
+GENTLE = 5.0
+"""Seconds an XID 64 quarantine stays NoSchedule, its pods evicted through the Eviction API, before NoExecute."""
 SCRAPE = "500ms"
 HOLD = 3.0
 """The hold, in seconds: a repeat holds 6 s, a failed validation after it 12 s. A validation pod
@@ -67,8 +69,10 @@ health:
   hold: {hold}
   hold_growth: 2
   rules:
-    - {{name: fatal-xid, signal: xid, xids: [48, 64, 74, 79, 95, 119, 120], window: 60, effect: {effect}}}
+    - {{name: fatal-xid, signal: xid, xids: [48, 74, 79, 95, 119, 120], window: 60, effect: {effect}}}
+    - {{name: remap-failed, signal: xid, xids: [64], window: 60, effect: NoExecute, no_execute_after: {GENTLE}}}
     - {{name: driver-taint, signal: driver-taint, effect: NoSchedule}}
+  eviction: {{api_first: true}}
   validation:
     image: {VALIDATION_IMAGE}
     command: [dcgmi, diag, -r, "1"]

@@ -211,13 +211,45 @@ def test_a_gpu_that_fails_again_holds_longer_and_a_failed_validation_extends_its
         assert (second.strikes, second.hold_until - second.since) == (2, pytest.approx(2 * HOLD))
         failed = wait_until(lambda: (q := quarantine()) is not None and q.failed_validations == 1 and q,
                             what="a failed validation", timeout=60, explain=rig.logs)
-        assert failed.hold_until > second.hold_until and "GPUValidationFailed" in node_events(cluster, "h-flap")
+        assert failed.hold_until > second.hold_until
+        wait_until(lambda: "GPUValidationFailed" in node_events(cluster, "h-flap"), what="its Event", timeout=10)
         assert devices_of(rig.rules(), "h-flap") == {"gpu-1"}
     finally:
         cluster.kubelet.lifecycle = PodLifecycle()
     wait_until(lambda: quarantine() is None, what="the return once a validation passes", timeout=90,
                explain=rig.logs)
     assert rig.ledger().last_return("h-flap", uuid).strikes == 2
+
+
+def test_the_eviction_api_first_honours_a_budget_until_noexecute_deletes_what_it_kept(
+        rig: HealthRig, replicas: list[Replica], cluster: Cluster, nodes: Nodes, one_gpu: str) -> None:
+    rig.dra_node(nodes, "h-evict", gpus=2)
+    core = cluster.core()
+    for name in ("kept", "free"):
+        pod = claim_pod(name, "one-gpu")
+        pod["metadata"]["labels"]["app"] = name
+        core.create_namespaced_pod(one_gpu, pod)
+    client.PolicyV1Api(cluster.api_client()).create_namespaced_pod_disruption_budget(one_gpu, {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "kept"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "kept"}}}})
+    placed = wait_until(lambda: when_count(held(cluster, one_gpu), 2), what="both pods placed", timeout=60,
+                        explain=rig.logs)
+    for name in ("kept", "free"):
+        rig.xid("h-evict", int(placed[name].removeprefix("gpu-")), 64)
+
+    def effects() -> set[str]:
+        return {r["spec"]["taint"]["effect"] for r in rig.rules().values()
+                if r["spec"]["deviceSelector"]["pool"] == "h-evict"}
+
+    wait_until(lambda: effects() == {"NoSchedule"}, what="both GPUs NoSchedule first", timeout=30, explain=rig.logs)
+    wait_until(lambda: [p.metadata.name for p in core.list_namespaced_pod(one_gpu).items] == ["kept"],
+               what="the pod without a budget evicted through the Eviction API", timeout=30, explain=rig.logs)
+    assert effects() == {"NoSchedule"}, "evicted before NoExecute"
+    assert pod_events(cluster, one_gpu, "DeviceTaintManagerEviction") == set()
+    wait_until(lambda: effects() == {"NoExecute"}, what="NoExecute after no_execute_after", timeout=30,
+               explain=rig.logs)
+    wait_until(lambda: pod_events(cluster, one_gpu, "DeviceTaintManagerEviction") == {"kept"}, timeout=30,
+               what="kube-controller-manager deleting the pod its budget kept", explain=rig.logs)
 
 
 def test_the_mig_devices_of_a_faulty_gpu_are_tainted_with_it_and_its_neighbours_stay_schedulable(

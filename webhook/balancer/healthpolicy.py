@@ -89,7 +89,8 @@ class Eviction:
 
     api_first: bool = False
     """Evict the device's pods through the Eviction API (PodDisruptionBudgets honoured) during the
-    rule's ``no_execute_after``; NoExecute then deletes whatever is left, budget or not."""
+    rule's ``no_execute_after``; NoExecute then deletes whatever is left, budget or not. A rule
+    without ``no_execute_after`` goes to NoExecute at once, so the Eviction API has no turn."""
 
 
 def _fatal_rule() -> Rule:
@@ -171,9 +172,6 @@ class HealthPolicy:
                                         "count and window apply to the xid and ecc-dbe signals only")
             if rule.no_execute_after and rule.effect != "NoExecute":
                 raise HealthPolicyError(f"{where}: no_execute_after needs effect: NoExecute")
-            if self.eviction.api_first and rule.effect == "NoExecute" and rule.no_execute_after <= 0:
-                raise HealthPolicyError(f"{where}: eviction.api_first needs no_execute_after > 0 (the seconds the "
-                                        "Eviction API has before NoExecute deletes what is left)")
         if self.hold_max < self.hold:
             raise HealthPolicyError(f"health.hold_max ({self.hold_max:g}) must be >= health.hold ({self.hold:g})")
         if self.validation.timeout <= 0 or self.interval <= 0 or self.step <= 0:
