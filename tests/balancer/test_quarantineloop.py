@@ -287,3 +287,13 @@ def test_the_labeller_takes_held_back_gpus_off_gpu_free_and_gives_them_back(rig:
     labeller.hold_back({})
     labeller.reconcile(full=False)
     assert labeller.schedule.wanted[PLUGIN_NODE].free == "8"
+
+
+def test_an_event_the_api_server_refused_is_sent_at_the_next_pass(rig: Rig) -> None:
+    rig.prometheus.xid(GPUS[3], 79, T0 - 2)
+    rig.fake.fail_next("POST", r"/api/v1/namespaces/default/events", 503)
+    loop = rig.loop()
+    loop.once()
+    assert rig.ledger().quarantines and rig.fake.list("v1", "Event", "default") == []
+    loop.once()
+    assert [e["reason"] for e in rig.fake.list("v1", "Event", "default")] == ["GPUQuarantined"]

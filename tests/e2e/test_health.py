@@ -212,7 +212,8 @@ def test_a_gpu_that_fails_again_holds_longer_and_a_failed_validation_extends_its
         failed = wait_until(lambda: (q := quarantine()) is not None and q.failed_validations == 1 and q,
                             what="a failed validation", timeout=60, explain=rig.logs)
         assert failed.hold_until > second.hold_until
-        wait_until(lambda: "GPUValidationFailed" in node_events(cluster, "h-flap"), what="its Event", timeout=10)
+        wait_until(lambda: "GPUValidationFailed" in node_events(cluster, "h-flap"), what="its Event", timeout=10,
+                   explain=lambda: f"{node_events(cluster, 'h-flap')}\n{rig.logs()}")
         assert devices_of(rig.rules(), "h-flap") == {"gpu-1"}
     finally:
         cluster.kubelet.lifecycle = PodLifecycle()

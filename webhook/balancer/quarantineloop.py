@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import urllib3.exceptions
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
@@ -45,6 +46,7 @@ from webhook.kube.nodedevices import NodeDevices
 
 log = logging.getLogger("gpugate.balancer.health")
 
+OUTBOX_LIMIT = 1000
 EVENT_REASONS = {"quarantined": ("GPUQuarantined", True), "relapsed": ("GPUFaultWhileQuarantined", True),
                  "escalated": ("GPUQuarantineEscalated", True), "validating": ("GPUValidationStarted", False),
                  "validation-failed": ("GPUValidationFailed", True), "blocked": ("GPUValidationBlocked", True),
@@ -92,6 +94,8 @@ class QuarantineLoop:
         self._dry_ledger = Ledger()
         self._signals_down = False
         self._rules_missing = False
+        self._outbox: list[tuple[str, str, str, bool, float]] = []
+        """Events decided but not sent yet (see :meth:`_send_events`)."""
 
     def run(self, stop: threading.Event) -> None:
         """A pass every ``policy.interval`` seconds; never raises (errors are counted and retried)."""
@@ -112,6 +116,8 @@ class QuarantineLoop:
         if not self._dry_run and not self._may_write():
             return None
         now = self._clock()
+        if not self._dry_run:
+            self._send_events()
         view = View.of(self.labeller)
         observed_faults, signals_ok = self._faults(view)
         if self._dry_run:
@@ -185,7 +191,30 @@ class QuarantineLoop:
                     "health: %s", action.kind, extra={"fields": fields})
             reason = EVENT_REASONS.get(action.kind)
             if reason is not None:
-                self._write("event", self.api.event, action.node, reason[0], message, warning=reason[1], now=now)
+                self._outbox.append((action.node, reason[0], message, reason[1], now))
+        self._send_events()
+
+    def _send_events(self) -> None:
+        """The Events not sent yet, oldest first. Kept across passes: a pass cut short after its ledger
+        was stored (the lease lost for a moment, an API error) still reports what it decided."""
+        del self._outbox[:-OUTBOX_LIMIT]  # an API that refuses for hours must not grow it without end
+        while self._outbox:
+            node, reason, message, warning, at = self._outbox[0]
+            try:
+                self.api.event(node, reason, message, warning=warning, now=at)
+            except ApiException as err:
+                self.metrics.writes.labels("event", "error").inc()
+                self._on_error("health.event", err)
+                log.warning("health Event not written", extra={"fields": {"node": node, "reason": reason,
+                                                                           "error": kubeclient.failure(err)}})
+                if err.status in (429, 500, 502, 503, 504):
+                    return  # the next pass tries again
+            except (OSError, urllib3.exceptions.HTTPError) as err:
+                self._on_error("health.event", err)
+                return
+            else:
+                self.metrics.writes.labels("event", "ok").inc()
+            self._outbox.pop(0)
 
     def _write(self, what: str, call: Callable[..., object], *args: object, **kwargs: object) -> bool:
         """One write: counted, and an error logged and counted, never raised (the next pass repeats it)."""
