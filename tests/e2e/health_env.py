@@ -45,9 +45,9 @@ VALIDATION_IMAGE = "gpugate-e2e/dcgm-validate"
 GENTLE = 5.0
 """Seconds an XID 64 quarantine stays NoSchedule, its pods evicted through the Eviction API, before NoExecute."""
 SCRAPE = "500ms"
-HOLD = 3.0
-"""The hold, in seconds: a repeat holds 6 s, a failed validation after it 12 s. A validation pod
-runs 3 s (so a GPU is out at least 6 s: time for a test to see what a quarantine does)."""
+HOLD, GROWTH = 3.0, 1.5
+"""The hold, in seconds, and its growth: a repeat holds 4.5 s, a failed validation after it 6.75 s. A
+validation pod runs 3 s (so a GPU is out at least 6 s: time for a test to see what a quarantine does)."""
 
 
 def config(*, hold: float = HOLD, dry_run: bool = False, interval: float = 0.5, step: float = 1.0,
@@ -67,7 +67,7 @@ health:
   interval: {interval}
   step: {step}
   hold: {hold}
-  hold_growth: 2
+  hold_growth: {GROWTH}
   rules:
     - {{name: fatal-xid, signal: xid, xids: [48, 74, 79, 95, 119, 120], window: 60, effect: {effect}}}
     - {{name: remap-failed, signal: xid, xids: [64], window: 60, effect: NoExecute, no_execute_after: {GENTLE}}}

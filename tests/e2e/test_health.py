@@ -12,7 +12,7 @@ policy in seconds (tests/e2e/health_env.py). What each test shows:
   application (43) and non-fatal (94) XIDs on two other GPUs quarantine nothing; new claims get
   only healthy devices; after the hold a validation pod claims exactly that GPU, succeeds, and
   the rule goes (a claim waiting for a GPU then gets it);
-- flapping: the same GPU failing again holds twice as long, and a failed validation holds it longer;
+- flapping: the same GPU failing again holds longer (by `hold_growth`), and so does a failed validation;
 - a MIG-partitioned GPU's MIG devices are tainted with it, its neighbour's are not;
 - the device-plugin fallback: the node gets ``gpugate.io/gpu-unhealthy`` and ``gpu-free`` drops by one;
 - the standby replica never acts; with Prometheus down, nothing returns.
@@ -32,7 +32,7 @@ from kubernetes import client
 from tests.e2e import dra_slices
 from tests.e2e.balancer_access import NAMESPACE, rbac_applied
 from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.health_env import HOLD, VALIDATION_IMAGE, HealthRig, Replica, RuleWatch, config, health_rig
+from tests.e2e.health_env import GROWTH, HOLD, VALIDATION_IMAGE, HealthRig, Replica, RuleWatch, config, health_rig
 from tests.e2e.test_dra_allocation import claim_pod, claims_of
 from tests.e2e.waiting import wait_until
 from webhook import names
@@ -208,7 +208,7 @@ def test_a_gpu_that_fails_again_holds_longer_and_a_failed_validation_extends_its
     try:
         rig.xid("h-flap", 1, 79)  # a new XID, after the return: a second strike
         second = wait_until(quarantine, what="the second quarantine", timeout=30, explain=rig.logs)
-        assert (second.strikes, second.hold_until - second.since) == (2, pytest.approx(2 * HOLD))
+        assert (second.strikes, second.hold_until - second.since) == (2, pytest.approx(GROWTH * HOLD))
         failed = wait_until(lambda: (q := quarantine()) is not None and q.failed_validations == 1 and q,
                             what="a failed validation", timeout=60, explain=rig.logs)
         assert failed.hold_until > second.hold_until
