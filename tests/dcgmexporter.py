@@ -43,7 +43,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 GR_ENGINE_ACTIVE = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.")
 GPU_UTIL = ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).")
 XID_ERRORS = ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
-XID_MESSAGES = {0: "No Error", 43: "GPU stopped processing", 79: "GPU has fallen off the bus"}
+DBE_VOLATILE = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.")
+ROW_REMAP_FAILURE = ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed")
+XID_MESSAGES = {0: "No Error", 13: "Graphics Engine Exception", 43: "GPU stopped processing",
+                48: "Double Bit ECC Error", 64: "ECC page retirement or row remapper recording failure",
+                74: "NVLINK Error", 79: "GPU has fallen off the bus", 94: "Contained ECC error",
+                95: "Uncontained ECC error", 119: "GSP RPC Timeout", 120: "GSP Error"}
 """``xidErrCodeToText`` (``internal/pkg/collector/xid_errors.go``) for the codes tests use."""
 DRIVER_VERSION = "580.95.05"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -77,7 +82,7 @@ class Device:
     def uuid(self) -> str:
         """A stable UUID per host and GPU index, shaped like NVML's ``GPU-<8-4-4-4-12 hex>``."""
         digest = hashlib.sha256(f"{self.host}/{self.gpu}".encode()).hexdigest()
-        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:]}"
+        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
     @property
     def pci_bus_id(self) -> str:
@@ -95,6 +100,10 @@ class Reading:
     """None: ``active`` in percent for a whole GPU; never written for a MIG instance."""
     xid: int | None = None
     """``DCGM_FI_DEV_XID_ERRORS``: the last XID code (0: none); None: the field is not exported."""
+    dbe: int | None = None
+    """``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`` (off in the exporter's default counters); None: not exported."""
+    row_remap_failure: int | None = None
+    """``DCGM_FI_DEV_ROW_REMAP_FAILURE``: 1 once remapping failed; None: not exported."""
 
     @property
     def util_text(self) -> str | None:
@@ -139,7 +148,10 @@ def render(readings: Iterable[Reading]) -> str:
             (GPU_UTIL, [(_labels(r.device), r.util_text) for r in readings if r.util_text is not None]),
             (GR_ENGINE_ACTIVE, [(_labels(r.device), f"{r.active:f}") for r in readings if r.active is not None]),
             (XID_ERRORS, [(_labels(r.device, _xid_attributes(r.xid)), str(r.xid)) for r in readings
-                          if r.xid is not None])):
+                          if r.xid is not None]),
+            (DBE_VOLATILE, [(_labels(r.device), str(r.dbe)) for r in readings if r.dbe is not None]),
+            (ROW_REMAP_FAILURE, [(_labels(r.device), str(r.row_remap_failure)) for r in readings
+                                 if r.row_remap_failure is not None])):
         if not lines:
             continue
         out.append(f"# HELP {name} {help_text}")

@@ -94,3 +94,13 @@ RIGHTSIZED_TEMPLATE_PREFIX = "gpugate-rightsized-"
 DRA_SHARE_SELECTOR = "device.allowMultipleAllocations == true"
 """A device that can be shared by capacity (the driver's ConsumableShares)."""
 
+
+# Health quarantine (webhook/balancer/quarantine*.py, docs/health.md).
+UNHEALTHY_TAINT_KEY = "gpugate.io/gpu-unhealthy"
+"""On a quarantined device (DeviceTaintRule) or, under the device plugin, on its node."""
+HEALTH_LEDGER = "gpugate-health"
+"""The ConfigMap in the balancer's namespace holding every quarantine, its history and operator releases."""
+DRA_XID_TAINT_KEY = "gpu.nvidia.com/xid"
+"""NVIDIA's DRA driver taints a device with this key, the XID as value (``device_health.go``)."""
+DRA_GPU_LOST_TAINT_KEY = "gpu.nvidia.com/gpu-lost"
+"""...and with this one when NVML loses the GPU."""

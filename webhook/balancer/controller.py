@@ -28,7 +28,7 @@ from typing import Any
 from kubernetes import client
 
 from webhook import kubeclient
-from webhook.balancer import drawatch, placementfeed, templatekeeper, utilization
+from webhook.balancer import drawatch, placementfeed, quarantineloop, templatekeeper, utilization
 from webhook.balancer.backoff import Backoff
 from webhook.balancer.cluster import Informer, NodeWriter
 from webhook.balancer.extendercache import ExtenderCache
@@ -114,6 +114,10 @@ class Balancer:
                                          on_change=self._leader_changed, on_error=self._api_error)
         self._prometheus = PrometheusClient(settings.prometheus.url, window=settings.prometheus.window,
                                             timeout=settings.prometheus.timeout) if settings.prometheus.url else None
+        # GPU health quarantine (docs/health.md): a loop of the leader's, off unless health.enabled.
+        self.quarantine = quarantineloop.build(
+            settings, self._api(), self.labeller, registry=self.metrics.registry, may_write=self.writes,
+            synced=lambda: self.synced, on_error=self._api_error) if settings.health.enabled else None
 
     def _api(self) -> client.ApiClient:
         made = self._client_factory()
@@ -345,6 +349,8 @@ class Balancer:
         if self._prometheus is not None:
             threads.append(threading.Thread(target=self._poll_prometheus, args=(stop,), name="prometheus",
                                             daemon=True))
+        if self.quarantine is not None:
+            threads.append(threading.Thread(target=self.quarantine.run, args=(stop,), name="health", daemon=True))
         for thread in threads:
             thread.start()
         return lease_thread

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from webhook.balancer import healthschema
+from webhook.balancer.healthpolicy import HealthPolicy, HealthPolicyError
 from webhook.errors import GpugateError
 from webhook.placement.shapes import MixError, ShapeMix, parse_mix
 from webhook.placement.tiers import ThresholdError, TierThresholds
@@ -121,6 +123,8 @@ class BalancerSettings:
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     inventory: InventorySettings = field(default_factory=InventorySettings)
     extender: ExtenderServing = field(default_factory=ExtenderServing)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    """GPU health quarantine (docs/health.md): off unless ``health.enabled``."""
     server: str | None = None
     """API server URL; unset means in-cluster service account, else kubeconfig."""
     dry_run: bool = False
@@ -208,7 +212,7 @@ class BalancerSettings:
     def from_dict(cls, data: Any, *, source: str = "configuration") -> BalancerSettings:
         try:
             return _build(cls, data, source, "")
-        except ThresholdError as err:
+        except (ThresholdError, HealthPolicyError) as err:
             raise SettingsError(f"{source}: {err}") from err
         except SettingsError as err:
             if str(err).startswith(source):
@@ -278,6 +282,9 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
         sections: dict[str, type] = {"TierThresholds": TierThresholds, "PrometheusSettings": PrometheusSettings,
                                      "LeaseSettings": LeaseSettings, "InventorySettings": InventorySettings,
                                      "ExtenderServing": ExtenderServing}
+        if kind == "HealthPolicy":
+            values[key] = healthschema.parse(value, where=where)
+            continue
         if kind in sections:
             section = sections[kind]
             values[key] = _build(section, value if value is not None else {}, source, f"{where}.")

@@ -67,6 +67,9 @@ class NodeInfo:
     cpu_milli: int = 0
     memory_bytes: int = 0
     """Allocatable cpu and memory: the scheduler extender's fragmentation measure weighs them."""
+    unhealthy_gpus: int = 0
+    """``nvidia.com/gpu`` in capacity but not allocatable: devices the device plugin reports unhealthy
+    (the kubelet's device manager keeps them in capacity and leaves them out of allocatable)."""
 
     @property
     def is_gpu_node(self) -> bool:
@@ -119,6 +122,8 @@ def node_info(node: Obj) -> NodeInfo:
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
         cpu_milli=_amount(_cpu, allocatable.get("cpu")),
         memory_bytes=_amount(_memory, allocatable.get("memory")),
+        unhealthy_gpus=max((_count(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE, "0")) or 0)
+                           - dict(nvidia).get(GPU_RESOURCE, 0), 0),
     )
 
 
