@@ -118,8 +118,13 @@ class TestLadder:
         pinned = load(policy("pinned", LADDER.replace("gpu: {max: 2}", "gpu: {max: 2, families: [hopper]}")))
         template = made(Ask(memory_bytes=20 * GIB), pinned.policies[0].rightsizing,
                         selectors=dra.required_selectors(pinned.policies[0])).template
-        verdict = dra.validate_claim(template, namespace="ml-a", policies=pinned)
+        _, stored = shaped(asking("20Gi"), pinned)
+        naming = dra.ClaimContext(naming=((stored, {}),))
+        verdict = dra.validate_claim(template, namespace="ml-a", policies=pinned, context=naming)
         assert verdict.allowed, verdict.reasons
+        # Without a pod that names it and recomputes to it, the balancer's create is refused.
+        alone = dra.validate_claim(template, namespace="ml-a", policies=pinned)
+        assert not alone.allowed and "no pod that names it recomputes to exactly it" in alone.message
         # Through the API the webhook shapes the template too: only its policy annotation is added.
         patch = dra.mutate_claim(template, namespace="ml-a", policies=pinned).patch
         assert patch and all(op["path"].startswith("/metadata") for op in patch), patch

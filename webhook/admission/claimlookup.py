@@ -37,6 +37,11 @@ class ClaimLookup:
     def __init__(self, api: Any) -> None:
         self._api = api
 
+    @property
+    def api(self) -> Any:
+        """The ApiClient, shared with the other reads of the same account (pods, DeviceClasses)."""
+        return self._api
+
     @classmethod
     def from_environment(cls) -> ClaimLookup:
         """In-cluster service account, else KUBECONFIG (``kubeclient.api_client``)."""
