@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 try:
-    import requests  # noqa: F401
+    import requests
 except ImportError:
     sys.exit("benchmarks/fuzz_admission.py needs the test extra: pip install -e '.[test]'")
 

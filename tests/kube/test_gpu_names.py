@@ -47,8 +47,9 @@ def test_a_gpu_name_is_counted_in_its_classs_gpu_units(resource: str, share: Fra
     assert (name.share, name.device_class, name.known) == (share, device_class, known)
 
 
-@pytest.mark.parametrize("resource", ["cpu", "memory", "example.com/nic", "deviceclass.resource.kubernetes.io/nic.example.com",
-                                      "nvidia.com/cx7_sriov_rdma", "hugepages-2Mi", "example.com/unmapped"])
+@pytest.mark.parametrize("resource", ["cpu", "memory", "example.com/nic", "nvidia.com/cx7_sriov_rdma",
+                                      "deviceclass.resource.kubernetes.io/nic.example.com", "hugepages-2Mi",
+                                      "example.com/unmapped"])
 def test_other_resources_are_no_gpu_ask(resource: str) -> None:
     assert NAMES.of(resource) is None
 
@@ -108,7 +109,8 @@ def test_one_request_per_container_and_resource_named_by_index_and_sorted_key() 
 
 def test_plain_init_containers_reuse_the_long_lived_requests_and_the_largest_remainder_counts() -> None:
     p = scheduler_pod(container("a", limits={"nvidia.com/gpu": "1"}),
-                      init=[container("i0", limits={"nvidia.com/gpu": "4"}), container("i1", limits={"nvidia.com/gpu": "2"})])
+                      init=[container("i0", limits={"nvidia.com/gpu": "4"}),
+                            container("i1", limits={"nvidia.com/gpu": "2"})])
     assert requests(claimowners.scheduler_requests(p, frozenset({"nvidia.com/gpu"}))) == [
         ("container-0-request-0", 3), ("container-2-request-0", 1)]
 

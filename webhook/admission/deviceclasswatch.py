@@ -41,7 +41,7 @@ class DeviceClassWatch:
     """``current()`` is the classes last read; a daemon thread keeps them current."""
 
     def __init__(self, api: Any) -> None:
-        self._api = client.ResourceV1Api(api)
+        self._api: Any = client.ResourceV1Api(api)  # raw answers (_preload_content=False), not models
         self._current = units.ASSUMED
         self.synced = threading.Event()
         """Set once a list answered (or the API said it serves no DeviceClasses)."""

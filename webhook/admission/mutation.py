@@ -19,8 +19,8 @@ from webhook.admission.preferences import add_placement_preferences, add_topolog
 from webhook.admission.requeststeps import inject_gpu_requests, right_size
 from webhook.admission.results import Mutation
 from webhook.admission.schedulingsteps import add_required_node_affinity, add_tolerations, set_scheduling_fields
-from webhook.kube import pods, resources, units
 from webhook.kube import demand as kube_demand
+from webhook.kube import pods, resources, units
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef

@@ -16,6 +16,7 @@ is not admitted.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import orjson
@@ -38,7 +39,7 @@ class PodLookup:
     """GET and LIST of ``v1`` pods through one ApiClient."""
 
     def __init__(self, api: Any) -> None:
-        self._core = client.CoreV1Api(api)
+        self._core: Any = client.CoreV1Api(api)  # raw answers (_preload_content=False), not models
 
     def get(self, namespace: str, name: str) -> pods.Pod | None:
         """The pod's JSON, or None when it does not exist; ClusterAPIError when it cannot be read."""
@@ -61,8 +62,8 @@ class PodLookup:
                                       "_request_timeout": TIMEOUT_SECONDS}
             if token:
                 kwargs["_continue"] = token
-            response = kubeclient.call(lambda kwargs=kwargs: self._core.list_namespaced_pod(namespace, **kwargs),
-                                       f"list pods in {namespace}")
+            response: Any = kubeclient.call(partial(self._core.list_namespaced_pod, namespace, **kwargs),
+                                            f"list pods in {namespace}")
             page = orjson.loads(response.data)
             for pod in page.get("items") or ():
                 if isinstance(pod, dict) and _live(pod) and any(r.key == key for r in kube_demand.claim_refs(pod)):

@@ -14,8 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from webhook.admission.inventoryfile import InventoryFile
 from webhook import names
+from webhook.admission.inventoryfile import InventoryFile
 from webhook.admission.results import Mutation, Verdict
 from webhook.errors import ClusterAPIError
 from webhook.kube import claims, units

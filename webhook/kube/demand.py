@@ -382,7 +382,7 @@ class ContainerAsk:
         return f"{self.kind} '{self.container}' {self.resource}: {self.count}{unit}"
 
 
-def gpu_asks(pod: pods.Pod, gpus: units.GpuNames = units.GpuNames()) -> tuple[ContainerAsk, ...]:
+def gpu_asks(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> tuple[ContainerAsk, ...]:
     """Every GPU resource each container (init containers first) names in requests or limits:
     the device plugin's names and the DRA extended-resource names ``gpus`` counts as GPUs."""
     out = []
@@ -395,7 +395,7 @@ def gpu_asks(pod: pods.Pod, gpus: units.GpuNames = units.GpuNames()) -> tuple[Co
     return tuple(out)
 
 
-def gpu_units(pod: pods.Pod, gpus: units.GpuNames = units.GpuNames()) -> Fraction:
+def gpu_units(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> Fraction:
     """GPU units the pod holds through its own resources, by Kubernetes' rule (``pods.effective_requests``)
     over the sum of every GPU name per container: sidecars add, a plain init container's peak counts."""
 
@@ -409,7 +409,7 @@ def gpu_units(pod: pods.Pod, gpus: units.GpuNames = units.GpuNames()) -> Fractio
     return Fraction(found.get("gpu", 0))
 
 
-def gpu_resource_names(pod: pods.Pod, gpus: units.GpuNames = units.GpuNames()) -> frozenset[str]:
+def gpu_resource_names(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> frozenset[str]:
     """The GPU resource names any container of the pod names, every form (:func:`gpu_asks`'s names,
     read without their counts, for mutation's steps)."""
     found: set[str] = set()

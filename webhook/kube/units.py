@@ -344,6 +344,10 @@ class GpuNames:
         return GpuName(resource, widest.share, widest.name)
 
 
+NVIDIA_NAMES = GpuNames()
+"""The GPU names before any class is read: the device plugin's and the NVIDIA chart's classes'."""
+
+
 def gpu_names(classes: DeviceClasses = ASSUMED, listed: frozenset[str] = frozenset()) -> GpuNames:
     """The GPU names for ``classes``: governed are the NVIDIA chart's classes, those ``listed`` (a
     policy's ``claims.deviceClasses``) and every known class that can select NVIDIA GPUs."""
