@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.kube import claims, pods, units
+from webhook.kube import claims, demand, pods, units
 from webhook.kube.claims import ClaimRequest, PodClaimRef
 from webhook.kube.quantity import whole_count
 
@@ -65,7 +65,7 @@ def generated_for(document: Mapping[str, Any], pod: Mapping[str, Any] | None) ->
     if not isinstance(entry, str) or not is_owner(document, pod):
         return None
     assert pod is not None
-    return next((r for r in claims.pod_claim_refs(pod) if r.name == entry and r.template_name), None)
+    return next((r for r in demand.claim_refs(dict(pod)) if r.name == entry and r.template_name), None)
 
 
 def made_by_scheduler_for(document: Mapping[str, Any], pod: Mapping[str, Any] | None,
