@@ -256,16 +256,19 @@ def noise(rng: random.Random, doc: Review) -> None:
         return
     choice = rng.randrange(4)
     if choice == 0:
-        meta.setdefault("annotations", {})["note"] = rng.choice(NOISE) if isinstance(meta.get(
-            "annotations", {}), dict) else None
+        annotations = meta.setdefault("annotations", {})
+        if isinstance(annotations, dict):
+            annotations["note"] = rng.choice(NOISE)
     elif choice == 1:
         nested: Any = "x"
         for _ in range(rng.randrange(10, 200)):
             nested = {"n": nested}
-        obj.setdefault("spec", {})["x-unknown"] = nested if isinstance(obj.get("spec"), dict) else None
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            spec["x-unknown"] = nested
     elif choice == 2:
         for _, c in _containers(obj):
-            c["env"] = [{"name": "PAGE", "value": rng.choice(NOISE)}]
+            c["env"] = [{"name": "PAGE", "value": rng.choice(NOISE)}]  # a dict: _containers keeps no other
     else:
         meta["namespace"] = rng.choice(ML + WEB)  # the object's namespace is not the request's
 
