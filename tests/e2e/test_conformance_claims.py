@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.e2e import dra_slices
 from tests.e2e.cluster import Cluster
 from tests.e2e.conformance_env import (
     WEB_DENIAL,
@@ -44,6 +45,7 @@ UNREADABLE = "which gpugate could not read (it does not exist yet, or reading it
 
 @pytest.fixture(scope="module")
 def env(local: Cluster, workdir: Path) -> Iterator[Shipped]:
+    dra_slices.install_device_classes(local.api_client())  # the chart's: gpu.nvidia.com serves nvidia.com/gpu
     with shipped(local, workdir, "claims") as found:
         yield found
     assert not found.errors(), found.errors()[:3]
@@ -111,19 +113,26 @@ def scheduler_shaped(name: str, owner: Obj, count: int) -> Obj:
 def test_a_claim_in_the_schedulers_shape_with_a_forged_owner_is_judged_as_a_users_claim(
         env: Shipped, namespaces: Namespaces) -> None:
     """The issue's attack: owner references are not authenticated. A live pod that asks no such
-    devices, or one of another UID, does not make a claim the scheduler's."""
+    devices, or the right pod under another UID, does not make a claim the scheduler's."""
     web = namespaces.make("web-shop")
     cpu = env.core.create_namespaced_pod(web, pod("cpu", container("app")))
     message = refused(lambda: env.resource.create_namespaced_resource_claim(web, scheduler_shaped("x", cpu, 8)))
     assert WEB_DENIAL in message
     ml = namespaces.make("ml-team")
-    two = env.core.create_namespaced_pod(ml, pod("two", container("main", {"nvidia.com/gpu": "2"})))
-    more = refused(lambda: env.resource.create_namespaced_resource_claim(ml, scheduler_shaped("y", two, 8)))
-    assert "asks 8 gpu.nvidia.com devices; policy default-gpu@" in more
-    other_uid = scheduler_shaped("z", two, 2)
+    six = env.core.create_namespaced_pod(ml, pod("six", container("main", {"nvidia.com/gpu": "6"}),
+                                                 labels={"gpugate.io/profile": "training"}))
+    # Exactly what kube-scheduler would write for this pod: its own, judged with it (training allows 8).
+    env.resource.create_namespaced_resource_claim(ml, scheduler_shaped("mine", six, 6), dry_run="All")
+    # The same under another UID: a user's claim with no labels, which default-gpu (max 4) refuses.
+    other_uid = scheduler_shaped("not-mine", six, 6)
     other_uid["metadata"]["ownerReferences"][0]["uid"] = str(uuid.uuid4())
-    other_uid["metadata"]["ownerReferences"][0]["name"] = "cpu"
-    env.resource.create_namespaced_resource_claim(ml, other_uid)  # judged as a user claim: 2 is within max
+    more = refused(lambda: env.resource.create_namespaced_resource_claim(ml, other_uid))
+    assert "asks 6 gpu.nvidia.com devices; policy default-gpu@" in more
+    # A request the pod does not make: a user's claim too (within default-gpu's 4, so stored) ...
+    misnamed = scheduler_shaped("z", six, 2)
+    misnamed["spec"]["devices"]["requests"][0]["name"] = "container-0-request-5"
+    env.resource.create_namespaced_resource_claim(ml, misnamed)
+    # ... which no pod may name: only the pod kube-scheduler makes such a claim for may use it.
     borrower = claim_pod("borrower", ("g", "claim", "z"))
     assert "which only the pod kube-scheduler made it for may use" in refused(
         lambda: env.core.create_namespaced_pod(ml, borrower))
@@ -170,7 +179,8 @@ def test_a_right_sized_template_only_gpugate_computed_is_admitted(env: Shipped, 
 
 
 def test_allocation_mode_all_and_admin_access_are_refused(env: Shipped, namespaces: Namespaces) -> None:
-    ml = namespaces.make("ml-team")
+    # The API server itself refuses adminAccess outside a namespace labelled for it: gpugate judges it there.
+    ml = namespaces.make("ml-team", labels={"resource.kubernetes.io/admin-access": "true"})
     every = resource_claim("every", {"name": "all", "exactly": {"deviceClassName": "gpu.nvidia.com",
                                                                 "allocationMode": "All"}})
     assert "allocationMode: All" in refused(lambda: env.resource.create_namespaced_resource_claim(ml, every))
