@@ -87,8 +87,13 @@ def recomputes_to(pod: pods.Pod, policy: GPUPolicy | None, template: Claim) -> b
 
 def _comparable(template: Claim) -> Claim:
     """A template as the API server hands it to admission, reduced to what right-sizing writes
-    (apiVersion, kind, name, labels, spec): the API server adds metadata (namespace, uid, times)."""
+    (apiVersion, kind, name, labels, spec): the API server adds metadata (namespace, uid, times),
+    and writes the claims' own ``spec.metadata`` as ``{}`` when there is none (Go's encoding of an
+    empty ObjectMeta); one that is not empty is kept, so it does not match."""
     meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
     out_meta = {"name": meta.get("name"), "labels": meta.get("labels") or {}}  # type: ignore[union-attr]
+    spec = dict(template["spec"]) if isinstance(template.get("spec"), dict) else template.get("spec")
+    if isinstance(spec, dict) and spec.get("metadata") in ({}, None):
+        spec.pop("metadata", None)
     return {"apiVersion": template.get("apiVersion"), "kind": template.get("kind"), "metadata": out_meta,
-            "spec": template.get("spec")}
+            "spec": spec}
