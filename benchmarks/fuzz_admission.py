@@ -13,40 +13,39 @@ Needs the test extra (``pip install -e '.[test]'``: requests).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-try:
-    import requests
-except ImportError:
-    sys.exit("benchmarks/fuzz_admission.py needs the test extra: pip install -e '.[test]'")
+def fuzz(reviews: int, seed: int) -> Any:
+    """Start the server in a fresh folder, send the reviews, stop it; the fuzz's report."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.admission import enforcefuzz
+    from tests.admission.harness import Server, copy_policies
 
-from tests.admission import enforcefuzz  # noqa: E402
-from tests.admission.harness import Server, copy_policies  # noqa: E402
+    with tempfile.TemporaryDirectory(prefix="gpugate-fuzz-") as tmp:
+        server = Server(Path(tmp), policies=copy_policies(Path(tmp) / "policies"), extra=["--fail-closed"]).start()
+        try:
+            return enforcefuzz.Fuzz(lambda endpoint, body: server.session.post(
+                f"{server.url}/{endpoint}", data=body, headers={"Content-Type": "application/json"}, timeout=30),
+                seed=seed).run(reviews)
+        finally:
+            server.stop()
 
 
 def main() -> None:
+    if importlib.util.find_spec("requests") is None:
+        sys.exit("benchmarks/fuzz_admission.py needs the test extra: pip install -e '.[test]'")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reviews", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, default=Path("wrong-allows.json"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="gpugate-fuzz-") as tmp:
-        root = Path(tmp)
-        server = Server(root, policies=copy_policies(root / "policies"), extra=["--fail-closed"]).start()
-        try:
-            def post(endpoint: str, body: bytes) -> requests.Response:
-                return server.session.post(f"{server.url}/{endpoint}", data=body,
-                                           headers={"Content-Type": "application/json"}, timeout=30)
-
-            report = enforcefuzz.Fuzz(post, seed=args.seed).run(args.reviews)
-        finally:
-            server.stop()
+    report = fuzz(args.reviews, args.seed)
     print(f"fuzz_admission --reviews {args.reviews} --seed {args.seed}: {report.summary()}")
     if report.wrong_allows or report.malformed:
         args.out.write_text(json.dumps({"wrong_allows": report.wrong_allows[:20], "malformed": report.malformed[:20]},

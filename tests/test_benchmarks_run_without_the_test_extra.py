@@ -50,6 +50,7 @@ SHORTEST: dict[str, Shortest | str] = {
     "dra_counting.py": Shortest(("--quick",), "ratio:"),
     "chaos.py": Shortest(("--minutes", "0.05", "--clients", "2"), "alive at the end: True"),
     "extender_latency.py": Shortest(("--nodes", "20", "--pods", "60"), "p99"),
+    "fuzz_admission.py": Shortest(("--reviews", "40", "--seed", "3"), "wrong allows: 0"),
     "mutate_core.py": Shortest(("--seconds", "0.3", "--before", "HEAD"), "x floor"),
     "placement_table.py": "run and table, test_placement_table_runs_and_tabulates",
     "replay_speed.py": Shortest(("--arms", "random", "--no-fidelity"), "s/run", trace=True, timeout=300),
@@ -66,7 +67,8 @@ SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Short
 BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _pytest=None); " \
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
 # These drive tests/ harnesses: developers' tools, run with the test extra.
-NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "replay_vs_scheduler.py"}
+NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "fuzz_admission.py",
+                        "replay_vs_scheduler.py"}
 
 
 def test_every_benchmark_has_a_shortest_mode() -> None:

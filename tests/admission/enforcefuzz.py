@@ -160,45 +160,43 @@ def _obj(doc: Review) -> dict[str, Any]:
     return _dict(_dict(doc.get("request")).get("object"))
 
 
-def _gpu_container(rng: random.Random, doc: Review) -> tuple[dict[str, Any], str] | None:
-    found = [(c, key) for _, c in _containers(_obj(doc)) for key in _asks(c)]
-    return rng.choice(found) if found else None
+def _gpu_limit(rng: random.Random, doc: Review) -> tuple[list[Any], dict[str, Any], str] | None:
+    """A GPU key of some container's limits, with that ``limits`` and the pod's container list."""
+    containers = _dict(_obj(doc).get("spec")).get("containers")
+    found = [(_dict(_dict(c.get("resources")).get("limits")), key) for _, c in _containers(_obj(doc))
+             for key in _asks(c)]
+    if not found or not isinstance(containers, list):
+        return None
+    limits, key = rng.choice(found)
+    return containers, limits, key
 
 
 def move_to_another_container(rng: random.Random, doc: Review) -> None:
-    hit = _gpu_container(rng, doc)
-    spec = _dict(_obj(doc).get("spec"))
-    if hit is None or not isinstance(spec.get("containers"), list):
-        return
-    c, key = hit
-    value = _dict(_dict(c.get("resources")).get("limits")).pop(key, None)
-    if value is not None:
-        spec["containers"].append(container(f"extra-{rng.randrange(99)}") | {"resources": {"limits": {key: value}}})
+    hit = _gpu_limit(rng, doc)
+    if hit is not None and hit[1].get(hit[2]) is not None:
+        containers, limits, key = hit
+        containers.append({"name": f"extra-{rng.randrange(99)}", "image": "x",
+                           "resources": {"limits": {key: limits.pop(key)}}})
 
 
 def split_over_containers(rng: random.Random, doc: Review) -> None:
-    hit = _gpu_container(rng, doc)
-    spec = _dict(_obj(doc).get("spec"))
-    if hit is None or not isinstance(spec.get("containers"), list):
-        return
-    c, key = hit
-    limits = _dict(_dict(c.get("resources")).get("limits"))
-    count = _whole(limits.get(key))
-    if count and count > 1:
+    hit = _gpu_limit(rng, doc)
+    count = _whole(hit[1].get(hit[2])) if hit is not None else None
+    if hit is not None and count and count > 1:
+        containers, limits, key = hit
         first = rng.randrange(1, count)
         limits[key] = str(first)
-        spec["containers"].append({"name": f"half-{rng.randrange(99)}", "image": "x",
-                                   "resources": {"limits": {key: str(count - first)}}})
+        containers.append({"name": f"half-{rng.randrange(99)}", "image": "x",
+                           "resources": {"limits": {key: str(count - first)}}})
 
 
 def into_init_container(rng: random.Random, doc: Review) -> None:
-    hit = _gpu_container(rng, doc)
+    hit = _gpu_limit(rng, doc)
     spec = _dict(_obj(doc).get("spec"))
-    if hit is None or "containers" not in spec:
+    if hit is None:
         return
-    c, key = hit
-    value = _dict(_dict(c.get("resources")).get("limits")).get(key)
-    init = {"name": f"init-{rng.randrange(99)}", "image": "x", "resources": {"limits": {key: value}}}
+    _, limits, key = hit
+    init = {"name": f"init-{rng.randrange(99)}", "image": "x", "resources": {"limits": {key: limits.get(key)}}}
     if rng.random() < 0.5:
         init["restartPolicy"] = "Always"
     inits = spec.setdefault("initContainers", [])
@@ -224,10 +222,10 @@ def spell_the_quantity(rng: random.Random, doc: Review) -> None:
 
 
 def requests_and_limits(rng: random.Random, doc: Review) -> None:
-    hit = _gpu_container(rng, doc)
-    if hit is None:
+    found = [(c, key) for _, c in _containers(_obj(doc)) for key in _asks(c)]
+    if not found:
         return
-    c, key = hit
+    c, key = rng.choice(found)
     resources = c.setdefault("resources", {}) if isinstance(c.get("resources", {}), dict) else {}
     limits = _dict(resources.get("limits"))
     value = limits.get(key)

@@ -16,50 +16,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.e2e import webhook_fixture as fixture
 from tests.e2e.cluster import Cluster
 from tests.e2e.waiting import wait_until
-from tests.e2e.webhook_fixture import (
-    ROOT,
-    GpugateServer,
-    Namespaces,
-    Registration,
-    RenderedWebhooks,
-    ServingCerts,
-    api_message,
-    deployed_policies,
-    kustomize,
-    serving,
-    webhook_account,
-)
 from webhook.kube import claims
 
-WEBHOOK_BASE = ROOT / "manifests" / "webhook"
-WEB_DENIAL = "GPUs are not available in web and frontend namespaces"
 Obj = dict[str, Any]
+WEBHOOK_BASE = fixture.ROOT / "manifests" / "webhook"
+WEB_DENIAL = "GPUs are not available in web and frontend namespaces"
 
 
-@dataclass
 class Shipped:
     """The served webhook, registered as shipped, and the cluster it judges for."""
 
-    cluster: Cluster
-    server: GpugateServer
-    registration: Registration
-
-    @property
-    def core(self) -> client.CoreV1Api:
-        return self.cluster.core()
-
-    @property
-    def resource(self) -> client.ResourceV1Api:
-        return client.ResourceV1Api(self.cluster.api_client())
+    def __init__(self, cluster: Cluster, server: fixture.GpugateServer, registration: fixture.Registration) -> None:
+        self.cluster, self.server, self.registration = cluster, server, registration
+        self.core = cluster.core()
+        self.resource = client.ResourceV1Api(cluster.api_client())
 
     def errors(self) -> list[Obj]:
         """Admissions the server answered with an internal error (a bug; none is expected)."""
@@ -70,18 +49,18 @@ class Shipped:
 def shipped(local: Cluster, workdir: Path, name: str) -> Iterator[Shipped]:
     """The module's webhook: RBAC applied, server started with the account's token, configurations
     registered and in effect (a probe template in a web namespace is refused); all undone after."""
-    policies = deployed_policies(workdir / "policies")
-    certs = ServingCerts(workdir / "certs")
+    policies = fixture.deployed_policies(workdir / "policies")
+    certs = fixture.ServingCerts(workdir / "certs")
     assert local.plane is not None
-    with webhook_account(local, workdir) as kubeconfig:
-        server = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies,
-                               log=local.plane.logs / f"gpugate-serve-{name}.log", extra_args=("--resolve-claims",),
-                               env={"KUBECONFIG": str(kubeconfig)})
-        with serving(server):
-            registration = Registration(local)
-            namespaces = Namespaces(local)
+    with fixture.webhook_account(local, workdir) as kubeconfig:
+        server = fixture.GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies,
+                                       log=local.plane.logs / f"gpugate-serve-{name}.log",
+                                       extra_args=("--resolve-claims",), env={"KUBECONFIG": str(kubeconfig)})
+        with fixture.serving(server):
+            registration = fixture.Registration(local)
+            namespaces = fixture.Namespaces(local)
             try:
-                registration.apply(RenderedWebhooks.of(kustomize(WEBHOOK_BASE)).pointed_at(
+                registration.apply(fixture.RenderedWebhooks.of(fixture.kustomize(WEBHOOK_BASE)).pointed_at(
                     server.base_url, certs.bundle.ca_cert))
                 probe = namespaces.make("web-probe")
                 wait_until(lambda: _probe_refused(local, probe), timeout=30, interval=0.1,
@@ -107,9 +86,9 @@ def refused(action: Callable[[], object], *, status: int = 403) -> str:
     try:
         action()
     except ApiException as error:
-        assert error.status is not None and error.status < 500, f"{error.status}: {api_message(error)}"
-        assert error.status == status, f"expected {status}, got {error.status}: {api_message(error)}"
-        return api_message(error)
+        assert error.status is not None and error.status < 500, f"{error.status}: {fixture.api_message(error)}"
+        assert error.status == status, f"expected {status}, got {error.status}: {fixture.api_message(error)}"
+        return fixture.api_message(error)
     raise AssertionError("the API server stored what it should have refused")
 
 

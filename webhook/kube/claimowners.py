@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.kube import claims, demand, pods, units
 from webhook.kube.claims import ClaimRequest, PodClaimRef
@@ -104,8 +103,7 @@ def _served(written: tuple[ClaimRequest, ...], pod: Mapping[str, Any],
     return frozenset(found)
 
 
-@dataclass(frozen=True, slots=True)
-class Expected:
+class Expected(NamedTuple):
     """One request kube-scheduler would write: its name, the extended resource, the count."""
 
     name: str
