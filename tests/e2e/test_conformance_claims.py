@@ -112,8 +112,8 @@ def scheduler_shaped(name: str, owner: Obj, count: int) -> Obj:
 
 def test_a_claim_in_the_schedulers_shape_with_a_forged_owner_is_judged_as_a_users_claim(
         env: Shipped, namespaces: Namespaces) -> None:
-    """The issue's attack: owner references are not authenticated. A live pod that asks no such
-    devices, or the right pod under another UID, does not make a claim the scheduler's."""
+    """Owner references are not authenticated: a live pod that asks no such devices, or the right
+    pod under another UID, does not make a claim the scheduler's."""
     web = namespaces.make("web-shop")
     cpu = env.core.create_namespaced_pod(web, pod("cpu", container("app")))
     message = refused(lambda: env.resource.create_namespaced_resource_claim(web, scheduler_shaped("x", cpu, 8)))
@@ -138,8 +138,10 @@ def test_a_claim_in_the_schedulers_shape_with_a_forged_owner_is_judged_as_a_user
         lambda: env.core.create_namespaced_pod(ml, borrower))
 
 
-def test_the_issues_pod_then_scheduler_shaped_claim_attack_fails_at_the_pod(env: Shipped,
-                                                                          namespaces: Namespaces) -> None:
+def test_a_pod_naming_a_claim_before_it_exists_in_the_schedulers_shape_is_refused(
+        env: Shipped, namespaces: Namespaces) -> None:
+    """A pod names a claim that does not exist yet, then the claim is made in kube-scheduler's shape
+    with an owner reference to any live pod: the pod is refused at creation, the claim as a user's."""
     web = namespaces.make("web-shop")
     assert UNREADABLE in refused(lambda: env.core.create_namespaced_pod(web, claim_pod("p", ("g", "claim", "later"))))
     anyone = env.core.create_namespaced_pod(web, pod("anyone", container("app")))
