@@ -337,9 +337,9 @@ def test_a_claim_created_after_the_pods_that_name_it_is_judged_with_them(count: 
     assert result.allowed is allowed, result.reasons
     if not allowed:
         assert result.message == (
-            "ResourceClaim 'gpus' in namespace 'ml-team': 1 pod(s) that already name it would then hold GPUs their "
-            "policy does not allow (more than its max per pod, or where a deny rule forbids GPUs); delete those "
-            "pods first, or create a claim they may hold")
+            "ResourceClaim 'gpus' in namespace 'ml-team': a pod that already names it would then hold GPUs its "
+            "policy does not allow (more than its max per pod, or where a deny rule forbids GPUs); delete the pods "
+            "that name it first, or create a claim they may hold")
 
 
 @pytest.mark.parametrize("changes", [

@@ -193,15 +193,15 @@ def _naming_pods(ctx: ClaimContext, key: tuple[str, str], ask: ClaimAsk, where: 
     """The pods that already name the claim, each judged with it (their deny rules and ``max``)."""
     if key[0] != claims.CLAIM_KIND:
         return Verdict(allowed=True)
-    refused = sum(1 for pod, resolved in ctx.naming
-                  if not podclaims.validate(pod, namespace=namespace, policies=policies, classes=classes,
-                                            resolved=podclaims.with_claim(resolved, key, ask),
-                                            judging=podclaims.WITH_A_NEW_CLAIM).allowed)
+    refused = any(not podclaims.validate(pod, namespace=namespace, policies=policies, classes=classes,
+                                         resolved=podclaims.with_claim(resolved, key, ask),
+                                         judging=podclaims.WITH_A_NEW_CLAIM).allowed for pod, resolved in ctx.naming)
     if not refused:
         return Verdict(allowed=True)
+    # Neither which pods nor how many: the caller may not be the API server (enforcement.md).
     return Verdict(allowed=False, reasons=(
-        f"{where}: {refused} pod(s) that already name it would then hold GPUs their policy does not allow (more "
-        f"than its max per pod, or where a deny rule forbids GPUs); delete those pods first, or create a claim "
+        f"{where}: a pod that already names it would then hold GPUs its policy does not allow (more than its "
+        f"max per pod, or where a deny rule forbids GPUs); delete the pods that name it first, or create a claim "
         f"they may hold",))
 
 
