@@ -438,3 +438,18 @@ def test_claim_mutation_applies_stays_valid_is_idempotent_and_keeps_the_authors_
     # What mutation shaped, validation accepts as far as selectors go.
     verdict_ = dra.validate_claim(patched, namespace=namespace, policies=policies)
     assert not any("outside the policy's requirement" in r for r in verdict_.reasons)
+
+
+def test_a_pod_asking_a_dra_extended_resource_name_is_shaped_as_a_gpu_pod() -> None:
+    """Tolerations and the policy's node requirements apply to ``deviceclass.resource.kubernetes.io/<class>``
+    as to ``nvidia.com/gpu`` (a taint is tolerated by its NVIDIA name only), and the gpus label adds
+    no device-plugin GPU on top of it."""
+    asking = pod(container("trainer", limits={"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2"}),
+                 labels={names.GPUS_LABEL: "4"})
+    admitted = chain.admit(asking, namespace="ml-team", policies=POLICIES)
+    assert admitted.stored is not None, admitted.reasons
+    spec = admitted.stored["spec"]
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {e["key"] for e in term["matchExpressions"]} >= {"nvidia.com/gpu.product"}
+    assert "nvidia.com/gpu" not in spec["containers"][0]["resources"]["limits"]
