@@ -1,4 +1,6 @@
-"""The one table of GPU units: what one unit of an NVIDIA resource or DRA device is of a physical GPU. Pure.
+"""The one table of GPU units and GPU names: what one unit of an NVIDIA resource or DRA device is of
+a physical GPU, and which resource names ask GPUs at all (the device plugin's, and the DRA
+extended-resource names of the DeviceClasses that can hold GPUs: ``GpuNames``). Pure.
 
 Before this module the facts below were written out in each product: "a GPU has 7 compute
 slices" in the balancer's marks, the replay's MIG twin and the policy parser; a time-sliced slot's
