@@ -53,6 +53,7 @@ SHORTEST: dict[str, Shortest | str] = {
                                       "--step", "1"), "DeviceTaintRule",
                                      control_plane=True, timeout=400),
     "extender_latency.py": Shortest(("--nodes", "20", "--pods", "60"), "p99"),
+    "fuzz_admission.py": Shortest(("--reviews", "40", "--seed", "3"), "wrong allows: 0"),
     "mutate_core.py": Shortest(("--seconds", "0.3", "--before", "HEAD"), "x floor"),
     "placement_table.py": "run and table, test_placement_table_runs_and_tabulates",
     "replay_speed.py": Shortest(("--arms", "random", "--no-fidelity"), "s/run", trace=True, timeout=300),
@@ -69,7 +70,7 @@ SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Short
 BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _pytest=None); " \
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
 # These drive tests/ harnesses: developers' tools, run with the test extra.
-NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "health_quarantine.py",
+NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "fuzz_admission.py", "health_quarantine.py",
                         "replay_vs_scheduler.py"}
 
 

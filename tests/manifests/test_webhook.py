@@ -244,9 +244,11 @@ def test_probes_use_https_on_8443_with_the_servers_paths() -> None:
         assert (path, "GET") in routes
 
 
-def test_the_webhooks_token_may_only_get_claims_and_templates() -> None:
-    """--resolve-claims needs a token; it GETs the ResourceClaims and templates a pod references and
-    nothing else. Other pods of the account get no token."""
+def test_the_webhooks_token_may_only_read_claims_templates_device_classes_and_pods() -> None:
+    """--resolve-claims needs a token: it GETs the ResourceClaims and templates a pod references,
+    lists and watches DeviceClasses (their extended-resource names are GPU asks), and gets and lists
+    pods (a new claim is judged with the pods it serves); it writes nothing and reads nothing else.
+    Other pods of the account get no token."""
     objs = render_variant("webhook")
     account = one(objs, "ServiceAccount", "gpugate-webhook")
     assert account["automountServiceAccountToken"] is False
@@ -258,12 +260,14 @@ def test_the_webhooks_token_may_only_get_claims_and_templates() -> None:
     assert [(b["kind"], b["roleRef"]["name"]) for b in bindings] == [("ClusterRoleBinding", "gpugate-webhook-claims")]
     assert bindings[0]["subjects"][0]["namespace"] == account["metadata"]["namespace"]
     rules = one(objs, "ClusterRole", "gpugate-webhook-claims")["rules"]
-    for resource in ("resourceclaims", "resourceclaimtemplates"):
-        assert rule_allows(rules, verb="get", group="resource.k8s.io", resource=resource, name="x")
-        for verb in ("list", "watch", "create", "update", "patch", "delete"):
-            assert not rule_allows(rules, verb=verb, group="resource.k8s.io", resource=resource, name=None)
-    for group, resource in (("", "pods"), ("", "secrets"), ("resource.k8s.io", "resourceslices"),
-                            ("resource.k8s.io", "deviceclasses")):
+    reads = {("resource.k8s.io", "resourceclaims"): {"get"}, ("resource.k8s.io", "resourceclaimtemplates"): {"get"},
+             ("resource.k8s.io", "deviceclasses"): {"list", "watch"}, ("", "pods"): {"get", "list"}}
+    for (group, resource), verbs in reads.items():
+        for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+            granted = rule_allows(rules, verb=verb, group=group, resource=resource,
+                                  name="x" if verb in ("get", "update", "patch", "delete") else None)
+            assert granted is (verb in verbs), (group, resource, verb)
+    for group, resource in (("", "secrets"), ("resource.k8s.io", "resourceslices"), ("", "pods/status")):
         assert not rule_allows(rules, verb="get", group=group, resource=resource, name="x")
 
 

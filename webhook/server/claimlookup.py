@@ -61,6 +61,11 @@ class ClaimLookup:
         self._clock = clock
         self._pool = ThreadPoolExecutor(max_workers=CONCURRENT_READS, thread_name_prefix="claim-read")
 
+    @property
+    def api(self) -> Any:
+        """The ApiClient, shared with the other reads of the same account (pods, DeviceClasses)."""
+        return self._api
+
     @classmethod
     def from_environment(cls) -> ClaimLookup:
         """In-cluster service account, else KUBECONFIG (``kubeclient.api_client``)."""

@@ -59,13 +59,16 @@ def create_app(settings: ServerSettings | None = None, *, core: Core | None = No
     store.check()
     store.start(settings.reload_interval)
     inventory_file = InventoryFile(settings.inventory_file, interval=max(settings.reload_interval, 0.1))
-    lookup = None
+    lookup = pod_lookup = classes = None
     if settings.resolve_claims:
         from webhook.server.claimlookup import ClaimLookup
+        from webhook.server.deviceclasswatch import DeviceClassWatch
+        from webhook.server.podlookup import PodLookup
 
         lookup = ClaimLookup.from_environment()
-    claim_core = ClaimCore(lookup) if core is None else None  # a stub core (benchmarks) judges pods only
-    app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore(), inventory_file, claim_core)
+        pod_lookup, classes = PodLookup(lookup.api), DeviceClassWatch.start(lookup.api)
+    claim_core = ClaimCore(lookup, classes, pod_lookup) if core is None else None  # a stub core judges pods only
+    app.extensions[EXTENSION] = ServerState(settings, store, core or PolicyCore(classes), inventory_file, claim_core)
     app.register_blueprint(blueprint)
     app.wsgi_app = admission_wsgi(app.extensions[EXTENSION], app.wsgi_app)  # type: ignore[method-assign]
     app.register_error_handler(HTTPException, _http_error)

@@ -12,9 +12,12 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from webhook import names
 from webhook.admission.results import Mutation, Verdict
+from webhook.errors import ClusterAPIError
+from webhook.kube import claims, units
 from webhook.kube import demand as kube_demand
 from webhook.kube.claims import Claim
 from webhook.kube.inventory import Inventory
@@ -24,7 +27,9 @@ from webhook.policy.store import PolicyStore
 from webhook.server.inventoryfile import InventoryFile
 
 if TYPE_CHECKING:
+    from webhook.admission import dra
     from webhook.server.claimlookup import ClaimLookup
+    from webhook.server.podlookup import PodLookup
 
 API_SERVER_INPUT_BYTES = 3 * 1024 * 1024
 """The most a client may send the API server for one object (its ``--max-request-body-bytes`` default)."""
@@ -99,32 +104,55 @@ class Core(Protocol):
                  now: datetime) -> Verdict: ...
 
 
-class PolicyCore:
-    """The real core, imported when the app is built (so a broken core still lets /healthz answer)."""
+class ClassSource(Protocol):
+    """The cluster's DeviceClasses as last read (``deviceclasswatch.DeviceClassWatch``)."""
 
-    def __init__(self) -> None:
+    def current(self) -> units.DeviceClasses: ...
+
+
+class PolicyCore:
+    """The real core, imported when the app is built (so a broken core still lets /healthz answer).
+
+    ``classes``: where the cluster's DeviceClasses are read from (None: the NVIDIA chart's are
+    assumed), so a pod asking a DRA extended-resource name is judged by the class serving it."""
+
+    def __init__(self, classes: ClassSource | None = None) -> None:
         from webhook.admission import mutation, validation
 
         self._mutate, self._validate = mutation.mutate, validation.validate
+        self._classes = classes
+
+    def classes(self) -> units.DeviceClasses:
+        return self._classes.current() if self._classes is not None else units.ASSUMED
 
     def mutate(self, pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventory,
                now: datetime) -> Mutation:
-        return self._mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
+        return self._mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now,
+                            classes=self.classes())
 
     def validate(self, pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventory,
                  now: datetime) -> Verdict:
-        return self._validate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now)
+        return self._validate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now,
+                              classes=self.classes())
 
 
 class ClaimCore:
-    """The DRA half of the core (``admission.dra``): claims, templates and the pods that use them."""
+    """The DRA half of the core (``admission.dra``): claims, templates and the pods that use them,
+    with the reads that judge them together (the claims a pod names; the pods a claim serves)."""
 
-    def __init__(self, lookup: ClaimLookup | None = None) -> None:
+    def __init__(self, lookup: ClaimLookup | None = None, classes: ClassSource | None = None,
+                 pods: PodLookup | None = None) -> None:
         from webhook.admission import dra, mutation
 
         self._dra, self._mutation = dra, mutation
         self.lookup = lookup
         """A ``claimlookup.ClaimLookup`` when ``resolve_claims`` is on, else None."""
+        self.pods = pods
+        """A ``podlookup.PodLookup`` when ``resolve_claims`` is on, else None (a claim is judged alone)."""
+        self._classes = classes
+
+    def classes(self) -> units.DeviceClasses:
+        return self._classes.current() if self._classes is not None else units.ASSUMED
 
     def resolved(self, pod: Pod, namespace: str) -> kube_demand.Resolved | None:
         """The claims and templates ``pod`` references, as the lookup read them; None when the lookup
@@ -134,22 +162,62 @@ class ClaimCore:
         return self.lookup.resolve(pod, namespace)
 
     def mutate_claim(self, claim: Claim, *, namespace: str, policies: PolicySet) -> Mutation:
-        return self._dra.mutate_claim(claim, namespace=namespace, policies=policies)
+        return self._dra.mutate_claim(claim, namespace=namespace, policies=policies, classes=self.classes())
 
     def validate_claim(self, claim: Claim, *, namespace: str, policies: PolicySet) -> Verdict:
-        return self._dra.validate_claim(claim, namespace=namespace, policies=policies)
+        """The claim judged with the pods it serves, as read now; refused when they cannot be read.
+        A claim that asks no GPU is let through without a read."""
+        from webhook.policy import matching
+
+        governed = matching.gpu_names(policies, self.classes()).governed
+        if not any(a.device_class in governed for a in claims.parse(claim).asks()):
+            return Verdict(allowed=True)
+        try:
+            context = self.context(claim, namespace)
+        except ClusterAPIError as err:
+            return Verdict(allowed=False, reasons=(
+                f"{claim.get('kind')} '{claims.display_name(claim)}' in namespace '{namespace}': gpugate could not "
+                f"read the pods it serves to judge it with them ({err}); try again",))
+        return self._dra.validate_claim(claim, namespace=namespace, policies=policies, classes=self.classes(),
+                                        context=context)
+
+    def context(self, claim: Claim, namespace: str) -> dra.ClaimContext | None:
+        """The owner pod and the pods that name the claim (with their claims), as read now; None
+        without API access (the claim is then judged alone)."""
+        if self.lookup is None or self.pods is None:
+            return None
+        from webhook.admission.dra import ClaimContext
+        from webhook.kube import claimowners
+
+        owner = owner_claims = None
+        controller = claimowners.controlling_pod(claim)
+        if controller is not None and claim.get("kind") == claims.CLAIM_KIND:
+            owner = self.pods.get(namespace, controller[0])
+            owner_claims = self.lookup.resolve(owner, namespace) if owner is not None else None
+        name = str(pods_meta(claim).get("name") or "")
+        naming: tuple[tuple[Pod, kube_demand.Resolved], ...] = ()
+        if name and (claim.get("kind") == claims.CLAIM_KIND or name.startswith(names.RIGHTSIZED_TEMPLATE_PREFIX)):
+            found = self.pods.naming(namespace, (str(claim.get("kind")), name))
+            naming = tuple((p, self.lookup.resolve(p, namespace)) for p in found)
+        return ClaimContext(owner=owner, owner_claims=owner_claims or {}, naming=naming)
 
     def mutate_pod(self, pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventory, now: datetime,
                    resolved: kube_demand.Resolved) -> Mutation:
         """A pod asking GPUs only through claims is shaped as a GPU pod (tolerations, placement terms)."""
         return self._mutation.mutate(pod, namespace=namespace, policies=policies, inventory=inventory, now=now,
-                                     resolved=resolved)
+                                     resolved=resolved, classes=self.classes())
 
     def add_pod_claims(self, verdict: Verdict, pod: Pod, *, namespace: str, policies: PolicySet,
                        resolved: kube_demand.Resolved) -> Verdict:
-        """``verdict`` on the pod merged with the verdict on the claims it references (``max`` per pod)."""
+        """``verdict`` on the pod merged with the verdict on the claims it references: every reference
+        read, none borrowed from kube-scheduler, deny rules and ``max`` per pod over everything."""
         return self._dra.merge(verdict, self._dra.validate_pod_claims(pod, namespace=namespace, policies=policies,
-                                                                      resolved=resolved))
+                                                                      resolved=resolved, classes=self.classes()))
+
+
+def pods_meta(document: Claim) -> dict[str, Any]:
+    meta = document.get("metadata")
+    return meta if isinstance(meta, dict) else {}
 
 
 @dataclass(frozen=True)
