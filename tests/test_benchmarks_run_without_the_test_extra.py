@@ -70,8 +70,8 @@ SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Short
 BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _pytest=None); " \
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
 # These drive tests/ harnesses: developers' tools, run with the test extra.
-NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "fuzz_admission.py", "health_quarantine.py",
-                        "replay_vs_scheduler.py"}
+NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "fuzz_admission.py",
+                        "health_quarantine.py", "replay_vs_scheduler.py"}
 
 
 def test_every_benchmark_has_a_shortest_mode() -> None:
