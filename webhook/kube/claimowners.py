@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 from webhook.kube import claims, demand, pods, units
 from webhook.kube.claims import ClaimRequest, PodClaimRef
@@ -103,7 +104,8 @@ def _served(written: tuple[ClaimRequest, ...], pod: Mapping[str, Any],
     return frozenset(found)
 
 
-class Expected(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Expected:
     """One request kube-scheduler would write: its name, the extended resource, the count."""
 
     name: str
