@@ -124,6 +124,11 @@ class PrometheusClient:
         except (urllib.error.URLError, OSError, ValueError) as err:
             raise PrometheusError(f"{self._base}: {getattr(err, 'reason', err)}") from err
 
+    def query(self, promql: str) -> Any:
+        """Prometheus' JSON answer to one instant query (a failed query's error answer included);
+        PrometheusError when Prometheus cannot be reached or answers no JSON."""
+        return self._query(promql)
+
     def utilization(self) -> Utilization:
         """Per-host utilization; raises PrometheusError when Prometheus is unusable."""
         preferred = parse_vector(self._query(query_text(PROFILING_METRIC, self._window)), scale=1.0)

@@ -22,7 +22,6 @@ from webhook.kube import inventory, units, yamlload
 from webhook.kube.affinity import Requirement
 from webhook.kube.quantity import QuantityError, bytes_
 from webhook.policy import overlap
-from webhook.usage import durations
 from webhook.policy.model import (
     ClaimRules,
     DenyRule,
@@ -39,6 +38,7 @@ from webhook.policy.model import (
     Topology,
     revision_of,
 )
+from webhook.usage import durations
 
 
 def parse(texts: Iterable[tuple[str, bytes | str]]) -> PolicySet:
