@@ -34,6 +34,8 @@ def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_claim_template
           for verb in ("get", "list", "watch")},
         # Right-sizing through DRA: the template a right-sized pod names, create only (issue 25).
         ("resource.k8s.io", "resourceclaimtemplates", "create", ()),
+        # Idle allocations: an Event on each finding; the annotation and an eviction where a policy says so.
+        ("", "events", "create", ()), ("", "pods", "patch", ()), ("", "pods/eviction", "create", ()),
     }
     role = one(objs, "Role", "gpugate-balancer")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -76,7 +78,9 @@ def test_balancer_cannot_touch_secrets_or_delete_pods() -> None:
     objs = render_variant("balancer")
     rules = one(objs, "ClusterRole", "gpugate-balancer")["rules"] + one(objs, "Role", "gpugate-balancer")["rules"]
     assert rule_allows(rules, verb="patch", group="", resource="nodes", name="gpu-1")
-    for verb, resource in (("get", "secrets"), ("delete", "pods"), ("patch", "pods"), ("create", "pods"),
+    # It may patch a pod (the idle annotation, where a policy says annotate) and evict one through the
+    # Eviction API, never delete or create one.
+    for verb, resource in (("get", "secrets"), ("delete", "pods"), ("create", "pods"),
                            ("update", "nodes"), ("delete", "leases"), ("update", "resourceclaims"),
                            ("create", "resourceslices"), ("list", "deviceclasses")):
         group = {"leases": "coordination.k8s.io", "resourceclaims": "resource.k8s.io", "resourceslices":

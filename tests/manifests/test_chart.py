@@ -98,6 +98,7 @@ def test_the_chart_holds_no_copy_of_the_policies_dashboard_or_scheduler_config()
     """One home each: the chart's files/ are links into the kustomize folders and policies/."""
     files = CHART / "files"
     for name, target in (("policies", "policies"), ("dashboard.json", "manifests/observability/dashboard.json"),
+                         ("usage-rules.yaml", "manifests/observability/usage-rules.yaml"),
                          ("scheduler-config.yaml", "manifests/scheduler/scheduler-config.yaml")):
         assert (files / name).is_symlink(), f"files/{name} must be a link to {target}"
         assert (files / name).resolve() == (CHART.parents[2] / target).resolve()
