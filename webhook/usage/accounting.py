@@ -16,9 +16,12 @@ GPU-hour the balancer's tiers and the replay count:
 
 Physical GPUs of a node: the DRA driver's count where it publishes devices there (it names each
 GPU by UUID, and a node served by both stacks is counted once, as in ``placement.dracount``),
-else the node's allocatable weighed the same way, rounded up to whole GPUs (a GPU whose MIG
-layout leaves compute slices unused is still one GPU). So on every node the shares held add up
-to at most its physical GPUs, and allocated plus unallocated GPU-hours are the physical ones.
+else GPU Feature Discovery's ``nvidia.com/gpu.count`` (a GPU whose MIG layout leaves compute
+slices unused is still one GPU: eight H100s in ``all-2g.20gb`` offer 24 slices, 48/7 GPUs),
+and never fewer than the node's allocatable weighed the same way, rounded up. So on every node
+the shares held add up to at most its physical GPUs, and allocated plus unallocated GPU-hours
+are the physical ones. A node that offers no GPU resource (a GPU node the device plugin left)
+has none.
 """
 
 from __future__ import annotations
@@ -151,7 +154,8 @@ def physical_gpus(node: NodeInfo | None, devices: NodeDevices | None) -> int:
     if node is None:
         return 0
     total = sum(count * unit_share(node, resource) for resource, count in node.allocatable)
-    return math.ceil(total - ROUNDING) if total > 0 else 0
+    offered = math.ceil(total - ROUNDING) if total > 0 else 0
+    return max(node.gpu_count, offered) if offered else 0
 
 
 def snapshot(records: Iterable[PodRecord], nodes: Mapping[str, NodeInfo], node_devices: Mapping[str, NodeDevices],
