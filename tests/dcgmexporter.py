@@ -190,9 +190,12 @@ class Exporter:
 
     def show(self, readings: Iterable[Reading]) -> None:
         """Serve these readings from the next scrape on."""
-        page = render(readings).encode()
+        self.show_text(render(readings))
+
+    def show_text(self, page: str) -> None:
+        """Serve this exposition text from the next scrape on (another exporter's page, e.g. the balancer's)."""
         with self._lock:
-            self._page = page
+            self._page = page.encode()
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -26,6 +26,7 @@ from webhook.balancer.settings import BalancerSettings
 from webhook.balancer.usagesource import UsagePods, UsageSource
 from webhook.kube.gpunode import node_info
 from webhook.placement import dracount
+from webhook.usage.idle import Decision
 
 TARGET_LABELS = ("job", "instance", "namespace", "pod", "container", "service", "endpoint")
 DCGM_TARGET = {"job": "nvidia-dcgm-exporter", "instance": "10.0.3.1:9400", "namespace": "gpu-operator",
@@ -78,8 +79,9 @@ class Recording:
 
 
 def balancer_page(nodes: Iterable[Obj], pods: Iterable[Obj], resource_slices: Iterable[Obj] = (),
-                  claims: Iterable[Obj] = ()) -> str:
-    """What ``gpugate balance --usage`` serves on /metrics (its usage series) for these objects."""
+                  claims: Iterable[Obj] = (), decisions: Iterable[Decision] = ()) -> str:
+    """What ``gpugate balance --usage`` serves on /metrics (its usage series) for these objects, and
+    the idle ``decisions`` of its last look."""
     labeller = Labeller(BalancerSettings(), Metrics(), clock=lambda: 0.0)
     labeller.replace_nodes({n["metadata"]["name"]: node_info(n) for n in nodes})
     labeller.dra(lambda cache: cache.replace_slices(dict(dracount.reduce_slice(s) for s in resource_slices)))
@@ -88,7 +90,9 @@ def balancer_page(nodes: Iterable[Obj], pods: Iterable[Obj], resource_slices: It
     usage_pods._replace({r.key: r for r in records(pods)})
     usage_pods.informer.synced.set()
     registry = CollectorRegistry()
-    registry.register(UsageSource(labeller, usage_pods, ready=lambda: True))
+    source = UsageSource(labeller, usage_pods, ready=lambda: True)
+    source.set_decisions(list(decisions))
+    registry.register(source)
     return generate_latest(registry).decode()
 
 
