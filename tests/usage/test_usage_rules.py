@@ -150,3 +150,10 @@ def test_the_recorded_hours_add_up_within_one_percent() -> None:
     allocated = sum(want.allocated.values())
     assert abs(allocated + want.unallocated - want.physical) / want.physical < report.IDENTITY_TOLERANCE
     assert want.physical == pytest.approx(20 * scenario.STEPS / 60)
+
+
+def test_every_recorded_series_the_dashboard_reads_is_a_shipped_rule() -> None:
+    from tests.manifests.dashboard import dashboard_exprs
+
+    read = set(re.findall(r"[a-z]+:gpugate_[a-z_]+:[a-z]+", "\n".join(dashboard_exprs())))
+    assert read and read <= {record for record, _ in promql.recording_rules()}, read
