@@ -77,9 +77,8 @@ def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar() -> None:
 def test_every_balancer_series_the_dashboard_reads_exists() -> None:
     from prometheus_client import CollectorRegistry
 
-    from webhook.balancer.metrics import Metrics
-
     from webhook.balancer.idlereclaim import IdleMetrics
+    from webhook.balancer.metrics import Metrics
     from webhook.balancer.usagesource import UsageSource
 
     registry = CollectorRegistry()

@@ -134,9 +134,10 @@ SERIES: list[tuple[str, str]] = [
       for on in (r == paused,)],
     # The gpugate-usage recording rules' series (evaluated themselves in tests/usage/test_usage_rules.py).
     *[(f'owner:gpugate_gpu_{m}:gpus{{pod_namespace="team-a",owner_kind="{k}",owner_name="{o}",kind="whole"}}',
-       f"{v}+0x80") for m, k, o, v in (("allocated", "Deployment", "train", 4), ("allocated", "StatefulSet", "notebook", 1),
-                                       ("used", "Deployment", "train", 3.25), ("used", "StatefulSet", "notebook", 0.25),
-                                       ("idle", "Deployment", "train", 0.75), ("idle", "StatefulSet", "notebook", 0.75))],
+       f"{v}+0x80")
+      for m, k, o, v in (("allocated", "Deployment", "train", 4), ("allocated", "StatefulSet", "notebook", 1),
+                         ("used", "Deployment", "train", 3.25), ("used", "StatefulSet", "notebook", 0.25),
+                         ("idle", "Deployment", "train", 0.75), ("idle", "StatefulSet", "notebook", 0.75))],
     *[(f'node:gpugate_gpu_{m}:gpus{{node="n-whole"}}', f"{v}+0x80")
       for m, v in (("allocated", 5), ("unallocated", 3), ("physical", 8))],
 ]
