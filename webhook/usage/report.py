@@ -128,7 +128,7 @@ def usage_from(answers: Mapping[str, Any], *, since: str) -> Usage:
 
 
 def _hours(value: float) -> str:
-    return f"{value:.2f}"
+    return f"{value:.3f}"
 
 
 def table(usage: Usage) -> str:
