@@ -48,21 +48,23 @@ class FakePrometheus:
                 pass
 
             def do_GET(self) -> None:
-                query = parse_qs(urlsplit(self.path).query)["query"][0]
-                fake.queries.append(query)
-                count = query.startswith("count_over_time")
-                result = [{"metric": {"pod_namespace": key.split("/")[0], "pod_name": key.split("/")[1]},
-                           "value": [NOW, str(60 if count else value)]} for key, value in fake.activity.items()]
-                body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+                body = fake.answer(parse_qs(urlsplit(self.path).query)["query"][0])
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
+                self.end_headers()  # HTTP/1.0: the body ends with the connection
                 self.wfile.write(body)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def answer(self, query: str) -> bytes:
+        """Every pod's activity (a count that covers the window for ``count_over_time``)."""
+        self.queries.append(query)
+        count = query.startswith("count_over_time")
+        result = [{"metric": {"pod_namespace": key.split("/")[0], "pod_name": key.split("/")[1]},
+                   "value": [NOW, str(60 if count else value)]} for key, value in self.activity.items()]
+        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
 
     def stop(self) -> None:
         self._server.shutdown()

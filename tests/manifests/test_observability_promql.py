@@ -188,12 +188,8 @@ EXPECTED: dict[tuple[int, str], list[tuple[str, float]]] = {
     (906, "B"): [("{}", 1)],
     (402, "A"): [('{pod_namespace="team-b",owner_kind="Deployment",owner_name="infer"}', 2.5),
                  ('{pod_namespace="team-a",owner_kind="StatefulSet",owner_name="notebook"}', 1)],
-    (403, "A"): [('{pod_namespace="team-a"}', 5)],
-    (403, "B"): [('{pod_namespace="team-a"}', 3.5)],
-    (403, "C"): [('{pod_namespace="team-a"}', 1.5)],
-    (404, "A"): [("{}", 5)],
-    (404, "B"): [("{}", 3)],
-    (404, "C"): [("{}", 8)],
+    **{(403, ref): [('{pod_namespace="team-a"}', gpus)] for ref, gpus in zip("ABC", (5, 3.5, 1.5), strict=True)},
+    **{(404, ref): [("{}", gpus)] for ref, gpus in zip("ABC", (5, 3, 8), strict=True)},  # allocated, unallocated, all
     (405, "A"): [('{action="evict",result="ok"}', 1), ('{action="event",result="ok"}', 2)],
     (405, "B"): [('{reason="prometheus"}', 1)],  # the leader's reason only
 }

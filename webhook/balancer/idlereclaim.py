@@ -69,14 +69,9 @@ class IdleReclaimer:
                  prometheus: PrometheusClient | None, policies: PolicyStore | None, leading: Callable[[], bool],
                  ready: Callable[[], bool], dry_run: bool, metrics: IdleMetrics,
                  now: Callable[[], float] = time.time) -> None:
-        self._source = source
-        self._actions = actions
-        self._settings = settings
-        self._prometheus = prometheus
-        self._policies = policies
-        self._leading = leading
-        self._ready = ready
-        self._dry_run = dry_run
+        self._source, self._actions, self._settings = source, actions, settings
+        self._prometheus, self._policies = prometheus, policies
+        self._leading, self._ready, self._dry_run = leading, ready, dry_run
         self.metrics = metrics
         self._now = now
         self.budget = EvictionBudget(settings.evictions_per_hour, settings.eviction_burst)
@@ -184,8 +179,8 @@ class IdleReclaimer:
         self.budget.spend(now)
         result = self._actions.evict(record)
         self.metrics.actions.labels("evict", result).inc()
-        log.info("idle pod eviction", extra={"fields": {"pod": record.key, "result": result,
-                                                        "measured": finding.describe()}})
+        log.info("idle pod eviction", extra={"fields": {"pod": record.key, "owner": "/".join(record.owner),
+                                                        "result": result, "measured": finding.describe()}})
         if result == "ok":
             self._actions.event(record, REASON_EVICTED, f"Evicted: {finding.describe()}; its {record.controller} "
                                 f"recreates it", warning=True)

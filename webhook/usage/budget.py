@@ -7,20 +7,14 @@ finding that is still idle then is found again, and nothing queues behind a budg
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
-
-@dataclass
 class EvictionBudget:
     """``per_hour`` evictions sustained, at most ``burst`` saved up; starts full."""
 
-    per_hour: float
-    burst: int
-    tokens: float = field(init=False)
-    updated: float | None = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        self.tokens = float(self.burst)
+    def __init__(self, per_hour: float, burst: int) -> None:
+        self.per_hour, self.burst = per_hour, burst
+        self.tokens = float(burst)
+        self.updated: float | None = None
 
     def _refill(self, now: float) -> None:
         if self.updated is not None and now > self.updated:

@@ -57,6 +57,10 @@ class Measurement:
     coverage: float
     """Share of the window the samples cover (0..1)."""
 
+    def stayed_under(self, threshold: float) -> bool:
+        """Every sample under ``threshold``, over enough of the window (:data:`MIN_COVERAGE`)."""
+        return self.coverage >= MIN_COVERAGE and self.highest < threshold
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -115,9 +119,8 @@ def held_gpus(holdings: Iterable[Holding]) -> dict[str, float]:
 
 def is_idle(record: PodRecord, rule: Rule, measured: Measurement | None, now: float) -> bool:
     """The three conditions of the module docstring."""
-    after = rule.rules.after_seconds
-    return (measured is not None and record.started is not None and record.started <= now - after
-            and measured.coverage >= MIN_COVERAGE and measured.highest < rule.rules.threshold)
+    old_enough = record.started is not None and record.started <= now - rule.rules.after_seconds
+    return old_enough and measured is not None and measured.stayed_under(rule.rules.threshold)
 
 
 def find(records: Iterable[PodRecord], gpus: Mapping[str, float], rules: Mapping[str, Rule],

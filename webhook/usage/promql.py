@@ -136,25 +136,32 @@ def idle_query(window: int, *, min_step: int) -> IdleQuery:
     return IdleQuery(window, max(window // 60, min_step, 1))
 
 
-def pod_vector(answer: Any) -> dict[str, float]:
-    """``namespace/name`` -> value of an instant vector over :data:`POD_LABELS` (NaN left out)."""
-    if not isinstance(answer, dict) or answer.get("status") != "success":
+def samples(answer: Any) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each series of an instant-vector answer with a finite value; ValueError
+    saying what failed for an error answer or another result type."""
+    status = answer.get("status") if isinstance(answer, dict) else None
+    if status != "success":
         error = answer.get("error") if isinstance(answer, dict) else None
         raise ValueError(f"query failed: {error or 'the answer is not a success'}")
     data = answer.get("data") or {}
     if data.get("resultType") != "vector":
         raise ValueError(f"expected a vector result, got {data.get('resultType')!r}")
-    out: dict[str, float] = {}
-    for series in data.get("result") or ():
-        labels = series.get("metric") or {}
-        namespace, name = labels.get("pod_namespace"), labels.get("pod_name")
-        try:
-            value = float(series["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
-            continue
-        if namespace and name and math.isfinite(value):
-            out[f"{namespace}/{name}"] = value
-    return out
+    found = ((dict(s.get("metric") or {}), _number(s)) for s in data.get("result") or ())
+    return [(labels, value) for labels, value in found if value is not None]
+
+
+def _number(series: Any) -> float | None:
+    try:
+        value = float(series["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def pod_vector(answer: Any) -> dict[str, float]:
+    """``namespace/name`` -> value of an instant vector over :data:`POD_LABELS`."""
+    return {f"{labels['pod_namespace']}/{labels['pod_name']}": value for labels, value in samples(answer)
+            if labels.get("pod_namespace") and labels.get("pod_name")}
 
 
 def measurements(query: IdleQuery, answers: Mapping[str, Any]) -> dict[str, Measurement]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -96,33 +95,18 @@ class Usage:
         return abs(self.allocated + self.unallocated - self.physical) / self.physical
 
 
-def _vector(answer: Any) -> list[tuple[dict[str, str], float]]:
-    if not isinstance(answer, dict) or answer.get("status") != "success":
-        error = answer.get("error") if isinstance(answer, dict) else None
-        raise ValueError(f"query failed: {error or 'the answer is not a success'}")
-    out = []
-    for series in (answer.get("data") or {}).get("result") or ():
-        try:
-            value = float(series["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError):
-            continue
-        if math.isfinite(value):
-            out.append((dict(series.get("metric") or {}), value))
-    return out
-
-
 def usage_from(answers: Mapping[str, Any], *, since: str) -> Usage:
     """Build the Usage from the answers to :func:`usage_queries` (ValueError for a failed one)."""
     owners: dict[tuple[str, str, str], OwnerUsage] = {}
     for column in OWNER_COLUMNS:
-        for labels, value in _vector(answers[column]):
+        for labels, value in promql.samples(answers[column]):
             key = (labels.get("pod_namespace", ""), labels.get("owner_kind", ""), labels.get("owner_name", ""))
             row = owners.setdefault(key, OwnerUsage(*key))
             setattr(row, column, getattr(row, column) + value)
             if column == "allocated":
                 kind = labels.get("kind", "")
                 row.by_kind[kind] = row.by_kind.get(kind, 0.0) + value
-    totals = {column: sum(v for _, v in _vector(answers[column])) for column in ("unallocated", "physical")}
+    totals = {column: sum(v for _, v in promql.samples(answers[column])) for column in ("unallocated", "physical")}
     ordered = sorted(owners.values(), key=lambda o: (-o.allocated, o.namespace, o.owner_kind, o.owner))
     return Usage(since=since, owners=tuple(ordered), **totals)
 
@@ -199,10 +183,10 @@ def idle_queries() -> dict[str, str]:
 
 def idle_from(answers: Mapping[str, Any]) -> list[IdleLine]:
     activity: dict[tuple[str, str, str], float] = {}
-    for labels, value in _vector(answers["activity"]):
+    for labels, value in promql.samples(answers["activity"]):
         activity[(labels.get("pod_namespace", ""), labels.get("pod_name", ""), labels.get("stat", ""))] = value
     lines = []
-    for labels, gpus in _vector(answers["findings"]):
+    for labels, gpus in promql.samples(answers["findings"]):
         ns, pod = labels.get("pod_namespace", ""), labels.get("pod_name", "")
         lines.append(IdleLine(ns, labels.get("owner_kind", ""), labels.get("owner_name", ""), pod, gpus,
                               activity.get((ns, pod, "mean")), activity.get((ns, pod, "max")),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook import names
 from webhook.kube import demand as kube_demand
@@ -30,14 +30,6 @@ TEMPLATE_HASH_LABEL = "pod-template-hash"
 RECREATING_CONTROLLERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
 """Controller kinds that recreate an evicted pod (see the module docstring)."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    """Whom a pod's GPU-hours are billed to: its top controller (``kind``, ``name``) in its namespace."""
-
-    kind: str
-    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +66,13 @@ class PodRecord:
     def as_pod(self) -> pods.Pod:
         """The pod as policy matching reads it (metadata only)."""
         return {"metadata": {"name": self.name, "namespace": self.namespace, "labels": self.label_map}}
+
+
+class Owner(NamedTuple):
+    """Whom a pod's GPU-hours are billed to: its top controller (``kind``, ``name``) in its namespace."""
+
+    kind: str
+    name: str
 
 
 def owner_of(pod: pods.Pod) -> tuple[Owner, str]:
