@@ -109,7 +109,7 @@ class IdleReclaimer:
             return []
         now = self._now()
         findings = idle.find(records, idle.held_gpus(snap.holdings), rules, measured, now)
-        decisions = idle.plan(findings, evictions_left=0 if self._dry_run else self.budget.available(now))
+        decisions = idle.plan(findings, evictions_left=self.budget.available(now))
         self.metrics.last_look.set(now)
         self._source.set_decisions(decisions)
         self.metrics.pause("dry_run" if self._dry_run else None)
@@ -172,8 +172,10 @@ class IdleReclaimer:
 
     def _evict(self, decision: Decision) -> None:
         finding, record = decision.finding, decision.finding.record
-        if self._dry_run:
+        if self._dry_run:  # what it would evict is counted; the budget is not spent
             self._write("evict", record, lambda: True)
+            return
+        if not self._leading():  # asked again right before the write: a lost Lease stops it here
             return
         now = self._now()
         self.budget.spend(now)
