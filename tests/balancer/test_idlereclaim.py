@@ -191,3 +191,17 @@ def test_without_prometheus_nothing_is_measured_and_the_metric_says_so(fake_kube
     look = Look(fake_kube, None)
     assert look.reclaimer.look() == []
     assert look.paused("no_prometheus") == 1 and writes(fake_kube) == []
+
+
+def test_a_dry_run_of_evict_counts_the_eviction_it_would_make_and_spends_no_budget(
+        fake_kube: FakeKube, prometheus: FakePrometheus, tmp_path: object) -> None:
+    look = Look(fake_kube, prometheus.url, dry_run=True, tmp_path=tmp_path, policy="""apiVersion: gpugate.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: nb}
+spec: {idle: {action: evict}}
+""")
+    [decision] = look.reclaimer.look()
+    assert decision.action == "evict"
+    assert look.metrics.actions.labels("evict", "dry_run")._value.get() == 1
+    assert look.reclaimer.budget.available(NOW) == UsageSettings().eviction_burst
+    assert writes(fake_kube) == []
