@@ -29,6 +29,8 @@ from typing import Any
 GRAFANA_BG, GRAFANA_PANEL, GRAFANA_TEXT, GRAFANA_GRID = "#111217", "#181b1f", "#ccccdc", "#2c3235"
 PANEL_TITLE = "Idle GPU allocations found, by namespace and owner"
 AFTER = "15s"
+SLOTS = 4
+"""Time-slicing replicas of the slots node."""
 WORKLOADS = (
     # namespace, deployment, node kind, resource, count per pod, replicas, activity
     ("ml-research", "notebook-alice", "whole", "nvidia.com/gpu", 1, 1, 0.004),
@@ -82,6 +84,7 @@ def record(workdir: Path) -> Recording:
     from tests.e2e.waiting import wait_until
     from tests.manifests.dashboard import targets
     from webhook.cli import main
+    from webhook.kube import units
 
     found = binaries.paths()
     if found is None:
@@ -92,7 +95,7 @@ def record(workdir: Path) -> Recording:
         nodes = Nodes(cluster)
         core, apps = cluster.core(), client.AppsV1Api(cluster.api_client())
         kinds = {"whole": nodes.gpu(gpus=8), "mig": nodes.gpu(gpus=4, mig={"3g.40gb": 8}, mig_config="all-3g.40gb"),
-                 "slots": nodes.gpu(gpus=2, replicas=4)}
+                 "slots": nodes.gpu(gpus=2, replicas=SLOTS)}
         for namespace in namespaces:
             core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
             wait_until(lambda ns=namespace: _has_account(core, ns), timeout=30, what=f"{namespace}'s ServiceAccount")
@@ -108,14 +111,20 @@ def record(workdir: Path) -> Recording:
                 name=p.metadata.name, namespace=p.metadata.namespace)),
                 active=activity[(p.metadata.namespace, p.metadata.labels["app"])]) for i, p in enumerate(pods)])
             [panel] = [t for t in targets() if t.title == PANEL_TITLE]
-            idle_owners = sum(1 for *_, a in WORKLOADS if a < 0.05)
-            answer = wait_until(lambda: len(got := stack.prometheus.query(panel.expr)) == idle_owners and got,
-                                timeout=120, what="every idle owner found", explain=stack.explain)
+            want_gpus = {name: round(count * replicas * units.gpu_share(resource, replicas=SLOTS), 3)
+                         for _, name, _, resource, count, replicas, a in WORKLOADS if a < 0.05}
+
+            def every_idle_pod_found() -> list[dict[str, Any]]:
+                got = stack.prometheus.query(panel.expr)
+                found = {s["metric"]["owner_name"]: round(float(s["value"][1]), 3) for s in got}
+                return got if found == want_gpus else []
+
+            answer = wait_until(every_idle_pod_found, timeout=120, what="every idle pod found", explain=stack.explain)
             rec = Recording(expr=panel.expr, ran_at=time.time())
             rec.bars = [(f"{s['metric']['pod_namespace'].removesuffix('-' + suffix)} "
                          f"{s['metric']['owner_kind']}/{s['metric']['owner_name']}", float(s["value"][1]))
                         for s in answer]
-            lines = CliRunner().invoke(main, ["usage", "--prometheus", stack.prometheus.url, "--idle"]).output
+            lines = CliRunner().invoke(main, ["usage", "--prometheus", stack.prometheus.url, "--idle"]).stdout
             rec.idle_lines = lines.replace(f"-{suffix}", "")
         nodes.remove_all()
     return rec
@@ -170,6 +179,7 @@ def render(rec: Recording, out: Path) -> Path:
     fig.text(0.02, 1 - 0.12 / height, f"PromQL: {rec.expr}", color="#8e8e8e", fontsize=7, va="top")
     fig.text(0.02, (0.2 * len(lines) + 0.12) / height, "$ gpugate usage --prometheus URL --idle", family="monospace",
              fontsize=8, color="#8e8e8e")
+    out.mkdir(parents=True, exist_ok=True)
     target = out / "usage-idle-panel.png"
     fig.savefig(target, dpi=110, facecolor=GRAFANA_BG)
     plt.close(fig)

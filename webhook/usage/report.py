@@ -200,7 +200,7 @@ def _percent(value: float | None) -> str:
 
 def idle_table(lines: Iterable[IdleLine]) -> str:
     head = ("NAMESPACE", "OWNER", "POD", "GPUS", "MEAN", "MAX", "FOR", "POLICY", "ACTION")
-    rows = [head] + [(x.namespace, f"{x.owner_kind}/{x.owner}", x.pod, f"{x.gpus:g}", _percent(x.mean),
+    rows = [head] + [(x.namespace, f"{x.owner_kind}/{x.owner}", x.pod, f"{x.gpus:.3g}", _percent(x.mean),
                       _percent(x.highest), x.after, x.policy or "(default)", x.action) for x in lines]
     if len(rows) == 1:
         return "No idle GPU allocations found by the balancer."
