@@ -98,7 +98,7 @@ def test_the_budget_evicts_the_most_gpus_first_and_reports_the_rest() -> None:
 
 
 def test_each_policy_is_measured_over_its_own_window() -> None:
-    rules = [Rule(IdleRules(after_seconds=w)) for w in (7200, 1800, 7200)]
+    rules = [Rule(IdleRules(after=w)) for w in ("2h", "30m", "120m")]
     assert idle.windows(rules) == [1800, 7200]
 
 

@@ -9,6 +9,7 @@ from typing import Literal
 from webhook.kube.affinity import Requirement
 from webhook.kube.inventory import MAX_AGE_SECONDS
 from webhook.kube.tolerations import Toleration as Toleration  # a policy's tolerations: the one toleration type
+from webhook.usage import durations
 
 Mode = Literal["enforce", "audit", "off"]
 Strategy = Literal["pack", "spread", "none"]
@@ -142,11 +143,16 @@ class IdleRules:
     action: IdleAction = "report"
     threshold: float = 0.05
     """DCGM activity (0..1) the pod's GPUs stayed under: 5 % is the engine waking for a health check."""
-    after_seconds: int = 7200
-    """How long they stayed under it: two hours is a notebook left open over lunch, not a slow batch."""
+    after: str = "2h"
+    """How long they stayed under it (a Prometheus duration): two hours is a notebook left open over
+    lunch, not a slow batch."""
     exclude: LabelSelector | None = None
     """Pods that opt out of annotate and evict (reported only), besides those labelled
     ``gpugate.io/no-reclaim: "true"``; None: no others."""
+
+    @property
+    def after_seconds(self) -> int:
+        return durations.seconds(self.after)
 
 
 @dataclass(frozen=True, slots=True)

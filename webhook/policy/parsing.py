@@ -331,7 +331,7 @@ def _idle(raw: dict[str, Any] | None) -> IdleRules:
     defaults = IdleRules()
     return IdleRules(action=raw.get("action", defaults.action),
                      threshold=float(raw.get("threshold", defaults.threshold)),
-                     after_seconds=durations.seconds(raw["after"]) if "after" in raw else defaults.after_seconds,
+                     after=raw.get("after", defaults.after),
                      exclude=_selector(raw["exclude"]) if "exclude" in raw else None)
 
 
