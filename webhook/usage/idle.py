@@ -6,7 +6,8 @@ A pod is an idle finding when all of this holds (``find``):
   under the same name must not inherit its predecessor's history);
 - Prometheus measured its GPUs' activity over the whole of ``after``: samples cover at least
   :data:`MIN_COVERAGE` of it (a gap in the data is not idleness);
-- the highest activity measured in that time is under the rule's ``threshold``.
+- the highest activity measured in that time is under the rule's ``threshold`` (each measuring
+  step is the mean of the DCGM samples in it: ``promql.idle_query``).
 
 A pod Prometheus has no activity for is never a finding: unknown is not idle. On a time-sliced
 GPU every pod sees the whole GPU's activity, so a slot is idle only when the whole GPU is.
