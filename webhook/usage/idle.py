@@ -59,7 +59,7 @@ class Measurement:
     """Share of the window the samples cover (0..1)."""
 
     def stayed_under(self, threshold: float) -> bool:
-        """Every sample under ``threshold``, over enough of the window (:data:`MIN_COVERAGE`)."""
+        """The busiest measuring step under ``threshold``, the steps covering enough of the window."""
         return self.coverage >= MIN_COVERAGE and self.highest < threshold
 
 
