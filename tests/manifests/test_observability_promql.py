@@ -150,6 +150,10 @@ TIERED = {**DCGM_NODES, "n-old": 0.55}
 TIERS = {"n-whole": "idle", "n-mixed": "idle", "n-spell": "busy", "n-old": "busy"}
 PER_NODE = [(f'{{label_gpugate_io_gpu_load="{TIERS[n]}",node="{n}"}}', v) for n, v in TIERED.items()]
 
+IDLE_BY_OWNER = [('{pod_namespace="team-b",owner_kind="Deployment",owner_name="infer"}', 2.5),
+                 ('{pod_namespace="team-a",owner_kind="StatefulSet",owner_name="notebook"}', 1)]
+"""The leader's idle GPUs by owner, largest first (the panel sorts them)."""
+
 EXPECTED: dict[tuple[int, str], list[tuple[str, float]]] = {
     (2, "A"): [(BY_POLICY.format("allowed"), 3), (BY_POLICY.format("denied"), 0.2)],
     (3, "A"): [('{endpoint="/mutate",policy="train",result="allowed"}', 0.00975)],
@@ -186,8 +190,7 @@ EXPECTED: dict[tuple[int, str], list[tuple[str, float]]] = {
     (905, "A"): [("{}", 1)],
     (906, "A"): [("{}", 1)],
     (906, "B"): [("{}", 1)],
-    (402, "A"): [('{pod_namespace="team-b",owner_kind="Deployment",owner_name="infer"}', 2.5),
-                 ('{pod_namespace="team-a",owner_kind="StatefulSet",owner_name="notebook"}', 1)],
+    (402, "A"): IDLE_BY_OWNER,
     **{(403, ref): [('{pod_namespace="team-a"}', gpus)] for ref, gpus in zip("ABC", (5, 3.5, 1.5), strict=True)},
     **{(404, ref): [("{}", gpus)] for ref, gpus in zip("ABC", (5, 3, 8), strict=True)},  # allocated, unallocated, all
     (405, "A"): [('{action="evict",result="ok"}', 1), ('{action="event",result="ok"}', 2)],
