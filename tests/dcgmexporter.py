@@ -35,6 +35,7 @@ scrape. Sources (NVIDIA/dcgm-exporter at release tag ``4.5.3-4.8.2``):
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -167,6 +168,14 @@ def _xid_attributes(code: int) -> dict[str, str]:
     return {"err_code": str(code), "err_msg": XID_MESSAGES[code]}
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A scrape Prometheus gave up (its timeout on a busy machine) closes the connection under the
+        write: not an error of the page, so no traceback on stderr."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 class Exporter:
     """Serves :func:`render` of the current readings on ``http://127.0.0.1:<port>/metrics``."""
 
@@ -193,7 +202,7 @@ class Exporter:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.port = int(self._server.server_address[1])
         self.target = f"127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -202,9 +211,12 @@ class Exporter:
 
     def show(self, readings: Iterable[Reading]) -> None:
         """Serve these readings from the next scrape on."""
-        page = render(readings).encode()
+        self.show_text(render(readings))
+
+    def show_text(self, page: str) -> None:
+        """Serve this exposition text from the next scrape on (another exporter's page, e.g. the balancer's)."""
         with self._lock:
-            self._page = page
+            self._page = page.encode()
 
     def stop(self) -> None:
         self._server.shutdown()

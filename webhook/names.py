@@ -36,6 +36,11 @@ GPU_LOAD_LABEL = "gpugate.io/gpu-load"
 CONGESTED_TAINT_KEY = "gpugate.io/congested"
 LOAD_TIERS: tuple[str, ...] = ("idle", "busy", "congested")
 
+# Idle GPU allocations (docs/usage.md): the pod label that opts out of any reclaim, and the
+# annotation the balancer writes where a policy's spec.idle.action is annotate.
+NO_RECLAIM_LABEL = "gpugate.io/no-reclaim"
+IDLE_ANNOTATION = "gpugate.io/idle"
+
 # Profiles of the second scheduler (manifests/scheduler/scheduler-config.yaml).
 EXTENDER_SCHEDULER_NAME = "gpugate"
 """The profile with kube-scheduler's default plugins plus the balancer's extender."""

@@ -38,6 +38,8 @@ def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_claim_template
         # GPU health quarantine: its DeviceTaintRules, Events on Nodes, the Eviction API.
         *{("resource.k8s.io", "devicetaintrules", verb, ()) for verb in ("list", "create", "update", "delete")},
         ("", "events", "create", ()), ("", "pods/eviction", "create", ()),
+        # Idle allocations: the annotation where a policy says annotate.
+        ("", "pods", "patch", ()),
     }
     role = one(objs, "Role", "gpugate-balancer")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -84,8 +86,11 @@ def test_balancer_cannot_touch_secrets_or_delete_pods_outside_its_namespace() ->
     cluster_rules = one(objs, "ClusterRole", "gpugate-balancer")["rules"]
     rules = cluster_rules + one(objs, "Role", "gpugate-balancer")["rules"]
     assert rule_allows(rules, verb="patch", group="", resource="nodes", name="gpu-1")
-    for verb, resource in (("get", "secrets"), ("patch", "pods"), ("update", "nodes"), ("delete", "leases"),
-                           ("update", "resourceclaims"), ("create", "resourceslices"), ("list", "deviceclasses")):
+    # It may patch a pod (the idle annotation, where a policy says annotate) and evict one through the
+    # Eviction API, never delete or create one.
+    for verb, resource in (("get", "secrets"), ("delete", "pods"), ("create", "pods"),
+                           ("update", "nodes"), ("delete", "leases"), ("update", "resourceclaims"),
+                           ("create", "resourceslices"), ("list", "deviceclasses")):
         group = {"leases": "coordination.k8s.io", "resourceclaims": "resource.k8s.io", "resourceslices":
                  "resource.k8s.io", "deviceclasses": "resource.k8s.io"}.get(resource, "")
         assert not rule_allows(rules, verb=verb, group=group, resource=resource, name=None), (verb, resource)

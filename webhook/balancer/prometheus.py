@@ -133,6 +133,11 @@ class PrometheusClient:
         """The series of an instant query's vector answer; PrometheusError when there is none."""
         return result_of(self._query(promql))
 
+    def query(self, promql: str) -> Any:
+        """Prometheus' JSON answer to one instant query (a failed query's error answer included);
+        PrometheusError when Prometheus cannot be reached or answers no JSON."""
+        return self._query(promql)
+
     def utilization(self) -> Utilization:
         """Per-host utilization; raises PrometheusError when Prometheus is unusable."""
         preferred = parse_vector(self._query(query_text(PROFILING_METRIC, self._window)), scale=1.0)
