@@ -21,7 +21,8 @@ def test_the_rebalancer_may_evict_and_tolerate_but_never_delete_or_create_pods()
     for verb, resource in (("delete", "pods"), ("create", "pods"), ("update", "pods"), ("delete", "events")):
         assert not rule_allows(rules, verb=verb, group="", resource=resource, name="x"), (verb, resource)
     binding = one(objs, "ClusterRoleBinding", "gpugate-balancer-rebalance")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpugate-balancer", "namespace": "gpugate-system"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpugate-balancer", "namespace": "gpugate-system"}]
 
 
 def test_the_balancer_reads_the_rebalance_settings_and_the_webhooks_policies() -> None:

@@ -28,7 +28,8 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
                                   "--out", str(out), "--workers", "2")
     assert code == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"mode", "workload", "seeds", "sharing", "ties", "arms"} and summary["sharing"] == "timeslice"
+    assert set(summary) == {"mode", "workload", "seeds", "sharing", "ties", "arms"}
+    assert summary["sharing"] == "timeslice"
     assert summary["mode"] == "published"
     assert summary["ties"] == "random"
     assert summary["workload"] == "synthetic-5" and summary["seeds"] == [5, 6]
@@ -68,11 +69,11 @@ def test_usage_errors_exit_2(args: tuple[str, ...], message: str) -> None:
 
 
 def test_ties_list_is_named_in_the_table_and_the_summary_and_changes_what_stock_does(tmp_path: Path) -> None:
-    """``--ties list``: v1.36.3's tie rule without an extender (the heap's top, no Randomizer)."""
+    """``--ties list``: v1.37.2's tie rule without an extender (the heap's top, no Randomizer)."""
     common = ("--arms", "stock", "--seeds", "5", "--synthetic-nodes", "24")
     code, stdout, stderr = invoke(*common, "--ties", "list", "--out", str(tmp_path / "list"))
     assert code == 0, stderr
-    assert "kube-scheduler ties: list (v1.36.3 without an extender)" in stdout.splitlines()[0]
+    assert "kube-scheduler ties: list (v1.37.2 without an extender)" in stdout.splitlines()[0]
     assert json.loads((tmp_path / "list" / "summary.json").read_text())["ties"] == "list"
     assert invoke(*common, "--out", str(tmp_path / "random"))[0] == 0
     # The fragment after each pod: where the pods went differs (an empty synthetic cluster ties everywhere).
