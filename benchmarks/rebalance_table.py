@@ -1,9 +1,9 @@
 """docs/rebalance.md's table: every pod list of the openb trace in time, with and without the rebalancer.
 
     python benchmarks/rebalance_table.py run [--lists default,...] [--arms stock,extender,extender+rebalancer]
-                                             [--seeds 42-51] [--load 0.9] [--workers 2]
-    python benchmarks/rebalance_table.py table [--seeds 42-51] [--load 0.9]
-    python benchmarks/rebalance_table.py plot [--seeds 42-51] [--load 0.9] [--to docs/rebalance.png]
+                                             [--seeds 42-51] [--load 0.95] [--workers 2]
+    python benchmarks/rebalance_table.py table [--seeds 42-51] [--load 0.95]
+    python benchmarks/rebalance_table.py plot [--seeds 42-51] [--load 0.95] [--to docs/rebalance.png]
 
 ``run`` replays each (list, arm, seed) not yet in OUT/results.jsonl (default replay-out/rebalance/,
 git-ignored) with ``gpugate replay --timeline``'s code (``webhook.replay.timeline``) and appends one
@@ -33,7 +33,7 @@ ORDER = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpush
          "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30",
          "multigpu40", "multigpu50")
 """The 17 lists of the published evaluation."""
-LOAD = 0.9
+LOAD = 0.95
 COLUMNS = (("pending", "pending GPU demand %"), ("wait_p95", "p95 wait s"), ("allocation", "allocation %"),
            ("moves_per_hour_pct", "moves/h, % of GPU pods"))
 
