@@ -28,6 +28,8 @@ class Check:
     source: str = ""
     skipped: bool = False
     """Not run (``ok`` stays True): a plan that only prints lacks what the check needs; the reason says what."""
+    fix: str = ""
+    """What to do about a failure or a warning (the reason says the cause), when there is one thing to do."""
 
     @property
     def label(self) -> str:
@@ -43,6 +45,8 @@ class Check:
             out["source"] = self.source
         if self.skipped:
             out["skipped"] = True
+        if self.fix:
+            out["fix"] = self.fix
         return out
 
 
@@ -181,7 +185,9 @@ def check_mig_mixed(matrix: Matrix, *, pool: str, driver: str, mixes_mig_and_ful
                      reason=f"driver {driver} is known bad with mixed MIG, "
                             f"but pool {pool} does not mix MIG and full GPUs")
     return Check(name="driver-mig-mixed", subject=pool, ok=False, source=source,
-                 reason=f"driver {driver} on pool {pool}, which mixes MIG and full GPUs: {matrix.known_bad_reason}")
+                 reason=f"driver {driver} on pool {pool}, which mixes MIG and full GPUs: {matrix.known_bad_reason}",
+                 fix=f"pick a driver outside {', '.join(matrix.known_bad_drivers)} for pool {pool} "
+                     f"(`gpugate stack plan` lists the published ones)")
 
 
 def migration_steps(matrix: Matrix, *, current: OperatorVersion, current_mode: str,
