@@ -79,6 +79,8 @@ def render_plan(data: dict[str, Any]) -> str:
         label = check["name"] + (f"[{check['subject']}]" if check.get("subject") else "")
         verdict = "SKIP" if check.get("skipped") else "PASS" if check["ok"] else "FAIL"
         lines.append(f"  {verdict}  {label:<{width}}  {check['reason']}")
+        if check.get("fix") and not check["ok"]:
+            lines.append(f"        {'':<{width}}  fix: {check['fix']}")
     if data["warnings"]:
         lines.append("warnings:")
         lines += [f"  {w}" for w in data["warnings"]]

@@ -62,6 +62,8 @@ def render_driver(stack: Stack, pool: Pool) -> dict[str, Any]:
         spec["nodeSelector"] = dict(pool.node_selector)
     if pool.upgrade_policy:
         spec["upgradePolicy"] = copy.deepcopy(dict(pool.upgrade_policy))
+    if pool.labels:
+        spec["labels"] = dict(pool.labels)
     return {
         "apiVersion": NVIDIADRIVER_API_VERSION,
         "kind": NVIDIADRIVER_KIND,

@@ -8,7 +8,17 @@ that the rollback action takes; ``cannot_undo`` names what the files alone do no
 from __future__ import annotations
 
 from webhook.errors import GpugateError
-from webhook.stack.checks import NO_WAIVERS, ROLLBACK, Change, ExistingDrivers, Waivers, changed_pools, run_checks
+from webhook.stack.checks import (
+    NO_CONTEXT,
+    NO_WAIVERS,
+    ROLLBACK,
+    Change,
+    Context,
+    ExistingDrivers,
+    Waivers,
+    changed_pools,
+    run_checks,
+)
 from webhook.stack.model import Stack
 from webhook.stack.plan import Plan, Step, fail
 from webhook.stack.releases import Matrix
@@ -46,7 +56,7 @@ def cannot_undo(current: Stack, target: Stack) -> list[str]:
 
 
 def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, subject: str, why: str = "",
-                  waivers: Waivers = NO_WAIVERS, existing: ExistingDrivers) -> Plan:
+                  waivers: Waivers = NO_WAIVERS, existing: ExistingDrivers, context: Context = NO_CONTEXT) -> Plan:
     """Check going back from ``current`` to ``target`` (stack.yaml before commit ``sha``) like any change.
 
     The cluster keeps its Kubernetes minor, so ``target`` takes ``current``'s; everything else of
@@ -61,7 +71,7 @@ def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, su
         return Plan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
                     reverts=sha, reverts_why=why)
     change = Change(action=ROLLBACK, matrix=matrix, release=release, current=current, final=target,
-                    pools=changed_pools(current, target), existing=existing, waivers=waivers)
+                    pools=changed_pools(current, target), existing=existing, waivers=waivers, context=context)
     checks = run_checks(change)
     undo = tuple(cannot_undo(current, target))
     step = Step(action="rollback", stack=target, title=title)
