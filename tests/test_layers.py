@@ -22,7 +22,7 @@ CORE, EDGE = "core", "edge"
 # folder (relative to webhook/) -> {module: layer}
 LAYERS: dict[str, dict[str, str]] = {
     ".": {"__init__": CORE, "errors": CORE, "names": CORE, "filewatch": EDGE,
-          "cli": EDGE, "logs": EDGE, "kubeclient": EDGE},
+          "cli": EDGE, "logs": EDGE, "kubeclient": EDGE, "lease": EDGE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
              "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
              "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE, "demand": CORE,
@@ -43,7 +43,7 @@ LAYERS: dict[str, dict[str, str]] = {
                  "publisher": EDGE, "extenderserver": EDGE, "settings": EDGE,
                  "cluster": EDGE, "controller": EDGE, "health": EDGE, "labeller": EDGE, "labelwrites": EDGE,
                  "extendercache": EDGE, "inventorysource": EDGE, "utilization": EDGE, "listener": EDGE,
-                 "lease": EDGE, "metrics": EDGE, "prometheus": EDGE},
+                 "metrics": EDGE, "prometheus": EDGE},
     "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE, "checks": CORE,
               "releases": CORE, "messages": CORE, "rollback": CORE,
               "chartrender": EDGE, "rendering": EDGE, "site": EDGE,

@@ -11,7 +11,7 @@ import pytest
 from tests.clock import Clock
 from tests.kubefake import FakeKube
 from webhook.balancer.backoff import Backoff
-from webhook.balancer.lease import LeaderElector, Observation, may_acquire
+from webhook.lease import LeaderElector, Observation, may_acquire
 from webhook.balancer.settings import LeaseSettings
 from webhook.kubeclient import api_client
 

@@ -36,7 +36,7 @@ from webhook.balancer.health import HealthServer
 from webhook.balancer.inventorysource import InventorySource
 from webhook.balancer.labeller import Labeller
 from webhook.balancer.labelwrites import LabelWrites
-from webhook.balancer.lease import LeaderElector
+from webhook.lease import LeaderElector
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.prometheus import PrometheusClient
 from webhook.balancer.publisher import InventoryPublisher
