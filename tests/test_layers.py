@@ -50,7 +50,7 @@ LAYERS: dict[str, dict[str, str]] = {
               "matrix": EDGE, "manifests": EDGE, "gitrepo": EDGE, "status": EDGE, "upgrade": EDGE,
               "verify": EDGE, "chartvalues": EDGE, "manifestcheck": EDGE, "canary": CORE, "canary_watch": EDGE,
               "change": CORE, "clusterstate": CORE, "hardening": CORE, "nodestates": CORE, "consumers": CORE,
-              "crdstate": CORE, "hardware": CORE, "dracutover": CORE, "chartcrds": EDGE, "clusterread": EDGE},
+              "crdstate": CORE, "hardware": CORE, "dracutover": CORE, "chartcrds": EDGE, "clusterread": EDGE, "canarymodes": CORE},
     "replay": {"__init__": CORE, "records": CORE, "kubescheduler": CORE, "nodelabels": CORE, "cluster": CORE,
                "fragmentation": CORE, "reference": CORE,
                "arrival": CORE, "demand": CORE, "workload": CORE, "labels": CORE,
