@@ -16,6 +16,10 @@ from webhook.stack.messages import REVERTS_TRAILER, TRAILER
 GIT_TIMEOUT_SECONDS = 60
 
 
+class PushRefused(GpugateError):
+    """The remote refused a push because its branch moved on (someone else pushed): fetch and redo."""
+
+
 @dataclass(frozen=True)
 class StackCommit:
     sha: str
@@ -105,6 +109,58 @@ class Repo:
             subprocess.run(["git", "revert", "--abort"], cwd=self.path, capture_output=True, check=False)
             raise
         return self.head()
+
+    @classmethod
+    def clone(cls, url: str, path: Path, *, branch: str, config: tuple[str, ...] = ()) -> Repo:
+        """A fresh clone of ``branch`` at ``path`` (``config``: ``-c key=value`` pairs kept in the clone)."""
+        args = ["git", "clone", "--quiet", "--branch", branch, "--single-branch"]
+        for item in config:
+            args += ["--config", item]
+        try:
+            proc = subprocess.run([*args, url, str(path)], capture_output=True, text=True,
+                                  timeout=GIT_TIMEOUT_SECONDS * 5, check=False)
+        except subprocess.TimeoutExpired as err:
+            raise GpugateError(f"git clone {url} did not finish") from err
+        if proc.returncode != 0:
+            raise GpugateError(f"git clone {url} (branch {branch}) failed: {proc.stderr.strip()}")
+        return cls(path)
+
+    def sync_to_remote(self, remote: str, branch: str) -> str:
+        """Fetch ``branch`` and reset the working tree to it (the clone holds no work of its own); the new head."""
+        self._git("fetch", "--quiet", remote, branch, what=f"git fetch {remote} {branch} failed")
+        self._git("reset", "--quiet", "--hard", "FETCH_HEAD", what="git reset failed")
+        return self.head()
+
+    def push(self, remote: str, branch: str) -> None:
+        """Push HEAD to ``branch``, never forced; a refusal because the branch moved is ``PushRefused``."""
+        proc = subprocess.run(["git", "push", "--porcelain", remote, f"HEAD:refs/heads/{branch}"], cwd=self.path,
+                              capture_output=True, text=True, timeout=GIT_TIMEOUT_SECONDS, check=False)
+        if proc.returncode == 0:
+            return
+        said = (proc.stdout + proc.stderr).strip()
+        if "[rejected]" in said or "non-fast-forward" in said or "fetch first" in said or "[remote rejected]" in said:
+            raise PushRefused(f"git push to {remote} {branch} was refused: {said}")
+        raise GpugateError(f"git push to {remote} {branch} failed: {said}")
+
+    def trailer_commits(self, key: str, *, limit: int = 500) -> list[tuple[str, float, dict[str, str]]]:
+        """(sha, commit time, trailers) of the newest ``limit`` commits that carry trailer ``key``."""
+        sep, end = "\x1f", "\x1e"
+        out = self._git("log", f"-n{limit}", f"--format=%H{sep}%ct{sep}%(trailers:unfold,separator=%x1d){end}")
+        found = []
+        for record in out.split(end):
+            record = record.strip("\n")
+            if not record:
+                continue
+            sha, when, trailers = record.split(sep, 2)
+            pairs = dict(line.split(": ", 1) for line in trailers.split("\x1d") if ": " in line)
+            if key in pairs:
+                found.append((sha, float(when), pairs))
+        return found
+
+    def changes_of(self, path: str, *, limit: int = 200) -> list[tuple[str, float]]:
+        """(sha, commit time) of the newest ``limit`` commits that changed ``path``, newest first."""
+        out = self._git("log", f"-n{limit}", "--format=%H %ct", "--", path)
+        return [(sha, float(when)) for sha, when in (line.split() for line in out.splitlines() if line.strip())]
 
     def show_file(self, rev: str, path: str) -> str | None:
         """The content of ``path`` at ``rev``, or None when it does not exist there."""

@@ -69,6 +69,10 @@ class Plan:
     """For a rollback: why that commit (the newer stack commits it passed over, and why each)."""
     cannot_undo: tuple[str, ...] = ()
     """For a rollback: what going back does not restore, said in the output and the commit."""
+    notes: tuple[str, ...] = ()
+    """Lines the commit message carries under ``Why:`` (a canary decision's failure mode and evidence)."""
+    trailers: tuple[tuple[str, str], ...] = ()
+    """Extra git trailers of the commit (the canary decision's pool, rollout and mode)."""
 
     @property
     def ok(self) -> bool:
@@ -264,10 +268,11 @@ def _promote_targets(current: Stack, source: str, to: str) -> tuple[list[str], s
         return [], "promote needs per-pool drivers (driver.management nvidiadriver)"
     if source not in names:
         return [], f"stack.yaml has no pool {source!r} (pools: {', '.join(names)})"
-    targets = [n for n in names if n != source] if to == "all" else [to]
-    if to != "all" and to not in names:
-        return [], f"stack.yaml has no pool {to!r} (pools: {', '.join(names)})"
-    if to == source:
+    targets = [n for n in names if n != source] if to == "all" else [t for t in to.split(",") if t]
+    unknown = [t for t in targets if t not in names]
+    if unknown:
+        return [], f"stack.yaml has no pool {unknown[0]!r} (pools: {', '.join(names)})"
+    if source in targets:
         return [], f"--from and --to are both {source}"
     if not targets:
         return [], f"there is no pool other than {source}"

@@ -77,3 +77,22 @@ def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, su
     step = Step(action="rollback", stack=target, title=title)
     return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks), reverts=sha,
                 reverts_why=why, cannot_undo=undo)
+
+
+def plan_pool_rollback(matrix: Matrix, current: Stack, *, pool: str, driver: str, sha: str, subject: str,
+                       existing: ExistingDrivers, context: Context = NO_CONTEXT) -> Plan:
+    """Put one pool back on ``driver`` (what it ran before commit ``sha`` changed it), checked like any
+    rollback: what a canary decision commits when its pool failed (the other pools keep their drivers)."""
+    target = current.with_pool(pool, driver=driver)
+    try:
+        release = matrix.release(current.operator_version)
+    except GpugateError as err:
+        return Plan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
+                    reverts=sha)
+    change = Change(action=ROLLBACK, matrix=matrix, release=release, current=current, final=target,
+                    pools=(pool,), existing=existing, context=context)
+    title = f"rollback pool {pool} driver {current.pool(pool).driver} -> {driver}"
+    step = Step(action="rollback", stack=target, title=title)
+    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(run_checks(change)), reverts=sha,
+                reverts_why=f"{sha[:12]} ({subject}) for pool {pool} only", cannot_undo=tuple(cannot_undo(current,
+                                                                                                     target)))

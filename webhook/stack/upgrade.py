@@ -295,6 +295,19 @@ def prepare_rollback(repo: Repo, *, schema_root: Path | None, waivers: Waivers =
     return _prepare(root, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
 
 
+def prepare_pool_rollback(repo: Repo, *, pool: str, driver: str, sha: str, schema_root: Path | None,
+                          chart: verify.ChartSettings | None = None) -> Prepared:
+    """Put one pool back on the driver it ran before commit ``sha`` (a canary's rollback), checked."""
+    root = repo.root
+    current = manifests.load_stack(root)
+    files = manifests.read_files(root)
+    subject = next((c.subject for c in repo.stack_commits() if c.sha == sha), sha[:12])
+    plan = rollback.plan_pool_rollback(matrix_data.load(), current, pool=pool, driver=driver, sha=sha,
+                                       subject=subject, existing=manifests.existing_drivers(files),
+                                       context=context_of(files, values_before=files.get(manifests.VALUES_FILE)))
+    return _prepare(root, plan, schema_root=schema_root, chart=chart)
+
+
 def plan_as_dict(prepared: Prepared) -> dict:
     plan = prepared.plan
     return {
