@@ -7,6 +7,7 @@ commit between the controller's fetch and its push, so git itself refuses the co
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
-from tests.stack.conftest import commit_all, git
+from tests.stack.conftest import GIT_ENV, ROOT, commit_all, git
 from webhook.kubeclient import api_client
 from webhook.lease import LeaseSettings
 from webhook.stack import canary_controller, canary_observe, canarygit, canarymetrics, manifests
@@ -69,21 +70,40 @@ class Remote:
         return git(self.bare, "show", "-s", "--format=%(trailers)", sha)
 
 
-@pytest.fixture
-def remote(stack_repo: Path, tmp_path: Path) -> Remote:
-    (stack_repo / manifests.STACK_DIR / "canary.yaml").write_text(CANARY_YAML)
-    commit_all(stack_repo, "canary.yaml for the controller")
-    made = Remote(stack_repo, tmp_path)
-    # The canary rollout a person commits: the canary pool to a new driver, checked by the stack tool.
+@pytest.fixture(scope="module")
+def rolled_out(tmp_path_factory) -> Path:
+    """A bare remote holding the project's manifests, canary.yaml and a person's canary rollout commit
+    (the canary pool to a new driver, checked by ``gpugate stack upgrade``); copied for each test."""
     from click.testing import CliRunner
 
     from webhook.cli import main
 
-    result = CliRunner().invoke(main, ["stack", "upgrade", "--repo", str(made.work), "--operator", "v26.7.0",
-                                       "--driver", NEW, "--pool", "canary", "--skip-chart-render"])
-    assert result.exit_code == 0, result.output
-    git(made.work, "push", "-q", "origin", "HEAD:main")
-    return made
+    tmp = tmp_path_factory.mktemp("canary-remote")
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in GIT_ENV.items():
+            patch.setenv(key, value)
+        patch.setenv("HOME", str(tmp))
+        source = tmp / "source"
+        source.mkdir()
+        for folder in ("manifests", "argocd"):
+            shutil.copytree(ROOT / folder, source / folder)
+        (source / manifests.STACK_DIR / "canary.yaml").write_text(CANARY_YAML)
+        git(source, "init", "-q", "-b", "main")
+        commit_all(source, "initial import")
+        result = CliRunner().invoke(main, ["stack", "upgrade", "--repo", str(source), "--operator", "v26.7.0",
+                                           "--driver", NEW, "--pool", "canary", "--skip-chart-render"])
+        assert result.exit_code == 0, result.output
+    git(tmp, "clone", "-q", "--bare", str(source), str(tmp / "remote.git"))
+    return tmp / "remote.git"
+
+
+@pytest.fixture
+def remote(rolled_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Remote:
+    for key, value in GIT_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(rolled_out, tmp_path / "source.git")
+    return Remote(tmp_path / "source.git", tmp_path)
 
 
 def controller(remote: Remote, fake, tmp: Path, name: str, *, lease: bool = False,
@@ -122,8 +142,14 @@ def test_a_failed_canary_node_is_rolled_back_by_a_pushed_commit_an_event_and_an_
     assert annotations["gpugate.io/canary-decision"] == "rollback"
     assert annotations["gpugate.io/canary-rollback-to"] == "595.91.07"
     assert canarymetrics.DECISIONS.labels(pool="canary", decision="rollback", mode="upgrade-failed")._value.get() >= 1
-    stack = manifests.load_stack(Path(git(remote.work, "rev-parse", "--show-toplevel").strip()))
-    assert stack.pool("canary").driver == NEW, "the person's clone is untouched"
+    assert manifests.load_stack(remote.work).pool("canary").driver == NEW, "the person's clone is untouched"
+    git(remote.work, "pull", "-q", "--ff-only")
+    from click.testing import CliRunner
+
+    from webhook.cli import main
+
+    status = CliRunner().invoke(main, ["stack", "status", "--repo", str(remote.work)])
+    assert "canary rollback (upgrade-failed) of pool canary's rollout" in status.output, status.output
 
 
 def test_a_rollout_is_decided_once_whatever_runs_after(remote, failed_canary, tmp_path):

@@ -70,9 +70,17 @@ def git_status(path: Path) -> dict[str, Any]:
             out["head"] = repo.head()
             out["stackCommits"] = [{"sha": c.sha, "action": c.action, "subject": c.subject}
                                    for c in repo.stack_commits(limit=50)[:5]]
+            out["canaryDecisions"] = canary_decisions(repo)
         except GpugateError:
             out["stackCommits"] = []
     return out
+
+
+def canary_decisions(repo: Repo, shown: int = 5) -> list[dict[str, str]]:
+    """The newest canary decisions in Git (``gpugate stack canary --watch`` commits them with trailers)."""
+    from webhook.stack.canarygit import canary_history
+
+    return canary_history(repo, limit=200)[:shown]
 
 
 def _list(list_call: Any, what: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]] | None:
