@@ -68,9 +68,17 @@ def restarting(name: str, *, created: float, consumers: tuple[str, ...] = (), re
     return CanaryNode(name=name, state="pod-restart-required", driver_pod=pod, consumers=consumers)
 
 
+CONSUMER = "pod ops/gpu-probe-0 on c1 (hostPath /dev/nvidia0, no GPU request the upgrade deletes it for)"
+
+
 def test_a_consumer_pinning_the_driver_is_named_in_the_rollback():
-    consumer = "pod ops/gpu-probe-0 on c1 (hostPath /dev/nvidia0, no GPU request the upgrade deletes it for)"
-    [decision] = run([Look(at=1003, nodes=(restarting("c1", created=1001, consumers=(consumer,)),))])
+    [decision] = run([Look(at=1003, nodes=(restarting("c1", created=1001, consumers=(CONSUMER,)),))])
+    assert decision.mode == "gpu-consumer" and "ops/gpu-probe-0" in decision.evidence[0]
+
+
+def test_a_node_failed_because_of_a_consumer_is_rolled_back_naming_the_consumer():
+    failed = CanaryNode("c1", "upgrade-failed", consumers=(CONSUMER,))
+    [decision] = run([Look(at=1005, nodes=(failed,))])
     assert decision.mode == "gpu-consumer" and "ops/gpu-probe-0" in decision.evidence[0]
 
 

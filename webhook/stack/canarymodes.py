@@ -13,9 +13,10 @@ the XID counts of the canary and baseline pools); ``decide`` turns it into one `
 Time is the caller's wall clock (``Look.at``, the rollout commit's time): how long a node sat in a
 state is measured from when a look first saw it there (``Memory``), so a restarted controller
 waits a full limit again before it calls a node stuck: late, never wrong. The modes, in the order
-they are tried (the first that holds decides): ``upgrade-failed`` on any node, also one that reads
-upgrade-done again (the library's Events keep it); ``gpu-consumer``, a new driver pod crash-looping on
-a node where something the upgrade never frees holds the driver (named); ``driver-not-ready``;
+they are tried (the first that holds decides): ``gpu-consumer``, a new driver that cannot load on a
+node where something the upgrade never frees holds the driver (named: it is the cause);
+``upgrade-failed`` on any node, also one that reads upgrade-done again (the library's Events keep
+it); ``driver-not-ready``;
 ``validation-timeout``; ``stuck-state`` (any other in-progress state); ``mig-pending``;
 ``dcgm-diagnostic``; ``xid-rate`` (more new XIDs per node than the baseline pool); ``condition``
 (canary.yaml's PromQL); ``timeout`` (not done within ``timeoutSeconds`` of the rollout commit).
@@ -39,7 +40,7 @@ DIAGNOSTIC = "dcgm-diagnostic"
 XID_RATE = "xid-rate"
 CONDITION = "condition"
 TIMEOUT = "timeout"
-MODES = (UPGRADE_FAILED, GPU_CONSUMER, DRIVER_NOT_READY, VALIDATION_TIMEOUT, STUCK, MIG_PENDING, DIAGNOSTIC,
+MODES = (GPU_CONSUMER, UPGRADE_FAILED, DRIVER_NOT_READY, VALIDATION_TIMEOUT, STUCK, MIG_PENDING, DIAGNOSTIC,
          XID_RATE, CONDITION, TIMEOUT)
 """Every failure mode, in the order ``decide`` tries them."""
 VALIDATING = "validation-required"
@@ -175,17 +176,27 @@ def _upgrade_failed(analysis: Analysis, rollout: Rollout, memory: Memory, look: 
     return _rollback(memory, UPGRADE_FAILED, evidence, min(memory.failed.values()), list(memory.failed))
 
 
+def _consumers(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
+    """A node whose new driver cannot load (crash-looping, or already upgrade-failed) while something the
+    upgrade never frees holds the driver: the consumer is the cause, so it is named (before upgrade-failed)."""
+    for node in look.nodes:
+        pod = node.driver_pod
+        failing = node.name in memory.failed or (pod is not None and not pod.ready and (pod.restarts > 0 or pod.waiting))
+        if node.consumers and failing:
+            how = (pod.waiting or f"{pod.restarts} restarts") if pod is not None else FAILED
+            name = pod.name if pod is not None else "the driver pod"
+            return _rollback(memory, GPU_CONSUMER, [f"{name} on {node.name} cannot load the new driver ({how}): "
+                                                    f"held by " + "; ".join(node.consumers)],
+                             memory.failed.get(node.name, look.at), [node.name])
+    return None
+
+
 def _driver_pods(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
-    """A consumer pinning the driver (its pod crash-looping), else a driver pod not Ready past the limit."""
+    """A new driver pod not Ready past the limit."""
     for node in look.nodes:
         pod = node.driver_pod
         if pod is None or pod.ready:
             continue
-        if node.consumers and (pod.restarts > 0 or pod.waiting):
-            return _rollback(memory, GPU_CONSUMER,
-                             [f"driver pod {pod.name} on {node.name} cannot load the new driver "
-                              f"({pod.waiting or f'{pod.restarts} restarts'}): held by " + "; ".join(node.consumers)],
-                             look.at, [node.name])
         limit = analysis.limits.driver_ready_seconds
         if look.at - pod.created >= limit:
             return _rollback(memory, DRIVER_NOT_READY,
@@ -258,7 +269,7 @@ def _conditions(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look
     return _rollback(memory, CONDITION, violations, look.at, [n.name for n in look.nodes])
 
 
-FAILURES = (_upgrade_failed, _driver_pods, _states, _diagnostics, _xid, _conditions)
+FAILURES = (_consumers, _upgrade_failed, _driver_pods, _states, _diagnostics, _xid, _conditions)
 """The failure checks in the order of ``MODES`` (each may hold several modes); the first that holds decides."""
 
 
