@@ -118,6 +118,9 @@ class GitOpsRig:
     binaries: dict[str, Path]
     nodes: dict[str, str] = field(default_factory=dict)
     """node name -> pool (canary | default)."""
+    layout: tuple[str, ...] = ("canary", "canary", "default", "default")
+    """The pool of each GPU node to make, in order (a pool other than ``default`` is its
+    ``gpugate.io/driver-pool`` label value, the pool's nodeSelector in stack.yaml)."""
     chart_repo: harness.ChartRepository | None = None
     daemon: harness.GitDaemon | None = None
     fork: Fork | None = None
@@ -155,11 +158,11 @@ class GitOpsRig:
         self._last = time.monotonic()
         suffix = secrets.token_hex(2)
         self.cluster.kubelet.lifecycle = POD_LIFECYCLE
-        for index, pool in enumerate(("canary", "canary", "default", "default"), start=1):
+        for index, pool in enumerate(self.layout, start=1):
             # What NFD's worker would label: an NVIDIA PCI device, the OS (the driver's node pool).
             labels = {NFD_GPU_LABEL: "true", NFD_OS_ID: "ubuntu", NFD_OS_VERSION: "24.04"}
-            if pool == "canary":
-                labels[POOL_LABEL] = "canary"
+            if pool != "default":
+                labels[POOL_LABEL] = pool
             name = self.cluster.add_gpu_node(f"argocd-{pool}-{suffix}-{index}", gpus=8, labels=labels)
             self.nodes[name] = pool
         self._step("nodes")

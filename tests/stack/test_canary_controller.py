@@ -118,7 +118,7 @@ def controller(remote: Remote, fake, tmp: Path, name: str, *, lease: bool = Fals
 
 
 @pytest.fixture
-def failed_canary(fake_kube):  # noqa: F811
+def failed_canary(fake_kube):
     fake_kube.put_many([node("c1", "canary", "upgrade-failed", "595.91.07"), node("d1", "default", "upgrade-done",
                                                                                   "595.91.07"),
                         nvidia_driver("canary"), nvidia_driver("default")])
@@ -217,14 +217,14 @@ def test_a_push_refused_every_time_gives_up_loudly_and_never_forces(remote, fail
     assert len(pushed) == 2, "a given-up rollout is not retried behind the user's back"
 
 
-def test_a_canary_node_still_upgrading_decides_nothing(remote, fake_kube, tmp_path):  # noqa: F811
+def test_a_canary_node_still_upgrading_decides_nothing(remote, fake_kube, tmp_path):
     fake_kube.put_many([node("c1", "canary", "pod-restart-required", "595.91.07"), nvidia_driver("canary")])
     before = remote.log()
     controller(remote, fake_kube, tmp_path, "ctl-a").round()
     assert remote.log() == before and not fake_kube.list("v1", "Event", "default")
 
 
-def test_a_healthy_canary_is_promoted_to_the_pools_canary_yaml_names(remote, fake_kube, tmp_path):  # noqa: F811
+def test_a_healthy_canary_is_promoted_to_the_pools_canary_yaml_names(remote, fake_kube, tmp_path):
     fake_kube.put_many([node("c1", "canary", "upgrade-done", NEW), node("d1", "default", "upgrade-done", "595.91.07"),
                         nvidia_driver("canary"), nvidia_driver("default")])
     controller(remote, fake_kube, tmp_path, "ctl-a").round()

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from webhook.commands.stack_canary_watch import WatchOptions, canary_watch_loop, watch_options
 from webhook.commands.stack_options import (
     Workspace,
     output_option,
@@ -24,7 +25,6 @@ from webhook.stack import canary_watch, compat, manifests
 from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
 from webhook.stack.gitrepo import Repo
-from webhook.commands.stack_canary_watch import WatchOptions, canary_watch_loop, watch_options
 
 
 def _decided_commit(where: Workspace, pool: str, verdict: Any, *, output: str) -> str:

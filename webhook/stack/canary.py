@@ -229,7 +229,8 @@ def _watched_pools(data: Mapping[str, Any], pools: Sequence[str], source: str) -
         raise GpugateError(f"{source}: pool(s) {', '.join(dict.fromkeys(unknown))} are not pools of stack.yaml "
                            f"({', '.join(pools)})")
     if targets != "all" and set(targets) & set(watched):
-        raise GpugateError(f"{source}: promoteTo names a canary pool ({', '.join(sorted(set(targets) & set(watched)))})")
+        both = ", ".join(sorted(set(targets) & set(watched)))
+        raise GpugateError(f"{source}: promoteTo names a canary pool ({both})")
     if (data.get("conditions") or "xid" in data) and not (data.get("prometheus") or {}).get("url"):
         raise GpugateError(f"{source}: conditions and xid need prometheus.url (or --prometheus)")
     return watched, (targets if targets == "all" else tuple(targets))

@@ -89,7 +89,8 @@ def _failed_events(core: client.CoreV1Api, nodes: set[str], since: float) -> dic
     return found
 
 
-def _diagnoses(batch: client.BatchV1Api, core: client.CoreV1Api, namespace: str, rollout: Rollout) -> dict[str, Diagnosis]:
+def _diagnoses(batch: client.BatchV1Api, core: client.CoreV1Api, namespace: str,
+               rollout: Rollout) -> dict[str, Diagnosis]:
     found = {}
     for job in _items(batch.list_namespaced_job, namespace, label_selector=f"{ROLLOUT_LABEL}={rollout.commit[:12]}"):
         node = labels_of(job).get(NODE_LABEL, "")

@@ -96,7 +96,8 @@ class Where:
 def prepare(where: Where, analysis: Analysis, rollout: Rollout, decision: Decision) -> upgrade.Prepared:
     """The decision as a checked commit on the clone's head (not yet made)."""
     chart = upgrade.chart_settings(where.repo.root, helm=None, chart_repo=None, skip=True)
-    trailers = ((POOL_TRAILER, rollout.pool), (ROLLOUT_TRAILER, rollout.commit), (DECISION_TRAILER, decision.action))
+    trailers: tuple[tuple[str, str], ...] = ((POOL_TRAILER, rollout.pool), (ROLLOUT_TRAILER, rollout.commit),
+                                             (DECISION_TRAILER, decision.action))
     notes = [f"canary pool {rollout.pool}, rollout {rollout.commit[:12]} ({rollout.from_driver} -> "
              f"{rollout.to_driver})"]
     if decision.action == "rollback":
@@ -160,7 +161,7 @@ def canary_history(repo: Repo, limit: int = 200) -> list[dict[str, str]]:
 
 def credential_config(credentials: Path | None) -> tuple[str, ...]:
     """``git -c`` settings for the clone: a credential store file (from a Secret), and an identity."""
-    config = ("user.name=gpugate canary", "user.email=canary@gpugate.invalid")
+    config: tuple[str, ...] = ("user.name=gpugate canary", "user.email=canary@gpugate.invalid")
     if credentials is not None:
         config += (f"credential.helper=store --file={credentials}",)
     return config

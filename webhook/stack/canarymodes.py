@@ -181,7 +181,8 @@ def _consumers(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look)
     upgrade never frees holds the driver: the consumer is the cause, so it is named (before upgrade-failed)."""
     for node in look.nodes:
         pod = node.driver_pod
-        failing = node.name in memory.failed or (pod is not None and not pod.ready and (pod.restarts > 0 or pod.waiting))
+        crashing = pod is not None and not pod.ready and (pod.restarts > 0 or bool(pod.waiting))
+        failing = node.name in memory.failed or crashing
         if node.consumers and failing:
             how = (pod.waiting or f"{pod.restarts} restarts") if pod is not None else FAILED
             name = pod.name if pod is not None else "the driver pod"

@@ -84,7 +84,8 @@ def check_upgrade_in_flight(change: Change) -> list[Check]:
         return [Check(name=name, ok=True, reason="no node of a pool this change reloads is in the cluster state")]
     driver_pods = {spec_of(p).get("nodeName"): p for p in state.pods
                    if labels_of(p).get(DRIVER_COMPONENT[0]) == DRIVER_COMPONENT[1]}
-    failed, moving = [], []
+    failed: list[str] = []
+    moving: list[str] = []
     for node in _nodes(state, names):
         upgrade = labels_of(node).get(DRIVER_UPGRADE_STATE_LABEL, "")
         if upgrade in SETTLED:

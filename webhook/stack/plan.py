@@ -32,7 +32,8 @@ from webhook.stack.compat import Check
 from webhook.stack.model import Pool, Stack
 from webhook.stack.releases import Matrix, OperatorVersion, driver_branch, parse_minor
 
-__all__ = ["Context", "ExistingDrivers", "Plan", "Request", "Step", "Waivers", "plan_promote", "plan_sync", "plan_upgrade"]
+__all__ = ["Context", "ExistingDrivers", "Plan", "Request", "Step", "Waivers", "plan_promote", "plan_sync",
+           "plan_upgrade"]
 
 
 @dataclass(frozen=True, kw_only=True)
