@@ -74,3 +74,28 @@ def test_the_clean_cases_cover_a_release_move_the_driver_migration_and_a_label_o
     assert any(c.get("upgrade", {}).get("operator") == "v26.7.0" for n, c in changes.items() if "263" in n)
     assert any(c.get("upgrade", {}).get("driverManagement") == "nvidiadriver" for c in changes.values())
     assert any(set((c.get("edit") or {}).get("pools", {}).get("default", {})) == {"labels"} for c in changes.values())
+
+
+def test_stack_plan_reads_a_recorded_cluster_and_prints_each_failure_with_its_cause_and_fix(tmp_path) -> None:
+    """The CLI path: ``gpugate stack plan --cluster-state FILE`` on the project's own stack.yaml, the
+    recording of a case written out as ``kubectl get ... -o yaml`` would (a List)."""
+    from click.testing import CliRunner
+
+    import yaml
+
+    from webhook.cli import main
+
+    folder = corpus.CORPUS / "hostpath-dev-nvidia-agent"
+    recorded = tmp_path / "cluster.yaml"
+    recorded.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",
+                                        "items": corpus.recorded_objects(folder / "cluster.yaml")}))
+    args = ["stack", "plan", "--repo", str(corpus.ROOT), "--operator", "v26.7.0", "--driver", "610.57.04",
+            "--pool", "canary", "--skip-chart-render", "--cluster-state", str(recorded)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    failed = next(i for i, line in enumerate(lines) if line.strip().startswith("FAIL  gpu-consumers"))
+    assert "pod ops/gpu-probe-0" in lines[failed] and "hostPath /dev/nvidia0" in lines[failed]
+    assert lines[failed + 1].strip().startswith("fix: stop them on the reloaded nodes")
+    assert "commits: none (a check failed)" in result.output
+    assert CliRunner().invoke(main, [*args, "--kube"]).exit_code == 2, "a recording or the cluster, not both"
