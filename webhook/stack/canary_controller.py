@@ -95,6 +95,8 @@ class CanaryController:
         stack = manifests.load_stack(where.repo.root)
         analysis = canary_watch.load_analysis(where.repo.root, stack, pool=None, path=self.settings.analysis_file)
         values = yaml.safe_load((where.repo.root / manifests.VALUES_FILE).read_text(encoding="utf-8"))
+        decided = canarygit.decisions(where.repo)
+        seen: canary_observe.Seen | None = None
         for pool, rollout in canarygit.rollouts(where.repo, analysis.pools).items():
             state = self.pools.setdefault(pool, PoolState())
             if rollout is None or (state.rollout is not None and state.rollout.commit != rollout.commit):
@@ -103,15 +105,16 @@ class CanaryController:
             if rollout is None:
                 canarymetrics.state(pool, "idle")
                 continue
-            decided = canarygit.decision_of(where.repo, rollout)
-            if decided is not None or state.gave_up:
-                canarymetrics.state(pool, "decided" if decided else "gave-up")
+            if (pool, rollout.commit) in decided or state.gave_up:
+                canarymetrics.state(pool, "decided" if (pool, rollout.commit) in decided else "gave-up")
                 continue
-            self.judge(analysis, stack, rollout, state, values)
+            seen = seen or canary_observe.gather(self.settings.eyes, stack, analysis)
+            self.judge(analysis, stack, rollout, state, values, seen)
         return analysis.interval_seconds
 
-    def judge(self, analysis: Analysis, stack: Any, rollout: Rollout, state: PoolState, values: Any) -> None:
-        look = canary_observe.look(self.settings.eyes, stack, analysis, rollout, values, now=self.wall())
+    def judge(self, analysis: Analysis, stack: Any, rollout: Rollout, state: PoolState, values: Any,
+              seen: canary_observe.Seen) -> None:
+        look = canary_observe.look(self.settings.eyes, seen, stack, analysis, rollout, values, now=self.wall())
         decision = decide(analysis, rollout, state.memory, look)
         state.memory = decision.memory
         canarymetrics.state(rollout.pool, "watching")

@@ -77,10 +77,9 @@ def _driver_pod(pods: list[Obj], driver: str) -> DriverPod | None:
     return None
 
 
-def _failed_events(core: client.CoreV1Api, nodes: set[str], since: float) -> dict[str, float]:
+def _failed_events(events: list[Obj], nodes: set[str], since: float) -> dict[str, float]:
     found: dict[str, float] = {}
-    for event in _items(core.list_event_for_all_namespaces,
-                        field_selector=f"involvedObject.kind=Node,reason={UPGRADE_EVENT_REASON}"):
+    for event in events:
         node = (event.get("involvedObject") or {}).get("name")
         when = epoch(event.get("lastTimestamp")) or epoch(event.get("eventTime")) or 0.0
         if node in nodes and "upgrade-failed" in str(event.get("message")) and when >= since - 1:
@@ -89,16 +88,17 @@ def _failed_events(core: client.CoreV1Api, nodes: set[str], since: float) -> dic
     return found
 
 
-def _diagnoses(batch: client.BatchV1Api, core: client.CoreV1Api, namespace: str,
-               rollout: Rollout) -> dict[str, Diagnosis]:
+def _diagnoses(jobs: list[Obj], pods: list[Obj], rollout: Rollout) -> dict[str, Diagnosis]:
     found = {}
-    for job in _items(batch.list_namespaced_job, namespace, label_selector=f"{ROLLOUT_LABEL}={rollout.commit[:12]}"):
+    for job in jobs:
+        if labels_of(job).get(ROLLOUT_LABEL) != rollout.commit[:12]:
+            continue
         node = labels_of(job).get(NODE_LABEL, "")
         status = job.get("status") or {}
         conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
         started = epoch(status.get("startTime")) or epoch(job["metadata"].get("creationTimestamp")) or 0.0
         if "Failed" in conditions:
-            detail = _exit_of(core, namespace, name_of(job)) or str(conditions["Failed"].get("message") or "failed")
+            detail = _exit_of(pods, name_of(job)) or str(conditions["Failed"].get("message") or "failed")
             found[node] = Diagnosis(name_of(job), "failed", started, detail,
                                     epoch(conditions["Failed"].get("lastTransitionTime")))
         elif "Complete" in conditions:
@@ -109,8 +109,10 @@ def _diagnoses(batch: client.BatchV1Api, core: client.CoreV1Api, namespace: str,
     return found
 
 
-def _exit_of(core: client.CoreV1Api, namespace: str, job: str) -> str:
-    for pod in _items(core.list_namespaced_pod, namespace, label_selector=f"job-name={job}"):
+def _exit_of(pods: list[Obj], job: str) -> str:
+    for pod in pods:
+        if labels_of(pod).get("job-name") != job:
+            continue
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
             ended = (container.get("state") or {}).get("terminated") or {}
             if ended:
@@ -130,38 +132,62 @@ def _xid(prometheus: str, rule_window: float, canary: set[str], baseline: set[st
                      baseline=int(sum(per_host.get(h, 0) for h in baseline)), baseline_nodes=len(baseline))
 
 
-def look(eyes: Eyes, stack: Stack, analysis: Analysis, rollout: Rollout, values: Mapping[str, Any] | None, *,
-         now: float) -> Look:
-    """One look at ``rollout``'s pool."""
+@dataclass(frozen=True)
+class Seen:
+    """What one round read, once, for every canary pool's look."""
+
+    nodes: list[Obj]
+    drivers: list[Obj]
+    daemonsets: list[Obj]
+    events: list[Obj]
+    jobs: list[Obj]
+    job_pods: list[Obj]
+    on_nodes: Mapping[str, list[Obj]]
+    """GPU node -> the pods bound to it (read for the canary nodes only)."""
+
+
+def gather(eyes: Eyes, stack: Stack, analysis: Analysis) -> Seen:
+    """The cluster as every canary pool's look reads it, listed once per round."""
     core, apps, batch = client.CoreV1Api(eyes.api), client.AppsV1Api(eyes.api), client.BatchV1Api(eyes.api)
     nodes = [n for n in _items(core.list_node) if labels_of(n).get("nvidia.com/gpu.present") == "true"]
-    pools = {name_of(n): pool_of_node(labels_of(n), stack) for n in nodes}
+    canary = sorted(name_of(n) for n in nodes if pool_of_node(labels_of(n), stack) in analysis.pools)
+    diag = analysis.diagnostics
+    return Seen(
+        nodes=nodes, drivers=_items(core.list_namespaced_pod, eyes.operator_namespace, label_selector=DRIVER_SELECTOR),
+        daemonsets=_items(apps.list_namespaced_daemon_set, eyes.operator_namespace),
+        events=_items(core.list_event_for_all_namespaces,
+                      field_selector=f"involvedObject.kind=Node,reason={UPGRADE_EVENT_REASON}"),
+        jobs=_items(batch.list_namespaced_job, diag.namespace, label_selector=ROLLOUT_LABEL) if diag else [],
+        job_pods=_items(core.list_namespaced_pod, diag.namespace, label_selector="job-name") if diag else [],
+        on_nodes={node: _items(core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}")
+                  for node in canary})
+
+
+def look(eyes: Eyes, seen: Seen, stack: Stack, analysis: Analysis, rollout: Rollout,
+         values: Mapping[str, Any] | None, *, now: float) -> Look:
+    """One look at ``rollout``'s pool, from what the round read (and Prometheus, asked now)."""
+    pools = {name_of(n): pool_of_node(labels_of(n), stack) for n in seen.nodes}
     canary = {n for n, p in pools.items() if p == rollout.pool}
-    baseline_pool = analysis.baseline or stack.default_pool.name
-    drivers = _items(core.list_namespaced_pod, eyes.operator_namespace, label_selector=DRIVER_SELECTOR)
-    on_canary = [p for node in sorted(canary) for p in _items(core.list_pod_for_all_namespaces,
-                                                              field_selector=f"spec.nodeName={node}")]
     state = ClusterState.from_objects(
-        [*({**n, "kind": "Node"} for n in nodes), *({**p, "kind": "Pod"} for p in on_canary),
-         *({**d, "kind": "DaemonSet"} for d in _items(apps.list_namespaced_daemon_set, eyes.operator_namespace))],
-        source="the cluster")
-    seen = []
-    for node in sorted((n for n in nodes if name_of(n) in canary), key=name_of):
+        [*({**n, "kind": "Node"} for n in seen.nodes),
+         *({**p, "kind": "Pod"} for node in sorted(canary) for p in seen.on_nodes.get(node, [])),
+         *({**d, "kind": "DaemonSet"} for d in seen.daemonsets)], source="the cluster")
+    nodes = []
+    for node in sorted((n for n in seen.nodes if name_of(n) in canary), key=name_of):
         labels = labels_of(node)
-        mine = [p for p in drivers if (p.get("spec") or {}).get("nodeName") == name_of(node)]
-        seen.append(CanaryNode(name=name_of(node), state=labels.get(DRIVER_UPGRADE_STATE_LABEL, ""),
-                               driver=labels.get(canary_watch.DRIVER_VERSION_LABEL),
-                               mig_state=labels.get(MIG_STATE_LABEL, ""),
-                               driver_pod=_driver_pod(mine, rollout.to_driver),
-                               consumers=tuple(pinning_consumers(state, [name_of(node)], values))))
+        mine = [p for p in seen.drivers if (p.get("spec") or {}).get("nodeName") == name_of(node)]
+        nodes.append(CanaryNode(name=name_of(node), state=labels.get(DRIVER_UPGRADE_STATE_LABEL, ""),
+                                driver=labels.get(canary_watch.DRIVER_VERSION_LABEL),
+                                mig_state=labels.get(MIG_STATE_LABEL, ""),
+                                driver_pod=_driver_pod(mine, rollout.to_driver),
+                                consumers=tuple(pinning_consumers(state, [name_of(node)], values))))
     measurements: dict[str, tuple[float | Sample, ...]] = {}
     url = eyes.prometheus or analysis.prometheus_url
     if url:
         measurements = {c.name: canary_watch.query(url, c.query) for c in analysis.conditions}
     xid = None
     if analysis.xid is not None and url:
-        xid = _xid(url, analysis.xid.window_seconds, canary, {n for n, p in pools.items() if p == baseline_pool})
-    diagnoses = (_diagnoses(batch, core, analysis.diagnostics.namespace, rollout)
-                 if analysis.diagnostics is not None else {})
-    return Look(at=now, nodes=tuple(seen), failed_events=_failed_events(core, canary, rollout.started),
-                diagnoses=diagnoses, xid=xid, measurements=measurements)
+        baseline = analysis.baseline or stack.default_pool.name
+        xid = _xid(url, analysis.xid.window_seconds, canary, {n for n, p in pools.items() if p == baseline})
+    return Look(at=now, nodes=tuple(nodes), failed_events=_failed_events(seen.events, canary, rollout.started),
+                diagnoses=_diagnoses(seen.jobs, seen.job_pods, rollout), xid=xid, measurements=measurements)

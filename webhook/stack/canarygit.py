@@ -75,6 +75,12 @@ def rollouts(repo: Repo, pools: tuple[str, ...], *, limit: int = 100) -> dict[st
     return {pool: found.get(pool) for pool in pools}
 
 
+def decisions(repo: Repo) -> dict[tuple[str, str], tuple[str, str]]:
+    """(pool, rollout commit) -> (sha, decision) of every canary decision in the newest commits."""
+    return {(trailers.get(POOL_TRAILER, ""), trailers[ROLLOUT_TRAILER]): (sha, trailers.get(DECISION_TRAILER, "?"))
+            for sha, _, trailers in repo.trailer_commits(ROLLOUT_TRAILER)}
+
+
 def decision_of(repo: Repo, rollout: Rollout) -> tuple[str, str] | None:
     """(sha, decision) of the commit that decided ``rollout``, if one exists."""
     for sha, _, trailers in repo.trailer_commits(ROLLOUT_TRAILER):
