@@ -248,7 +248,7 @@ def test_stack_plan_kube_reads_the_cluster_and_names_a_pod_that_pins_the_canarys
     def plan(pool: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(GPUGATE), "stack", "plan", "--repo", str(ROOT), "--operator", "v26.7.0",
                                "--driver", NEW, "--pool", pool, "--skip-chart-render", "--kube"],
-                              capture_output=True, text=True, env=env, timeout=120, check=False)
+                              capture_output=True, text=True, env=env, timeout=300, check=False)
 
     canary = plan("canary")
     assert canary.returncode == 1, canary.stdout + canary.stderr
