@@ -203,8 +203,11 @@ class CanaryRig(GitOpsRig):
         self._step("pools")
 
     def bootstrap_operator(self) -> None:
-        """Only the AppProject and the gpu-operator Application, rendered from the fork as the root would."""
+        """Only the AppProject and the gpu-operator Application, rendered from the fork as the root would;
+        and the RuntimeClass ``nvidia`` the operator's toolkit state creates (the diagnostic Jobs name it)."""
         assert self.fork is not None
+        self.kubectl.apply_objects([{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                     "metadata": {"name": "nvidia"}, "handler": "nvidia"}])
         rendered = run(["kubectl", "kustomize", str(self.fork.path / "argocd" / "apps")]).stdout
         wanted = [d for d in yaml.safe_load_all(rendered) if d and (
             d["kind"] == "AppProject" or (d["kind"] == "Application" and d["metadata"]["name"] == "gpu-operator"))]

@@ -123,15 +123,19 @@ def _entered(rig: CanaryRig, node: str, state: str, after: float) -> float | Non
     return next((c.at + offset for c in rig.history.since(after - offset, [node]) if c.state == state), None)
 
 
+def _break_validator(rig: CanaryRig, core: client.CoreV1Api) -> None:
+    """The validator of the validation-timeout canary node stops validating (its pod, re-made by the
+    DaemonSet, never turns Ready), from the rollout on: the library's validation step waits on it."""
+    rig.faults.validator_broken = True
+    unvalid = _node(rig, "canary-unvalid")
+    for pod in core.list_namespaced_pod("gpu-operator", label_selector="app=nvidia-operator-validator").items:
+        if pod.spec.node_name == unvalid:
+            core.delete_namespaced_pod(pod.metadata.name, "gpu-operator", grace_period_seconds=0)
+
+
 def _inject(rig: CanaryRig, run: Run, core: client.CoreV1Api) -> None:
-    """What NVIDIA's components would do on the canary nodes once the rollout reaches them."""
-    unvalid, xid = _node(rig, "canary-unvalid"), _node(rig, "canary-xid")
-    if not rig.faults.validator_broken and _entered(rig, unvalid, "pod-restart-required", run.pushed_at):
-        rig.faults.validator_broken = True  # the operator restarts its operands after the driver
-        for pod in core.list_namespaced_pod("gpu-operator", label_selector="app=nvidia-operator-validator").items:
-            if pod.spec.node_name == unvalid:
-                core.delete_namespaced_pod(pod.metadata.name, "gpu-operator", grace_period_seconds=0)
-    labels = core.read_node(xid).metadata.labels or {}
+    """An XID on the canary-xid node's GPUs once it runs the new driver, as the driver would log it."""
+    labels = core.read_node(_node(rig, "canary-xid")).metadata.labels or {}
     if "xid" not in run.signals and labels.get(STATE_LABEL) == "upgrade-done" and \
             labels.get(DRIVER_VERSION_LABEL) == NEW:
         rig.show_xids(79)
@@ -171,6 +175,7 @@ def run(rig: CanaryRig) -> Run:
     try:
         result.rollout = _rollout_commit(rig)
         result.pushed_at = time.time()
+        _break_validator(rig, core)
         core.patch_node(_node(rig, "canary-mig"), {"metadata": {"labels": {"nvidia.com/mig.config.state": "pending"}}})
         result.signals["mig"] = time.time()
         deadline = time.monotonic() + 300

@@ -99,6 +99,17 @@ def test_a_node_past_its_limit_rolls_back_and_the_signal_is_when_the_limit_passe
     assert (decisions[-1].action, decisions[-1].mode, decisions[-1].signal_at) == ("rollback", mode, signal)
 
 
+def test_a_driver_pod_that_never_loads_is_driver_not_ready_even_after_the_stuck_limit():
+    """Its node sits in pod-restart-required from before the pod was made: the more precise mode wins."""
+    analysis = dataclasses.replace(ANALYSIS, limits=dataclasses.replace(LIMITS, stuck_seconds=20))
+    decisions = run([Look(at=1000, nodes=(CanaryNode("c1", "pod-restart-required"),)),
+                     Look(at=1001, nodes=(restarting("c1", created=1001, restarts=0),)),
+                     Look(at=1020.5, nodes=(restarting("c1", created=1001, restarts=0),)),
+                     Look(at=1021.5, nodes=(restarting("c1", created=1001, restarts=0),))], analysis)
+    assert [d.action for d in decisions] == ["wait", "wait", "wait", "rollback"]
+    assert decisions[-1].mode == "driver-not-ready"
+
+
 def test_upgrade_required_is_waiting_its_turn_not_stuck():
     decisions = run([Look(at=1000, nodes=(CanaryNode("c2", "upgrade-required"),)),
                      Look(at=1100, nodes=(CanaryNode("c2", "upgrade-required"),))])

@@ -220,7 +220,8 @@ def _states(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) ->
                              since + limits.validation_seconds, [node.name])
     for node in look.nodes:
         state, since = memory.since.get(node.name, (node.state, look.at))
-        if state not in RESTING and state != VALIDATING and look.at - since >= limits.stuck_seconds:
+        loading = node.driver_pod is not None and not node.driver_pod.ready  # driver-not-ready's to call
+        if state not in RESTING and state != VALIDATING and not loading and look.at - since >= limits.stuck_seconds:
             return _rollback(memory, STUCK, [f"{node.name} in {state} for {look.at - since:.0f}s (limit "
                                              f"{limits.stuck_seconds:g}s)"], since + limits.stuck_seconds,
                              [node.name])
