@@ -62,8 +62,8 @@ def render(package: Path, release: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--charts", type=Path, default=DEFAULT_CHARTS)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    for flag, default in (("--charts", DEFAULT_CHARTS), ("--out", DEFAULT_OUT)):
+        parser.add_argument(flag, type=Path, default=default)
     parser.add_argument("--check", action="store_true", help="exit 1 if a file differs from what would be written")
     args = parser.parse_args(argv)
     packages = {m.group(1): p for p in sorted(args.charts.glob("*.tgz")) if (m := _PACKAGE.match(p.name))}

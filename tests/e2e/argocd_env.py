@@ -100,6 +100,22 @@ CONTROLLER_ARGS = (
 )
 
 
+def rig_binaries() -> dict[str, Path]:
+    """What a GitOps rig runs: Argo CD's, helm, kustomize (``harness.rig_binaries``) and NVIDIA's upgrade
+    library; a missing one skips (fails under CI) naming the command that builds it."""
+    from tests.e2e import binaries
+    from tests.prerequisites import missing, needed
+
+    needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
+    found = harness.rig_binaries()
+    controller = binaries.upgrade_controller()
+    if controller is None:
+        missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
+                "`python -m tests.e2e.binaries build`")
+        raise AssertionError("unreachable")
+    return {**found, UPGRADE_CONTROLLER: controller}
+
+
 def healthy(states: dict[str, harness.AppState], apps: Sequence[str], revision: str | None = None) -> bool:
     """Every app Synced and Healthy, no operation running (and synced to ``revision`` if given)."""
     for app in apps:

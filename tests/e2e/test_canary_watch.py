@@ -29,15 +29,14 @@ import yaml
 from kubernetes import client
 
 from tests.e2e import argocd_harness as harness
-from tests.e2e import binaries
-from tests.e2e.argocd_env import CHARTS, UPGRADE_CONTROLLER, healthy
+from tests.e2e.argocd_env import healthy, rig_binaries
 from tests.e2e.argocd_gitops import git
 from tests.e2e.argocd_standin import DRIVER_VERSION_LABEL, STATE_LABEL
 from tests.e2e.argocd_upgrades import start_gpu_workload
 from tests.e2e.canary_rig import INTERVAL, LIMITS, LONG_JOB, MODES, NEW, OLD, SOAK, CanaryRig
 from tests.e2e.local import own_control_plane
 from tests.e2e.waiting import wait_until
-from tests.prerequisites import missing, needed
+from tests.prerequisites import missing
 
 pytestmark = pytest.mark.e2e
 DECISION_ALLOWANCE = 12.0
@@ -61,18 +60,13 @@ class Run:
 
 @pytest.fixture(scope="module")
 def rig() -> Iterator[CanaryRig]:
-    needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
-    found = harness.rig_binaries()
-    controller = binaries.upgrade_controller()
-    if controller is None:
-        missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
-                "`python -m tests.e2e.binaries build`")
+    found = rig_binaries()
     if shutil.which("prometheus") is None:
         missing("prometheus is not on PATH (Debian's prometheus package)")
     cidr = f"127.{secrets.randbelow(180) + 64}.{secrets.randbelow(256)}.0/24"
     workdir = Path(tempfile.mkdtemp(prefix="gpugate-canary-"))
     with own_control_plane("the canary rig needs a control plane of its own", service_cidr=cidr) as cluster:
-        started = CanaryRig(cluster, workdir, {**found, UPGRADE_CONTROLLER: controller})
+        started = CanaryRig(cluster, workdir, found)
         try:
             started.start()
             yield started

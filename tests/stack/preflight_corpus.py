@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from tests.kubefake import merge_patch
 from webhook.stack import chartcrds, manifests
 from webhook.stack import matrix as matrix_data
 from webhook.stack import plan as planning
@@ -50,16 +51,8 @@ def _documents(text: str) -> list[Any]:
 
 
 def merge(base: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: maps merge, ``null`` deletes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(base) if isinstance(base, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge(out.get(key), value)
-    return out
+    """RFC 7386 JSON merge patch (maps merge, ``null`` deletes), on a copy: kubefake's, the one the tests share."""
+    return merge_patch(copy.deepcopy(base), patch)
 
 
 @cache

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
-from tests.stack.conftest import GIT_ENV, ROOT, commit_all, git
+from tests.stack.conftest import GIT_ENV, commit_all, git, project_copy
 from webhook.kubeclient import api_client
 from webhook.lease import LeaseSettings
 from webhook.stack import canary_controller, canary_observe, canarygit, canarymetrics, manifests
@@ -83,13 +83,9 @@ def rolled_out(tmp_path_factory) -> Path:
         for key, value in GIT_ENV.items():
             patch.setenv(key, value)
         patch.setenv("HOME", str(tmp))
-        source = tmp / "source"
-        source.mkdir()
-        for folder in ("manifests", "argocd"):
-            shutil.copytree(ROOT / folder, source / folder)
+        source = project_copy(tmp / "source")
         (source / manifests.STACK_DIR / "canary.yaml").write_text(CANARY_YAML)
-        git(source, "init", "-q", "-b", "main")
-        commit_all(source, "initial import")
+        commit_all(source, "canary.yaml for the controller")
         result = CliRunner().invoke(main, ["stack", "upgrade", "--repo", str(source), "--operator", "v26.7.0",
                                            "--driver", NEW, "--pool", "canary", "--skip-chart-render"])
         assert result.exit_code == 0, result.output

@@ -118,7 +118,7 @@ def test_upgrade_required_is_waiting_its_turn_not_stuck():
 
 def test_a_failed_diagnostic_rolls_back_naming_the_job():
     look = Look(at=1050, nodes=(done(),), diagnoses={"c1": Diagnosis("dcgm-diag-c1", "failed", 1040,
-                                                                      "exit code 1", finished=1048)})
+                                                                      finished=1048, detail="exit code 1")})
     [decision] = run([look])
     assert decision.mode == "dcgm-diagnostic" and "dcgm-diag-c1" in decision.evidence[0] and decision.signal_at == 1048
 

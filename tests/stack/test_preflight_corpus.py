@@ -9,9 +9,12 @@ either way without its case being rewritten. The score test counts both and prin
 from __future__ import annotations
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
 from tests.prerequisites import needed
 from tests.stack import preflight_corpus as corpus
+from webhook.cli import main
 
 CASES = corpus.cases()
 
@@ -79,12 +82,6 @@ def test_the_clean_cases_cover_a_release_move_the_driver_migration_and_a_label_o
 def test_stack_plan_reads_a_recorded_cluster_and_prints_each_failure_with_its_cause_and_fix(tmp_path) -> None:
     """The CLI path: ``gpugate stack plan --cluster-state FILE`` on the project's own stack.yaml, the
     recording of a case written out as ``kubectl get ... -o yaml`` would (a List)."""
-    from click.testing import CliRunner
-
-    import yaml
-
-    from webhook.cli import main
-
     folder = corpus.CORPUS / "hostpath-dev-nvidia-agent"
     recorded = tmp_path / "cluster.yaml"
     recorded.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",

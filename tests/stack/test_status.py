@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from webhook.cli import main
+from webhook.names import DRIVER_OWNER_LABEL
 from webhook.stack import status
 
 
@@ -19,7 +20,7 @@ def node(name: str, *, gpu: bool = True, owner: str | None = None, state: str | 
     if gpu:
         labels[status.GPU_PRESENT_LABEL] = "true"
     if owner:
-        labels[status.DRIVER_OWNER_LABEL] = owner
+        labels[DRIVER_OWNER_LABEL] = owner
     if state:
         labels[status.DRIVER_UPGRADE_STATE_LABEL] = state
     if pool_label:

@@ -99,8 +99,8 @@ def _diagnoses(jobs: list[Obj], pods: list[Obj], rollout: Rollout) -> dict[str, 
         started = epoch(status.get("startTime")) or epoch(job["metadata"].get("creationTimestamp")) or 0.0
         if "Failed" in conditions:
             detail = _exit_of(pods, name_of(job)) or str(conditions["Failed"].get("message") or "failed")
-            found[node] = Diagnosis(name_of(job), "failed", started, detail,
-                                    epoch(conditions["Failed"].get("lastTransitionTime")))
+            found[node] = Diagnosis(name_of(job), "failed", started,
+                                    finished=epoch(conditions["Failed"].get("lastTransitionTime")), detail=detail)
         elif "Complete" in conditions:
             found[node] = Diagnosis(name_of(job), "succeeded", started,
                                     finished=epoch(conditions["Complete"].get("lastTransitionTime")))

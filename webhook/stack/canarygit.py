@@ -89,13 +89,14 @@ def decision_of(repo: Repo, rollout: Rollout) -> tuple[str, str] | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Where:
     """The controller's clone and where it pushes."""
 
     repo: Repo
-    remote: str
-    branch: str
+    remote: str = "origin"
+    """The remote's name in the clone: where the branch is fetched from and pushed to."""
+    branch: str = "main"
     schema_root: Path | None = None
 
 

@@ -78,8 +78,9 @@ class Diagnosis:
     job: str
     phase: str
     started: float
-    detail: str = ""
     finished: float | None = None
+    detail: str = ""
+    """What a failed one said (its pod's exit code and message)."""
 
 
 @dataclass(frozen=True)

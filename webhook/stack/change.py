@@ -124,3 +124,17 @@ def reloaded_pools(change: Change) -> tuple[str, ...]:
         return tuple(p.name for p in final.pools)
     before = {p.name: _driver_identity(p) for p in current.pools}
     return tuple(p.name for p in final.pools if before.get(p.name) != _driver_identity(p))
+
+
+ClusterRule = Callable[[Change, ClusterState], list[Check]]
+
+
+def needs_cluster(rule: ClusterRule) -> Callable[[Change], list[Check]]:
+    """A rule that reads the cluster: it says nothing when none was read (the ``cluster`` check says
+    which rules did not run), and is handed the state read otherwise."""
+
+    def run(change: Change) -> list[Check]:
+        return [] if change.context.cluster is None else rule(change, change.context.cluster)
+
+    run.__name__, run.__doc__ = rule.__name__, rule.__doc__
+    return run

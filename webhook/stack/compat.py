@@ -314,3 +314,11 @@ def check_driver_published(matrix: Matrix, release: Release, *, pool: str, drive
                              f"--allow-unlisted-driver (check that nvcr.io/nvidia/driver:{driver}-<os> exists)")
     return Check(name=name, subject=pool, ok=False,
                  reason=reason + "; pick a listed version, or pass --allow-unlisted-driver if you know it exists")
+
+
+def verdict(name: str, problems: list[str], *, passed: str, failed: str, source: str, fix: str) -> list[Check]:
+    """One rule's check over what it found: PASS with ``passed`` when nothing, else FAIL whose reason is
+    ``failed`` with ``{found}`` replaced by the problems, joined (the preflight rules all read so)."""
+    if not problems:
+        return [Check(name=name, ok=True, reason=passed)]
+    return [Check(name=name, ok=False, source=source, fix=fix, reason=failed.replace("{found}", "; ".join(problems)))]

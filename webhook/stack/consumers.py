@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from webhook.kube import demand
-from webhook.stack.change import Change, reloaded_pools
+from webhook.stack.change import Change, needs_cluster, reloaded_pools
 from webhook.stack.clusterstate import ClusterState, KubeObject, controller_of, qualified, spec_of
-from webhook.stack.compat import Check
+from webhook.stack.compat import Check, verdict
 from webhook.stack.hardening import toolkit_ignores_visible_devices
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -103,11 +103,9 @@ def pinning_consumers(state: ClusterState, nodes: Iterable[str], values: Mapping
     return [found[k] for k in sorted(found)]
 
 
-def check_gpu_consumers(change: Change) -> list[Check]:
+@needs_cluster
+def check_gpu_consumers(change: Change, state: ClusterState) -> list[Check]:
     name = "gpu-consumers"
-    state = change.context.cluster
-    if state is None:
-        return []
     nodes = state.pool_nodes(change.final, reloaded_pools(change))
     pinning = pinning_consumers(state, nodes, change.context.values)
     if not pinning:
@@ -128,11 +126,9 @@ def _stuck_on_emptydir(policy: Mapping[str, Any]) -> bool:
     return not deletion.get("deleteEmptyDir", False) and not (drain.get("enable") and drain.get("deleteEmptyDir"))
 
 
-def check_drain_emptydir(change: Change) -> list[Check]:
+@needs_cluster
+def check_drain_emptydir(change: Change, state: ClusterState) -> list[Check]:
     name = "drain-emptydir"
-    state = change.context.cluster
-    if state is None:
-        return []
     found = []
     for pool in reloaded_pools(change):
         policy = change.final.pool(pool).upgrade_policy
@@ -141,14 +137,13 @@ def check_drain_emptydir(change: Change) -> list[Check]:
         nodes = state.pool_nodes(change.final, [pool])
         found += [f"pod {qualified(p)} on {spec_of(p).get('nodeName')} (pool {pool})" for p in state.pods_on(nodes)
                   if deleted_by_upgrade(p) and any("emptyDir" in v for v in spec_of(p).get("volumes") or [])]
-    if not found:
-        return [Check(name=name, ok=True, reason="every GPU pod on the reloaded nodes can be deleted or drained")]
-    return [Check(name=name, ok=False, source="NVIDIA/gpu-operator#454",
-                  reason="GPU pods with an emptyDir that the pool's upgradePolicy may neither delete "
-                         "(podDeletion.deleteEmptyDir false) nor drain (drain off, or drain.deleteEmptyDir false): "
-                         + "; ".join(sorted(found)) + ". Their node ends upgrade-failed",
-                  fix="set upgradePolicy.drain.enable and drain.deleteEmptyDir to true for the pool in stack.yaml "
-                      "(`gpugate stack sync`), or move the scratch data off emptyDir")]
+    return verdict(name, sorted(found), source="NVIDIA/gpu-operator#454",
+                   passed="every GPU pod on the reloaded nodes can be deleted or drained",
+                   failed="GPU pods with an emptyDir that the pool's upgradePolicy may neither delete "
+                          "(podDeletion.deleteEmptyDir false) nor drain (drain off, or drain.deleteEmptyDir false): "
+                          "{found}. Their node ends upgrade-failed",
+                   fix="set upgradePolicy.drain.enable and drain.deleteEmptyDir to true for the pool in stack.yaml "
+                       "(`gpugate stack sync`), or move the scratch data off emptyDir")
 
 
 def _precompiled(declared: bool, values: Mapping[str, Any] | None) -> bool:

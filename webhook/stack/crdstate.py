@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.stack.change import Change
-from webhook.stack.clusterstate import KubeObject, annotations_of, labels_of, name_of, spec_of
+from webhook.stack.change import Change, needs_cluster
+from webhook.stack.clusterstate import ClusterState, KubeObject, annotations_of, labels_of, name_of, spec_of
 from webhook.stack.compat import Check
 
 TRACKING_ANNOTATION = "argocd.argoproj.io/tracking-id"
@@ -117,10 +117,11 @@ def _target(change: Change) -> Mapping[str, CRDShape] | None:
     return (change.context.chart_crds or {}).get(str(change.final.operator_version))
 
 
-def check_crds_served(change: Change) -> list[Check]:
+@needs_cluster
+def check_crds_served(change: Change, state: ClusterState) -> list[Check]:
     name = "crds-served"
-    state, release = change.context.cluster, change.final.operator_version
-    if state is None or state.crds is None:
+    release = change.final.operator_version
+    if state.crds is None:
         return []
     target = _target(change)
     if target is None:
@@ -144,10 +145,10 @@ def check_crds_served(change: Change) -> list[Check]:
                       f"(drop helm.skipCrds)")]
 
 
-def check_crd_owner(change: Change) -> list[Check]:
+@needs_cluster
+def check_crd_owner(change: Change, state: ClusterState) -> list[Check]:
     name = "crd-owner"
-    state = change.context.cluster
-    if state is None or state.crds is None:
+    if state.crds is None:
         return []
     target = _target(change) or {}
     ours = change.context.application

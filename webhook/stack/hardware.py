@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from webhook.names import NVIDIA_FAMILY_LABEL, NVIDIA_PRODUCT_LABEL
-from webhook.stack.change import Change, reloaded_pools
-from webhook.stack.clusterstate import KubeObject, labels_of, name_of, status_of
-from webhook.stack.compat import Check
+from webhook.stack.change import Change, needs_cluster, reloaded_pools
+from webhook.stack.clusterstate import ClusterState, KubeObject, labels_of, name_of, status_of
+from webhook.stack.compat import Check, verdict
 from webhook.stack.hardening import component_env
 from webhook.stack.releases import driver_branch
 
@@ -79,10 +79,9 @@ def _pools_nodes(change: Change) -> dict[str, list[KubeObject]]:
     return by_pool
 
 
-def check_driver_hardware(change: Change) -> list[Check]:
+@needs_cluster
+def check_driver_hardware(change: Change, state: ClusterState) -> list[Check]:
     name = "driver-hardware"
-    if change.context.cluster is None:
-        return []
     failed = []
     for pool, nodes in _pools_nodes(change).items():
         branch = int(driver_branch(change.final.pool(pool).driver))
@@ -102,22 +101,20 @@ def _kernel_module_type(change: Change) -> str:
     return str(driver.get("kernelModuleType", "auto")) if isinstance(driver, Mapping) else "auto"
 
 
-def check_kernel_modules(change: Change) -> list[Check]:
+@needs_cluster
+def check_kernel_modules(change: Change, state: ClusterState) -> list[Check]:
     name = "kernel-modules"
-    if change.context.cluster is None:
-        return []
     if change.final.management != "clusterpolicy" or _kernel_module_type(change) != "proprietary":
         return [Check(name=name, ok=True, reason="kernelModuleType is not proprietary")]
     hit = sorted(f"{name_of(n)} ({labels_of(n).get(NVIDIA_PRODUCT_LABEL, '?')})"
                  for nodes in _pools_nodes(change).values() for n in nodes
                  if labels_of(n).get(NVIDIA_FAMILY_LABEL, "").lower() in OPEN_ONLY_FAMILIES
                  or any(p in labels_of(n).get(NVIDIA_PRODUCT_LABEL, "") for p in OPEN_ONLY_PRODUCTS))
-    if not hit:
-        return [Check(name=name, ok=True, reason="no node with GPUs that need the open kernel modules")]
-    return [Check(name=name, ok=False, source="NVIDIA/gpu-operator#1947; NVIDIA open-gpu-kernel-modules",
-                  reason=f"driver.kernelModuleType proprietary on {', '.join(hit)}, whose GPUs run only the open "
-                         f"kernel modules: the driver loads and nvidia-smi says 'No devices were found'",
-                  fix="set driver.kernelModuleType to auto (or open) in values.yaml")]
+    return verdict(name, [", ".join(hit)] if hit else [], source="NVIDIA/gpu-operator#1947; NVIDIA "
+                   "open-gpu-kernel-modules", passed="no node with GPUs that need the open kernel modules",
+                   failed="driver.kernelModuleType proprietary on {found}, whose GPUs run only the open kernel "
+                          "modules: the driver loads and nvidia-smi says 'No devices were found'",
+                   fix="set driver.kernelModuleType to auto (or open) in values.yaml")
 
 
 def _precompiled_problem(node: KubeObject, branch: int) -> str:
@@ -134,23 +131,21 @@ def _precompiled_problem(node: KubeObject, branch: int) -> str:
     return ""
 
 
-def check_precompiled_kernel(change: Change) -> list[Check]:
+@needs_cluster
+def check_precompiled_kernel(change: Change, state: ClusterState) -> list[Check]:
     name = "precompiled-kernel"
-    if change.context.cluster is None:
-        return []
     problems = []
     for pool, nodes in _pools_nodes(change).items():
         spec = change.final.pool(pool)
         if spec.use_precompiled:
             problems += [p for n in nodes if (p := _precompiled_problem(n, int(driver_branch(spec.driver))))]
-    if not problems:
-        return [Check(name=name, ok=True, reason="no precompiled pool on a kernel NVIDIA builds none for")]
-    return [Check(name=name, ok=False, source="cloud-native-docs gpu-operator/precompiled-drivers.rst, "
-                                              "platform-support.rst (26.7.0); NVIDIA/gpu-operator#300",
-                  reason="precompiled drivers where NVIDIA publishes no image: " + "; ".join(sorted(problems))
-                         + ". The driver pod cannot pull <branch>-<kernel>-<os>",
-                  fix="set usePrecompiled false for that pool (a new crName: the field is immutable), or build "
-                      "the precompiled image for that kernel into your own registry")]
+    return verdict(name, sorted(problems), source="cloud-native-docs gpu-operator/precompiled-drivers.rst, "
+                   "platform-support.rst (26.7.0); NVIDIA/gpu-operator#300",
+                   passed="no precompiled pool on a kernel NVIDIA builds none for",
+                   failed="precompiled drivers where NVIDIA publishes no image: {found}. The driver pod cannot pull "
+                          "<branch>-<kernel>-<os>",
+                   fix="set usePrecompiled false for that pool (a new crName: the field is immutable), or build "
+                       "the precompiled image for that kernel into your own registry")
 
 
 def _gke_minor(node: KubeObject) -> int | None:
@@ -159,11 +154,10 @@ def _gke_minor(node: KubeObject) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def check_toolkit_platform(change: Change) -> list[Check]:
+@needs_cluster
+def check_toolkit_platform(change: Change, state: ClusterState) -> list[Check]:
     name = "toolkit-platform"
-    state, values = change.context.cluster, change.context.values or {}
-    if state is None:
-        return []
+    values = change.context.values or {}
     toolkit = values.get("toolkit")
     if isinstance(toolkit, Mapping) and toolkit.get("enabled") is False:
         return [Check(name=name, ok=True, reason="the container toolkit is not the operator's")]
@@ -179,11 +173,10 @@ def check_toolkit_platform(change: Change) -> list[Check]:
                   fix=f"add {{name: {key}, value: {wanted}}} to toolkit.env in values.yaml")]
 
 
-def check_control_plane_gpu(change: Change) -> list[Check]:
+@needs_cluster
+def check_control_plane_gpu(change: Change, state: ClusterState) -> list[Check]:
     name = "control-plane-gpu"
-    state, values = change.context.cluster, change.context.values or {}
-    if state is None:
-        return []
+    values = change.context.values or {}
     toolkit = values.get("toolkit")
     restarts = change.operator_moves or "toolkit" in change.final.components and (
         change.final.components.get("toolkit") != change.current.components.get("toolkit"))

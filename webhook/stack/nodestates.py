@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from webhook.names import DRIVER_UPGRADE_STATE_LABEL, NVIDIA_MIG_CONFIG_LABEL
-from webhook.stack.change import Change, reloaded_pools
+from webhook.stack.change import Change, needs_cluster, reloaded_pools
 from webhook.stack.clusterstate import (
     ClusterState,
     KubeObject,
@@ -36,7 +36,7 @@ from webhook.stack.clusterstate import (
     spec_of,
     status_of,
 )
-from webhook.stack.compat import Check
+from webhook.stack.compat import Check, verdict
 
 MIG_STATE_LABEL = "nvidia.com/mig.config.state"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
@@ -74,11 +74,9 @@ def _crash_looping(pod: KubeObject) -> str:
     return ""
 
 
-def check_upgrade_in_flight(change: Change) -> list[Check]:
+@needs_cluster
+def check_upgrade_in_flight(change: Change, state: ClusterState) -> list[Check]:
     name = "upgrade-in-flight"
-    state = change.context.cluster
-    if state is None:
-        return []
     names = _reloaded_nodes(change, state)
     if not names:
         return [Check(name=name, ok=True, reason="no node of a pool this change reloads is in the cluster state")]
@@ -115,24 +113,20 @@ def check_upgrade_in_flight(change: Change) -> list[Check]:
     return [Check(name=name, ok=False, reason=reason, fix=fix, source="NVIDIA/gpu-operator#2509, #2549")]
 
 
-def check_nodes_ready(change: Change) -> list[Check]:
+@needs_cluster
+def check_nodes_ready(change: Change, state: ClusterState) -> list[Check]:
     name = "nodes-ready"
-    state = change.context.cluster
-    if state is None:
-        return []
     names = _reloaded_nodes(change, state)
     problems = [f"node {name_of(n)} is NotReady" for n in _nodes(state, names) if not node_ready(n)]
     problems += [f"driver pod {meta(p).get('namespace')}/{name_of(p)} is bound to no node"
                  for p in state.pods if labels_of(p).get(DRIVER_COMPONENT[0]) == DRIVER_COMPONENT[1]
                  and not spec_of(p).get("nodeName")]
-    if not problems:
-        return [Check(name=name, ok=True, reason=f"{len(names)} node(s) of the reloaded pools Ready, every driver "
-                                                  f"pod bound")]
-    return [Check(name=name, ok=False, source="NVIDIA/gpu-operator#688",
-                  reason="; ".join(problems) + ": NVIDIA's upgrade controller builds its state from every driver "
-                         "pod's node and stops for the whole cluster on one it cannot read",
-                  fix="bring the node back or take it out of the cluster, and delete driver pods that no node "
-                      "took, before the rollout")]
+    return verdict(name, problems, source="NVIDIA/gpu-operator#688",
+                   passed=f"{len(names)} node(s) of the reloaded pools Ready, every driver pod bound",
+                   failed="{found}: NVIDIA's upgrade controller builds its state from every driver pod's node and "
+                          "stops for the whole cluster on one it cannot read",
+                   fix="bring the node back or take it out of the cluster, and delete driver pods that no node "
+                       "took, before the rollout")
 
 
 def _mig_problem(labels: Mapping[str, Any]) -> str:
@@ -151,22 +145,18 @@ def _mig_problem(labels: Mapping[str, Any]) -> str:
     return ""
 
 
-def check_mig_state(change: Change) -> list[Check]:
-    name = "mig-state"
-    state = change.context.cluster
-    if state is None:
-        return []
+@needs_cluster
+def check_mig_state(change: Change, state: ClusterState) -> list[Check]:
+    """A MIG layout pending or failed on a reloaded node (the labels the MIG manager writes)."""
     names = _reloaded_nodes(change, state)
-    problems = [f"{name_of(n)}: {p}" for n in _nodes(state, names) if (p := _mig_problem(labels_of(n)))]
-    if not problems:
-        return [Check(name=name, ok=True, reason=f"no MIG change pending or failed on the {len(names)} reloaded "
-                                                  f"node(s)")]
-    return [Check(name=name, ok=False, source="NVIDIA/gpu-operator#2833, NVIDIA/mig-parted#485, #1606, #668",
-                  reason="; ".join(problems) + ". A driver restart on top finds the GPU clients paused: the "
-                         "node's GPUs stay unavailable",
-                  fix=(f"settle MIG first: for a wedged manager set {NVIDIA_MIG_CONFIG_LABEL} to another value and "
-                       f"back (or restore the nvidia.com/gpu.deploy.* labels to true); for a failed mode change on "
-                       f"a platform without GPU reset set migManager.env WITH_REBOOT=true"))]
+    found = [f"{name_of(n)}: {p}" for n in _nodes(state, names) if (p := _mig_problem(labels_of(n)))]
+    return verdict("mig-state", found, source="NVIDIA/gpu-operator#2833, NVIDIA/mig-parted#485, #1606, #668",
+                   passed=f"no MIG change pending or failed on the {len(names)} reloaded node(s)",
+                   failed="{found}. A driver restart on top finds the GPU clients paused: the node's GPUs stay "
+                          "unavailable",
+                   fix=(f"settle MIG first: for a wedged manager set {NVIDIA_MIG_CONFIG_LABEL} to another value and "
+                        f"back (or restore the nvidia.com/gpu.deploy.* labels to true); for a failed mode change on "
+                        f"a platform without GPU reset set migManager.env WITH_REBOOT=true"))
 
 
 def _stuck_initialising(state: ClusterState, pod: KubeObject) -> str:
@@ -178,12 +168,10 @@ def _stuck_initialising(state: ClusterState, pod: KubeObject) -> str:
     return ""
 
 
-def check_operands_ready(change: Change) -> list[Check]:
+@needs_cluster
+def check_operands_ready(change: Change, state: ClusterState) -> list[Check]:
     """Operator pods (validator, toolkit, plugin...) stuck in Init or crash-looping on a reloaded node."""
     name = "operands-ready"
-    state = change.context.cluster
-    if state is None:
-        return []
     names = _reloaded_nodes(change, state)
     stuck = []
     for pod in state.pods_on(names):
@@ -192,10 +180,9 @@ def check_operands_ready(change: Change) -> list[Check]:
         looping = _crash_looping(pod) or _stuck_initialising(state, pod)
         if looping:
             stuck.append(f"{name_of(pod)} on {spec_of(pod).get('nodeName')}: {looping}")
-    if not stuck:
-        return [Check(name=name, ok=True, reason="the operator's pods on the reloaded nodes are not stuck")]
-    return [Check(name=name, ok=False, source="NVIDIA/gpu-operator#1711, #1982, #459",
-                  reason="the GPU stack on these nodes is not validated: " + "; ".join(sorted(stuck))
-                         + ". A new driver restarts it before anyone knows why it failed",
-                  fix="read the failing step's log (kubectl -n <operator namespace> logs <pod> -c <container>) and "
-                      "fix it first; the named container is the step that fails")]
+    return verdict(name, sorted(stuck), source="NVIDIA/gpu-operator#1711, #1982, #459",
+                   passed="the operator's pods on the reloaded nodes are not stuck",
+                   failed="the GPU stack on these nodes is not validated: {found}. A new driver restarts it "
+                          "before anyone knows why it failed",
+                   fix="read the failing step's log (kubectl -n <operator namespace> logs <pod> -c <container>) "
+                       "and fix it first; the named container is the step that fails")

@@ -8,17 +8,8 @@ that the rollback action takes; ``cannot_undo`` names what the files alone do no
 from __future__ import annotations
 
 from webhook.errors import GpugateError
-from webhook.stack.checks import (
-    NO_CONTEXT,
-    NO_WAIVERS,
-    ROLLBACK,
-    Change,
-    Context,
-    ExistingDrivers,
-    Waivers,
-    changed_pools,
-    run_checks,
-)
+from webhook.stack import checks
+from webhook.stack.checks import NO_CONTEXT, NO_WAIVERS, ROLLBACK, Change, Context, ExistingDrivers, Waivers
 from webhook.stack.model import Stack
 from webhook.stack.plan import Plan, Step, fail
 from webhook.stack.releases import Matrix
@@ -71,11 +62,11 @@ def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, su
         return Plan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
                     reverts=sha, reverts_why=why)
     change = Change(action=ROLLBACK, matrix=matrix, release=release, current=current, final=target,
-                    pools=changed_pools(current, target), existing=existing, waivers=waivers, context=context)
-    checks = run_checks(change)
+                    pools=checks.changed_pools(current, target), existing=existing, waivers=waivers, context=context)
+    found = checks.run_checks(change)
     undo = tuple(cannot_undo(current, target))
     step = Step(action="rollback", stack=target, title=title)
-    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks), reverts=sha,
+    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(found), reverts=sha,
                 reverts_why=why, cannot_undo=undo)
 
 
@@ -93,6 +84,6 @@ def plan_pool_rollback(matrix: Matrix, current: Stack, *, pool: str, driver: str
                     pools=(pool,), existing=existing, context=context)
     title = f"rollback pool {pool} driver {current.pool(pool).driver} -> {driver}"
     step = Step(action="rollback", stack=target, title=title)
-    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(run_checks(change)), reverts=sha,
-                reverts_why=f"{sha[:12]} ({subject}) for pool {pool} only", cannot_undo=tuple(cannot_undo(current,
-                                                                                                     target)))
+    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks.run_checks(change)),
+                reverts=sha, reverts_why=f"{sha[:12]} ({subject}) for pool {pool} only",
+                cannot_undo=tuple(cannot_undo(current, target)))

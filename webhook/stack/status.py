@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from webhook.errors import GpugateError
-from webhook.names import DRIVER_OWNER_LABEL, DRIVER_UPGRADE_STATE_LABEL, GPU_PRESENT_LABEL
+from webhook.names import DRIVER_UPGRADE_STATE_LABEL, GPU_PRESENT_LABEL
 from webhook.stack import manifests, site
 from webhook.stack import matrix as matrix_data
+from webhook.stack.clusterstate import pool_of_node
 from webhook.stack.gitrepo import Repo
 from webhook.stack.model import Stack
 
@@ -143,17 +144,8 @@ def _conditions(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def pool_of(node: Mapping[str, Any], stack: Stack) -> str:
-    """The pool a GPU node belongs to: the NVIDIADriver that owns it, else the nodeSelector it matches."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    if stack.management == "nvidiadriver":
-        owner = labels.get(DRIVER_OWNER_LABEL)
-        for pool in stack.pools:
-            if owner and owner == pool.resource_name:
-                return pool.name
-        for pool in stack.pools:
-            if pool.node_selector and all(labels.get(k) == v for k, v in pool.node_selector.items()):
-                return pool.name
-    return stack.default_pool.name
+    """The pool a GPU node belongs to (the operator's ownership rule, ``clusterstate.pool_of_node``)."""
+    return pool_of_node((node.get("metadata") or {}).get("labels") or {}, stack)
 
 
 def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:
