@@ -39,9 +39,11 @@ from tests.e2e.waiting import wait_until
 from tests.prerequisites import missing
 
 pytestmark = pytest.mark.e2e
-DECISION_ALLOWANCE = 12.0
-"""Seconds a decision may take beyond one look interval after its signal: a look at nine pools, the
-commit (staged and validated) and the push, on a shared two-core machine."""
+DECISION_ALLOWANCE = 30.0
+"""Seconds a decision may take beyond one look interval after its signal, to the pushed commit: a look
+at nine pools, then each decision's commit (rendered and validated twice, as every stack commit is)
+and push, one after another when several pools fail in the same seconds, on a shared two-core
+machine. The measured delays are printed; docs/stack.md gives them."""
 ROLLBACK_MODES = {pool: mode for pool, mode in MODES.items() if mode}
 
 
