@@ -129,8 +129,20 @@ def _break_validator(rig: CanaryRig, core: client.CoreV1Api) -> None:
             core.delete_namespaced_pod(pod.metadata.name, "gpu-operator", grace_period_seconds=0)
 
 
+def _note_new_driver_pod(rig: CanaryRig, run: Run, core: client.CoreV1Api) -> None:
+    """When the never-loading driver pod was made (it is gone once the rollback replaced it)."""
+    if "noload" in run.signals:
+        return
+    node = _node(rig, "canary-noload")
+    drivers = core.list_namespaced_pod("gpu-operator", label_selector="app.kubernetes.io/component=nvidia-driver")
+    for pod in drivers.items:
+        if pod.spec.node_name == node and any(f":{NEW}-" in c.image for c in pod.spec.containers):
+            run.signals["noload"] = pod.metadata.creation_timestamp.timestamp()
+
+
 def _inject(rig: CanaryRig, run: Run, core: client.CoreV1Api) -> None:
     """An XID on the canary-xid node's GPUs once it runs the new driver, as the driver would log it."""
+    _note_new_driver_pod(rig, run, core)
     labels = core.read_node(_node(rig, "canary-xid")).metadata.labels or {}
     if "xid" not in run.signals and labels.get(STATE_LABEL) == "upgrade-done" and \
             labels.get(DRIVER_VERSION_LABEL) == NEW:
@@ -240,11 +252,7 @@ def signal_of(rig: CanaryRig, run: Run, pool: str) -> float:
     if mode == "gpu-consumer":
         return (_entered(rig, node, "pod-restart-required", run.pushed_at) or 0.0) + 0.5
     if mode == "driver-not-ready":
-        pods = client.CoreV1Api(rig.api).list_namespaced_pod(
-            "gpu-operator", label_selector="app.kubernetes.io/component=nvidia-driver").items
-        made = [p.metadata.creation_timestamp.timestamp() for p in pods if p.spec.node_name == node
-                and any(f":{NEW}-" in c.image for c in p.spec.containers)]
-        return min(made) + limits["driverReadySeconds"]
+        return run.signals["noload"] + limits["driverReadySeconds"]
     if mode == "validation-timeout":
         return (_entered(rig, node, "validation-required", run.pushed_at) or 0.0) + limits["validationSeconds"]
     if mode == "stuck-state":
