@@ -21,11 +21,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
 
 from webhook import kubeclient
 from webhook.errors import GpugateError
+from webhook.kube.yamlload import fast_load
 from webhook.lease import LeaderElector, LeaseSettings
 from webhook.stack import canary_observe, canary_watch, canarygit, canarymetrics, manifests
 from webhook.stack.canary import Analysis
@@ -94,9 +94,10 @@ class CanaryController:
         where.repo.sync_to_remote(where.remote, where.branch)
         stack = manifests.load_stack(where.repo.root)
         analysis = canary_watch.load_analysis(where.repo.root, stack, pool=None, path=self.settings.analysis_file)
-        values = yaml.safe_load((where.repo.root / manifests.VALUES_FILE).read_text(encoding="utf-8"))
+        values = fast_load((where.repo.root / manifests.VALUES_FILE).read_text(encoding="utf-8"))
         decided = canarygit.decisions(where.repo)
         seen: canary_observe.Seen | None = None
+        due: list[tuple[Decision, Rollout, PoolState]] = []
         for pool, rollout in canarygit.rollouts(where.repo, analysis.pools).items():
             state = self.pools.setdefault(pool, PoolState())
             if rollout is None or (state.rollout is not None and state.rollout.commit != rollout.commit):
@@ -109,11 +110,17 @@ class CanaryController:
                 canarymetrics.state(pool, "decided" if (pool, rollout.commit) in decided else "gave-up")
                 continue
             seen = seen or canary_observe.gather(self.settings.eyes, stack, analysis)
-            self.judge(analysis, stack, rollout, state, values, seen)
+            decision = self.judge(analysis, stack, rollout, state, values, seen)
+            if decision.action in ("promote", "rollback"):
+                due.append((decision, rollout, state))
+        # Every pool judged on one read, then the commits, the earliest signal first.
+        for decision, rollout, state in sorted(due, key=lambda d: d[0].signal_at or 0.0):
+            if self.leading():
+                self.act(analysis, rollout, decision, state)
         return analysis.interval_seconds
 
     def judge(self, analysis: Analysis, stack: Any, rollout: Rollout, state: PoolState, values: Any,
-              seen: canary_observe.Seen) -> None:
+              seen: canary_observe.Seen) -> Decision:
         look = canary_observe.look(self.settings.eyes, seen, stack, analysis, rollout, values, now=self.wall())
         decision = decide(analysis, rollout, state.memory, look)
         state.memory = decision.memory
@@ -124,8 +131,7 @@ class CanaryController:
             state.last = summary
         if decision.diagnose and self.leading():
             self.start_diagnostics(analysis, rollout, [n.name for n in look.nodes if n.name not in look.diagnoses])
-        if decision.action in ("promote", "rollback") and self.leading():
-            self.act(analysis, rollout, decision, state)
+        return decision
 
     def act(self, analysis: Analysis, rollout: Rollout, decision: Decision, state: PoolState) -> None:
         pool = rollout.pool
@@ -148,7 +154,9 @@ class CanaryController:
             return
         delay = self.wall() - (decision.signal_at if decision.signal_at is not None else self.wall())
         canarymetrics.decided(pool, decision.action, decision.mode, delay)
-        message = (f"{decision.action} {rollout.from_driver} -> {rollout.to_driver} by commit {sha[:12]}"
+        moved = (f"{rollout.to_driver} -> {rollout.from_driver}" if decision.action == "rollback"
+                 else f"{rollout.to_driver} from pool {pool}")
+        message = (f"{decision.action} {moved} by commit {sha[:12]}"
                    + (f" ({decision.mode})" if decision.mode else "") + ": " + "; ".join(decision.evidence))
         log.info(f"canary {pool}: {message} ({delay:.1f}s after the signal)")
         self.event(rollout, "Warning" if decision.action == "rollback" else "Normal",

@@ -88,12 +88,13 @@ def _failed_events(events: list[Obj], nodes: set[str], since: float) -> dict[str
     return found
 
 
-def _diagnoses(jobs: list[Obj], pods: list[Obj], rollout: Rollout) -> dict[str, Diagnosis]:
+def _diagnoses(jobs: list[Obj], pods: list[Obj], rollout: Rollout, nodes: set[str]) -> dict[str, Diagnosis]:
+    """The diagnostic Jobs of this rollout on ``nodes`` (one rollout commit can move several pools)."""
     found = {}
     for job in jobs:
-        if labels_of(job).get(ROLLOUT_LABEL) != rollout.commit[:12]:
-            continue
         node = labels_of(job).get(NODE_LABEL, "")
+        if labels_of(job).get(ROLLOUT_LABEL) != rollout.commit[:12] or node not in nodes:
+            continue
         status = job.get("status") or {}
         conditions = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
         started = epoch(status.get("startTime")) or epoch(job["metadata"].get("creationTimestamp")) or 0.0
@@ -190,4 +191,4 @@ def look(eyes: Eyes, seen: Seen, stack: Stack, analysis: Analysis, rollout: Roll
         baseline = analysis.baseline or stack.default_pool.name
         xid = _xid(url, analysis.xid.window_seconds, canary, {n for n, p in pools.items() if p == baseline})
     return Look(at=now, nodes=tuple(nodes), failed_events=_failed_events(seen.events, canary, rollout.started),
-                diagnoses=_diagnoses(seen.jobs, seen.job_pods, rollout), xid=xid, measurements=measurements)
+                diagnoses=_diagnoses(seen.jobs, seen.job_pods, rollout, canary), xid=xid, measurements=measurements)

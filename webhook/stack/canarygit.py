@@ -158,8 +158,7 @@ def canary_history(repo: Repo, limit: int = 200) -> list[dict[str, str]]:
     """The canary decisions in Git, newest first: pool, rollout, decision, mode, sha, subject."""
     out = []
     for sha, when, trailers in repo.trailer_commits(ROLLOUT_TRAILER, limit=limit):
-        subject = subprocess.run(["git", "show", "-s", "--format=%s", sha], cwd=repo.path, capture_output=True,
-                                 text=True, timeout=GIT_TIMEOUT_SECONDS, check=False).stdout.strip()
+        subject = repo.subject(sha)
         out.append({"sha": sha, "at": str(int(when)), "pool": trailers.get(POOL_TRAILER, "?"),
                     "rollout": trailers.get(ROLLOUT_TRAILER, "?"), "decision": trailers.get(DECISION_TRAILER, "?"),
                     "mode": trailers.get(MODE_TRAILER, ""), "subject": subject})

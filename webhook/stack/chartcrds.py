@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 
-import yaml
-
+from webhook.kube.yamlload import fast_load
 from webhook.stack.crdstate import CRDShape, VersionShape
 
 
@@ -24,7 +23,7 @@ def known() -> Mapping[str, Mapping[str, CRDShape]]:
     for entry in folder.iterdir():
         if not entry.name.endswith(".yaml"):
             continue
-        data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+        data = fast_load(entry.read_text(encoding="utf-8"))
         out[str(data["release"])] = {
             name: CRDShape(name=name, versions={
                 version: VersionShape(frozenset(shape.get("paths") or ()), frozenset(shape.get("required") or ()))

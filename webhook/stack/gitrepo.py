@@ -162,6 +162,9 @@ class Repo:
         out = self._git("log", f"-n{limit}", "--format=%H %ct", "--", path)
         return [(sha, float(when)) for sha, when in (line.split() for line in out.splitlines() if line.strip())]
 
+    def subject(self, rev: str) -> str:
+        return self._git("show", "-s", "--format=%s", rev, what=f"no commit {rev}").strip()
+
     def show_file(self, rev: str, path: str) -> str | None:
         """The content of ``path`` at ``rev``, or None when it does not exist there."""
         proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=self.path, capture_output=True, text=True,

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.kube.yamlload import fast_load
 from webhook.stack import chartrender, manifests, messages, rollback, site, verify
 from webhook.stack import matrix as matrix_data
 from webhook.stack import plan as planning
@@ -33,7 +34,7 @@ ClusterReader = Callable[[], ClusterState | None]
 
 
 def _yaml(content: bytes | None) -> dict[str, Any] | None:
-    loaded = yaml.safe_load(content) if content else None
+    loaded = fast_load(content) if content else None
     return loaded if isinstance(loaded, dict) else None
 
 
@@ -301,7 +302,7 @@ def prepare_pool_rollback(repo: Repo, *, pool: str, driver: str, sha: str, schem
     root = repo.root
     current = manifests.load_stack(root)
     files = manifests.read_files(root)
-    subject = next((c.subject for c in repo.stack_commits() if c.sha == sha), sha[:12])
+    subject = repo.subject(sha)
     plan = rollback.plan_pool_rollback(matrix_data.load(), current, pool=pool, driver=driver, sha=sha,
                                        subject=subject, existing=manifests.existing_drivers(files),
                                        context=context_of(files, values_before=files.get(manifests.VALUES_FILE)))
