@@ -127,10 +127,10 @@ def test_a_failed_canary_node_is_rolled_back_by_a_pushed_commit_an_event_and_an_
     ctl.round()
     assert remote.log()[0].startswith("gpugate stack: rollback pool canary driver 610.57.04 -> 595.91.07 "
                                       "(upgrade-failed)"), remote.log()
-    trailers = remote.trailers()
-    assert "Gpugate-Canary-Pool: canary" in trailers and "Gpugate-Canary-Mode: upgrade-failed" in trailers
+    rollout = git(remote.bare, "rev-parse", "main^").strip()
+    assert f"Gpugate-Canary: canary {rollout} rollback upgrade-failed" in remote.trailers()
     body = git(remote.bare, "show", "-s", "--format=%b", "main")
-    assert "failure mode: upgrade-failed" in body and "evidence: c1 went upgrade-failed" in body
+    assert "failure mode: upgrade-failed" in body and "evidence (canary): c1 went upgrade-failed" in body
     [event] = failed_canary.list("v1", "Event", "default")
     assert event["reason"] == "CanaryRollback" and "upgrade-failed" in event["message"]
     assert event["involvedObject"] == {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "name": "canary"}
@@ -225,4 +225,4 @@ def test_a_healthy_canary_is_promoted_to_the_pools_canary_yaml_names(remote, fak
                         nvidia_driver("canary"), nvidia_driver("default")])
     controller(remote, fake_kube, tmp_path, "ctl-a").round()
     assert remote.log()[0] == "gpugate stack: promote driver 610.57.04 from pool canary to pool default", remote.log()
-    assert "Gpugate-Canary-Decision: promote" in remote.trailers()
+    assert f"Gpugate-Canary: canary {git(remote.bare, 'rev-parse', 'main^').strip()} promote" in remote.trailers()

@@ -113,10 +113,13 @@ class CanaryController:
             decision = self.judge(analysis, stack, rollout, state, values, seen)
             if decision.action in ("promote", "rollback"):
                 due.append((decision, rollout, state))
-        # Every pool judged on one read, then the commits, the earliest signal first.
-        for decision, rollout, state in sorted(due, key=lambda d: d[0].signal_at or 0.0):
+        # Every pool judged on one read; then one commit for all the rollbacks, one per promotion.
+        rollbacks = [(r, d) for d, r, _ in due if d.action == "rollback"]
+        batches = ([rollbacks] if rollbacks else []) + [[(r, d)] for d, r, _ in due if d.action == "promote"]
+        states = {r.pool: s for _, r, s in due}
+        for batch in batches:
             if self.leading():
-                self.act(analysis, rollout, decision, state)
+                self.act(analysis, batch, states)
         return analysis.interval_seconds
 
     def judge(self, analysis: Analysis, stack: Any, rollout: Rollout, state: PoolState, values: Any,
@@ -133,32 +136,39 @@ class CanaryController:
             self.start_diagnostics(analysis, rollout, [n.name for n in look.nodes if n.name not in look.diagnoses])
         return decision
 
-    def act(self, analysis: Analysis, rollout: Rollout, decision: Decision, state: PoolState) -> None:
-        pool = rollout.pool
+    def act(self, analysis: Analysis, batch: list[canarygit.Due], states: dict[str, PoolState]) -> None:
+        pools = ", ".join(r.pool for r, _ in batch)
 
         def refused(attempt: int, why: str) -> None:
-            canarymetrics.PUSH_REFUSED.labels(pool=pool).inc()
-            log.warning(f"canary {pool}: push {attempt} refused, redoing it on the new head: {why}")
+            for rollout, _ in batch:
+                canarymetrics.PUSH_REFUSED.labels(pool=rollout.pool).inc()
+            log.warning(f"canary {pools}: push {attempt} refused, redoing it on the new head: {why}")
 
         try:
-            sha = canarygit.commit_and_push(self.settings.where, analysis, rollout, decision,
-                                            attempts=self.settings.push_attempts, on_refused=refused)
+            sha, decided = canarygit.commit_and_push(self.settings.where, analysis, batch,
+                                                     attempts=self.settings.push_attempts, on_refused=refused)
         except canarygit.GaveUp as err:
-            state.gave_up = True
-            canarymetrics.GAVE_UP.labels(pool=pool).inc()
             log.error(str(err))
-            self.event(rollout, "Warning", "CanaryPushRefused", str(err))
+            for rollout, _ in batch:
+                states[rollout.pool].gave_up = True
+                canarymetrics.GAVE_UP.labels(pool=rollout.pool).inc()
+                self.event(rollout, "Warning", "CanaryPushRefused", str(err))
             return
         except GpugateError as err:
-            log.info(f"canary {pool}: {err}")
+            log.info(f"canary {pools}: {err}")
             return
+        for rollout, decision in decided:
+            self.report(rollout, decision, sha)
+
+    def report(self, rollout: Rollout, decision: Decision, sha: str) -> None:
+        """A pushed decision as an Event, metrics, a log line and the NVIDIADriver's annotations."""
         delay = self.wall() - (decision.signal_at if decision.signal_at is not None else self.wall())
-        canarymetrics.decided(pool, decision.action, decision.mode, delay)
+        canarymetrics.decided(rollout.pool, decision.action, decision.mode, delay)
         moved = (f"{rollout.to_driver} -> {rollout.from_driver}" if decision.action == "rollback"
-                 else f"{rollout.to_driver} from pool {pool}")
+                 else f"{rollout.to_driver} from pool {rollout.pool}")
         message = (f"{decision.action} {moved} by commit {sha[:12]}"
                    + (f" ({decision.mode})" if decision.mode else "") + ": " + "; ".join(decision.evidence))
-        log.info(f"canary {pool}: {message} ({delay:.1f}s after the signal)")
+        log.info(f"canary {rollout.pool}: {message} ({delay:.1f}s after the signal)")
         self.event(rollout, "Warning" if decision.action == "rollback" else "Normal",
                    "CanaryRollback" if decision.action == "rollback" else "CanaryPromote", message)
         self.annotate(rollout, decision, sha)

@@ -142,19 +142,20 @@ class Repo:
             raise PushRefused(f"git push to {remote} {branch} was refused: {said}")
         raise GpugateError(f"git push to {remote} {branch} failed: {said}")
 
-    def trailer_commits(self, key: str, *, limit: int = 500) -> list[tuple[str, float, dict[str, str]]]:
-        """(sha, commit time, trailers) of the newest ``limit`` commits that carry trailer ``key``."""
+    def trailer_commits(self, key: str, *, limit: int = 500) -> list[tuple[str, float, list[str]]]:
+        """(sha, commit time, every value of trailer ``key``) of the newest ``limit`` commits carrying it."""
         sep, end = "\x1f", "\x1e"
-        out = self._git("log", f"-n{limit}", f"--format=%H{sep}%ct{sep}%(trailers:unfold,separator=%x1d){end}")
+        out = self._git("log", f"-n{limit}",
+                        f"--format=%H{sep}%ct{sep}%(trailers:key={key},valueonly,unfold,separator=%x1d){end}")
         found = []
         for record in out.split(end):
             record = record.strip("\n")
             if not record:
                 continue
-            sha, when, trailers = record.split(sep, 2)
-            pairs = dict(line.split(": ", 1) for line in trailers.split("\x1d") if ": " in line)
-            if key in pairs:
-                found.append((sha, float(when), pairs))
+            sha, when, values = record.split(sep, 2)
+            listed = [v.strip() for v in values.split("\x1d") if v.strip()]
+            if listed:
+                found.append((sha, float(when), listed))
         return found
 
     def changes_of(self, path: str, *, limit: int = 200) -> list[tuple[str, float]]:

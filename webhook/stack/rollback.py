@@ -7,6 +7,8 @@ that the rollback action takes; ``cannot_undo`` names what the files alone do no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from webhook.errors import GpugateError
 from webhook.stack import checks
 from webhook.stack.checks import NO_CONTEXT, NO_WAIVERS, ROLLBACK, Change, Context, ExistingDrivers, Waivers
@@ -70,20 +72,22 @@ def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, su
                 reverts_why=why, cannot_undo=undo)
 
 
-def plan_pool_rollback(matrix: Matrix, current: Stack, *, pool: str, driver: str, sha: str, subject: str,
+def plan_pool_rollback(matrix: Matrix, current: Stack, *, drivers: Mapping[str, str], sha: str, subject: str,
                        existing: ExistingDrivers, context: Context = NO_CONTEXT) -> Plan:
-    """Put one pool back on ``driver`` (what it ran before commit ``sha`` changed it), checked like any
-    rollback: what a canary decision commits when its pool failed (the other pools keep their drivers)."""
-    target = current.with_pool(pool, driver=driver)
+    """Put pools back on the drivers they ran before commit ``sha`` changed them, checked like any
+    rollback: what a canary decision commits when pools failed (the other pools keep their drivers)."""
+    target = current
+    for pool, driver in drivers.items():
+        target = target.with_pool(pool, driver=driver)
     try:
         release = matrix.release(current.operator_version)
     except GpugateError as err:
         return Plan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
                     reverts=sha)
     change = Change(action=ROLLBACK, matrix=matrix, release=release, current=current, final=target,
-                    pools=(pool,), existing=existing, context=context)
-    title = f"rollback pool {pool} driver {current.pool(pool).driver} -> {driver}"
+                    pools=tuple(drivers), existing=existing, context=context)
+    title = "rollback " + "; ".join(f"pool {p} driver {current.pool(p).driver} -> {d}" for p, d in drivers.items())
     step = Step(action="rollback", stack=target, title=title)
     return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks.run_checks(change)),
-                reverts=sha, reverts_why=f"{sha[:12]} ({subject}) for pool {pool} only",
+                reverts=sha, reverts_why=f"{sha[:12]} ({subject}) for pool(s) {', '.join(drivers)} only",
                 cannot_undo=tuple(cannot_undo(current, target)))

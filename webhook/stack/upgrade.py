@@ -192,8 +192,11 @@ def prepare_sync(repo: Repo, *, schema_root: Path | None, waivers: Waivers = NO_
 
 
 def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
-            after_write: manifests.AfterWrite | None = None) -> str:
-    """Write the first commit's files, re-validate them in place, commit; restore everything on failure."""
+            after_write: manifests.AfterWrite | None = None, recheck: bool = True) -> str:
+    """Write the first commit's files, re-validate them in place, commit; restore everything on failure.
+
+    ``recheck`` False skips the second validation (the staged files were validated a moment ago and
+    are written as they are): the canary controller's commits, where a decision must not wait."""
     if not prepared.ok or not prepared.changes:
         raise CheckFailed(prepared)
     root = repo.root
@@ -203,9 +206,9 @@ def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
         first = prepared.plan.steps[0].stack
         if manifests.load_stack(root) != first:
             raise GpugateError("stack.yaml written does not read back as planned; nothing committed")
-        recheck = verify.staged(manifests.read_files(root), release=first.operator_version,
-                                kubernetes_minor=first.kubernetes_minor, schema_root=schema_root)
-        failed = [c for c in recheck if not c.ok]
+        rechecked = verify.staged(manifests.read_files(root), release=first.operator_version,
+                                  kubernetes_minor=first.kubernetes_minor, schema_root=schema_root) if recheck else ()
+        failed = [c for c in rechecked if not c.ok]
         if failed:
             raise GpugateError("re-validation after writing failed: "
                                + "; ".join(f"{c.label}: {c.reason}" for c in failed))
@@ -296,15 +299,14 @@ def prepare_rollback(repo: Repo, *, schema_root: Path | None, waivers: Waivers =
     return _prepare(root, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
 
 
-def prepare_pool_rollback(repo: Repo, *, pool: str, driver: str, sha: str, schema_root: Path | None,
+def prepare_pool_rollback(repo: Repo, *, drivers: Mapping[str, str], sha: str, schema_root: Path | None,
                           chart: verify.ChartSettings | None = None) -> Prepared:
-    """Put one pool back on the driver it ran before commit ``sha`` (a canary's rollback), checked."""
+    """Put pools back on the drivers they ran before commit ``sha`` (a canary's rollback), checked."""
     root = repo.root
     current = manifests.load_stack(root)
     files = manifests.read_files(root)
-    subject = repo.subject(sha)
-    plan = rollback.plan_pool_rollback(matrix_data.load(), current, pool=pool, driver=driver, sha=sha,
-                                       subject=subject, existing=manifests.existing_drivers(files),
+    plan = rollback.plan_pool_rollback(matrix_data.load(), current, drivers=drivers, sha=sha,
+                                       subject=repo.subject(sha), existing=manifests.existing_drivers(files),
                                        context=context_of(files, values_before=files.get(manifests.VALUES_FILE)))
     return _prepare(root, plan, schema_root=schema_root, chart=chart)
 
