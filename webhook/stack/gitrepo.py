@@ -50,6 +50,12 @@ class Repo:
             raise GpugateError(f"{what or 'git ' + ' '.join(args[:2]) + ' failed'}: {detail}")
         return proc.stdout
 
+    def _log(self, limit: int, *fields: str) -> list[list[str]]:
+        """``git log`` of the newest ``limit`` commits: per commit its sha, then each of ``fields``."""
+        sep, end = "\x1f", "\x1e"
+        out = self._git("log", f"-n{limit}", f"--format=%H{sep}{sep.join(fields)}{end}")
+        return [record.strip("\n").split(sep, len(fields)) for record in out.split(end) if record.strip("\n")]
+
     def head(self) -> str:
         return self._git("rev-parse", "HEAD", what="the repository has no commit yet").strip()
 
@@ -81,16 +87,10 @@ class Repo:
 
     def stack_commits(self, limit: int = 200) -> list[StackCommit]:
         """Stack commits, newest first (found by trailer)."""
-        sep, end = "\x1f", "\x1e"
-        out = self._git("log", f"-n{limit}",
-                        f"--format=%H{sep}%(trailers:key={TRAILER},valueonly,separator=%x2c){sep}"
-                        f"%(trailers:key={REVERTS_TRAILER},valueonly,separator=%x2c){sep}%s{end}")
         commits = []
-        for record in out.split(end):
-            record = record.strip("\n")
-            if not record:
-                continue
-            sha, action, reverts, subject = record.split(sep, 3)
+        for sha, action, reverts, subject in self._log(limit, f"%(trailers:key={TRAILER},valueonly,separator=%x2c)",
+                                                      f"%(trailers:key={REVERTS_TRAILER},valueonly,separator=%x2c)",
+                                                      "%s"):
             if action.strip():
                 commits.append(StackCommit(sha=sha, action=action.strip(), subject=subject,
                                            reverts=reverts.strip()))
@@ -144,15 +144,8 @@ class Repo:
 
     def trailer_commits(self, key: str, *, limit: int = 500) -> list[tuple[str, float, list[str]]]:
         """(sha, commit time, every value of trailer ``key``) of the newest ``limit`` commits carrying it."""
-        sep, end = "\x1f", "\x1e"
-        out = self._git("log", f"-n{limit}",
-                        f"--format=%H{sep}%ct{sep}%(trailers:key={key},valueonly,unfold,separator=%x1d){end}")
         found = []
-        for record in out.split(end):
-            record = record.strip("\n")
-            if not record:
-                continue
-            sha, when, values = record.split(sep, 2)
+        for sha, when, values in self._log(limit, "%ct", f"%(trailers:key={key},valueonly,unfold,separator=%x1d)"):
             listed = [v.strip() for v in values.split("\x1d") if v.strip()]
             if listed:
                 found.append((sha, float(when), listed))
