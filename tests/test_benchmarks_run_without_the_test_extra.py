@@ -1,4 +1,4 @@
-"""Every benchmark runs, in its shortest mode, so none can rot (issue 28: mutate_core.py crashed
+"""Every benchmark runs, in its shortest mode, so none can rot (mutate_core.py crashed
 after its table for weeks); and the benchmarks run on an install without the test extra (issue
 20): a user who installed the project with `pip install -e .` runs `python benchmarks/X.py
 --help` and gets the help, not an ImportError for pytest or hypothesis.
@@ -49,7 +49,11 @@ SHORTEST: dict[str, Shortest | str] = {
                                   control_plane=True, timeout=400),
     "dra_counting.py": Shortest(("--quick",), "ratio:"),
     "chaos.py": Shortest(("--minutes", "0.05", "--clients", "2"), "alive at the end: True"),
+    "health_quarantine.py": Shortest(("--nodes", "1", "--injections", "2", "--gap", "0", "--interval", "1",
+                                      "--step", "1"), "DeviceTaintRule",
+                                     control_plane=True, timeout=400),
     "extender_latency.py": Shortest(("--nodes", "20", "--pods", "60"), "p99"),
+    "fuzz_admission.py": Shortest(("--reviews", "40", "--seed", "3"), "wrong allows: 0"),
     "mutate_core.py": Shortest(("--seconds", "0.3", "--before", "HEAD"), "x floor"),
     "placement_table.py": "run and table, test_placement_table_runs_and_tabulates",
     "replay_speed.py": Shortest(("--arms", "random", "--no-fidelity"), "s/run", trace=True, timeout=300),
@@ -66,7 +70,8 @@ SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Short
 BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _pytest=None); " \
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
 # These drive tests/ harnesses: developers' tools, run with the test extra.
-NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "replay_vs_scheduler.py"}
+NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "fuzz_admission.py",
+                        "health_quarantine.py", "replay_vs_scheduler.py"}
 
 
 def test_every_benchmark_has_a_shortest_mode() -> None:

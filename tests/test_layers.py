@@ -26,24 +26,30 @@ LAYERS: dict[str, dict[str, str]] = {
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
              "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
              "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE, "demand": CORE,
-             "gpunode": CORE, "documents": EDGE},
+             "gpunode": CORE, "devicetaints": CORE, "claimowners": CORE, "documents": EDGE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
                "loading": EDGE, "store": EDGE},
-    "admission": {"__init__": CORE, "reviews": CORE, "mutation": CORE, "validation": CORE, "patches": CORE,
-                  "patchcheck": CORE, "affinity": CORE, "chain": CORE, "framing": CORE, "rightsizing": CORE,
-                  "dra": CORE, "claimladder": CORE, "claimlookup": EDGE, "outcome": CORE, "cases": EDGE,
-                  "results": CORE, "answers": CORE, "serverstate": EDGE, "requestbody": EDGE, "desiredpod": CORE,
-                  "requeststeps": CORE, "schedulingsteps": CORE, "preferences": CORE,
-                  "worker": EDGE, "requestloop": EDGE, "connection": EDGE, "workershared": EDGE, "leanpath": CORE,
-                  "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
-                  "client": EDGE},
+    "admission": {"__init__": CORE, "reviews": CORE, "envelope": CORE, "budget": CORE,
+                  "mutation": CORE, "validation": CORE,
+                  "patches": CORE, "patchcheck": CORE, "affinity": CORE, "chain": CORE, "rightsizing": CORE,
+                  "dra": CORE, "claimladder": CORE, "cases": EDGE, "results": CORE, "answers": CORE,
+                  "desiredpod": CORE, "requeststeps": CORE, "schedulingsteps": CORE, "preferences": CORE,
+                  "podclaims": CORE, "rightsizedtemplate": CORE},
+    "server": {"__init__": CORE, "framing": CORE, "outcome": CORE, "drain": EDGE, "claimlookup": EDGE,
+               "serverstate": EDGE, "requestbody": EDGE, "worker": EDGE, "requestloop": EDGE, "connection": EDGE,
+               "workershared": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
+               "client": EDGE, "deviceclasswatch": EDGE, "podlookup": EDGE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE, "reload": EDGE},
     "balancer": {"__init__": CORE, "state": CORE, "backoff": CORE,
                  "placementfeed": CORE, "drawatch": EDGE, "templatekeeper": EDGE,
                  "publisher": EDGE, "extenderserver": EDGE, "settings": EDGE,
                  "cluster": EDGE, "controller": EDGE, "health": EDGE, "labeller": EDGE, "labelwrites": EDGE,
                  "extendercache": EDGE, "inventorysource": EDGE, "utilization": EDGE, "listener": EDGE,
-                 "metrics": EDGE, "prometheus": EDGE},
+                 "metrics": EDGE, "prometheus": EDGE,
+                 "healthpolicy": CORE, "healthschema": CORE, "healthsignals": CORE, "quarantine": CORE,
+                 "quarantineledger": CORE, "quarantineplan": CORE, "quarantineapi": EDGE, "quarantineloop": EDGE,
+                 "quarantinemetrics": EDGE, "quarantinereport": CORE,
+                 "usagesource": EDGE, "podactions": EDGE, "idlereclaim": EDGE, "usagewiring": EDGE},
     "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE, "checks": CORE,
               "releases": CORE, "messages": CORE, "rollback": CORE,
               "chartrender": EDGE, "rendering": EDGE, "site": EDGE,
@@ -63,7 +69,10 @@ LAYERS: dict[str, dict[str, str]] = {
                   "dracount": CORE, "gpuinventory": CORE},
     "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,
                  "replay": EDGE, "serve": EDGE, "stack": EDGE, "stack_options": EDGE,
-                 "stack_render": EDGE, "stack_canary": EDGE, "stack_canary_watch": EDGE, "smoke": EDGE, "demo": EDGE},
+                 "stack_render": EDGE, "stack_canary": EDGE, "stack_canary_watch": EDGE, "smoke": EDGE, "demo": EDGE,
+                 "health": EDGE, "usage": EDGE},
+    "usage": {"__init__": CORE, "workloads": CORE, "accounting": CORE, "idle": CORE, "durations": CORE,
+              "promql": CORE, "report": CORE, "budget": CORE},
     "localcluster": {"__init__": CORE, "binaries": EDGE, "controlplane": EDGE, "pki": EDGE, "processes": EDGE,
                      "fakekubelet": EDGE, "kubeletobjects": CORE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE,
                      "interrupts": EDGE},
@@ -149,7 +158,7 @@ def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     assert imported_modules(sample) == {"os.path", "kubernetes", "kubernetes.client"}
 
 
-# --- one home for GPU facts (issue 24) ------------------------------------------------------------
+# --- one home for GPU facts ------------------------------------------------------------
 # What a GPU unit is and how a DRA ask is spelled live in webhook/kube/ (units.py, resources.py,
 # claims.py); a module elsewhere that writes one of these again is re-deriving it.
 DRA_FIELDS = {"resourceClaims", "resourceClaimName", "resourceClaimTemplateName", "deviceClassName",
@@ -178,7 +187,7 @@ def gpu_fact_rederivations(tree: ast.AST) -> list[str]:
     return found
 
 
-# --- one reading of what a pod demands (issue 24) -------------------------------------------------
+# --- one reading of what a pod demands -------------------------------------------------
 # kube/demand.py reads a pod's requests, claims, DRA-backed resources and right-sizing labels into
 # one PodDemand; a module elsewhere that calls the readers under it, or declares a demand shape of
 # its own, is reading the pod a second way.
@@ -250,7 +259,7 @@ def test_each_one_home_check_sees_a_second_writing(rule: str) -> None:
     assert len(home.finder(ast.parse(home.sample))) == home.in_sample
 
 
-# --- no cycles, no sideways imports between products, small rooms (issue 31) ---------------------
+# --- no cycles, no sideways imports between products, small rooms ---------------------
 # Counted over every import of a module, a lazy one inside a function too: hiding a cycle behind a
 # lazy import does not break it.
 PRODUCTS = ("admission", "balancer", "stack", "replay", "certs")
@@ -260,10 +269,10 @@ SHARED_PRODUCT_MODULES = {  # the only product modules a sibling may import, eac
     "webhook.certs.reload": "the serving certificate reloader both servers use",
     "webhook.admission.chain": "the pure admission core, which the replay runs on every trace pod",
 }
-SIDEWAYS_ALLOWED: set[tuple[str, str]] = set()  # none left (issue 31): a new sideways import fails
+SIDEWAYS_ALLOWED: set[tuple[str, str]] = set()  # none left: a new sideways import fails
 CYCLES_ALLOWED: list[set[str]] = []  # none left: keep it so (the replay runner<->sizing cycle is broken)
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
-LONG_MODULES_ALLOWED: set[str] = set()  # none left (issue 31): a module that grows past the limit fails
+LONG_MODULES_ALLOWED: set[str] = set()  # none left: a module that grows past the limit fails
 LONG_FUNCTIONS_ALLOWED: set[tuple[str, str]] = set()  # likewise: (module path, function name)
 
 

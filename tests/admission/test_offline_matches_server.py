@@ -1,4 +1,4 @@
-"""``gpugate mutate --inventory FILE`` and ``gpugate serve --inventory FILE`` give one answer (issue 30).
+"""``gpugate mutate --inventory FILE`` and ``gpugate serve --inventory FILE`` give one answer.
 
 The server is the real one (gunicorn, TLS); the offline command runs as a user runs it. One pod
 that asks 15Gi, judged with and without a fresh GPUInventory saying 2g.20gb MIG slices are free.
@@ -14,7 +14,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tests.admission.harness import REPO, Server, copy_policies, review_of
+from tests.server.harness import REPO, Server, copy_policies, review_of
 from webhook.admission import reviews
 from webhook.cli import main
 from webhook.kube.inventory import Offer

@@ -1,6 +1,6 @@
-"""The shipped example balancer config names every settings key at its default (issue 30).
+"""The shipped example balancer config names every settings key at its default.
 
-The README's ``gpugate balance ... --config`` pointed at a file that did not exist; a key added to
+The documented ``gpugate balance ... --config`` once pointed at a file that did not exist; a key added to
 the settings without the example, or a default changed in one place only, fails here.
 """
 
@@ -33,7 +33,8 @@ def keys_of(value: Any, prefix: str = "") -> set[str]:
 def leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
     out: set[str] = set()
     for key, value in data.items():
-        out |= leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+        nested = isinstance(value, dict) and value  # an empty mapping (labels: {}) is a value, not a section
+        out |= leaves(value, f"{prefix}{key}.") if nested else {f"{prefix}{key}"}
     return out
 
 
@@ -43,5 +44,5 @@ def test_the_example_has_every_key_and_loads_as_the_defaults() -> None:
     assert BalancerSettings.from_file(EXAMPLE) == BalancerSettings()
 
 
-def test_the_readme_names_the_example() -> None:
-    assert "--config webhook/examples/balancer.yaml" in (ROOT / "README.md").read_text()
+def test_the_balancer_page_names_the_example() -> None:
+    assert "--config webhook/examples/balancer.yaml" in (ROOT / "docs" / "balancer.md").read_text()

@@ -1,4 +1,4 @@
-"""``gpugate validate``, ``mutate`` and ``admit`` take ResourceClaims and templates (issue 24)."""
+"""``gpugate validate``, ``mutate`` and ``admit`` take ResourceClaims and templates."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from tests.admission.harness import SERVICE_HOST, Server, copy_policies
+from tests.server.harness import SERVICE_HOST, Server, copy_policies
 from webhook.cli import main
 from webhook.kube import claims
 
@@ -40,7 +40,7 @@ def test_mutate_prints_the_template_with_the_policys_selectors() -> None:
 def test_validate_counts_the_templates_written_after_the_pod() -> None:
     result = run("validate", POD_WITH_TEMPLATES, "--policies", POLICIES, "-n", "ml-vision")
     assert result.exit_code == 1
-    assert "holds up to 12 GPU devices" in result.stdout and "allows 8 per pod" in result.stdout
+    assert "asks more than 8 GPUs in all" in result.stdout and "allows 8 per pod" in result.stdout
 
 
 def test_a_file_with_a_claim_and_more_is_refused_with_the_reason(tmp_path: Path) -> None:

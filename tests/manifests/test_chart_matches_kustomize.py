@@ -1,5 +1,5 @@
 """The chart's documented combinations render the same objects as the kustomize folders, object by
-object (issue 29): the kustomize bases stay, and a change to one that the other lacks fails here
+object: the kustomize bases stay, and a change to one that the other lacks fails here
 with a diff per object.
 
 Normalised, because they are legitimately different, and nothing else:
@@ -44,7 +44,7 @@ CHART_HASHED = re.compile(r"^(gpugate-certs|gpugate-balancer-certs)-[0-9a-f]{8}$
 COMPARISONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "default": (("webhook-builtin-tls", "balancer"), ()),
     "cert-manager": (("webhook", "balancer"), ("webhook/components/cert-manager",)),
-    "fail-closed": (("webhook", "balancer"), ("webhook/components/builtin-tls", "webhook/components/fail-closed")),
+    "fail-open": (("webhook", "balancer"), ("webhook/components/builtin-tls", "webhook/components/fail-open")),
     "everything": (("webhook-builtin-tls", "balancer", "scheduler"), ("observability",)),
     "canary": (("webhook-builtin-tls", "balancer", "canary"), ()),
 }

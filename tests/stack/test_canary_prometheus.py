@@ -1,4 +1,4 @@
-"""Issue 26 item 3: the canary's Prometheus conditions against a real Prometheus.
+"""The canary's Prometheus conditions against a real Prometheus.
 
 Debian's ``prometheus`` (``tests/promserver.py``; .ci/run installs it) scrapes a page shaped like
 dcgm-exporter's (``tests/dcgmexporter.py``, which cites NVIDIA/dcgm-exporter for
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.admission.harness import free_port
 from tests.dcgmexporter import Device, Exporter, Reading
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from tests.promserver import Prometheus
+from tests.server.harness import free_port
 from tests.stack.conftest import commit_all, git, snapshot
 from tests.stack.test_canary import DRIVER, OLD, canary_upgraded, labelled
 from webhook.cli import main

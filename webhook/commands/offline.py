@@ -15,11 +15,12 @@ import click
 import jsonpatch
 import yaml
 
-from webhook.admission import cases, chain, dra, inventoryfile
+from webhook.admission import cases, chain, dra
 from webhook.errors import PolicyLoadError
 from webhook.kube.documents import read_admission_file
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import loading
+from webhook.server import inventoryfile
 
 DEFAULT_POLICIES = Path("policies")
 

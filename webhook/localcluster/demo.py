@@ -33,13 +33,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from webhook import names
-from webhook.admission import outcome
 from webhook.certs import pki as servingpki
 from webhook.errors import GpugateError
 from webhook.localcluster import cluster as cluster_module
 from webhook.localcluster import interrupts, processes, webhooks
 from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.fakekubelet import NodeSpec
+from webhook.server import outcome
 
 SYSTEM_NAMESPACE = "gpugate-system"
 INVENTORY = ("gpugate-inventory", "inventory.json")  # the balancer's ConfigMap and key
