@@ -25,7 +25,7 @@ def fuzz(reviews: int, seed: int) -> Any:
     """Start the server in a fresh folder, send the reviews, stop it; the fuzz's report."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.admission import enforcefuzz
-    from tests.admission.harness import Server, copy_policies
+    from tests.server.harness import Server, copy_policies
 
     with tempfile.TemporaryDirectory(prefix="gpugate-fuzz-") as tmp:
         server = Server(Path(tmp), policies=copy_policies(Path(tmp) / "policies"), extra=["--fail-closed"]).start()

@@ -62,6 +62,7 @@ SHORTEST: dict[str, Shortest | str] = {
                                        trace=True, control_plane=True, timeout=400),
     "null_server.py": "started by admission_load.py",
     "patchcost.py": "run by balancer_cluster.py --patch-cost",
+    "hostile_load.py": "run by create_latency.py --hostile; its attacks alone in tests/server/test_cost_ceilings.py",
     "realistic_review.py": "sent by admission_load.py",
 }
 SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Shortest))

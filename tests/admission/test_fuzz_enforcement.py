@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.admission import enforcefuzz
-from tests.admission.harness import Server, copy_policies
+from tests.server.harness import Server, copy_policies
 
 REVIEWS = 400
 

@@ -87,14 +87,15 @@ def test_balancer_cannot_touch_secrets_or_delete_pods_outside_its_namespace() ->
     rules = cluster_rules + one(objs, "Role", "gpugate-balancer")["rules"]
     assert rule_allows(rules, verb="patch", group="", resource="nodes", name="gpu-1")
     # It may patch a pod (the idle annotation, where a policy says annotate) and evict one through the
-    # Eviction API, never delete or create one.
-    for verb, resource in (("get", "secrets"), ("delete", "pods"), ("create", "pods"),
+    # Eviction API, never update one; deleting and creating pods is checked per namespace below.
+    for verb, resource in (("get", "secrets"), ("update", "pods"),
                            ("update", "nodes"), ("delete", "leases"), ("update", "resourceclaims"),
                            ("create", "resourceslices"), ("list", "deviceclasses")):
         group = {"leases": "coordination.k8s.io", "resourceclaims": "resource.k8s.io", "resourceslices":
                  "resource.k8s.io", "deviceclasses": "resource.k8s.io"}.get(resource, "")
         assert not rule_allows(rules, verb=verb, group=group, resource=resource, name=None), (verb, resource)
-    # Pods and claims it makes (GPU validation) only in its own namespace: the Role's, not the ClusterRole's.
+    # Pods and claims it makes and deletes (GPU validation) only in its own namespace: the Role's, not the
+    # ClusterRole's.
     for verb, group, resource in (("delete", "", "pods"), ("create", "", "pods"),
                                   ("delete", "resource.k8s.io", "resourceclaims")):
         assert not rule_allows(cluster_rules, verb=verb, group=group, resource=resource, name=None), (verb, resource)

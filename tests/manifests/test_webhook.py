@@ -59,7 +59,9 @@ def _hooks(objs):
 def _server_routes() -> set[tuple[str, str]]:
     app = Flask("routes-only")
     app.register_blueprint(routes.blueprint)
-    return {(rule.rule, method) for rule in app.url_map.iter_rules() for method in rule.methods}
+    flask_routes = {(rule.rule, method) for rule in app.url_map.iter_rules() for method in rule.methods}
+    # The two admission paths are answered in front of Flask (routes.admission_wsgi), POST only.
+    return flask_routes | {(path, "POST") for path in routes.ADMISSION_ENDPOINTS}
 
 
 # --- caBundle and TLS ------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def readyz() -> tuple[Response, int]:
 # --- the admission path ------------------------------------------------------------------------
 
 _OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
-_ENDPOINTS = {"/mutate": "mutate", "/validate": "validate"}
+ADMISSION_ENDPOINTS = {"/mutate": "mutate", "/validate": "validate"}
 _STATUS = {200: "200 OK", 400: "400 Bad Request", 405: "405 Method Not Allowed", 413: "413 Payload Too Large"}
 
 
@@ -117,7 +117,7 @@ def admission_wsgi(st: ServerState, inner: Any) -> Any:
     """
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-        endpoint = _ENDPOINTS.get(environ.get("PATH_INFO", ""))
+        endpoint = ADMISSION_ENDPOINTS.get(environ.get("PATH_INFO", ""))
         if endpoint is None:
             return inner(environ, start_response)
         started = time.perf_counter()
