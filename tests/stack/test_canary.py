@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from tests.stack.conftest import git, snapshot
+from webhook import names
 from webhook.cli import main
 from webhook.errors import GpugateError
 from webhook.stack import canary, manifests, status
@@ -176,7 +177,7 @@ def test_a_bad_canary_yaml_is_refused_naming_the_problem(text, message):
 
 
 def labelled(name: str, *, owner: str, state: str, driver: str | None) -> dict:
-    labels = {status.GPU_PRESENT_LABEL: "true", status.DRIVER_OWNER_LABEL: owner,
+    labels = {names.GPU_PRESENT_LABEL: "true", names.DRIVER_OWNER_LABEL: owner,
               status.DRIVER_UPGRADE_STATE_LABEL: state}
     if driver:
         labels["nvidia.com/cuda.driver-version.full"] = driver

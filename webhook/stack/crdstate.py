@@ -2,9 +2,9 @@
 
 Helm never upgrades a CRD, and the API server prunes fields its CRD does not declare without an
 error: a ClusterPolicy written against a stale CRD loses its new settings and the operator still
-reports ready (edgelesssys/contrast#2599, NVIDIA/gpu-operator#431, #435). A served CRD can also still
-require a field the new chart stopped rendering (#139, #2163), and a release can add kinds its
-operator watches from the first second (#602; v26.7.0 adds ``gpuclusters``, ``computedomains`` and
+reports ready (edgelesssys/contrast#2599, NVIDIA/gpu-operator#431, gpu-operator#435). A served CRD can also still
+require a field the new chart stopped rendering (gpu-operator#139, #2163), and a release can add kinds its
+operator watches from the first second (gpu-operator#602; v26.7.0 adds ``gpuclusters``, ``computedomains`` and
 ``computedomaincliques``, wiremind/wiremind-helm-charts#914). Two Argo CD Applications that both
 ship one CRD rewrite it back and forth (NVIDIA/aicr#2439, #2546).
 
@@ -137,8 +137,8 @@ def check_crds_served(change: Change, state: ClusterState) -> list[Check]:
                                                   f"the release declares them")]
     how = ("the gpu-operator Application skips the chart's CRDs (helm.skipCrds)"
            if change.context.chart_crds_applied is False else "the gpu-operator Application was not read")
-    return [Check(name=name, ok=False, source="edgelesssys/contrast#2599, NVIDIA/gpu-operator#602, #139, #2163, "
-                                              "wiremind/wiremind-helm-charts#914",
+    return [Check(name=name, ok=False, source="edgelesssys/contrast#2599, NVIDIA/gpu-operator#602, gpu-operator#139, "
+                                              "#2163, wiremind/wiremind-helm-charts#914",
                   reason=f"{how}, and {state.source} does not serve {release}'s CRDs: " + "; ".join(problems),
                   fix=f"apply the {release} chart's crds/ first (the Application or tool that owns them), wait for "
                       f"them to be Established, then plan this change again; or let this Application apply them "

@@ -7,13 +7,13 @@ is how the field's worst upgrade stories start (shared/reference/gpu-operator-fa
 * ``upgrade-in-flight``: a node still mid-upgrade or ``upgrade-failed`` from the last rollout
   (NVIDIA/gpu-operator#2509: nodes in ``upgrade-required`` for weeks; #2549: ``upgrade-failed``
   relabelled turns ``upgrade-done`` with nothing repaired);
-* ``nodes-ready``: a NotReady GPU node, or a driver pod no node took (#688: the upgrade controller
+* ``nodes-ready``: a NotReady GPU node, or a driver pod no node took (gpu-operator#688: the upgrade controller
   cannot build its state and stops for the whole cluster);
 * ``mig-state``: the MIG manager wedged or failed on a node (#2833 with mig-parted#485: GPU clients
-  ``paused-for-mig-change`` and ``mig.config.state=pending`` forever, 0 GPUs advertised; #1606 and
-  #668: a mode change the platform cannot reset);
+  ``paused-for-mig-change`` and ``mig.config.state=pending`` forever, 0 GPUs advertised; gpu-operator#1606 and
+  gpu-operator#668: a mode change the platform cannot reset);
 * ``operands-ready``: the operator's validator or operands not Ready on a node (#1711: operands in
-  ``Init`` for a day after a platform upgrade; #1982, #459: a validation step failing).
+  ``Init`` for a day after a platform upgrade; #1982, gpu-operator#459: a validation step failing).
 
 Each is a failure naming the nodes, what was seen and what to do first. A rollback is never held
 by them: going back is how a rollout in this state ends.
@@ -150,7 +150,8 @@ def check_mig_state(change: Change, state: ClusterState) -> list[Check]:
     """A MIG layout pending or failed on a reloaded node (the labels the MIG manager writes)."""
     names = _reloaded_nodes(change, state)
     found = [f"{name_of(n)}: {p}" for n in _nodes(state, names) if (p := _mig_problem(labels_of(n)))]
-    return verdict("mig-state", found, source="NVIDIA/gpu-operator#2833, NVIDIA/mig-parted#485, #1606, #668",
+    return verdict("mig-state", found,
+                   source="NVIDIA/gpu-operator#2833, NVIDIA/mig-parted#485, gpu-operator#1606, gpu-operator#668",
                    passed=f"no MIG change pending or failed on the {len(names)} reloaded node(s)",
                    failed="{found}. A driver restart on top finds the GPU clients paused: the node's GPUs stay "
                           "unavailable",
@@ -180,7 +181,7 @@ def check_operands_ready(change: Change, state: ClusterState) -> list[Check]:
         looping = _crash_looping(pod) or _stuck_initialising(state, pod)
         if looping:
             stuck.append(f"{name_of(pod)} on {spec_of(pod).get('nodeName')}: {looping}")
-    return verdict(name, sorted(stuck), source="NVIDIA/gpu-operator#1711, #1982, #459",
+    return verdict(name, sorted(stuck), source="NVIDIA/gpu-operator#1711, #1982, gpu-operator#459",
                    passed="the operator's pods on the reloaded nodes are not stuck",
                    failed="the GPU stack on these nodes is not validated: {found}. A new driver restarts it "
                           "before anyone knows why it failed",
