@@ -100,6 +100,22 @@ CONTROLLER_ARGS = (
 )
 
 
+def rig_binaries() -> dict[str, Path]:
+    """What a GitOps rig runs: Argo CD's, helm, kustomize (``harness.rig_binaries``) and NVIDIA's upgrade
+    library; a missing one skips (fails under CI) naming the command that builds it."""
+    from tests.e2e import binaries
+    from tests.prerequisites import missing, needed
+
+    needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
+    found = harness.rig_binaries()
+    controller = binaries.upgrade_controller()
+    if controller is None:
+        missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
+                "`python -m tests.e2e.binaries build`")
+        raise AssertionError("unreachable")
+    return {**found, UPGRADE_CONTROLLER: controller}
+
+
 def healthy(states: dict[str, harness.AppState], apps: Sequence[str], revision: str | None = None) -> bool:
     """Every app Synced and Healthy, no operation running (and synced to ``revision`` if given)."""
     for app in apps:
@@ -118,6 +134,9 @@ class GitOpsRig:
     binaries: dict[str, Path]
     nodes: dict[str, str] = field(default_factory=dict)
     """node name -> pool (canary | default)."""
+    layout: tuple[str, ...] = ("canary", "canary", "default", "default")
+    """The pool of each GPU node to make, in order (a pool other than ``default`` is its
+    ``gpugate.io/driver-pool`` label value, the pool's nodeSelector in stack.yaml)."""
     chart_repo: harness.ChartRepository | None = None
     daemon: harness.GitDaemon | None = None
     fork: Fork | None = None
@@ -155,11 +174,11 @@ class GitOpsRig:
         self._last = time.monotonic()
         suffix = secrets.token_hex(2)
         self.cluster.kubelet.lifecycle = POD_LIFECYCLE
-        for index, pool in enumerate(("canary", "canary", "default", "default"), start=1):
+        for index, pool in enumerate(self.layout, start=1):
             # What NFD's worker would label: an NVIDIA PCI device, the OS (the driver's node pool).
             labels = {NFD_GPU_LABEL: "true", NFD_OS_ID: "ubuntu", NFD_OS_VERSION: "24.04"}
-            if pool == "canary":
-                labels[POOL_LABEL] = "canary"
+            if pool != "default":
+                labels[POOL_LABEL] = pool
             name = self.cluster.add_gpu_node(f"argocd-{pool}-{suffix}-{index}", gpus=8, labels=labels)
             self.nodes[name] = pool
         self._step("nodes")
