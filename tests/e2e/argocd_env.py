@@ -70,16 +70,11 @@ POOL_LABEL = "gpugate.io/driver-pool"
 SYSTEM_NAMESPACE = "gpugate-system"
 OPERATOR_NAMESPACE = "gpu-operator"
 WEBHOOK = "gpugate-webhook"
-SERVICE_MONITOR_CRD: Obj = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-             "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor",
-                       "listKind": "ServiceMonitorList"},
-             "versions": [{"name": "v1", "served": True, "storage": True,
-                           "schema": {"openAPIV3Schema": {"type": "object",
-                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
-}
+MONITORING_CRDS = tuple(ROOT.parent / "shared" / "schemas" / f"monitoring.coreos.com_{plural}.yaml"
+                        for plural in ("servicemonitors", "prometheusrules"))
+"""The Prometheus Operator's CRDs as it publishes them: gpugate-observability's ServiceMonitors and
+its PrometheusRule (the usage recording rules) are checked against their real schemas; nothing
+runs the operator."""
 CONTROLLER_ARGS = (
     # Every push is followed by the refresh a Git webhook makes, so the resync only matters for
     # health Argo CD does not recompute on its own: a CRD's health right after its creation (then
@@ -193,9 +188,11 @@ class GitOpsRig:
         self._step("fork")
 
         harness.install_crds(self.kubectl)
-        # The Prometheus Operator's ServiceMonitor kind, which gpugate-observability expects the
-        # cluster to have (docs/gitops.md); a permissive stand-in for its CRD, nothing runs it.
-        self.kubectl.apply_objects([SERVICE_MONITOR_CRD])
+        # The Prometheus Operator's kinds, which gpugate-observability expects the cluster to have
+        # (docs/gitops.md).
+        self.kubectl("apply", "--server-side", "-f", ",".join(str(p) for p in MONITORING_CRDS))
+        harness.wait_established(self.cluster.kubeconfig, ["servicemonitors.monitoring.coreos.com",
+                                                           "prometheusrules.monitoring.coreos.com"])
         harness.install_settings(self.kubectl)
         # docs/gitops.md, bootstrap step 2: the health checks before any Application exists.
         self.kubectl("-n", harness.NAMESPACE, "patch", "configmap", "argocd-cm", "--type", "merge",
