@@ -16,7 +16,6 @@ import click
 from webhook.errors import GpugateError
 from webhook.stack import plan as planning
 from webhook.stack import releases, verify
-from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
 from webhook.stack.checks import Waivers
 from webhook.stack.gitrepo import Repo
@@ -125,16 +124,36 @@ def chart_options(func: Any) -> Any:
 
 
 def cluster_option(func: Any) -> Any:
-    func = click.option("--server", default=None,
-                        help="API server URL for --kube (default: in-cluster or kubeconfig).")(func)
+    """--kube / --server / --cluster-state, handed to the command as one ``cluster`` reader (None: not asked)."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        kube, server, recorded = kwargs.pop("kube"), kwargs.pop("server"), kwargs.pop("cluster_state")
+        if recorded is not None and (kube or server):
+            raise click.UsageError("--cluster-state reads a recording: pass it without --kube/--server")
+        kwargs["cluster"] = cluster_reader(kube or server is not None, server, recorded)
+        return func(*args, **kwargs)
+
+    command = click.option("--cluster-state", "cluster_state", default=None,
+                           type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                           help="Read the cluster from a recording (YAML objects or Lists, e.g. `kubectl get "
+                                "crd,nodes,pods,daemonsets -A -o yaml`) instead of the API.")(command)
+    command = click.option("--server", default=None,
+                           help="API server URL for --kube (default: in-cluster or kubeconfig).")(command)
     return click.option("--kube", is_flag=True,
-                        help="Ask the cluster whether the previous step is healthy (driver migration step 2).")(func)
+                        help="Read the cluster for the preflight rules (CRDs as served, GPU nodes, pods, "
+                             "DaemonSets, NVIDIA objects).")(command)
 
 
-def lister(kube: bool, server: str | None) -> Any:
-    if not kube and server is None:
-        return None
-    return lambda: stack_status.fetch_cluster_policies(server)
+def cluster_reader(kube: bool, server: str | None, recorded: Path | None) -> stack_upgrade.ClusterReader | None:
+    """What reads the cluster when the plan needs it, or None when no cluster was asked for."""
+    from webhook.stack import clusterread
+
+    if recorded is not None:
+        return lambda: clusterread.load_recorded(recorded)
+    if kube:
+        return lambda: clusterread.read_cluster(server)
+    return None
 
 
 def root_of(path: Path) -> Path:

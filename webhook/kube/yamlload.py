@@ -37,3 +37,14 @@ StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _co
 
 def load_all(data: str | bytes) -> Iterator[Any]:
     return yaml.load_all(data, Loader=StrictLoader)
+
+
+FastLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""PyYAML's SafeLoader written in C (libyaml), when PyYAML was built with it: the same safe
+constructors, several times faster on the stack's large files (CRDs, values, chart renders)."""
+
+
+def fast_load(data: str | bytes) -> Any:
+    """``yaml.safe_load`` through libyaml (duplicate keys are not checked: for our own generated and
+    upstream files, never for what a person writes by hand and gpugate must judge)."""
+    return yaml.load(data, Loader=FastLoader)
