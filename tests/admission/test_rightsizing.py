@@ -66,6 +66,7 @@ class TestAsks:
 
     @pytest.mark.parametrize(("labels", "says"), [
         ({names.GPU_MEMORY_LABEL: "lots"}, "not a quantity"),
+        ({names.GPU_MEMORY_LABEL: "99999999999Ti"}, "larger than a Kubernetes quantity can be"),  # "not a quantity"
         ({names.GPU_MEMORY_LABEL: "0"}, "more than 0"),
         ({names.GPU_FRACTION_LABEL: "1.5"}, "at most 1"),
         ({names.GPU_FRACTION_LABEL: "half"}, "not a number"),
@@ -73,6 +74,13 @@ class TestAsks:
     def test_a_label_that_is_no_ask_is_refused_by_validation_naming_it(self, labels, says):
         verdict = validation.validate(pod(container(), labels=labels), namespace="ml-a", policies=POLICIES)
         assert not verdict.allowed and says in verdict.message
+
+    @pytest.mark.parametrize("memory", ["lots", "99999999999Ti"])
+    def test_a_label_that_is_no_ask_is_refused_at_mutation_with_no_warning_first(self, memory):
+        result = mutation.mutate(pod(container(), labels={names.GPU_MEMORY_LABEL: memory}), namespace="ml-a",
+                                 policies=POLICIES)
+        assert len(result.denials) == 1 and repr(memory) in result.denials[0]
+        assert not result.warnings and not result.patch
 
 
 class TestChoice:

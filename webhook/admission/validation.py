@@ -16,7 +16,7 @@ from webhook.admission.results import Verdict
 from webhook.kube import demand as kube_demand
 from webhook.kube import pods
 from webhook.kube.inventory import EMPTY, Inventory
-from webhook.kube.quantity import QuantityError, out_of_range, whole_count
+from webhook.kube.quantity import QuantityError, count_problem, out_of_range, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
 
@@ -36,7 +36,8 @@ class _Asks:
     def of(cls, pod: pods.Pod) -> _Asks:
         found = tuple((kind, c, frozenset(pods.gpu_resources(c))) for kind, c in pods.all_containers(pod))
         requested = frozenset().union(*(resources for _, _, resources in found))
-        return cls(found, requested, bool(requested) or pods.labels_ask_for_gpus(pod))
+        asked = bool(requested) and bool(pods.requested_gpu_resources(pod))  # "0" asks for none
+        return cls(found, requested, asked or pods.labels_ask_for_gpus(pod))
 
 
 def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
@@ -103,7 +104,7 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, asks:
             out.append(f"label {names.GPUS_LABEL}={label!r} asks for more GPUs than any node has (policy {ref}); "
                        f"write a count such as {names.GPUS_LABEL}: \"1\"")
         else:
-            out.append(f"label {names.GPUS_LABEL}={label!r} is not a whole number of GPUs (policy {ref}); "
+            out.append(f"label {names.GPUS_LABEL}={label!r} {count_problem(label)} (policy {ref}); "
                        f"write e.g. {names.GPUS_LABEL}: \"1\"")
     wanted = pods.annotations_of(pod).get(names.CONTAINER_ANNOTATION)
     if wanted and all(c.get("name") != wanted for c in pods.containers(pod)):
@@ -214,8 +215,9 @@ def _container_rules(kind: str, name: object, container: pods.Container, resourc
                    f"or use a profile whose policy offers {resource}")
         return out
     if count is None:
-        out.append(f"{where} asks {resource}: {limits if limits is not None else requests}, which is not a whole "
-                   f"number (policy {ref}); GPUs are counted in whole devices")
+        value = limits if limits is not None else requests
+        out.append(f"{where} asks {resource}: {value}, which {count_problem(value)} (policy {ref}); GPUs are "
+                   f"counted in whole devices")
         return out
     if requests is not None and limits is not None and whole_count(requests) != whole_count(limits):
         out.append(f"{where} asks {resource} requests {requests} but limits {limits} (policy {ref}); "

@@ -38,7 +38,7 @@ from webhook.kube import affinity as node_affinity
 from webhook.kube import claims, pods, units
 from webhook.kube.allocations import dra_backed_resources
 from webhook.kube.claims import ClaimAsk, PodClaimRef
-from webhook.kube.quantity import QuantityError, bytes_, millicores
+from webhook.kube.quantity import QuantityError, bytes_, millicores, quantity_problem
 from webhook.kube.resources import is_gpu_resource
 
 Counts = tuple[tuple[str, int], ...]
@@ -265,7 +265,10 @@ def size_of(pod: pods.Pod) -> Size | None:
         try:
             memory = bytes_(memory_text)
         except QuantityError as err:
-            raise SizeError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} is not a quantity such as 20Gi") from err
+            problem = quantity_problem(memory_text)
+            why = "is not a quantity such as 20Gi" if problem == "is not a quantity" else \
+                f"{problem} (no GPU holds that much)"
+            raise SizeError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} {why}") from err
         if memory <= 0:
             raise SizeError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} must be more than 0")
     fraction = None
