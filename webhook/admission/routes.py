@@ -24,7 +24,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import logs
-from webhook.admission import answers, framing, leanpath, metrics, requestbody, reviews, worker
+from webhook.admission import answers, framing, leanpath, metrics, requestbody, reviews, worker, workloads
 from webhook.admission.inventoryfile import InventoryFile
 from webhook.admission.results import CoreResult
 from webhook.admission.serverstate import ClaimCore, Core, PolicyCore, ServerSettings, ServerState
@@ -202,8 +202,14 @@ def admit(st: ServerState, endpoint: str, body: bytes, started: float) -> tuple[
 def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> answers.Decision:
     claim = st.claims is not None and review.is_claim() and isinstance(review.object, dict) \
         and _claim_needs_judging(endpoint, review)
-    if not claim and not (review.is_pod() and review.operation == "CREATE" and isinstance(review.object, dict)):
-        # Registered for pod CREATE and claim CREATE/UPDATE only; anything else is let through untouched.
+    workload = workloads.kind_of(review.kind.get("group", ""), str(review.kind.get("kind"))) \
+        if endpoint == "validate" and not review.sub_resource else None
+    if workload is not None and not workloads.needs_judging(workload, review.operation, review.object,
+                                                            review.old_object):
+        workload = None
+    if not claim and workload is None and not (review.is_pod() and review.operation == "CREATE"
+                                               and isinstance(review.object, dict)):
+        # Registered for pod CREATE, claim and workload CREATE/UPDATE only; anything else passes untouched.
         return answers.SKIPPED
     fail_closed = st.settings.fail_closed
     policies = st.store.current()
@@ -214,7 +220,11 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> answers.D
     assert obj is not None  # checked above
     namespace = _namespace(review)
     try:
-        result = _judge(st, endpoint, obj, namespace, policies, claim=claim)
+        if workload is not None:  # its pod templates, judged as the pods they become
+            result: CoreResult = workloads.judge(workload, obj, namespace=namespace, policies=policies,
+                                                 inventory=st.inventory.current(), now=datetime.now(UTC))
+        else:
+            result = _judge(st, endpoint, obj, namespace, policies, claim=claim)
         return answers.answer(result, revision=policies.revision, subject=obj)
     except (InputError, RecursionError) as err:
         # Input we cannot read: the API server never sends such a pod (it decodes into typed
