@@ -183,7 +183,8 @@ def _workload_rules() -> list[dict]:
     for workload in WORKLOAD_KINDS:
         rules.setdefault((workload.group, workload.version), []).append(workload.resource)
     return [{"apiGroups": [group], "apiVersions": [version], "resources": resources,
-             "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"} for (group, version), resources in rules.items()]
+             "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}
+            for (group, version), resources in rules.items()]
 
 
 def test_webhook_registration_fields() -> None:
