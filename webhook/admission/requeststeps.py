@@ -143,16 +143,16 @@ def right_size(pod: Pod, context: StepContext) -> None:
     if sizing.through == "dra":
         right_size_claim(pod, ask, context)
         return
-    choice = rightsizing.choose(ask, sizing, context.inventory, context.now)
+    choice = rightsizing.choose(ask, sizing, context.inventory, context.now, own_resource=context.policy.gpu.resource)
     container = _sized_container(pod, choice, context)
     if container is None or isinstance(choice, str):
         return
     container = context.set_request(pod, container, "requests", choice.resource, "1")
     context.set_request(pod, container, "limits", choice.resource, "1")
     require(pod, list(choice.expressions), context)
-    form = f" ({choice.rung.name})" if choice.resource != choice.rung.name else ""
-    context.note(f"right-sized {ask.describe()} to {choice.resource}: 1{form} on container "
-                 f"'{container.get('name')}': {choice.why}")
+    form = f" ({choice.rung.name})" if choice.rung.mig and choice.rung.mig not in choice.resource else ""
+    context.note(f"gave {choice.resource}: 1{form} to container '{container.get('name')}' for "
+                 f"{ask.describe()}: {choice.why}")
 
 
 def right_size_claim(pod: Pod, ask: kube_demand.Size, context: StepContext) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,18 +83,65 @@ def _read_all(path: Path) -> list[dict[str, Any]]:
         raise InputError(f"{path}: cannot read: {err.strerror}") from err
     except UnicodeDecodeError as err:
         raise InputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+    documents = parse_documents(text, str(path))
+    if not documents:
+        raise InputError(f"{path}: expected exactly one document, found 0")
+    return documents
+
+
+def parse_documents(text: str, where: str) -> list[dict[str, Any]]:
+    """The YAML or JSON mappings of ``text`` (empty documents dropped); errors name ``where``."""
     try:
         documents = [d for d in yamlload.load_all(text) if d is not None]
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise InputError(f"{path}{where}: invalid YAML: {getattr(err, 'problem', None) or err}") from err
-    if not documents:
-        raise InputError(f"{path}: expected exactly one document, found 0")
+        raise InputError(f"{where}{yamlload.describe_error(err)}") from err
     for document in documents:
         if not isinstance(document, dict):
-            raise InputError(f"{path}: expected a mapping, got {type(document).__name__}")
+            raise InputError(f"{where}: expected a mapping, got {type(document).__name__}")
     return documents
+
+
+def subjects(documents: list[dict[str, Any]], where: str, *,
+             workload: Callable[[dict[str, Any]], bool] = lambda _: False) -> tuple[list[AdmissionFile], int]:
+    """What to judge in a stream of documents, and how many of other kinds were left out.
+
+    Each Pod, ResourceClaim or template, and each object ``workload`` accepts, is one subject; the
+    claims and templates right after a pod go with it (what its ``spec.resourceClaims`` name), as
+    in a golden case. A ``kind: List`` (``kubectl get -o yaml``) is read as its items.
+    """
+    found: list[AdmissionFile] = []
+    skipped = 0
+    pod_open = False
+    for index, document in enumerate(_items(documents), start=1):
+        here = f"{where}, document {index}"
+        if claims.is_claim_document(document):
+            _check_claim(Path(here), document)
+            if pod_open:
+                found[-1] = AdmissionFile(found[-1].subject, (*found[-1].claims, document))
+                continue
+            found.append(AdmissionFile(document))
+        elif document.get("kind") == "Pod" and document.get("apiVersion") == "v1":
+            _check_pod(Path(here), document)
+            found.append(AdmissionFile(document))
+            pod_open = True
+            continue
+        elif workload(document):
+            found.append(AdmissionFile(document))
+        else:
+            skipped += 1
+        pod_open = False
+    return found, skipped
+
+
+def _items(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for document in documents:
+        items = document.get("items")
+        if str(document.get("kind", "")).endswith("List") and isinstance(items, list):
+            out.extend(item for item in items if isinstance(item, dict))
+        else:
+            out.append(document)
+    return out
 
 
 def _check_pod(path: Path, pod: dict[str, Any]) -> None:

@@ -37,3 +37,15 @@ StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _co
 
 def load_all(data: str | bytes) -> Iterator[Any]:
     return yaml.load_all(data, Loader=StrictLoader)
+
+
+def describe_error(err: yaml.YAMLError) -> str:
+    """A YAML error as ", line L, column C: invalid YAML: what", to follow the file's name.
+
+    PyYAML's own text names ``<unicode string>`` and spreads the position over several lines with
+    the source echoed; this says only what the reader of the file needs.
+    """
+    mark = getattr(err, "problem_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).split("\n", 1)[0]
+    return f"{where}: invalid YAML: {problem}"
