@@ -36,7 +36,7 @@ LAYERS: dict[str, dict[str, str]] = {
                   "requeststeps": CORE, "schedulingsteps": CORE, "preferences": CORE,
                   "worker": EDGE, "requestloop": EDGE, "connection": EDGE, "workershared": EDGE, "leanpath": CORE,
                   "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
-                  "client": EDGE, "workloads": CORE},
+                  "client": EDGE, "workloads": CORE, "judgement": CORE},
     "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE, "reload": EDGE},
     "balancer": {"__init__": CORE, "state": CORE, "backoff": CORE,
                  "placementfeed": CORE, "drawatch": EDGE, "templatekeeper": EDGE,

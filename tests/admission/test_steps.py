@@ -456,7 +456,7 @@ class TestRequiredNodeAffinity:
 
     def test_the_requirements_are_named_in_a_warning(self):
         result = run(pod(container(gpus=1)), "gpu: {minMemoryMiB: 40000}")
-        assert any("required node affinity nvidia.com/gpu.memory Gt ['39999']" in w for w in result.warnings)
+        assert any("required node affinity nvidia.com/gpu.memory Gt 39999" in w for w in result.warnings)
 
 
 # --- placement preferences ---------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Read a Pod (or a DRA claim) from a YAML or JSON file, refusing anything else with a message that points."""
+"""Read Pods, DRA claims and workloads from YAML or JSON files, folders or standard input; anything
+else is refused (or, among many inputs, counted as left out) with a message that points."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,13 +78,7 @@ def read_one(path: Path) -> dict[str, Any]:
 
 def _read_all(path: Path) -> list[dict[str, Any]]:
     """The YAML or JSON mappings in ``path`` (at least one); errors name the file and what is wrong."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror}") from err
-    except UnicodeDecodeError as err:
-        raise InputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
-    documents = parse_documents(text, str(path))
+    documents = parse_documents(_text(path), str(path))
     if not documents:
         raise InputError(f"{path}: expected exactly one document, found 0")
     return documents
@@ -161,3 +156,59 @@ def _check_pod(path: Path, pod: dict[str, Any]) -> None:
                 problems.append(f"spec.containers[{i}].resources: expected a mapping")
     if problems:
         raise InputError(f"{path}: " + "; ".join(problems))
+
+
+INPUT_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """One thing to judge, read from the command line's inputs: where it came from, and it."""
+
+    source: str
+    """The file (``-`` for standard input), with ``#N`` when the file holds several subjects."""
+    file: AdmissionFile
+    path: Path | None
+    """The file it was read from, when it was the only subject there (``-o diff`` edits it)."""
+
+
+def read_inputs(arguments: Sequence[str], stdin: Callable[[], str], *,
+                workload: Callable[[dict[str, Any]], bool] = lambda _: False) -> tuple[list[Subject], int]:
+    """Every subject of ``arguments`` (files, folders read recursively for ``*.yaml``, ``*.yml`` and
+    ``*.json``, ``-`` for standard input), and how many documents of other kinds were left out.
+    InputError when an argument does not exist, or when nothing in them is a subject."""
+    found: list[Subject] = []
+    skipped = 0
+    for argument in arguments:
+        for where, path, text in _texts(argument, stdin):
+            read, left_out = subjects(parse_documents(text, where), where, workload=workload)
+            skipped += left_out
+            for index, file in enumerate(read, start=1):
+                source = f"{where}#{index}" if len(read) > 1 else where
+                found.append(Subject(source, file, path if len(read) == 1 else None))
+    if not found:
+        raise InputError(f"no Pod, ResourceClaim, ResourceClaimTemplate or workload in {', '.join(arguments)}"
+                         + (f" ({skipped} document(s) of other kinds)" if skipped else ""))
+    return found, skipped
+
+
+def _texts(argument: str, stdin: Callable[[], str]) -> list[tuple[str, Path | None, str]]:
+    if argument == "-":
+        return [("-", None, stdin())]
+    path = Path(argument)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in INPUT_SUFFIXES
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        return [(str(file), file, _text(file)) for file in files]
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder")
+    return [(str(path), path, _text(path))]
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise InputError(f"{path}: cannot read: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
