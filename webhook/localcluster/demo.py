@@ -35,11 +35,13 @@ from kubernetes.client.rest import ApiException
 from webhook import names
 from webhook.admission import outcome
 from webhook.certs import pki as servingpki
-from webhook.errors import GpugateError
+from webhook.errors import GpugateError, PolicyLoadError
+from webhook.kube import yamlload
 from webhook.localcluster import cluster as cluster_module
 from webhook.localcluster import interrupts, processes, webhooks
 from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.fakekubelet import NodeSpec
+from webhook.policy import loading
 
 SYSTEM_NAMESPACE = "gpugate-system"
 INVENTORY = ("gpugate-inventory", "inventory.json")  # the balancer's ConfigMap and key
@@ -104,10 +106,7 @@ def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
 
     A SIGINT or SIGTERM while starting raises :class:`~webhook.localcluster.interrupts.Interrupted`
     once everything started so far is stopped."""
-    for path in (settings.policies, settings.webhook_configurations):
-        if not path.exists():
-            raise GpugateError(f"{path} does not exist: run `gpugate demo` from a clone of gpugate, or pass "
-                               "--policies DIR and --webhook-configurations FILE")
+    check_inputs(settings)
     with interrupts.raised(), ExitStack() as stack:
         found = cluster_module.ensure_binaries(settings.log)  # a first build's Ctrl-C ends here too
         started = time.monotonic()
@@ -145,6 +144,33 @@ def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
         interrupts.stopping()
         settings.log("stopping ...")
     return rows
+
+
+def check_inputs(settings: Settings) -> None:
+    """Refuse, before anything starts, a policy folder ``gpugate serve`` would not load (with the
+    problems ``gpugate policy check`` lists) and a file that is not webhook configurations: both
+    used to surface a minute and a half later, as a server that never became ready or a KeyError."""
+    for path in (settings.policies, settings.webhook_configurations):
+        if not path.exists():
+            raise GpugateError(f"{path} does not exist: run `gpugate demo` from a clone of gpugate, or pass "
+                               "--policies DIR and --webhook-configurations FILE")
+    try:
+        loading.load_servable(settings.policies)
+    except PolicyLoadError as err:
+        raise GpugateError("\n".join(err.problems) + f"\n{len(err.problems)} problem(s) in {settings.policies} "
+                           f"(gpugate policy check {settings.policies} says the same); the demo serves that "
+                           f"folder, so nothing was started") from None
+    where = str(settings.webhook_configurations)
+    try:
+        documents = list(yamlload.load_all(settings.webhook_configurations.read_text(encoding="utf-8")))
+    except yaml.YAMLError as err:
+        raise GpugateError(f"--webhook-configurations {where}{yamlload.describe_error(err)}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise GpugateError(f"--webhook-configurations {where}: cannot read it ({err})") from None
+    found = webhooks.problems(documents, where)
+    if found:
+        raise GpugateError(f"--webhook-configurations: {found[0]}" + (f" (and {len(found) - 1} more)"
+                                                                      if len(found) > 1 else ""))
 
 
 def _describe(spec: NodeSpec) -> str:
