@@ -22,7 +22,7 @@ CORE, EDGE = "core", "edge"
 # folder (relative to webhook/) -> {module: layer}
 LAYERS: dict[str, dict[str, str]] = {
     ".": {"__init__": CORE, "errors": CORE, "names": CORE, "filewatch": EDGE,
-          "cli": EDGE, "logs": EDGE, "kubeclient": EDGE},
+          "cli": EDGE, "logs": EDGE, "kubeclient": EDGE, "kubetarget": CORE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
              "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
              "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE, "demand": CORE,
@@ -59,7 +59,8 @@ LAYERS: dict[str, dict[str, str]] = {
                   "dracount": CORE, "gpuinventory": CORE},
     "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,
                  "replay": EDGE, "serve": EDGE, "stack": EDGE, "stack_options": EDGE,
-                 "stack_render": EDGE, "stack_canary": EDGE, "smoke": EDGE, "demo": EDGE},
+                 "stack_render": EDGE, "stack_canary": EDGE, "smoke": EDGE, "demo": EDGE,
+                 "clusteroptions": EDGE},
     "localcluster": {"__init__": CORE, "binaries": EDGE, "controlplane": EDGE, "pki": EDGE, "processes": EDGE,
                      "fakekubelet": EDGE, "kubeletobjects": CORE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE,
                      "interrupts": EDGE},

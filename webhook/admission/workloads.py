@@ -93,8 +93,9 @@ def template_pods(kind: WorkloadKind, obj: dict[str, Any]) -> list[tuple[str, po
     name = str(pods.metadata(obj).get("name") or pods.metadata(obj).get("generateName") or kind.kind.lower())
     out = []
     for where, template in _templates(kind, obj):
-        meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
-        labels = dict(meta.get("labels") or {}) if isinstance(meta.get("labels"), dict) else {}
+        found = template.get("metadata")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        labels = dict(meta["labels"]) if isinstance(meta.get("labels"), dict) else {}
         if kind.group_label:
             labels.setdefault(kind.group_label, name)
         metadata: dict[str, Any] = {**meta, "generateName": f"{name}-", "labels": labels}

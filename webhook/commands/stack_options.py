@@ -13,7 +13,9 @@ from typing import Any
 
 import click
 
+from webhook.commands.clusteroptions import target_options
 from webhook.errors import GpugateError
+from webhook.kubetarget import Target
 from webhook.stack import plan as planning
 from webhook.stack import releases, verify
 from webhook.stack import status as stack_status
@@ -125,14 +127,13 @@ def chart_options(func: Any) -> Any:
 
 
 def cluster_option(func: Any) -> Any:
-    func = click.option("--server", default=None,
-                        help="API server URL for --kube (default: in-cluster or kubeconfig).")(func)
+    func = target_options("API server URL for --kube (default: in-cluster or kubeconfig).")(func)
     return click.option("--kube", is_flag=True,
                         help="Ask the cluster whether the previous step is healthy (driver migration step 2).")(func)
 
 
-def lister(kube: bool, server: str | None) -> Any:
-    if not kube and server is None:
+def lister(kube: bool, server: Target) -> Any:
+    if not kube and not server.given:
         return None
     return lambda: stack_status.fetch_cluster_policies(server)
 
