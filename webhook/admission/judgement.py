@@ -54,14 +54,21 @@ class Judgement:
 
 
 def judge(obj: dict[str, Any], *, source: str, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
-          now: datetime | None = None, claims: tuple[dict[str, Any], ...] = ()) -> Judgement:
+          now: datetime | None = None, claims: tuple[dict[str, Any], ...] = (), shaped: bool = True) -> Judgement:
     """``obj`` (a Pod, with the ``claims`` and templates it references; a claim; or a workload) as
-    the cluster would admit it in ``namespace`` now."""
+    the cluster would admit it in ``namespace`` now. ``shaped`` False: the mutating webhook is not
+    called there (a namespace labelled ``gpugate.io/skip``), so only the validating one judges."""
     name = pods.display_name(obj)
     kind = str(obj.get("kind") or "Pod")
     workload = workloads.kind_of_document(obj)
     if workload is not None:
         verdict = workloads.judge(workload, obj, namespace=namespace, policies=policies, inventory=inventory, now=now)
+        return Judgement(source=source, kind=kind, name=name, namespace=namespace, allowed=verdict.allowed,
+                         reasons=verdict.reasons, warnings=verdict.warnings,
+                         policy=str(verdict.policy) if verdict.policy else None)
+    if not shaped:  # pods only: a workload is judged by the validating webhook, which shapes its template
+        verdict = chain.validate(obj, namespace=namespace, policies=policies, inventory=inventory, now=now,
+                                 resolved=dra.resolve_documents(claims))
         return Judgement(source=source, kind=kind, name=name, namespace=namespace, allowed=verdict.allowed,
                          reasons=verdict.reasons, warnings=verdict.warnings,
                          policy=str(verdict.policy) if verdict.policy else None)
