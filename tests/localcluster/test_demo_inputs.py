@@ -63,3 +63,19 @@ def test_a_wrong_webhook_configurations_file_gets_one_line_naming_it(tmp_path: P
     assert result.exit_code == 1, result.output
     assert says in result.stderr
     assert str(path) in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_install_helm_without_helm_says_so_before_starting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUGATE_HELM", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no helm anywhere
+    result = demo("--install", "helm", "--policies", ROOT / "policies", "--webhook-configurations", CONFIGURATIONS)
+    assert result.exit_code == 1 and "gpugate demo --install helm needs helm" in result.stderr
+
+
+def test_install_helm_with_a_folder_that_is_no_chart_says_so(tmp_path: Path) -> None:
+    helm = tmp_path / "helm"
+    helm.write_text("#!/bin/sh\nexit 0\n")
+    helm.chmod(0o755)
+    result = demo("--install", "helm", "--helm", helm, "--chart", tmp_path, "--policies", ROOT / "policies",
+                  "--webhook-configurations", CONFIGURATIONS)
+    assert result.exit_code == 1 and f"{tmp_path} holds no Chart.yaml" in result.stderr
