@@ -14,32 +14,25 @@ import pytest
 
 from tests import helmtool
 from tests.admission.harness import copy_policies
+from tests.e2e import webhook_fixture as fixture
 from tests.e2e.cluster import Cluster
 from tests.e2e.test_gpugate_chart import _forget_unowned_cluster_objects
-from tests.e2e.webhook_fixture import (
-    GpugateServer,
-    Namespaces,
-    ServingCerts,
-    create_pod,
-    pod_manifest,
-    policy_of,
-    serving,
-)
 from webhook.localcluster import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def installed(local: Cluster, workdir: Path) -> Iterator[GpugateServer]:
+def installed(local: Cluster, workdir: Path) -> Iterator[fixture.GpugateServer]:
     assert local.plane is not None
     helm = helmtool.helm_binary()
-    certs = ServingCerts(workdir / "certs")
-    running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=copy_policies(workdir / "policies"),
-                            log=local.plane.logs / "gpugate-demo-helm.log")
+    certs = fixture.ServingCerts(workdir / "certs")
+    running = fixture.GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca,
+                                    policies=copy_policies(workdir / "policies"),
+                                    log=local.plane.logs / "gpugate-demo-helm.log")
     _forget_unowned_cluster_objects(local)
     lines: list[str] = []
-    with serving(running):
+    with fixture.serving(running):
         demo.install_chart(local.kubeconfig, helm, ROOT / "manifests" / "chart" / "gpugate", running.base_url,
                            certs.bundle.ca_cert, workdir, lines.append)
         assert lines and lines[0].startswith("helm install gpugate ")
@@ -51,19 +44,20 @@ def installed(local: Cluster, workdir: Path) -> Iterator[GpugateServer]:
                             str(local.kubeconfig), "--wait", "--timeout", "120s"], capture_output=True, check=False)
 
 
-def test_the_charts_webhook_shapes_a_gpu_pod_and_refuses_a_web_one(local: Cluster, installed: GpugateServer) -> None:
-    made = Namespaces(local)
+def test_the_charts_webhook_shapes_a_gpu_pod_and_refuses_a_web_one(local: Cluster,
+                                                                    installed: fixture.GpugateServer) -> None:
+    made = fixture.Namespaces(local)
     try:
         ml, web = made.make("ml-team"), made.make("web-shop")
         core = local.core()
-        shaped = create_pod(core, ml, pod_manifest("probe", labels={"gpugate.io/profile": "training",
+        shaped = fixture.create_pod(core, ml, fixture.pod_manifest("probe", labels={"gpugate.io/profile": "training",
                                                                      "gpugate.io/gpus": "2"}), dry_run=True)
-        assert (policy_of(shaped) or "").startswith("training@")
+        assert (fixture.policy_of(shaped) or "").startswith("training@")
         assert shaped["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
         from kubernetes.client.rest import ApiException
 
         with pytest.raises(ApiException) as refused:
-            create_pod(core, web, pod_manifest("probe", gpus=1), dry_run=True)
+            fixture.create_pod(core, web, fixture.pod_manifest("probe", gpus=1), dry_run=True)
         assert "GPUs are not available in web and frontend namespaces" in str(refused.value.body)
     finally:
         made.delete_all()
