@@ -198,3 +198,10 @@ def test_the_shipped_configuration_registers_exactly_the_judged_kinds() -> None:
     registered = {(group, rule["apiVersions"][0], resource) for hook in validating["webhooks"]
                   for rule in hook["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
     assert {(k.group, k.version, k.resource) for k in workloads.WORKLOAD_KINDS} <= registered
+
+
+def test_an_object_without_a_pod_template_is_not_judged() -> None:
+    kind = workloads.kind_of("apps", "Deployment")
+    assert kind is not None
+    assert not workloads.needs_judging(kind, "CREATE", {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                        "metadata": {"name": "x"}, "spec": {}}, None)

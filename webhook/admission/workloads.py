@@ -75,11 +75,12 @@ def kind_of_document(obj: dict[str, Any]) -> WorkloadKind | None:
 
 def needs_judging(kind: WorkloadKind, operation: str, obj: dict[str, Any] | None,
                   old: dict[str, Any] | None) -> bool:
-    """A CREATE, or an UPDATE that changes a pod template. Controllers update their workload's
-    metadata (the deployment controller's revision annotation, finalizers): judging those could
-    only ever block a controller under a policy written after the workload, never a GPU."""
-    if obj is None:
-        return False
+    """A CREATE, or an UPDATE that changes a pod template, of an object that has one. Controllers
+    update their workload's metadata (the deployment controller's revision annotation,
+    finalizers): judging those could only ever block a controller under a policy written after
+    the workload, never a GPU."""
+    if obj is None or not any(True for _ in _templates(kind, obj)):
+        return False  # no pod template: nothing its pods could be refused for
     if operation == "CREATE":
         return True
     if operation != "UPDATE":
