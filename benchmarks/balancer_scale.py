@@ -511,7 +511,7 @@ def main() -> int:
     # What the Deployment's balancer reads besides nodes and pods: its namespace (Lease and the
     # GPUInventory ConfigMap live there) and the PriorityClasses every cluster has, plus gpugate's
     # own (manifests/webhook/priorityclass.yaml); without them it backed off on 404s and never
-    # published the inventory that ships on by default (issue 30).
+    # published the inventory that ships on by default.
     fk.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
     for name, value in (("system-cluster-critical", 2_000_000_000), ("system-node-critical", 2_000_001_000),
                         ("gpugate-critical", 1_000_000)):

@@ -12,7 +12,7 @@ live at once, each in its own namespace:
 - ``go-patch``: the same Go webhook answering /mutate with gpugate's own JSON Patch for this pod
   (``--patch``; the patch is asked of the gpugate arm's server before the rounds): the floor a
   *mutating* webhook pays, whose API server applies the patch and carries the bigger pod through
-  validation, the validating call and etcd. gpugate is judged against both floors: issue 28's goal
+  validation, the validating call and etcd. gpugate is judged against both floors: the latency goal
   against ``go``, and what is gpugate's own against ``go-patch``;
 - ``null``: benchmarks/null_server.py, gpugate's server with a core that allows everything;
 - ``gpugate``: ``gpugate serve`` with the starter policies/ (the pod is shaped and validated).
@@ -29,7 +29,7 @@ go-patch - go; the bigger pod: shaped - none; gpugate's own: gpugate - go-patch)
 kube-apiserver + etcd spend during each serial create (median per arm), which a loaded machine
 hardly moves.
 
-How the arms are kept comparable on a shared machine whose load swings (issue 28): serial creates
+How the arms are kept comparable on a shared machine whose load swings: serial creates
 are interleaved, one create per arm in turn (none, shaped, go, ..., none, ...), so a slow spell
 falls on every arm alike; in the parallel phase each of the ``--parallel`` creators (each on its own
 client) moves to the next arm after each create, so the creators are spread over the arms at every
@@ -88,7 +88,7 @@ from tests.e2e.webhook_fixture import (  # noqa: E402
 
 ARMS = ("none", "shaped", "go", "go-patch", "null", "gpugate")
 REQUIRED = ("none", "go", "gpugate")
-"""The baseline, the issue's floor and gpugate: every run has them (``--arms`` picks among the rest)."""
+"""The baseline, the Go floor and gpugate: every run has them (``--arms`` picks among the rest)."""
 GO_ARMS = ("go", "go-patch")
 SHAPED_ARMS = ("go-patch", "gpugate", "before")
 """Arms whose created pods carry gpugate's mark (``gpugate.io/policy``), once their webhook is called."""
@@ -165,7 +165,7 @@ def idle_rates(arms: list[Arm], seconds: float) -> None:
 
     In the interleaved rounds each server idles most of the time (the other arms' creates), so its CPU
     over the rounds holds its pollers' too: at gpugate's default 1 s policy and certificate reload,
-    about as much as its reviews on a long loaded run (issue 28)."""
+    about as much as its reviews on a long loaded run."""
     before = {arm.name: tree_cpu(arm.pid) for arm in arms}
     time.sleep(seconds)
     for arm in arms:
@@ -458,7 +458,7 @@ def report(arms: dict[str, Arm], parallel_count: int, notes: list[str], rounds_s
             cells.append(f"{added(arms, name)[index]:>6.1f} [{low:>5.1f}, {high:>5.1f}]")
         print(f"{measure:<16}" + "".join(f"{cell:>22}" for cell in cells))
     print_differences(arms, samples)
-    for floor, title in (("go", "the Go floor (allow-only; issue 28's goal: added latency <= "
+    for floor, title in (("go", "the Go floor (allow-only; the goal: added latency <= "
                                 f"{GOAL_LATENCY}x, create rate >= {GOAL_RATE}x)"),
                          ("go-patch", "the Go floor answering gpugate's patch (the floor a mutating webhook pays)")):
         if floor in arms and "gpugate" in arms:
@@ -484,7 +484,7 @@ def report(arms: dict[str, Arm], parallel_count: int, notes: list[str], rounds_s
 def print_ratios(arms: dict[str, Arm], samples: dict[str, list[tuple[float, float, float, float]]],
                  rates: dict[str, float], floor: str, parallel_count: int) -> None:
     """gpugate's added latencies and create rate over ``floor``'s, each with its bootstrap interval
-    (the ratio taken on each resample) and its verdict against the issue's goals."""
+    (the ratio taken on each resample) and its verdict against the latency goals."""
     base, mine = added(arms, floor), added(arms, "gpugate")
     for index, measure in enumerate(MEASURES):
         ratios = [ratio(g[index], f[index]) for g, f in zip(samples["gpugate"], samples[floor], strict=True)]

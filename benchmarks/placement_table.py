@@ -13,7 +13,7 @@ policy folder or extender setting) so variants sit next to each other in the sam
 ``table`` prints the markdown table of medians (allocation at 100% arrival) and the goal check;
 ``worlds`` the sharing worlds' table (``run --sharing timeslice|dra`` tags runs ``arm@world``):
 GPU allocation, pods placed and overcommitted shares up to 100% arrival in timeslice, the
-extender in dra against the fgd reference column, and the issue's goals for each world.
+extender in dra against the fgd reference column, and the goals for each world.
 The lists default to every ``openb_pod_list_*.csv`` in the trace folder.
 """
 
@@ -34,7 +34,7 @@ ARMS = ("stock", "gpugate", "extender", "bestfit", "fgd", "random")
 ORDER = ("default", "cpu050", "cpu100", "cpu200", "cpu250", "gpushare40", "gpushare60", "gpushare80",
          "gpushare100", "gpuspec10", "gpuspec20", "gpuspec25", "gpuspec33", "multigpu20", "multigpu30",
          "multigpu40", "multigpu50")
-"""The issue's lists first (default, cpu050-250, gpushare40-100, gpuspec10-33, multigpu20-50)."""
+"""The 17 evaluation lists first (default, cpu050-250, gpushare40-100, gpuspec10-33, multigpu20-50)."""
 
 
 def seeds_of(text: str) -> list[int]:
@@ -155,7 +155,7 @@ def table(args: argparse.Namespace) -> int:
 
 
 FGD_TABLE = ROOT / "docs" / "placement.md"
-FGD_SECTION = "## The issue's 17 pod lists (allocation at 100% arrival, median of seeds 42-51)"
+FGD_SECTION = "## The 17 evaluation lists (allocation at 100% arrival, median of seeds 42-51)"
 
 
 def fgd_figures(path: Path = FGD_TABLE) -> dict[str, float]:
@@ -170,7 +170,7 @@ def fgd_figures(path: Path = FGD_TABLE) -> dict[str, float]:
 
 def timeslice_goal(placed: list[float | None], over: list[float | None],
                    shares: list[float | None] | None = None) -> str:
-    """Issue 25 in timeslice: the extender (last) places at least as many pods as stock and
+    """The goal in timeslice: the extender (last) places at least as many pods as stock and
     BestFit-on-slots (first two), with fewer overcommitted shares. No scheduler in this world sees a
     share's size (a slot is a slot), so which shares are overcommitted is the list's, and their
     count follows the shares placed: with ``shares`` (shares placed, same arms) "fewer" is judged per
@@ -191,7 +191,7 @@ def timeslice_goal(placed: list[float | None], over: list[float | None],
 
 
 def _dra_misses(name: str, dra: float, fgd: float) -> list[str]:
-    """Issue 25 in dra: the extender at least FGD's figure minus 0.5, and 95.2 on the default list."""
+    """The goal in dra: the extender at least FGD's figure minus 0.5, and 95.2 on the default list."""
     misses = [f"fgd {dra - fgd:+.2f}"] if dra < fgd - 0.5 else []
     if name == "default" and dra < 95.2:
         misses.append("< 95.2")
@@ -220,7 +220,7 @@ def _cell(value: float | None) -> str:
 
 
 def worlds_table(args: argparse.Namespace) -> int:
-    """Both sharing worlds side by side, per list, and the issue's goals for each world."""
+    """Both sharing worlds side by side, per list, and the goals for each world."""
     found = rows_of(Path(args.out) / "results.jsonl", seeds_of(args.seeds))
     fgd = fgd_figures()
     by: dict[tuple[str, str], list[dict]] = {}
@@ -260,7 +260,7 @@ def worlds_table(args: argparse.Namespace) -> int:
 
 
 def goals(name: str, got: dict[str, float | None]) -> str:
-    """The issue's goals on one list: the extender as shipped (``extender-packed``, the device
+    """The placement goals on one list: the extender as shipped (``extender-packed``, the device
     plugin's packed allocation, when that column is there; else ``extender``) at or above BestFit,
     within 0.5 of FGD, never below the stock scheduler under either device allocation, 95.2 on
     the default list; the same for an ``extender-mix`` column (the extender given the pod list's

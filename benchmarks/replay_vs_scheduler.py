@@ -1,4 +1,4 @@
-"""The replay model against the real kube-scheduler on one slice of the openb trace (issue 11, item 6).
+"""The replay model against the real kube-scheduler on one slice of the openb trace: do its figures hold?
 
     python benchmarks/replay_vs_scheduler.py [--nodes 32] [--pods 250] [--seed 42] [--model-seeds 10]
                                              [--pod-files all|NAME,...] [--arms gpugate,stock] [--repeats 1]

@@ -3,7 +3,7 @@ kubectl, built binaries), and the one rule for when it is absent.
 
 On a user's fresh clone a missing prerequisite skips the test and says why and how to get it.
 With ``CI`` set it fails the run with the same reason: ``.ci/run`` provides every prerequisite,
-so a CI that lost one must not pass green on skipped evidence (issue 28).
+so a CI that lost one must not pass green on skipped evidence.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every benchmark runs, in its shortest mode, so none can rot (issue 28: mutate_core.py crashed
+"""Every benchmark runs, in its shortest mode, so none can rot (mutate_core.py crashed
 after its table for weeks); and the benchmarks run on an install without the test extra (issue
 20): a user who installed the project with `pip install -e .` runs `python benchmarks/X.py
 --help` and gets the help, not an ImportError for pytest or hypothesis.

@@ -1,4 +1,4 @@
-"""The one "reload the last good file" watcher (issue 31): a moved fingerprint loads, a bad load keeps
+"""The one "reload the last good file" watcher: a moved fingerprint loads, a bad load keeps
 the last good value and is reported once per content, an unreadable fingerprint is tried again."""
 
 from __future__ import annotations

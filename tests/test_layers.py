@@ -147,7 +147,7 @@ def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     assert imported_modules(sample) == {"os.path", "kubernetes", "kubernetes.client"}
 
 
-# --- one home for GPU facts (issue 24) ------------------------------------------------------------
+# --- one home for GPU facts ------------------------------------------------------------
 # What a GPU unit is and how a DRA ask is spelled live in webhook/kube/ (units.py, resources.py,
 # claims.py); a module elsewhere that writes one of these again is re-deriving it.
 DRA_FIELDS = {"resourceClaims", "resourceClaimName", "resourceClaimTemplateName", "deviceClassName",
@@ -176,7 +176,7 @@ def gpu_fact_rederivations(tree: ast.AST) -> list[str]:
     return found
 
 
-# --- one reading of what a pod demands (issue 24) -------------------------------------------------
+# --- one reading of what a pod demands -------------------------------------------------
 # kube/demand.py reads a pod's requests, claims, DRA-backed resources and right-sizing labels into
 # one PodDemand; a module elsewhere that calls the readers under it, or declares a demand shape of
 # its own, is reading the pod a second way.
@@ -248,7 +248,7 @@ def test_each_one_home_check_sees_a_second_writing(rule: str) -> None:
     assert len(home.finder(ast.parse(home.sample))) == home.in_sample
 
 
-# --- no cycles, no sideways imports between products, small rooms (issue 31) ---------------------
+# --- no cycles, no sideways imports between products, small rooms ---------------------
 # Counted over every import of a module, a lazy one inside a function too: hiding a cycle behind a
 # lazy import does not break it.
 PRODUCTS = ("admission", "balancer", "stack", "replay", "certs")
@@ -258,10 +258,10 @@ SHARED_PRODUCT_MODULES = {  # the only product modules a sibling may import, eac
     "webhook.certs.reload": "the serving certificate reloader both servers use",
     "webhook.admission.chain": "the pure admission core, which the replay runs on every trace pod",
 }
-SIDEWAYS_ALLOWED: set[tuple[str, str]] = set()  # none left (issue 31): a new sideways import fails
+SIDEWAYS_ALLOWED: set[tuple[str, str]] = set()  # none left: a new sideways import fails
 CYCLES_ALLOWED: list[set[str]] = []  # none left: keep it so (the replay runner<->sizing cycle is broken)
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 60
-LONG_MODULES_ALLOWED: set[str] = set()  # none left (issue 31): a module that grows past the limit fails
+LONG_MODULES_ALLOWED: set[str] = set()  # none left: a module that grows past the limit fails
 LONG_FUNCTIONS_ALLOWED: set[tuple[str, str]] = set()  # likewise: (module path, function name)
 
 

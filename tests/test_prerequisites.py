@@ -13,7 +13,7 @@ TESTS = Path(__file__).resolve().parent
 
 # The only direct pytest.skip calls left: a choice of the person running the tests (an attached
 # cluster cannot reach this machine's loopback), a later step of a chain whose first step
-# already failed, and the CRD kinds ../shared/schemas does not hold yet (issue 28 allows those).
+# already failed, and the CRD kinds ../shared/schemas does not hold yet (named: a missing external prerequisite).
 ALLOWED_SKIPS = ("127.0.0.1", "attached to an existing cluster", "KUBECONFIG_ENV", "the first install did not finish",
                  "needs test 2's upgrade", "not validated: ")
 

@@ -80,7 +80,7 @@ DRA_MEMORY_CAPACITY = "memory"
 DRA_PROFILE_ATTRIBUTE = "profile"
 """A MIG device's profile ("1g.10gb")."""
 
-# Right-sizing through DRA (issue 25): the webhook names a ResourceClaimTemplate per ladder and ask
+# Right-sizing through DRA: the webhook names a ResourceClaimTemplate per ladder and ask
 # (its name is a hash of its content), labels the pod with that name and carries the template in an
 # annotation; the balancer creates the template in the pod's namespace when it is missing.
 RIGHTSIZED_CLAIM = "gpugate-gpu"

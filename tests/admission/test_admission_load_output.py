@@ -1,4 +1,4 @@
-"""benchmarks/admission_load.py in its shortest mode: its figures read, and a long run is not silent (issue 30).
+"""benchmarks/admission_load.py in its shortest mode: its figures read, and a long run is not silent.
 
 It printed ``max req/s ratio by round0.97`` (label and figure run together) and nothing at all for
 the first 30 s of a default run.

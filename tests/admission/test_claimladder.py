@@ -1,4 +1,4 @@
-"""Right-sizing through DRA (issue 25, item 3): an ask becomes a ResourceClaimTemplate whose
+"""Right-sizing through DRA: an ask becomes a ResourceClaimTemplate whose
 ``firstAvailable`` sub-requests are the ladder's fitting rungs, smallest first.
 
 What kube-scheduler does with the template is tests/e2e/test_rightsizing.py's (the real allocator);

@@ -1,5 +1,5 @@
 """benchmarks/create_latency.py's ``shaped`` arm: the user's pod plus exactly what gpugate's patch set
-(issue 28: it tells what the bigger pod costs the API server apart from what the patch costs)."""
+(it tells what the bigger pod costs the API server apart from what the patch costs)."""
 
 from __future__ import annotations
 

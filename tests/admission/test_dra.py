@@ -1,4 +1,4 @@
-"""Policies govern DRA claims (issue 24): a claim or template asking an NVIDIA DeviceClass is judged
+"""Policies govern DRA claims: a claim or template asking an NVIDIA DeviceClass is judged
 as an extended-resource ask is, and mutation keeps the pod rules (patch applies, strict schema,
 idempotent, the author's fields kept) for claims too."""
 

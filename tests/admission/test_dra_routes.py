@@ -1,4 +1,4 @@
-"""The admission routes take DRA claims (issue 24): claims and templates are shaped and judged,
+"""The admission routes take DRA claims: claims and templates are shaped and judged,
 metadata-only UPDATEs and subresources pass untouched, and with --resolve-claims the validating
 endpoint reads a pod's templates from the API (a fake API server on 127.0.0.1, the real client)."""
 

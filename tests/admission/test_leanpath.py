@@ -1,4 +1,4 @@
-"""The worker's lean path for the API server's calls (issue 28): which requests take it, and that a
+"""The worker's lean path for the API server's calls: which requests take it, and that a
 real server answers them exactly as its full gunicorn + Flask path does."""
 
 from __future__ import annotations

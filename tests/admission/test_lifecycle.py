@@ -1,4 +1,4 @@
-"""Worker restarts must not take the server down (issue 18).
+"""Worker restarts must not take the server down.
 
 gunicorn replaces a worker that exits; these tests make workers exit the ways they do in a
 cluster (graceful TERM, a crash, the master's HUP reload) and check that the server keeps

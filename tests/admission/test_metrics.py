@@ -126,7 +126,7 @@ def test_label_values_stay_bounded_whatever_the_client_sends(server):
 
 def test_accepted_connections_are_counted_once_each(server):
     """``gpugate_connections_accepted_total`` tells kept-alive clients from a handshake per review
-    (benchmarks/create_latency.py reads it to show how the API server connects, issue 28)."""
+    (benchmarks/create_latency.py reads it to show how the API server connects)."""
     name = "gpugate_connections_accepted_total"
     server.metrics()  # the harness' own kept-alive session is open from here on
     before = server.metrics()[name]

@@ -1,4 +1,4 @@
-"""``gpugate mutate --inventory FILE`` and ``gpugate serve --inventory FILE`` give one answer (issue 30).
+"""``gpugate mutate --inventory FILE`` and ``gpugate serve --inventory FILE`` give one answer.
 
 The server is the real one (gunicorn, TLS); the offline command runs as a user runs it. One pod
 that asks 15Gi, judged with and without a fresh GPUInventory saying 2g.20gb MIG slices are free.

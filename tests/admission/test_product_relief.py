@@ -1,4 +1,4 @@
-"""Product relief (issue 16): a GPU pod free to run on any GPU product stays off the products that
+"""Product relief: a GPU pod free to run on any GPU product stays off the products that
 pods pinned to a product need most, as the balancer's GPUInventory reports them (typePressure).
 
 Why: packing sends such pods to the tightest node, and the tightest nodes of the openb trace are

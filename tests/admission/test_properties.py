@@ -451,7 +451,7 @@ def test_make_patch_changing_two_members_of_an_equal_length_list(source, desired
     assert jsonpatch.apply_patch(source, patch) == desired
 
 
-# --- pods that ask GPUs only through ResourceClaims (issue 24) -----------------------------------
+# --- pods that ask GPUs only through ResourceClaims -----------------------------------
 
 CLAIM_TEMPLATE = "train-gpus"
 GPU_LABELS = {names.GPUS_LABEL, names.GPU_MEMORY_LABEL, names.GPU_FRACTION_LABEL}

@@ -1,4 +1,4 @@
-"""Right-sizing (issue 17): a pod says how much GPU it needs, the policy's ladder says what it may get.
+"""Right-sizing: a pod says how much GPU it needs, the policy's ladder says what it may get.
 
 The smallest rung that fits and that the cluster offers now wins; without a fresh inventory a
 whole GPU rung that fits, else the ladder's order (never a denial); an ask larger than the largest
@@ -88,7 +88,7 @@ class TestAsks:
 
 class TestChoice:
     def test_without_an_inventory_a_whole_gpu_which_every_gpu_node_offers(self):
-        """Issue 30: a 20Gi ask got nvidia.com/mig-3g.40gb without an inventory, Pending forever on a
+        """A 20Gi ask got nvidia.com/mig-3g.40gb without an inventory, Pending forever on a
         cluster without MIG; a whole GPU runs on any GPU node, and the warning says what was passed over."""
         result, stored = shaped(asking("15G"))
         assert asked(stored) == {"nvidia.com/gpu": "1"}

@@ -367,7 +367,7 @@ def _nested(depth: int) -> dict:
     ("affinity", _nested(900)),              # nesting no Kubernetes object has
 ])
 def test_input_the_core_cannot_read_is_one_warning_line_counted_as_invalid(server, where, value):
-    """Bad input is a one-line warning with the uid and result=invalid; tracebacks are for our bugs (issue 12)."""
+    """Bad input is a one-line warning with the uid and result=invalid; tracebacks are for our bugs."""
     pod = example_pod()
     pod["spec"][where] = value
     review = review_of(pod, namespace="ml-team")

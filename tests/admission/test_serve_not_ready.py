@@ -1,4 +1,4 @@
-"""``gpugate serve`` on a folder it cannot serve says so in words, on a real gunicorn server (issue 30).
+"""``gpugate serve`` on a folder it cannot serve says so in words, on a real gunicorn server.
 
 It used to print only "serving https://..." and stay up, unready, with the reason in JSON lines.
 """

@@ -718,7 +718,7 @@ class TestIdempotence:
 
 
     def test_a_policy_switch_keeps_nothing_of_the_lower_policy(self):
-        """The pod is annotated with the higher policy: its placement, not a mix of both (issue 12)."""
+        """The pod is annotated with the higher policy: its placement, not a mix of both."""
         policies = load(policy("gpu-pods", "placement: {strategy: pack}", priority=10),
                         policy("everyone", "match: {gpuOnly: false}\ngpu: {default: 1}\n"
                                            "placement: {strategy: spread, avoidCongested: preferred}", priority=0))

@@ -317,7 +317,7 @@ GOOD_TERM = {"matchExpressions": [expr(names.NVIDIA_MEMORY_LABEL, "Gt", "39999")
 
 
 class TestNodeRequirementsHoldInEveryTerm:
-    """Terms are ORed: a second, trivially true term used to lift the policy's GPU requirements (issue 12)."""
+    """Terms are ORed: a second, trivially true term used to lift the policy's GPU requirements."""
 
     def test_a_pod_whose_every_term_carries_the_requirements_is_allowed(self):
         result, _ = verdict(pod(container(gpus=1), affinity=required(GOOD_TERM, GOOD_TERM)), MEM40)

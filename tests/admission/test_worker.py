@@ -1,4 +1,4 @@
-"""The server's own worker (webhook.admission.worker) against clients that misbehave (issue 12).
+"""The server's own worker (webhook.admission.worker) against clients that misbehave.
 
 Each test talks TLS to a real ``gpugate serve`` and verifies it with the CA it made, as the API
 server does with the webhook configuration's caBundle.
@@ -163,7 +163,7 @@ def test_pipelined_requests_on_one_connection_are_answered_in_order(live: Server
 
 def test_an_answer_is_one_tls_record(live: Server) -> None:
     """gunicorn wrote the head and the body of an answer in two writes: two TLS records, and the API
-    server's client woke up twice per answer, the first time for the head alone (issue 28). One
+    server's client woke up twice per answer, the first time for the head alone. One
     ``recv`` on a TLS socket returns at most one record, so after the answer has had time to arrive
     a single ``recv`` must hold all of it."""
     payload = json.dumps(review_of(example_pod())).encode()
@@ -181,7 +181,7 @@ def test_an_answer_is_one_tls_record(live: Server) -> None:
 
 
 def test_back_to_back_requests_race_the_loop_and_all_get_answered(live: Server) -> None:
-    """The thread that answers puts the socket back in the poller itself (issue 28), so the next
+    """The thread that answers puts the socket back in the poller itself, so the next
     request can reach the loop before the loop has heard the last one was answered. Single and
     pipelined requests, sent the moment each answer is read, must all be answered, in order."""
     payload = json.dumps(review_of(example_pod())).encode()
@@ -245,7 +245,7 @@ def _cpu_seconds(pid: int) -> float:
 def test_an_idle_kept_alive_connection_costs_the_server_no_cpu(tmp_path: Path) -> None:
     """A worker holding more connections than its sibling leaves new ones to it; it used to poll the
     connection table in a loop with a zero timeout meanwhile, a whole core for as long as the API
-    server kept its connection open (issue 28). Idle now: well under a tenth of a core."""
+    server kept its connection open. Idle now: well under a tenth of a core."""
     srv = Server(tmp_path, policies=copy_policies(tmp_path / "policies")).start()
     try:
         assert srv.process is not None

@@ -1,5 +1,5 @@
 """The connection table the workers balance on (``admission.workershared``): reads look only at the
-slots ever handed out (issue 28: a scan of all 256 cost ~150 µs on every turn of the loop)."""
+slots ever handed out (a scan of all 256 cost ~150 µs on every turn of the loop)."""
 
 from __future__ import annotations
 

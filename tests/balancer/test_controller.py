@@ -273,7 +273,7 @@ def test_healthz_and_metrics_report_tiers_writes_errors_sync_and_leadership(
         opener.open(f"{base}/nope", timeout=5)
 
 
-# ---- issue 13 ---------------------------------------------------------------------------------------
+# ---- marks, pacing, fencing, watches, readiness, deletion -----------------------------------------
 LEASE_PATH = r"^/apis/coordination.k8s.io/v1/namespaces/gpugate-system/leases/gpugate-balancer$"
 
 
@@ -283,7 +283,7 @@ def patch_times(fk: FakeKube, name: str | None = None) -> list[float]:
 
 def test_sriov_functions_are_not_gpus_a_full_node_is_congested_and_a_nic_node_unlabelled(
         fake_kube: FakeKube, start_balancer) -> None:
-    """Item 1: 8 GPUs taken next to 16 idle SR-IOV VFs is congested; a CPU node with such NICs is no GPU node."""
+    """8 GPUs taken next to 16 idle SR-IOV VFs is congested; a CPU node with such NICs is no GPU node."""
     full = gpu_node("gpu-1")
     full["status"]["allocatable"]["nvidia.com/cx7_sriov_rdma"] = "16"
     fake_kube.put(full)
@@ -301,7 +301,7 @@ def test_sriov_functions_are_not_gpus_a_full_node_is_congested_and_a_nic_node_un
 
 def test_a_burst_costs_each_node_one_patch_per_interval_and_a_tier_change_waits_too(
         fake_kube: FakeKube, start_balancer) -> None:
-    """Item 2 and issue 28: coalescing. Changes wait for the node's interval (the latest wins), a tier
+    """Coalescing. Changes wait for the node's interval (the latest wins), a tier
     change as much as one of gpu-free: at most one Node write per node per interval, whatever changed."""
     interval = 3.0
     for i in range(10):
@@ -326,7 +326,7 @@ def test_a_burst_costs_each_node_one_patch_per_interval_and_a_tier_change_waits_
 
 
 def test_node_patches_stay_within_the_token_bucket(fake_kube: FakeKube, start_balancer) -> None:
-    """Item 2: 40 first labels at 10 QPS with a burst of 5 take 3.5 s at least, never faster."""
+    """Pacing: 40 first labels at 10 QPS with a burst of 5 take 3.5 s at least, never faster."""
     for i in range(40):
         fake_kube.put(gpu_node(f"gpu-{i:02}"))
     start_balancer(fast_settings(write_qps=10.0, write_burst=5))
@@ -339,7 +339,7 @@ def test_node_patches_stay_within_the_token_bucket(fake_kube: FakeKube, start_ba
 
 
 def test_a_429_pauses_writes_for_its_retry_after(fake_kube: FakeKube, start_balancer) -> None:
-    """Item 2: the API server's Retry-After is obeyed, by every writer, not a 50 ms backoff."""
+    """Pacing: the API server's Retry-After is obeyed, by every writer, not a 50 ms backoff."""
     for i in range(3):
         fake_kube.put(gpu_node(f"gpu-{i}"))
     fake_kube.fail_next("PATCH", r"^/api/v1/nodes/gpu-0$", 429, retry_after=1, reason="TooManyRequests")
@@ -386,7 +386,7 @@ def writes_without_the_lease(fk: FakeKube) -> list[str]:
 @pytest.mark.slow
 def test_with_a_slow_api_server_no_write_comes_from_a_replica_without_the_lease(
         fake_kube: FakeKube, start_balancer) -> None:
-    """Item 3: fencing. The leader loses its lease in the middle of a long pass of slow patches; it
+    """Fencing. The leader loses its lease in the middle of a long pass of slow patches; it
     must stop at its renew deadline (counted from the renewal it sent), not at the end of the pass."""
     for i in range(160):
         fake_kube.put(gpu_node(f"gpu-{i:03}"))
@@ -418,7 +418,7 @@ def test_with_a_slow_api_server_no_write_comes_from_a_replica_without_the_lease(
 ], ids=["410-gone", "504-too-large"])
 def test_a_watch_refused_at_http_level_relists_instead_of_retrying_the_same_version(
         fake_kube: FakeKube, start_balancer, code, reason, message, causes) -> None:
-    """Item 4: a 410 or 504 "too large resource version" answered to the watch request itself."""
+    """Watches: a 410 or 504 "too large resource version" answered to the watch request itself."""
     fake_kube.put(gpu_node("gpu-1"))
     running = start_balancer(fast_settings(watch_timeout=1))
     wait_for(lambda: marks(fake_kube, "gpu-1") == ("8", "idle"), what="labels")
@@ -435,7 +435,7 @@ def test_a_watch_refused_at_http_level_relists_instead_of_retrying_the_same_vers
 
 
 def test_readyz_waits_for_the_first_full_list(fake_kube: FakeKube, start_balancer) -> None:
-    """Item 6: /healthz is alive at once; /readyz is 503 until both caches listed, then 200."""
+    """Readiness: /healthz is alive at once; /readyz is 503 until both caches listed, then 200."""
     fake_kube.put(gpu_node("gpu-1"))
     fake_kube.fail_next("GET", r"^/api/v1/pods$", 500, count=1_000_000)
     running = start_balancer(serve_health=True)
@@ -453,7 +453,7 @@ def test_readyz_waits_for_the_first_full_list(fake_kube: FakeKube, start_balance
 
 
 def test_a_terminating_pod_holds_its_gpus_until_it_is_gone(fake_kube: FakeKube, start_balancer) -> None:
-    """Item 9: graceful deletion. kube-scheduler counts a terminating pod until it is deleted; so do we."""
+    """Graceful deletion. kube-scheduler counts a terminating pod until it is deleted; so do we."""
     fake_kube.put(gpu_node("gpu-1"))
     fake_kube.put(gpu_pod("a", "gpu-1", gpus=6))
     start_balancer()

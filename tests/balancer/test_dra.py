@@ -1,4 +1,4 @@
-"""The balancer counts GPUs that DRA claims hold (issue 24): the real client against tests/kubefake.py.
+"""The balancer counts GPUs that DRA claims hold: the real client against tests/kubefake.py.
 
 Slices are the ones NVIDIA's DRA driver publishes (tests/e2e/dra_slices.py); claims carry the
 ``status.allocation.devices.results`` and ``status.reservedFor`` kube-scheduler writes.

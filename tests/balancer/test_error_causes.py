@@ -1,4 +1,4 @@
-"""``gpugate balance``'s errors say their cause first, whole, and it stops when no retry can help (issue 30).
+"""``gpugate balance``'s errors say their cause first, whole, and it stops when no retry can help.
 
 Before: log lines were cut at 300 characters, so a missing Lease namespace looped forever on
 ``(404) Reason: Not Found HTTP response headers...`` and a closed ``--server`` port never showed

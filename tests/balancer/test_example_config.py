@@ -1,6 +1,6 @@
-"""The shipped example balancer config names every settings key at its default (issue 30).
+"""The shipped example balancer config names every settings key at its default.
 
-The README's ``gpugate balance ... --config`` pointed at a file that did not exist; a key added to
+The documented ``gpugate balance ... --config`` once pointed at a file that did not exist; a key added to
 the settings without the example, or a default changed in one place only, fails here.
 """
 
@@ -43,5 +43,5 @@ def test_the_example_has_every_key_and_loads_as_the_defaults() -> None:
     assert BalancerSettings.from_file(EXAMPLE) == BalancerSettings()
 
 
-def test_the_readme_names_the_example() -> None:
-    assert "--config webhook/examples/balancer.yaml" in (ROOT / "README.md").read_text()
+def test_the_balancer_page_names_the_example() -> None:
+    assert "--config webhook/examples/balancer.yaml" in (ROOT / "docs" / "balancer.md").read_text()

@@ -1,4 +1,4 @@
-"""The scheduler extender served by the balancer (issue 16, phase 2).
+"""The scheduler extender served by the balancer.
 
 Pure: how the caches' records feed ``webhook.placement``'s state (``placementfeed``). Edge: the real
 HTTPS listener as kube-scheduler calls it (``pkg/scheduler/extender.go``, ``HTTPExtender.send``: a

@@ -1,4 +1,4 @@
-"""The GPUInventory (issue 17): what the balancer computes from its caches (pure, table tests) and how
+"""The GPUInventory: what the balancer computes from its caches (pure, table tests) and how
 the leader publishes it into the gpugate-inventory ConfigMap (the real client against tests/kubefake.py).
 
 The document is checked by the webhook's own reader (``webhook.kube.inventory.parse``), so the
@@ -282,7 +282,7 @@ class Records(logging.Handler):
 
 def test_a_dry_run_logs_the_inventory_it_would_publish_and_writes_nothing(cluster: FakeKube,
                                                                           start_balancer) -> None:
-    """Issue 30: ``--dry-run`` logged label changes but not the GPUInventory."""
+    """``--dry-run`` logged label changes but not the GPUInventory."""
     records = Records()
     logger = logging.getLogger("gpugate.balancer.inventory")
     level = logger.level

@@ -243,7 +243,7 @@ def test_custom_kinds_are_served_after_register(fake_kube: FakeKube) -> None:
     assert fake_kube.get("example.com/v1", "Widget", "w", "d")["spec"] == {"size": 2}
 
 
-# ---- what the balancer's tests need from the fake (issue 13, item 9) ---------------------------------
+# ---- what the balancer's tests need from the fake ---------------------------------
 def watch_lines(fk: FakeKube, path: str, **query: str) -> list[dict]:
     """Every line of one watch on ``path`` with ``query``, read until the server ends it."""
     from urllib.parse import urlencode

@@ -74,7 +74,7 @@ REAL = dict(name="l", namespace="ns", duration=1.0, renew_deadline=0.7, retry_pe
 
 
 def test_the_renew_deadline_counts_from_the_renewal_sent_not_from_its_slow_answer(fake_kube: FakeKube) -> None:
-    """Item 3: the API server stores the renewal long before a slow answer returns; a standby counts
+    """Fencing: the API server stores the renewal long before a slow answer returns; a standby counts
     from then, so the leader must too, or both lead for as long as the answer took."""
     a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **REAL))
     assert a.try_acquire_or_renew()
@@ -90,7 +90,7 @@ def test_the_renew_deadline_counts_from_the_renewal_sent_not_from_its_slow_answe
 
 def test_release_waits_for_a_renewal_in_flight_which_then_cannot_take_the_lease_back(
         fake_kube: FakeKube) -> None:
-    """Item 3: a renewal that read the lease slowly must not write it back after release."""
+    """Fencing: a renewal that read the lease slowly must not write it back after release."""
     a = LeaderElector(api_client(fake_kube.url), LeaseSettings(identity="a", **REAL))
     assert a.try_acquire_or_renew()
     fake_kube.delay("GET", LEASE_PATH, 0.5, count=1)  # the renewal's read is slow

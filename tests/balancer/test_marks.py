@@ -100,7 +100,7 @@ H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     ({"nvidia.com/gpu": "4", "nvidia.com/mig-1g.10gb": "28"}, {"nvidia.com/gpu.replicas": "0"},
      {"nvidia.com/gpu": 4}, 0, 0.5),
     ({"nvidia.com/gpu": "4", "nvidia.com/mig-3g.40gb": "8"}, {}, {"nvidia.com/mig-3g.40gb": 4}, 4, 12 / 52),
-    # SR-IOV virtual functions are not GPUs (issue 13, item 1)
+    # SR-IOV virtual functions are not GPUs
     ({"nvidia.com/gpu": "8", SRIOV: "16"}, H100, {"nvidia.com/gpu": 8, SRIOV: 1}, 0, 1.0),
 ], ids=["whole", "sliced-spread", "sliced-room", "renamed-shared", "mig-single", "mig-mixed-gpus",
         "mig-mixed-slices", "sriov-vfs"])
@@ -137,7 +137,7 @@ def test_an_empty_gpu_node_has_nothing_free() -> None:
     ({GPU_FREE_LABEL: "8", GPU_LOAD_LABEL: "idle"}, (None, None, False), True),     # marks removed
 ])
 def test_only_marks_appearing_or_going_away_are_urgent(labels, want, expected) -> None:
-    """Issue 28: at most one Node write per node per write_interval; a tier change is no exception."""
+    """At most one Node write per node per write_interval; a tier change is no exception."""
     info = node_info(node(labels=labels))
     assert marks.urgent(info, marks.Marks(*want)) is expected
 

@@ -1,4 +1,4 @@
-"""Pacing of node writes, pure: the token bucket and the per-node write schedule (issue 13, item 2)."""
+"""Pacing of node writes, pure: the token bucket and the per-node write schedule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The balancer keeps the ResourceClaimTemplates right-sized pods name (issue 25, item 3).
+"""The balancer keeps the ResourceClaimTemplates right-sized pods name.
 
 The pods are the webhook's own output (``mutation.mutate`` under a ``through: dra`` policy), stored
 in tests/kubefake.py; the balancer runs with the real client. A pending pod gets its template made in

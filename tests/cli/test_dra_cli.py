@@ -1,4 +1,4 @@
-"""``gpugate validate``, ``mutate`` and ``admit`` take ResourceClaims and templates (issue 24)."""
+"""``gpugate validate``, ``mutate`` and ``admit`` take ResourceClaims and templates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a new user trips on (issue 30): each check here failed, or said too little, before.
+"""What a new user trips on: each check here failed, or said too little, before.
 
 The CLI runs as a user runs it, on files in a temporary folder.
 """
@@ -29,7 +29,7 @@ def run(*args: object):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-# --- item 2: one rule for "servable" ------------------------------------------------------------
+# --- one rule for "servable" ------------------------------------------------------------
 
 def test_policy_check_refuses_an_empty_folder_as_serve_does(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("no policies here\n")
@@ -52,7 +52,7 @@ def test_policy_check_passes_exactly_what_the_store_loads(tmp_path: Path) -> Non
         loading.require_servable(PolicySet.empty(), tmp_path)
 
 
-# --- item 11: small things -----------------------------------------------------------------------
+# --- small things -----------------------------------------------------------------------
 
 EXAMPLE = ROOT / "webhook" / "examples" / "pod-training.yaml"
 MIG_CASE = POLICIES / "tests" / "inference-rightsized-to-mig-slice"

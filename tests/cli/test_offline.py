@@ -44,7 +44,7 @@ def test_mutate_diff_shows_added_lines() -> None:
     result = run("mutate", EXAMPLE, "--policies", POLICIES, "-n", "ml-team", "-o", "diff")
     assert result.stdout.startswith("---")
     lines = result.stdout.splitlines()
-    # Against the file as written (issue 30): its comments, quotes and flow mappings are no change.
+    # Against the file as written: its comments, quotes and flow mappings are no change.
     removed = [line[1:] for line in lines if line.startswith("-") and not line.startswith("---")]
     assert removed == ['        requests: {cpu: "16", memory: 128Gi}', "        limits: {memory: 128Gi}"], removed
     assert "+        requests: {cpu: \"16\", memory: 128Gi, nvidia.com/gpu: '4'}" in lines

@@ -79,7 +79,7 @@ def point_at_fork(repo: Path, git_url: str, chart_url: str) -> ForkOverride:
     """Point every Application and the AppProject at ``git_url`` and the chart at ``chart_url``,
     the way the project documents for a fork, and commit it in the clone.
 
-    Since issue 14 that is ``argocd/site/site.yaml`` (``repoURL``, ``chartRepoURL``; kustomize
+    Now that is ``argocd/site/site.yaml`` (``repoURL``, ``chartRepoURL``; kustomize
     replacements copy them into the Applications and the AppProject, docs/gitops.md "Point Argo
     CD at your fork"). A tree without it gets the former documented override: a
     search-and-replace of the placeholder URLs over ``argocd/``.
@@ -106,7 +106,7 @@ def point_at_fork(repo: Path, git_url: str, chart_url: str) -> ForkOverride:
         if not changed:
             raise AssertionError(f"neither {SITE} nor the placeholder {PLACEHOLDER_REPO} under argocd/: "
                                  "how does a fork point Argo CD at itself now? (update point_at_fork)")
-        method = "search-and-replace of the placeholder URLs over argocd/ (docs/gitops.md before issue 14)"
+        method = "search-and-replace of the placeholder URLs over argocd/ (docs/gitops.md's former override)"
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "--no-verify", "-m", f"Point Argo CD at our fork {git_url} and chart mirror {chart_url}")
     return ForkOverride(method, tuple(changed))

@@ -17,7 +17,7 @@ nodes that state lacked because their re-created driver pod was not bound yet (B
 such a pod and its node; main.go holds that pool for the reconcile). A state missing one of a
 pool's nodes counts one upgrade fewer in progress; :meth:`UpgradeController.partial_applies`
 finds every ApplyState that ran on one, which is how a second node could start past
-maxParallelUpgrades (the test_argocd canary flake of session 34).
+maxParallelUpgrades (a canary flake test_argocd once showed).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Argo CD for real (issue 15): a Git commit upgrades the GPU stack, end to end, on the e2e cluster.
+"""Argo CD for real: a Git commit upgrades the GPU stack, end to end, on the e2e cluster.
 
 Argo CD v3.2.11 built from its Go module (redis, repo server, application controller, API
 server on 127.0.0.1, ``argocd_harness``) syncs ``argocd/`` from a fork of this repository
 (the working tree, pointed at a loopback git daemon and a loopback copy of NVIDIA's chart
 repository through ``argocd/site/site.yaml``, ``argocd_gitops``), with ``argocd-cm`` patched by
 ``argocd/install/argocd-cm-health.yaml`` exactly as docs/gitops.md says. No GPU Operator runs
-(its module is not served), but its driver upgrade state machine does (issue 26): NVIDIA's
+(its module is not served), but its driver upgrade state machine does: NVIDIA's
 k8s-operator-libs ``pkg/upgrade`` in ``gpu-upgrade-controller`` (``argocd_upgrades``) writes the
 node upgrade labels, cordons, drains and restarts driver pods; ``argocd_standin`` writes what the
 operator's other controllers write (driver DaemonSets, ownership, ClusterPolicy and NVIDIADriver

@@ -1,4 +1,4 @@
-"""Every health state of the GPU stack, reached in a real Argo CD (issue 27, item 4).
+"""Every health state of the GPU stack, reached in a real Argo CD.
 
 Argo CD v3.2.11 (``argocd_harness``: redis, repo server, application controller, argocd-server
 with ``--disable-auth`` on 127.0.0.1), its ``argocd-cm`` patched with the project's

@@ -1,6 +1,6 @@
 """The balancer against the real control plane, as its ServiceAccount with exactly manifests/balancer's RBAC.
 
-What only a real API server can show (issue 11, item 3; issue 13 items 1, 3 and 6 end to end):
+What only a real API server can show, end to end:
 
 1. the RBAC of manifests/balancer is enough: each replica runs as the ``gpugate-balancer``
    ServiceAccount with a token from the TokenRequest API and exactly the rendered ServiceAccount,
@@ -17,10 +17,10 @@ What only a real API server can show (issue 11, item 3; issue 13 items 1, 3 and 
    of patches in /metrics); SIGKILL of the holder hands over one lease duration after its last
    renewal: never earlier (the Lease's own acquireTime against the old holder's renewTime), and
    not much later (within two retry periods plus slack for a busy machine);
-4. fencing (issue 13 item 3): while another identity holds the Lease, neither replica writes,
+4. fencing: while another identity holds the Lease, neither replica writes,
    although both see a pod bind and want a node relabelled (``gpugate_balancer_pending_writes``):
    the node's labels, as the API server stores them, do not move until the Lease is free again;
-5. readiness (issue 13 item 6): a replica whose pod list the API server refuses (403: its own
+5. readiness: a replica whose pod list the API server refuses (403: its own
    ServiceAccount, bound to the manifests' ClusterRole without the pods rule) is alive, holds the
    Lease, but is not ready and writes nothing from its half view; bound to the manifests' ClusterRole,
    it lists the pods, turns ready and labels the node.
@@ -275,7 +275,7 @@ COALESCE_SECONDS = 3.0
 
 def test_gpu_free_changes_are_coalesced_to_one_node_write_per_interval(
         cluster: Cluster, nodes: Nodes, namespace: str, replicas: Any) -> None:
-    """Issue 28: each GPU pod bind changes gpugate.io/gpu-free, and each Node write fans out to
+    """Each GPU pod bind changes gpugate.io/gpu-free, and each Node write fans out to
     every Node watcher (kube-scheduler requeues its unschedulable pods on it). A watcher of the
     real API server sees the balancer's label changes: at most one per ``write_interval``, a change
     of tier (gpu-load, idle to busy at the fourth bind) no sooner than one of gpu-free alone, fewer
@@ -428,7 +428,7 @@ def test_a_replica_without_the_lease_writes_nothing_even_when_labels_are_due(
 
 def test_not_ready_and_silent_until_the_first_full_list_of_pods(
         cluster: Cluster, nodes: Nodes, balancer_rbac: str, replicas: Any) -> None:
-    """Readiness (issue 13 item 6): a replica whose pod list the API server refuses is alive but not
+    """Readiness: a replica whose pod list the API server refuses is alive but not
     ready, and writes nothing from its half view; once the manifests' ClusterRole is bound to it,
     the list succeeds, it turns ready and labels the node."""
     gpu = nodes.gpu(gpus=8)

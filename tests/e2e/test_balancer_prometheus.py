@@ -1,4 +1,4 @@
-"""The balancer's tiers from DCGM utilization as a real Prometheus evaluates it (issue 27, item 1).
+"""The balancer's tiers from DCGM utilization as a real Prometheus evaluates it.
 
 ``gpugate balance --prometheus`` runs against Debian's Prometheus, which scrapes two endpoints
 writing what dcgm-exporter writes (``tests/dcgmexporter.py``) and the balancer's own /metrics.

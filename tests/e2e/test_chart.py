@@ -1,4 +1,4 @@
-"""NVIDIA's own gpu-operator chart, rendered as Argo CD renders it, passes a real API server (issue 14 item 13).
+"""NVIDIA's own gpu-operator chart, rendered as Argo CD renders it, passes a real API server.
 
 For every chart release ``gpugate stack`` can move between (the packages in
 ../shared/upstream/charts: v25.10.1, v26.3.3, v26.7.0), with this repository's values derived for

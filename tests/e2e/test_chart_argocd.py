@@ -1,4 +1,4 @@
-"""Argo CD syncs gpugate's chart and stays Synced (issue 29): no permanent OutOfSync.
+"""Argo CD syncs gpugate's chart and stays Synced: no permanent OutOfSync.
 
 A real Argo CD v3.2.11 (``argocd_harness``: redis, repo server, application controller on
 127.0.0.1) renders manifests/chart/gpugate from a fork of this working tree served by a loopback

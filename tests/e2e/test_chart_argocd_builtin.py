@@ -1,4 +1,4 @@
-"""Argo CD syncs gpugate's chart with its DEFAULT TLS (``tls.mode: builtin``) and stays Synced (issue 29).
+"""Argo CD syncs gpugate's chart with its DEFAULT TLS (``tls.mode: builtin``) and stays Synced.
 
 The chart's default lets the webhook's certificate Job (an Argo CD Sync hook) run ``gpugate certs
 --patch-webhooks``, which writes both webhook configurations' caBundle in the cluster: a field

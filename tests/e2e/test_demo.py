@@ -1,4 +1,4 @@
-"""`gpugate demo --once` on a fresh control plane of its own (issue 29): every bundled example ends
+"""`gpugate demo --once` on a fresh control plane of its own: every bundled example ends
 where the policies and the node mix say, and the table says so."""
 
 from __future__ import annotations

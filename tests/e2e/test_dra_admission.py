@@ -1,4 +1,4 @@
-"""Policies govern DRA claims, judged by the real kube-apiserver v1.36 (issue 24).
+"""Policies govern DRA claims, judged by the real kube-apiserver v1.36.
 
 One ``gpugate serve --resolve-claims`` serves the module as the ``gpugate-webhook`` ServiceAccount:
 its RBAC is applied exactly as ``kubectl kustomize manifests/webhook`` renders it and the server

@@ -1,4 +1,4 @@
-"""DRA on the real control plane: kube-scheduler allocates NVIDIA devices, the balancer counts them (issue 24).
+"""DRA on the real control plane: kube-scheduler allocates NVIDIA devices, the balancer counts them.
 
 The harness publishes, for fake nodes, the ResourceSlices NVIDIA's DRA driver would publish
 (tests/e2e/dra_slices.py: driver ``gpu.nvidia.com``, one pool per node, ``gpu-<minor>`` devices

@@ -1,4 +1,4 @@
-"""NVIDIA's driver upgrade state machine on a real control plane, without Argo CD (issue 26).
+"""NVIDIA's driver upgrade state machine on a real control plane, without Argo CD.
 
 ``gpu-upgrade-controller`` (k8s-operator-libs ``pkg/upgrade`` at the version GPU Operator v26.7.0
 pins, reconciled as ``controllers/upgrade_controller.go`` does) and the stand-in for the

@@ -1,4 +1,4 @@
-"""The real kube-scheduler calls the balancer's extender (issue 16, phase 2), on the real control plane.
+"""The real kube-scheduler calls the balancer's extender, on the real control plane.
 
 The second scheduler runs exactly the KubeSchedulerConfiguration that ``kubectl kustomize
 manifests/scheduler`` renders (as tests/e2e/test_placement.py takes it), with two edits a loopback

@@ -1,4 +1,4 @@
-"""gpugate's own chart on the e2e control plane with the built helm (issue 29): `helm install`, the webhook
+"""gpugate's own chart on the e2e control plane with the built helm: `helm install`, the webhook
 serving through the configurations the chart made, `helm test` passing (its pod run on this machine
 with its own ServiceAccount: tests/e2e/hostpod.py), `helm upgrade` with a changed policy rolling the
 webhook, and `helm uninstall` leaving no webhook configuration behind.

@@ -1,4 +1,4 @@
-"""The balancer publishes the GPUInventory and the real webhook right-sizes by it (issue 17), on the real
+"""The balancer publishes the GPUInventory and the real webhook right-sizes by it, on the real
 control plane.
 
 What only a real API server shows: manifests/balancer's RBAC is exactly enough to list and watch

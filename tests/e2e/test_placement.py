@@ -1,4 +1,4 @@
-"""The real kube-scheduler (v1.36.3, default profile) honours gpugate's placement policies (issue 11, item 4).
+"""The real kube-scheduler (v1.36.3, default profile) honours gpugate's placement policies.
 
 The real ``gpugate serve`` shapes pods with the starter ``policies/`` (plus one test policy that
 routes profile ``batch`` to the second scheduler), registered as manifests/webhook renders it

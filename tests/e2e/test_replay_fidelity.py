@@ -1,4 +1,4 @@
-"""The replay model against the real kube-scheduler on a fixed slice of the openb trace (issue 11, item 6).
+"""The replay model against the real kube-scheduler on a fixed slice of the openb trace.
 
 The slice (tests/e2e/trace_slice.py): 32 nodes sampled from openb_node_list_gpu_node.csv with seed
 42, and 288 whole-GPU or CPU-only pods, 12 from each of the trace's 24 pod lists (the first ones
@@ -27,7 +27,7 @@ What is proven:
 
 ``python benchmarks/replay_vs_scheduler.py`` prints the same figures for any slice.
 
-Shares, in both sharing worlds (issue 25, item 4): a second slice, 32 nodes and 10 pods of each pod
+Shares, in both sharing worlds: a second slice, 32 nodes and 10 pods of each pod
 list *with* the trace's shares (~40% of the pods), goes through the real scheduler once per world,
 as ``gpugate replay --sharing`` models it (``trace_slice.world_fidelity``): in ``timeslice`` the
 nodes the replay time-slices advertise only ``nvidia.com/gpu.shared`` (4 slots a GPU) and a share
@@ -124,8 +124,8 @@ with one filter thread (``trace_slice.FIDELITY_SCHEDULER``), because v1.36.3 wit
 not break ties at random: it sets no Randomizer and takes the heap's top of the filtered list
 (tests/e2e/scheduler_ties.py; with its scores logged, 353 of 353 ties on the dra slice fell that
 way, two-way ones 104:49 to the node earlier in the list). With the default 16 threads that list is
-in the order they finish, so runs were different draws among the model's best nodes and sessions
-differed more than seeds (dra runs 77.09-78.17 over five sessions; one CI session's two missed the
+in the order they finish, so runs were different draws among the model's best nodes and separate runs
+differed more than seeds (dra runs 77.09-78.17 over five runs; one CI run's two missed the
 0.5-point bound at -0.64 with every decision agreeing). With one thread and the nodes created in the
 slice's order, every run makes the same decisions, and the model with the heap's rule
 (``ties="list"``) makes them too. Before a dra run the previous run's claims must be gone: they

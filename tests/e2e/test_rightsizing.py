@@ -1,4 +1,4 @@
-"""Right-sizing on the real control plane (issue 17): a memory ask becomes a MIG slice the real
+"""Right-sizing on the real control plane: a memory ask becomes a MIG slice the real
 kube-scheduler can place, on nodes that advertise MIG resources the way the device plugin does.
 
 Nodes (fake kubelet, GPU Feature Discovery labels):
@@ -106,7 +106,7 @@ def limits(pod: Obj) -> Obj:
 
 def test_without_an_inventory_a_whole_gpu_the_scheduler_places_on_a_whole_gpu_node(
         local: Cluster, server: GpugateServer, mig_nodes: dict[str, str], inventory_file: Path, namespace: str) -> None:
-    """Issue 30: without an inventory nothing says the cluster has MIG slices, and a slice it lacks
+    """Without an inventory nothing says the cluster has MIG slices, and a slice it lacks
     leaves the pod Pending; a whole GPU is what every GPU node offers."""
     inventory_file.unlink(missing_ok=True)
     create_pod(local.core(), namespace, asking("small", "15G"))

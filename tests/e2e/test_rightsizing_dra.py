@@ -1,4 +1,4 @@
-"""Right-sizing through DRA on the real control plane (issue 25, item 3).
+"""Right-sizing through DRA on the real control plane.
 
 A policy with ``rightsizing.through: dra`` turns ``gpugate.io/gpu-memory: 20Gi`` into a
 ResourceClaimTemplate whose ``firstAvailable`` sub-requests are the ladder (webhook/admission/

@@ -1,4 +1,4 @@
-"""The shipped configuration that produces the extender arm binds with one scheduler (issue 25, item 5).
+"""The shipped configuration that produces the extender arm binds with one scheduler.
 
 ``policies/extender`` (the starter policies with ``schedulerName: gpugate``, plus ``all-pods`` for
 every other pod) served by the real webhook, registered as manifests/webhook renders it; the second

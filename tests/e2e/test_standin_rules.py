@@ -1,6 +1,6 @@
 """The stand-in's rules, read against GPU Operator v26.7.0, without a cluster (pure functions).
 
-Each is a correction of a deviation issue 26 listed; the e2e tests (test_driver_upgrades.py,
+Each is a correction of a deviation from NVIDIA's upgrade controller; the e2e tests (test_driver_upgrades.py,
 test_argocd.py) show them against the API server.
 """
 

@@ -15,7 +15,7 @@ What is proven, each claim failing if the behaviour broke:
 2. outage (fail open within the timeout, refused when rendered with components/fail-closed,
    shaped again when back) and certificate rotation (files under the same CA; Secret and
    caBundle through ``gpugate certs``) while pods keep being created;
-3. a graceful restart (issue 18): no pod created while a server was up is unshaped, and the
+3. a graceful restart: no pod created while a server was up is unshaped, and the
    API server logs no reset/EOF calling a draining server;
 4. every kustomization in the repository passes the API server's own validation.
 """
@@ -355,7 +355,7 @@ def test_denied_pods_carry_the_webhook_message(local: Cluster, registered: Regis
                          input=json.dumps(pod_manifest("gpu-in-web-kubectl", gpus=1)))
     assert by_kubectl.returncode != 0
     assert deny_message in by_kubectl.stderr and "validate.gpugate.io" in by_kubectl.stderr
-    # Issue 30: a pod a deny rule refuses gets the denial alone, not first a warning that mutation
+    # A pod a deny rule refuses gets the denial alone, not first a warning that mutation
     # "set nvidia.com/gpu: 4" (kubectl prints an admission warning as "Warning: ...").
     by_label = kubectl(local, "create", "-n", web, "-f", "-", check=False,
                        input=json.dumps(pod_manifest("gpus-label-in-web", labels={"gpugate.io/gpus": "4"})))
@@ -408,7 +408,7 @@ def test_job_and_deployment_pods_are_shaped(local: Cluster, registered: Registra
 def test_excluded_namespaces_and_the_opt_out_label(local: Cluster, registered: Registration, installed: list[Obj],
                                                    namespaces: Namespaces) -> None:
     """kube-system and gpugate-system are never sent to gpugate; the opt-out label
-    gpugate.io/skip, on a namespace or a pod, skips shaping only (issue 28).
+    gpugate.io/skip, on a namespace or a pod, skips shaping only.
 
     Proof it is the selector and not a lenient policy: a pod over default-gpu's max, which
     validation denies in an ordinary namespace, is admitted untouched in the excluded ones. In a
@@ -743,7 +743,7 @@ def test_certificate_rotation_through_gpugate_certs_fails_no_create(
         server.stop()
 
 
-# --- 3. graceful restart (issue 18) ----------------------------------------------------------
+# --- 3. graceful restart ----------------------------------------------------------
 
 RESET_SIGNS = ("EOF", "connection reset", "broken pipe", "server closed idle connection",
                "use of closed network connection")

@@ -1,6 +1,6 @@
 """One small slice of the openb trace, placed twice: by the real control plane and by `gpugate replay`'s model.
 
-Issue 11, item 6. The real side: fake nodes shaped like N rows of openb_node_list_gpu_node.csv,
+The real side: fake nodes shaped like N rows of openb_node_list_gpu_node.csv,
 M pods (the first ones of the replay's seeded arrival order of one pod list, or an equal share of
 each of several lists, interleaved) created one at a time through the real API server, the real
 webhook (starter ``policies/``), the real kube-scheduler v1.36.3 and the real balancer (``gpugate
@@ -130,8 +130,8 @@ class SliceSpec:
     pod_files: tuple[str, ...] = (DEFAULT_POD_FILE,)
     model_seeds: int = 10
     sharing: str | None = None
-    """None: whole-GPU and CPU-only pods, the published model (issue 11). ``timeslice`` or ``dra``:
-    the trace's shares too, in that sharing world (issue 25, :func:`world_fidelity`)."""
+    """None: whole-GPU and CPU-only pods, the published model. ``timeslice`` or ``dra``:
+    the trace's shares too, in that sharing world (:func:`world_fidelity`)."""
 
 
 @dataclass(frozen=True)
@@ -607,7 +607,7 @@ def fidelity(cluster: Cluster, workdir: Path, spec: SliceSpec, *, arms: Sequence
     return Report(spec=spec, slice=slice_, arms=reports, seconds=time.monotonic() - started)
 
 
-# --- shares in a sharing world (issue 25, item 4) ---------------------------------------------------
+# --- shares in a sharing world ---------------------------------------------------
 # The trace's shares go through the real scheduler as the world makes them (webhook.replay.worlds):
 # in ``timeslice`` the nodes ``worlds.sliced_nodes`` picks advertise only ``nvidia.com/gpu.shared``
 # (4 slots a GPU, the device plugin's renameByDefault) and a share asks one slot; in ``dra`` no node

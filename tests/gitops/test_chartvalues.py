@@ -86,7 +86,7 @@ def test_checked_in_key_data_equals_what_the_generator_derives(tmp_path, capsys)
     """Regenerating from ../shared/upstream/gpu-operator changes nothing."""
     upstream = shared_or_skip() / "upstream" / "gpu-operator"
     assert chartkeys_gen.main(["--upstream", str(upstream), "--check"]) == 0
-    assert "up to date with" in capsys.readouterr().out  # a check that passes says so (issue 30)
+    assert "up to date with" in capsys.readouterr().out  # a check that passes says so
     assert chartkeys_gen.main(["--upstream", str(upstream), "--out", str(tmp_path)]) == 0
     (tmp_path / "v26.7.0.txt").write_text("# edited by hand\n")
     assert chartkeys_gen.main(["--upstream", str(upstream), "--out", str(tmp_path), "--check"]) == 1

@@ -1,6 +1,6 @@
 """The ClusterPolicy and NVIDIADriver fixtures are statuses the GPU Operator can actually write.
 
-Issue 14 item 5: fixtures for an "ignored" ClusterPolicy (the controller never saves that state)
+Fixtures for an "ignored" ClusterPolicy (the controller never saves that state)
 and for an NVIDIADriver that is "ignored" or reports NoGPUNodes (that controller writes neither)
 had health branches of their own. Here every fixture must cite the code path that writes it and
 match one of the writes below, transcribed from the controllers; and the scripts carry no branch

@@ -1,4 +1,4 @@
-"""One file points Argo CD at a fork: argocd/site/site.yaml (issue 20, first part).
+"""One file points Argo CD at a fork: argocd/site/site.yaml.
 
 The Applications and the AppProject carry markers; the kustomize replacements of argocd/site copy
 the site's repository, branch, chart repository, links and notification recipients into them, in

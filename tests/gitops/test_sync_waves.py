@@ -1,4 +1,4 @@
-"""Every state the GPU Operator can be in lets the Argo CD syncs finish (issue 14 item 1).
+"""Every state the GPU Operator can be in lets the Argo CD syncs finish.
 
 ``tests/gitops/argosync.py`` replays gitops-engine's wave rule. Over it run:
 
@@ -8,7 +8,7 @@
 - the root Application: argocd/apps as kustomize renders it, with each child's health from our
   Application check for every health a child can report.
 
-The layout before this issue (NVIDIADrivers in wave 1 behind the chart; gpu-operator in the root's
+The former layout (NVIDIADrivers in wave 1 behind the chart; gpu-operator in the root's
 first wave) is replayed too, to show the rule really deadlocks it: a notReady ClusterPolicy (any
 first install with GPU nodes, any driver rollout) kept the drivers, and the webhook, balancer and
 scheduler, from ever being applied; and a pause or a revert would queue behind that operation.

@@ -1,4 +1,4 @@
-"""DRA asks as typed values: a ResourceClaim's requests parse into DeviceAsks and render back (issue 24)."""
+"""DRA asks as typed values: a ResourceClaim's requests parse into DeviceAsks and render back."""
 
 from __future__ import annotations
 

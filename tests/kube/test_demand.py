@@ -1,4 +1,4 @@
-"""What a pod demands, one value for every product (issue 24): read, render, and every consumer's share.
+"""What a pod demands, one value for every product: read, render, and every consumer's share.
 
 The admission core, the balancer, the extender and the replay used to read a pod each into a shape
 of its own (PodDemand, Demand/PodView, PodUsage, Ask). They read ``kube.demand.PodDemand`` now;

@@ -1,4 +1,4 @@
-"""One rule for a pod's GPU request, read the same way by every part that needs it (issue 19).
+"""One rule for a pod's GPU request, read the same way by every part that needs it.
 
 Validation (the webhook's per-pod limit), the balancer (what a bound pod holds on its node) and
 the replay (what the scheduler model places) must agree on every pod, including the cases where

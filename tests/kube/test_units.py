@@ -1,4 +1,4 @@
-"""The one table of GPU units: every consumer reads a unit's share of a GPU from it (issue 24).
+"""The one table of GPU units: every consumer reads a unit's share of a GPU from it.
 
 The balancer's allocation share (``marks.gpu_weight``), the replay's accounting of physical GPU
 thousandths (``migcluster.physical_milli``) and the policy parser's default compute of a MIG rung

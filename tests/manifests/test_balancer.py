@@ -1,5 +1,5 @@
 """manifests/balancer: two replicas, leader election, RBAC that grants exactly must 3 (its own Lease by
-name), a disruption budget, a priority class and a readiness that waits for the caches (issue 13, item 6)."""
+name), a disruption budget, a priority class and a readiness that waits for the caches."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_claim_template
         ("", "nodes", "get", ()), ("", "nodes", "list", ()), ("", "nodes", "watch", ()), ("", "nodes", "patch", ()),
         ("", "pods", "list", ()), ("", "pods", "watch", ()),
         ("scheduling.k8s.io", "priorityclasses", "list", ()), ("scheduling.k8s.io", "priorityclasses", "watch", ()),
-        # DRA: read only, the two kinds the counting reads (issue 24).
+        # DRA: read only, the two kinds the counting reads.
         *{("resource.k8s.io", resource, verb, ()) for resource in ("resourceslices", "resourceclaims")
           for verb in ("get", "list", "watch")},
-        # Right-sizing through DRA: the template a right-sized pod names, create only (issue 25).
+        # Right-sizing through DRA: the template a right-sized pod names, create only.
         ("resource.k8s.io", "resourceclaimtemplates", "create", ()),
     }
     role = one(objs, "Role", "gpugate-balancer")

@@ -1,6 +1,6 @@
 """manifests/chart/gpugate: lint, strict validation of every documented values combination,
 identical renders, a values schema that refuses wrong types with a message, and the behaviour
-each switch promises (issue 29)."""
+each switch promises."""
 
 from __future__ import annotations
 

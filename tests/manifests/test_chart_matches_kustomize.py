@@ -1,5 +1,5 @@
 """The chart's documented combinations render the same objects as the kustomize folders, object by
-object (issue 29): the kustomize bases stay, and a change to one that the other lacks fails here
+object: the kustomize bases stay, and a change to one that the other lacks fails here
 with a diff per object.
 
 Normalised, because they are legitimately different, and nothing else:

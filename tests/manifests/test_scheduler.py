@@ -133,7 +133,7 @@ def test_leader_election_lease_is_granted_where_the_config_puts_it() -> None:
     assert binding["subjects"][0]["name"] == "gpugate-scheduler"
 
 
-# --- issue 16: the balancer's extender ---------------------------------------------------------------
+# --- the balancer's extender ---------------------------------------------------------------
 
 EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
                    "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable"}

@@ -193,7 +193,7 @@ def test_webhook_registration_fields() -> None:
     assert names == {"MutatingWebhookConfiguration": "mutate.gpugate.io",
                      "ValidatingWebhookConfiguration": "validate.gpugate.io"}
     for kind, hook in _hooks(objs):
-        # DRA claims and templates (issue 24): shaped on CREATE, judged on CREATE and UPDATE.
+        # DRA claims and templates: shaped on CREATE, judged on CREATE and UPDATE.
         claim_operations = ["CREATE"] if kind == "MutatingWebhookConfiguration" else ["CREATE", "UPDATE"]
         # Workloads: validation only, every kind admission.workloads judges and nothing else.
         workload_rules = [] if kind == "MutatingWebhookConfiguration" else _workload_rules()

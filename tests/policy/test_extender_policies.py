@@ -1,4 +1,4 @@
-"""policies/extender (issue 25, item 5): the starter policies routed to the second scheduler's
+"""policies/extender: the starter policies routed to the second scheduler's
 ``gpugate`` profile, plus ``all-pods``, so that every pod the webhook shapes is bound by one scheduler.
 
 The files are copies (kustomize's configMapGenerator reads files only under its own folder); this

@@ -112,7 +112,7 @@ def test_a_missing_folder_is_refused_not_fatal(tmp_path):
 
 
 def test_an_emptied_folder_is_refused_and_the_last_good_set_keeps_serving(folder):
-    """Deleting every policy file must not lift the deny rules (issue 12)."""
+    """Deleting every policy file must not lift the deny rules."""
     refused = []
     store = PolicyStore(folder, on_refused=refused.append)
     good = store.check()

@@ -67,11 +67,11 @@ def test_usage_errors_exit_2(args: tuple[str, ...], message: str) -> None:
 
 
 def test_ties_list_is_named_in_the_table_and_the_summary_and_changes_what_stock_does(tmp_path: Path) -> None:
-    """``--ties list``: v1.36.3's tie rule without an extender (the heap's top, no Randomizer)."""
+    """``--ties list``: v1.37.2's tie rule without an extender (the heap's top, no Randomizer)."""
     common = ("--arms", "stock", "--seeds", "5", "--synthetic-nodes", "24")
     code, stdout, stderr = invoke(*common, "--ties", "list", "--out", str(tmp_path / "list"))
     assert code == 0, stderr
-    assert "kube-scheduler ties: list (v1.36.3 without an extender)" in stdout.splitlines()[0]
+    assert "kube-scheduler ties: list (v1.37.2 without an extender)" in stdout.splitlines()[0]
     assert json.loads((tmp_path / "list" / "summary.json").read_text())["ties"] == "list"
     assert invoke(*common, "--out", str(tmp_path / "random"))[0] == 0
     # The fragment after each pod: where the pods went differs (an empty synthetic cluster ties everywhere).

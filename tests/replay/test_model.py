@@ -259,7 +259,7 @@ def test_the_binpack_profile_matches_the_shipped_scheduler_config(repo_root) -> 
 
 def test_dynamic_resources_ranks_nodes_by_the_first_available_sub_request_they_give() -> None:
     """v1.36's DynamicResources Score (weight 2): 8 - the index of the sub-request allocated, normalized;
-    found by tests/e2e/test_replay_fidelity.py's dra world (issue 25), where a share's claim lists one
+    found by tests/e2e/test_replay_fidelity.py's dra world, where a share's claim lists one
     sub-request per GPU kubescheduler."""
     records = tuple(NodeRecord(f"n{i}", 32_000, 65_536, 2, m) for i, m in enumerate(("T4", "V100M32", "P100", "T4")))
     state = ClusterState(records)

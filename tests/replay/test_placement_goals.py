@@ -1,4 +1,4 @@
-"""benchmarks/placement_table.py's goal check: each of issue 16's goals, for both extender columns."""
+"""benchmarks/placement_table.py's goal check: each of the placement goals, for both extender columns."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_the_fgd_reference_is_docs_placements_fgd_column() -> None:
 def test_the_worlds_table_shows_the_configured_mix_beside_the_shipped_extender(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Medians per (list, arm@world) from a results file; the configured-mix column appears only
-    when such runs are in it, after the shipped extender's (the README reads the 8th cell)."""
+    when such runs are in it, after the shipped extender's (docs/placement.md's summary reads the 8th cell)."""
     (tmp_path / "openb_pod_list_default.csv").write_text("")
     rows = [("stock@timeslice", 76.5, 7400), ("bestfit-slots@timeslice", 79.9, 7295),
             ("extender@timeslice", 81.2, 7616), ("extender@dra", 95.1, 7900), ("extender-mix@dra", 95.3, 7950)]

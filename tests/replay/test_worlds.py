@@ -165,7 +165,7 @@ def test_every_arm_in_the_table_is_one_the_cli_accepts() -> None:
 
 
 def test_the_balancers_extender_reads_consumable_shares_from_slices_and_claims() -> None:
-    """Item 2: the balancer's path (DraCache -> NodeDevices -> Feed) gives each device its true
+    """The balancer's path (DraCache -> NodeDevices -> Feed) gives each device its true
     thousandths left, in device order, and a share's assumption lands first fit on top."""
     from webhook.balancer import placementfeed
     from webhook.kube import slices

@@ -1,4 +1,4 @@
-"""Issue 26: the canary gate of ``gpugate stack promote`` and ``gpugate stack canary``.
+"""The canary gate of ``gpugate stack promote`` and ``gpugate stack canary``.
 
 The decisions (``webhook.stack.canary``) are pure and tested directly, with hypothesis for the
 rules that must hold over any sequence of observations; the commands run on a real git

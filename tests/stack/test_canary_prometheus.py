@@ -1,4 +1,4 @@
-"""Issue 26 item 3: the canary's Prometheus conditions against a real Prometheus.
+"""The canary's Prometheus conditions against a real Prometheus.
 
 Debian's ``prometheus`` (``tests/promserver.py``; .ci/run installs it) scrapes a page shaped like
 dcgm-exporter's (``tests/dcgmexporter.py``, which cites NVIDIA/dcgm-exporter for

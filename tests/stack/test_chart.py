@@ -55,7 +55,7 @@ def test_the_pinned_chart_with_our_values_passes_every_chart_check(helm):
 
 
 def test_the_nfd_prune_hook_is_off(helm):
-    """Issue 14 item 7: without postDeleteCleanup: false the chart renders NFD's post-delete prune Job,
+    """Without postDeleteCleanup: false the chart renders NFD's post-delete prune Job,
     which Argo CD runs on any deletion of the Application."""
     stack, values, _ = checked_in()
     data = yaml.safe_load(values)
@@ -97,7 +97,7 @@ def run(repo: Path, *args: str):
 
 
 def test_upgrade_renders_the_new_releases_chart_with_the_new_values(stack_repo, set_stack, helm, monkeypatch):
-    """Issue 14 item 13: v26.3.3 -> v26.7.0 is checked on the v26.7.0 chart's own render before the commit."""
+    """v26.3.3 -> v26.7.0 is checked on the v26.7.0 chart's own render before the commit."""
     monkeypatch.setenv(chartrender.CHART_REPO_ENV, f"file://{CHARTS}")
     set_stack(operator_version="v26.3.3", management="clusterpolicy", pools={"default": {"driver": "580.126.20"}})
     result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "595.91.07", "--helm", str(helm))
@@ -130,7 +130,7 @@ def test_without_helm_the_render_is_skipped_and_said(stack_repo, monkeypatch, tm
     assert shutil.which("helm") is None
     result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04")
     assert result.exit_code == 0, result.output
-    # SKIP, not PASS: nothing was rendered (issue 30); the line says how to run it.
+    # SKIP, not PASS: nothing was rendered; the line says how to run it.
     assert "SKIP  chart-render" in result.output and "not rendered: helm not found" in result.output
     assert "to render it, give helm with --helm PATH or $GPUGATE_HELM, or put it on PATH" in result.output
     assert "its ClusterPolicy was not checked against stack.yaml" in result.output
@@ -155,7 +155,7 @@ def test_a_commit_without_the_chart_render_says_it_was_skipped_not_passed_and_no
 
 
 def test_an_unreachable_chart_repository_names_the_ways_around_it(stack_repo, helm, monkeypatch):
-    """Issue 30: with helm present and NVIDIA's repository unreachable, the failure named no way out."""
+    """With helm present and NVIDIA's repository unreachable, the failure named no way out."""
     with socket.socket() as sock:  # a port nothing listens on: the repository "cannot be reached"
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

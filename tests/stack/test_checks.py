@@ -1,4 +1,4 @@
-"""The stack rules as one list each planner filters (issue 31): one place to add a rule, one ``Waivers``.
+"""The stack rules as one list each planner filters: one place to add a rule, one ``Waivers``.
 
 ``plan_sync`` promises the checks ``upgrade`` takes; before the list it skipped the component
 overrides, so a hand edit that moved the operator past a pinned component said nothing about it.

@@ -1,4 +1,4 @@
-"""Every `gpugate stack` command of docs/stack.md runs as the page says, in a temp clone (issue 20).
+"""Every `gpugate stack` command of docs/stack.md runs as the page says, in a temp clone.
 
 The examples were no-ops on the shipped pins and printed "FAIL changes ... nothing to commit"
 right above "commits (1): ... [this run]". Each fenced block runs here in a fresh clone of the

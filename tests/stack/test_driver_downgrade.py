@@ -1,6 +1,6 @@
 """A pool moving to an older driver is a downgrade: named as one, and only with --allow-driver-downgrade.
 
-Issue 20 item 2: `stack upgrade --driver 595.91.07` from 610.57.04 passed every check and was
+Why: `stack upgrade --driver 595.91.07` from 610.57.04 passed every check and was
 committed as an "upgrade". The rule is pure (``compat.check_driver_path``); the plans of upgrade,
 promote and sync apply it, rollback (which goes back by design) does not.
 """

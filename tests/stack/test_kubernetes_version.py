@@ -16,7 +16,7 @@ from webhook.stack import matrix as matrix_data
 
 
 def _go_mod_minor() -> tuple[str, int]:
-    full = binaries.version(binaries.KUBERNETES)  # "v1.36.3", from go.mod's require line
+    full = binaries.version(binaries.KUBERNETES)  # "v1.37.2", from go.mod's require line
     major, minor = full.removeprefix("v").split(".")[:2]
     assert major == "1", full
     return full, int(minor)

@@ -166,7 +166,7 @@ def test_status_json_of_the_checked_in_stack_lists_pools_and_overrides():
     json.dumps(result)
 
 
-# ---------------------------------------------------------------------------- issue 14: pools that could overlap
+# ---------------------------------------------------------------------------- pools that could overlap
 
 
 def _with_pool(data: dict, name: str, selector: dict) -> dict:

@@ -108,7 +108,7 @@ def no_kubeconfig(tmp_path, monkeypatch) -> None:
 
 
 def test_status_kube_without_a_cluster_says_how_to_point_at_one(stack_repo, no_kubeconfig):
-    """Issue 20 item 1: the same message as `gpugate balance` and `gpugate certs`, never a traceback."""
+    """The same message as `gpugate balance` and `gpugate certs`, never a traceback."""
     result = CliRunner().invoke(main, ["stack", "status", "--repo", str(stack_repo), "--kube"])
     no_traceback(result)
     assert result.exit_code == 1
@@ -123,7 +123,7 @@ def test_status_kube_without_a_cluster_says_how_to_point_at_one(stack_repo, no_k
     ["plan", "--operator", "v26.7.0", "--driver-management", "nvidiadriver", "--kube"],
 ])
 def test_stack_commands_against_a_server_that_does_not_answer_say_so(stack_repo, set_stack, command):
-    """Issue 20 item 1: urllib3's MaxRetryError was printed as "listing ClusterPolicies failed:
+    """urllib3's MaxRetryError was printed as "listing ClusterPolicies failed:
     HTTPConnectionPool(...)"; kubeclient words it for every command that talks to the cluster."""
     if command[0] == "plan":
         set_stack(operator_version="v26.7.0", management="clusterpolicy")
@@ -147,7 +147,7 @@ def test_status_kube_when_the_api_server_refuses_names_its_answer(stack_repo, fa
 
 
 def test_a_failed_driver_upgrade_is_a_status_line_and_exit_1(stack_repo, fake_kube):
-    """Issue 14 item 3: the upgrade controller records a failure only on the node label (and a metric);
+    """The upgrade controller records a failure only on the node label (and a metric);
     no ClusterPolicy or NVIDIADriver condition says it, so Argo CD stays Progressing. Status must say it."""
     populate(fake_kube)
     fake_kube.put(node("gpu-f", owner="canary", state="upgrade-failed", pool_label="canary"))

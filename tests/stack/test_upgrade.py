@@ -301,7 +301,7 @@ def test_a_failure_after_all_files_are_written_but_before_the_commit_restores_th
 
 
 def test_canary_then_promote_then_rollback_twice_steps_back_twice(stack_repo, shared_or_none):
-    """Issue 14 item 10: the second rollback undoes the canary upgrade; it does not re-apply the promote."""
+    """The second rollback undoes the canary upgrade; it does not re-apply the promote."""
     base = head(stack_repo)
     result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary")
     assert result.exit_code == 0, result.output
@@ -353,7 +353,7 @@ def test_canary_then_promote_then_rollback_twice_steps_back_twice(stack_repo, sh
 
 
 def test_three_rollbacks_step_back_past_a_kubernetes_only_commit_and_say_why(stack_repo):
-    """Issue 30: a rollback picked a commit changing only cluster.kubernetesVersion (which a rollback
+    """A rollback picked a commit changing only cluster.kubernetesVersion (which a rollback
     keeps), failed with "nothing to commit", and picked it again every time."""
     assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04",
                "--pool", "canary").exit_code == 0
@@ -403,7 +403,7 @@ def test_rollback_skips_ordinary_commits_and_reverts_the_newest_stack_commit(sta
 
 
 def test_rollback_of_an_operator_upgrade_runs_the_checks_and_refuses_a_silent_downgrade(stack_repo, set_stack):
-    """Issue 14 item 10: rolling back v26.3.3 -> v26.7.0 downgrades the operator and its CRDs: refused unless
+    """Rolling back v26.3.3 -> v26.7.0 downgrades the operator and its CRDs: refused unless
     --allow-operator-downgrade, and then said in the commit."""
     set_stack(operator_version="v26.3.3", management="clusterpolicy", pools={"default": {"driver": "580.126.20"}})
     values = stack_repo / manifests.VALUES_FILE
@@ -508,7 +508,7 @@ def test_a_malformed_version_is_a_usage_error(stack_repo, args, says):
     assert result.exit_code == 2 and says in result.output
 
 
-# ------------------------------------------------------------ issue 14: sync adds a pool; unlisted drivers
+# ------------------------------------------------------------ sync adds a pool; unlisted drivers
 
 
 def test_sync_adds_a_pool_with_its_nvidiadriver(stack_repo, shared_or_none):
@@ -545,11 +545,11 @@ def test_a_bare_branch_without_precompiled_images_is_refused_even_with_the_overr
     assert "bare branch" in result.output
 
 
-# ------------------------------------------------------------ issue 20: downgrades, no phantom commits, no extra
+# ------------------------------------------------------------ downgrades, no phantom commits, no extra
 
 
 def test_upgrade_to_an_older_driver_is_refused_as_a_downgrade_then_committed_as_one(stack_repo):
-    """Issue 20 item 2: 610.57.04 -> 595.91.07 passed every check and was committed as an "upgrade"."""
+    """610.57.04 -> 595.91.07 passed every check and was committed as an "upgrade"."""
     assert run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04").exit_code == 0
     args = ["--operator", "v26.7.0", "--driver", "595.91.07"]
     _refused(stack_repo, args, "driver-path[default]", "610.57.04 -> 595.91.07 on pool default is a downgrade")
@@ -566,7 +566,7 @@ def test_upgrade_to_an_older_driver_is_refused_as_a_downgrade_then_committed_as_
 
 
 def test_a_failed_plan_lists_no_commit(stack_repo):
-    """Issue 20 item 4: "FAIL changes ... nothing to commit" stood right above "commits (1): ... [this run]"."""
+    """A failed plan printed "FAIL changes ... nothing to commit" right above "commits (1): ... [this run]"."""
     result = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "595.91.07")
     assert result.exit_code == 1
     assert "FAIL  changes" in result.output and "nothing to commit" in result.output
@@ -577,9 +577,9 @@ def test_a_failed_plan_lists_no_commit(stack_repo):
 
 
 def test_plan_runs_without_kubernetes_validate_and_shows_the_check_skipped(stack_repo, monkeypatch):
-    """Issue 20 item 3: on the quick start's install (no `stack` extra) `plan` failed drivers-valid;
+    """On the quick start's install (no `stack` extra) `plan` failed drivers-valid;
     it now says what it would do and shows the schema check skipped with the install command.
-    Committing still needs the extra, as the README says."""
+    Committing still needs the extra, as docs/stack.md says."""
     monkeypatch.setitem(sys.modules, "kubernetes_validate", None)  # import kubernetes_validate fails
     args = ["--operator", "v26.7.0", "--driver", "610.57.04", "--pool", "canary"]
     result = run(stack_repo, "plan", *args)

@@ -1,6 +1,6 @@
 """The worker's lean path for the two admission calls: which requests take it, and their answer's bytes. Pure.
 
-Why (issue 28): a review through gunicorn's parser, its WSGI environ and response, and Flask's request
+Why: a review through gunicorn's parser, its WSGI environ and response, and Flask's request
 context, URL map, request and response objects cost about 0.8 ms of CPU in a worker (in-process, the
 null webhook's review; `python benchmarks/create_latency.py` shows what it adds to a pod create). The
 API server's call is always the same shape: ``POST /mutate?timeout=10s HTTP/1.1``, a JSON body with a

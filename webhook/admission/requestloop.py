@@ -21,7 +21,7 @@ The loop also:
   closes between requests, never in the middle of one; then it stops accepting, closes idle
   connections, finishes what is in flight, and exits.
 
-Split out of ``admission.worker`` (issue 31).
+Split out of ``admission.worker`` so that each module holds one concept and stays small.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ HEARTBEAT_SECONDS = 1.0
 """At most one heartbeat to the arbiter per second (its timeout is 30 s)."""
 ACCEPT_RECHECK_SECONDS = 0.25
 """While a worker leaves new connections to a less loaded sibling, how often it looks at the
-connection table again. Before issue 28 the pause was set once and then lay in the past, so the
+connection table again. A pause set only once soon lay in the past, and then the
 loop polled with a zero timeout: a worker holding one kept-alive connection more than its sibling
 burnt a whole core, and on the API server's kept-alive connections that was nearly always one of
 the two workers (3.5 ms of CPU per admission instead of under 1 ms). At 20 ms the loop's 50
@@ -199,7 +199,7 @@ class RequestLoop(ThreadWorker):
 
     def _watch(self, conn: Conn, events: int) -> None:
         # Registered or not is looked up, not found out from modify's KeyError: its message formats
-        # the socket's repr, a getsockname and getpeername per request (issue 28).
+        # the socket's repr, a getsockname and getpeername per request.
         key = self.poller.get_map().get(conn.sock.fileno())
         if key is None:
             self.poller.register(conn.sock, events, ConnCallback(self, conn))

@@ -30,7 +30,7 @@ class NoAccessLogLogger(GunicornLogger):
 
     gunicorn builds the access-log atoms of every request whenever a logging config is given (ours
     is), even with its ``gunicorn.access`` logger silenced: about 3% of a worker's time per review
-    (issue 28, py-spy on the null webhook).
+    (measured with py-spy on the null webhook).
     """
 
     def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:

@@ -25,7 +25,7 @@ from webhook.policy.model import GPUPolicy, PolicyRef
 class _Asks:
     """The pod's GPU asks, read once per validation: each container with the GPU resources it names.
 
-    Every rule below reads these instead of walking the containers' resources again (issue 28:
+    Every rule below reads these instead of walking the containers' resources again (once
     validation read them a dozen times per pod and cost more than decoding the request)."""
 
     containers: tuple[tuple[str, pods.Container, frozenset[str]], ...]

@@ -1,13 +1,13 @@
 """gunicorn's threaded worker, except that a thread only ever sees a request that arrived whole.
 
-Why a worker of our own (issue 12): gunicorn's ``gthread`` worker hands a connection to a thread
+Why a worker of our own: gunicorn's ``gthread`` worker hands a connection to a thread
 once its first bytes arrive, and the thread then blocks reading the rest. A client that sends
 headers announcing a body and then stalls holds that thread; eight of them held every thread of
 two workers, and ``/healthz`` and every admission timed out while they stayed. The webhook port
 is open to every pod of the cluster, and validation runs with ``failurePolicy: Ignore``, so that
 was a way for any pod to switch the deny rules off.
 
-The event loop (``requestloop``) reads each request whole, under a deadline. Then (issue 28):
+The event loop (``requestloop``) reads each request whole, under a deadline. Then, to keep the CPU per review low:
 
 - the API server's admission calls (``leanpath``: ``POST /mutate|/validate`` over HTTP/1.1 with a
   ``Content-Length``) go to the app's lean routes (body in, status and JSON out), without gunicorn's
@@ -92,7 +92,7 @@ class AdmissionWorker(RequestLoop):
         """Answer a lean request on the loop's own thread (routes that do no I/O, ``lean_inline``).
 
         Handing a request to a pool thread costs two thread wake-ups per review, and on a loaded
-        machine each is a wait for a core (issue 28); the GIL runs one thread at a time anyway. The
+        machine each is a wait for a core; the GIL runs one thread at a time anyway. The
         answer goes out without blocking; should the socket not take it whole (a client that does not
         read), a pool thread sends it under the request timeout, as it sends every other answer.
         """
@@ -203,7 +203,7 @@ class AdmissionWorker(RequestLoop):
 
         gunicorn writes the status line and headers, then the body, each with its own ``sendall``:
         two TLS records, two wake-ups of the client (which reads the headers, then waits again for
-        the body), and two trips through the kernel's loopback or network path per answer (issue 28).
+        the body), and two trips through the kernel's loopback or network path per answer.
         """
         real = conn.sock
         buffered = _AnswerBuffer(real)
@@ -219,7 +219,7 @@ class AdmissionWorker(RequestLoop):
 
         Left to the loop, the socket was watched again only once the loop had woken up for the
         finished request: on a busy machine the API server's next call (validate right after mutate,
-        on the same kept-alive connection) waited for that wake-up too (issue 28). The thread no
+        on the same kept-alive connection) waited for that wake-up too. The thread no
         longer touches the socket; the loop's own bookkeeping (``_resume``) runs on whichever comes
         first, the next request's bytes or the finished-request callback.
         """

@@ -1,7 +1,7 @@
 """What gunicorn's master sets up before it forks and every worker inherits: the worker settings and
 the table of open connections per worker that lets the workers balance without talking.
 
-Split out of ``admission.worker`` (issue 31); ``gpugate serve`` calls ``configure`` once in the master
+Split out of ``admission.worker`` (one concept a module); ``gpugate serve`` calls ``configure`` once in the master
 and ``serving.gunicorn_options`` installs the two hooks.
 """
 
@@ -76,7 +76,7 @@ class ConnectionTable:
     A header before the slots holds how many slots were ever handed out (the master only raises it),
     and a read looks at those alone: every turn of every worker's loop reads the table, and a scan
     of all 256 slots cost about 150 µs of CPU each time, as much as a third of a review, and made a
-    worker waiting to accept burn about 6 ms/s doing nothing (issue 28).
+    worker waiting to accept burn about 6 ms/s doing nothing.
     """
 
     _SLOT = struct.Struct("qqq")

@@ -95,11 +95,11 @@ class Balancer:
             reduce=lambda obj: (obj["metadata"]["name"], node_info(obj)),
             on_replace=self._replace_nodes, on_event=self._node_event, **self._informer_args())
         self.pods = self._pod_informer()
-        # DRA: ResourceSlices and ResourceClaims, counted in webhook.placement.dracount (issue 24).
+        # DRA: ResourceSlices and ResourceClaims, counted in webhook.placement.dracount (claimed GPUs are used).
         self.dra = drawatch.DraWatch(self._api(), informer_args=self._informer_args(), on_slices=self._replace_slices,
                                      on_slice=self._slice_event, on_claims=self._replace_claims,
                                      on_claim=self._claim_event)
-        # Right-sizing through DRA: the templates right-sized pods name, created where missing (issue 25).
+        # Right-sizing through DRA: the templates right-sized pods name, created where missing (the webhook can't).
         self.templates = templatekeeper.TemplateKeeper(self._api(), informer_args=self._informer_args(),
                                                        may_write=self.writes, on_error=self._api_error,
                                                        dra_served=lambda: self.dra.available)

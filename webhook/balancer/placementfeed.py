@@ -2,7 +2,7 @@
 balancer's node and pod caches (pure: no I/O, no clock).
 
 The extender needs no watch of its own: the balancer already lists and watches every node and the
-bound, unfinished pods (issue 16). Here a node's record becomes the shape the fragmentation measure
+bound, unfinished pods. Here a node's record becomes the shape the fragmentation measure
 reads, and a pod's JSON becomes both what the node labels count (``state.PodUsage``) and what the
 measure counts (``kube.demand.PodDemand``: cpu, memory and GPUs, not only GPUs): one reading of the pod.
 

@@ -1,7 +1,7 @@
 """The balancer's settings: grouped frozen dataclasses, one YAML file, flags on top.
 
 Order of precedence: command-line flags > the YAML file (``--config``) > the defaults below.
-Each default's docstring says why it is what it is; the README's balancer section repeats them.
+Each default's docstring says why it is what it is; docs/balancer.md's settings table repeats them.
 The file is checked once when loaded: an unknown key or a wrong type is refused with its
 dotted path, so a typo never silently falls back to a default.
 """
@@ -149,7 +149,7 @@ class BalancerSettings:
     """Seconds a node waits after its last patch before the next one, whatever changed (``gpu-free``,
     the tier, the taint); only a node gaining or losing its marks is written at once. Within the
     interval the latest wanted labels replace older ones, so a burst of pod events costs each node
-    at most one patch per interval, and every watcher of all nodes one event (issue 28)."""
+    at most one patch per interval, and every watcher of all nodes one event."""
     stream_lists: bool = True
     """List through a watch with ``sendInitialEvents`` (Kubernetes' streaming list) where the API
     server allows it: objects arrive one per line, so the pods that hold no GPU are skipped

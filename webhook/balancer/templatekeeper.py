@@ -1,4 +1,4 @@
-"""Keeps the ResourceClaimTemplates that right-sizing through DRA references (issue 25).
+"""Keeps the ResourceClaimTemplates that right-sizing through DRA references.
 
 The webhook cannot create objects, and a pod cannot carry a claim inline; so a right-sized pod names
 a template ``gpugate-rightsized-<hash>`` that may not exist in its namespace yet, labelled

@@ -104,7 +104,7 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
               help="Nodes of the synthetic cluster (only without --trace).")
 @click.option("--ties", type=click.Choice(["random", "list"]), default="random", show_default=True,
               help="How the kube-scheduler model breaks equal best totals: random (what kube-scheduler intends, "
-                   "and does for nodes an extender scored) or list (v1.36.3 without an extender: the first of "
+                   "and does for nodes an extender scored) or list (v1.37.2 without an extender: the first of "
                    "its scored list, as its heap orders them; docs/placement.md).")
 def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, sharing: str, seeds: str,
            out: Path,

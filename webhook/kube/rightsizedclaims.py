@@ -1,6 +1,6 @@
 """The ResourceClaimTemplate a right-sized pod references, as the webhook writes it and the balancer keeps it. Pure.
 
-Right-sizing through DRA (issue 25) cannot put a claim inline in a pod (a pod only names claims or
+Right-sizing through DRA cannot put a claim inline in a pod (a pod only names claims or
 templates) and the webhook must not create objects (``sideEffects: None``). So the webhook gives the
 pod a reference to a template whose name is a hash of its content, the label
 ``gpugate.io/claim-template: <name>`` and the template itself as JSON in the annotation of the same

@@ -59,7 +59,7 @@ class Component:
 
     name: str
     module: str
-    """The required module whose version names the build (``k8s.io/kubernetes`` -> v1.36.3)."""
+    """The required module whose version names the build (``k8s.io/kubernetes`` -> v1.37.2)."""
     programs: tuple[Program, ...]
 
     @property
@@ -127,7 +127,7 @@ def version(component: Component) -> str:
 
 
 def ldflags(component: Component) -> str:
-    """Version stamps, so /version answers v1.36.3 and not v0.0.0-master.
+    """Version stamps, so /version answers v1.37.2 and not v0.0.0-master.
 
     Helm charts (the GPU Operator's among them) check ``kubeVersion`` against the server's
     version, so an unstamped API server would make Argo CD refuse to render them.

@@ -133,7 +133,7 @@ def urgent(node: NodeInfo, marks: Marks) -> bool:
     Everything else waits, a change of tier (``gpu-load``) and of the taint as much as one of
     ``gpu-free``: each Node write goes to every watcher of all nodes (kube-scheduler,
     kube-controller-manager, node agents), so a node is written at most once per
-    ``write_interval`` (issue 28). On the real API server the old rule (a tier change at once)
+    ``write_interval``. On the real API server the old rule (a tier change at once)
     wrote packed nodes twice within the interval (benchmarks/balancer_cluster.py --code-before).
     The labels are preferences: they lag the node's pods by at most the interval, and the
     scheduler's own resource fit never lets a pod onto a node that is full.

@@ -386,7 +386,7 @@ class KubeScheduler:
         left = cluster.state.gpu_left[node].tolist()
         if demand.shares_gpu:
             # "first": the dra world, where kube-scheduler's allocator takes the first device (in the
-            # slice's order) with the memory left (found by tests/e2e/test_replay_fidelity.py, issue 25:
+            # slice's order) with the memory left (found by tests/e2e/test_replay_fidelity.py's dra world:
             # "first" used to fall through to distributed here).
             rule = cast(device_plugin.DevicePolicy, policy if policy in ("packed", "first") else "distributed")
             return (device_plugin.share_device(left, demand.milli_per_gpu, rule),)

@@ -83,7 +83,7 @@ def table(results: list[RunResult], *, workload: str, seeds: list[int], sharing:
     several = len(seeds) > 1
     world = f"sharing world {sharing} (reference arms: their published model); " if sharing else ""
     if ties != RANDOM_TIES:
-        world += f"kube-scheduler ties: {ties} (v1.36.3 without an extender); "
+        world += f"kube-scheduler ties: {ties} (v1.37.2 without an extender); "
     lines = [f"workload {workload}, {'seeds' if several else 'seed'} {_seed_text(seeds)}; {world}"
              f"{'medians over seeds, ' if several else ''}% of GPU capacity"]
     for number, row in enumerate(rows):

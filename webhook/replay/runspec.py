@@ -25,8 +25,8 @@ RANDOM_TIES = "random"
 LIST_TIES = "list"
 TIES = (RANDOM_TIES, LIST_TIES)
 """How equal best totals are broken. ``random``: uniformly, what kube-scheduler intends (each node's
-``Randomizer`` orders equal totals in ``nodeScoreHeap``) and what v1.36.3 does for nodes an extender
-scored. ``list``: v1.36.3 without an extender, where no Randomizer is set (pkg/scheduler/
+``Randomizer`` orders equal totals in ``nodeScoreHeap``) and what v1.36.3 and v1.37.2 do for nodes an
+extender scored. ``list``: those releases without an extender, where no Randomizer is set (pkg/scheduler/
 schedule_one.go ``prioritizeNodes``; kubernetes PR #141024 proposes setting it for every node) and
 the host is whichever tied node ``heap.Init`` brings to the top of the scored list; here that list
 is in scan order, while a real scheduler's is the parallel filter's completion order, roughly the
@@ -70,8 +70,8 @@ class RunSpec:
     component implements. The reference arms ignore it: they stay in their published model."""
     ties: str = RANDOM_TIES
     """How the kube-scheduler model breaks equal best totals (``TIES``): random, as
-    kube-scheduler intends and does for nodes an extender scored, or list, as v1.36.3 does
-    without an extender (the heap's top of the scored list)."""
+    kube-scheduler intends and does for nodes an extender scored, or list, as v1.36.3 and v1.37.2
+    do without an extender (the heap's top of the scored list)."""
 
 
 @dataclass(frozen=True)

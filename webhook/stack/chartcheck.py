@@ -9,7 +9,7 @@ NVIDIADrivers of ``drivers/``) and returns ``Check`` values:
   ClusterPolicy managing the driver, none at all), and ships the NVIDIADriver CRD ours need;
 - ``chart-delete-hooks``: deleting the Application runs no hook that would strip the GPU nodes;
 - ``chart-sync-order``: Argo CD applies every object in one step, so no wave waits on the health
-  of objects whose readiness depends on a later wave (docs/gitops.md, issue 14 item 1).
+  of objects whose readiness depends on a later wave (docs/gitops.md, "Sync waves").
 """
 
 from __future__ import annotations

@@ -112,13 +112,25 @@ def compat_forward(matrix: Matrix, current: OperatorVersion, target: OperatorVer
 
 
 def check_kubernetes(release: Release, minor: int) -> Check:
-    """The cluster's Kubernetes minor must be inside the target release's supported range."""
-    ok = release.kubernetes_min <= minor <= release.kubernetes_max
-    verdict = "is within" if ok else "is outside"
-    reason = f"Kubernetes 1.{minor} {verdict} {release.version}'s supported range {release.kubernetes_range}"
-    if not ok:
-        reason += "; upgrade the cluster or pick a release that supports it"
-    return Check(name="kubernetes", ok=ok, reason=reason, source=release.sources["kubernetes"])
+    """The cluster's Kubernetes minor against the target release's listed range.
+
+    Older than the range refuses: the release uses APIs that cluster lacks. Newer than the range
+    passes with a warning: NVIDIA publishes its range with the release and extends it only in a
+    later one (v26.7.0 came six days before Kubernetes 1.37.0), so refusing would block every
+    stack change, fixes included, on a cluster one minor ahead; the warning says it is unvalidated.
+    """
+    source = release.sources["kubernetes"]
+    where = f"{release.version}'s supported range {release.kubernetes_range}"
+    if minor < release.kubernetes_min:
+        return Check(name="kubernetes", ok=False, source=source,
+                     reason=f"Kubernetes 1.{minor} is outside {where}; upgrade the cluster or pick a release "
+                            "that supports it")
+    if minor > release.kubernetes_max:
+        return Check(name="kubernetes", ok=True, source=source,
+                     reason=f"Kubernetes 1.{minor} is newer than {where}: NVIDIA has not listed it yet",
+                     warning=f"Kubernetes 1.{minor} is not validated by NVIDIA for {release.version} "
+                             f"(listed {release.kubernetes_range}); canary the change before every pool")
+    return Check(name="kubernetes", ok=True, source=source, reason=f"Kubernetes 1.{minor} is within {where}")
 
 
 def check_driver_validated(release: Release, *, pool: str, driver: str, allow_unvalidated: bool) -> Check:

@@ -5,7 +5,7 @@
 //
 // With --patch, /mutate answers that JSON Patch (the bytes of the file, unchanged) instead of an
 // allow-only answer: the floor a *mutating* webhook pays, whose API server must apply the patch and
-// carry the bigger pod through validation, the validating call and etcd (issue 28). /validate
+// carry the bigger pod through validation, the validating call and etcd, which an allow-only floor hides. /validate
 // always allows.
 //
 //	floor-webhook --bind 127.0.0.1:PORT --cert tls.crt --key tls.key [--patch patch.json]
