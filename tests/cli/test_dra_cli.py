@@ -49,7 +49,7 @@ def test_a_file_with_two_claims_judges_each(tmp_path: Path) -> None:
     path.write_text(WEB_TEMPLATE.read_text() + "---\n" + WEB_TEMPLATE.read_text())
     result = run("validate", path, "--policies", POLICIES)
     lines = result.stdout.splitlines()
-    assert result.exit_code == 1 and [line.split(": ", 1)[0] for line in lines] == [f"{path}#1", f"{path}#2"]
+    assert result.exit_code == 1 and [line.split(": ", 1)[0] for line in lines] == [f"{path}#{n}" for n in (1, 2)]
 
 
 def test_admit_sends_a_template_to_the_server(tmp_path: Path) -> None:
