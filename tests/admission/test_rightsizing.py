@@ -260,7 +260,7 @@ def test_any_ask_gets_the_smallest_offered_rung_that_fits_idempotent_and_strict_
 STARTER = loading.load_dir(ROOT / "policies")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(profile=st.sampled_from(["notebook", "inference"]), memory_mib=st.integers(256, 90_000),
        container_name=st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=24),
        free=st.lists(st.integers(0, 1), min_size=5, max_size=5), age=st.sampled_from([None, 0, 90_000]))
