@@ -38,7 +38,7 @@ COMMANDS: dict[str, str] = {
 # and shown without importing the command's module.
 SUMMARIES: dict[str, str] = {
     "mutate": "Show a pod as the webhook would admit it.",
-    "validate": "Say whether a pod as written would be allowed.",
+    "validate": "Say whether the cluster would admit a pod or workload.",
     "policy": "Check and test a folder of GPUPolicy files.",
     "serve": "Run the admission webhook over HTTPS.",
     "admit": "Send a pod or review to a running webhook.",
