@@ -158,7 +158,8 @@ def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
 
 
 CHART_RELEASE = ("gpugate", "gpugate")
-"""The release name and namespace ``--install helm`` uses (a namespace of its own: the chart makes it)."""
+"""The release name and namespace ``--install helm`` uses (a namespace of its own, made by helm; the
+webhook configurations leave the release namespace out by name)."""
 
 
 def _helm(settings: Settings) -> Path:
@@ -179,10 +180,10 @@ def install_chart(kubeconfig: Path, helm: Path, chart: Path, server: str, ca: by
     chart's configurations are then the ones the API server calls."""
     release, namespace = CHART_RELEASE
     values = work / "chart-values.yaml"
-    values.write_text(yaml.safe_dump({"namespace": {"create": True}, "tls": {"mode": "external"},
+    values.write_text(yaml.safe_dump({"tls": {"mode": "external"},
                                       "webhook": {"url": server, "caBundle": base64.b64encode(ca).decode()}}))
-    command = [str(helm), "install", release, str(chart), "--namespace", namespace, "--kubeconfig", str(kubeconfig),
-               "--values", str(values)]
+    command = [str(helm), "install", release, str(chart), "--namespace", namespace, "--create-namespace",
+               "--kubeconfig", str(kubeconfig), "--values", str(values)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0:
         raise GpugateError(f"helm install failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
