@@ -445,7 +445,8 @@ def profile_app(n: int = 2000, small: bool = False) -> None:
     import pstats
     import timeit
 
-    from webhook.admission import metrics, mutation, patchcheck, routes, worker
+    from webhook.admission import mutation, patchcheck
+    from webhook.server import metrics, routes, worker
 
     body = encoded_requests(1, small)[0].partition(b"\r\n\r\n")[2]
     policies = loading.load_dir(REPO / "policies")

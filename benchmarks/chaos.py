@@ -1,7 +1,7 @@
 """Ten minutes of steady load on ``gpugate serve`` through everything that happens to a webhook pod.
 
-The long run of ``tests/admission/test_lifecycle.py::test_chaos_minute``, with the same driver
-(``tests/admission/chaos.py``): policy edits, an invalid policy, certificate rotations, SIGTERM to a
+The long run of ``tests/server/test_lifecycle.py::test_chaos_minute``, with the same driver
+(``tests/server/chaos.py``): policy edits, an invalid policy, certificate rotations, SIGTERM to a
 worker, SIGHUP to the master and SIGKILL to a worker, in turn, under kept-alive load. It prints the
 counts; only requests in flight on a killed worker may fail.
 
@@ -27,8 +27,8 @@ try:
 except ImportError:
     sys.exit("benchmarks/chaos.py needs the test extra: pip install -e '.[test]'")
 
-from tests.admission.chaos import Chaos  # noqa: E402
-from tests.admission.harness import ConfigMapVolume, Server, repo_policies  # noqa: E402
+from tests.server.chaos import Chaos  # noqa: E402
+from tests.server.harness import ConfigMapVolume, Server, repo_policies  # noqa: E402
 from webhook.certs import pki  # noqa: E402
 
 

@@ -64,7 +64,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +113,13 @@ class Arm:
     pods: int = 0
     body: Obj | None = None   # the pod this arm creates (None: ``the_pod``, the user's plain GPU pod)
     plane_serial: list[float] | None = None  # CPU seconds of kube-apiserver + etcd during each serial create
+    metrics_port: int | None = None           # a gunicorn arm's plaintext /metrics (the TLS port has none)
+    failed: dict[int, int] = field(default_factory=dict)   # refused creates per number of creators
+    failures: list[str] = field(default_factory=list)
+    by_level: dict[int, list[float]] | None = None  # create times per number of concurrent creators
 
     def __post_init__(self) -> None:
-        self.serial, self.parallel, self.plane_serial = [], [], []
+        self.serial, self.parallel, self.plane_serial, self.by_level = [], [], [], {}
 
     def pod(self, name: str) -> Obj:
         if self.body is None:
@@ -176,11 +180,14 @@ def idle_rates(arms: list[Arm], seconds: float) -> None:
 
 @contextmanager
 def subprocess_server(command: list[str], port: int, log: Path, ca: Path, ready_path: str,
-                      env: dict[str, str] | None = None) -> Iterator[int]:
-    """A server started in its own session, ready when ``ready_path`` answers 200, stopped by PID."""
+                      env: dict[str, str] | None = None, cwd: Path | None = None) -> Iterator[int]:
+    """A server started in its own session, ready when ``ready_path`` answers 200, stopped by PID.
+
+    ``cwd``: where it runs; ``python -m`` puts that folder first on the module path, so the before arm
+    runs there, or it would import this checkout's code whatever PYTHONPATH says."""
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env={**os.environ, **(env or {})})
+                                   start_new_session=True, env={**os.environ, **(env or {})}, cwd=cwd)
     try:
         context = ssl.create_default_context(cafile=str(ca))
         deadline = time.monotonic() + 60
@@ -208,15 +215,24 @@ def go_stats(arm: Arm, ca: Path) -> dict[str, int]:
         return dict(json.loads(answer.read()))
 
 
-def gunicorn_counts(arm: Arm, ca: Path) -> tuple[float, float]:
-    """TLS connections accepted and reviews answered so far by a gunicorn arm, from its /metrics
-    (an arm at a revision without the connections counter reports NaN)."""
-    context = ssl.create_default_context(cafile=str(ca))
-    with urllib.request.urlopen(f"{arm.base_url}/metrics", context=context, timeout=5) as answer:
-        text = answer.read().decode()
-    found = re.search(r"^gpugate_connections_accepted_total (\S+)$", text, re.MULTILINE)
+def gunicorn_counts(arm: Arm, ca: Path) -> tuple[float, float, float]:
+    """TLS connections accepted (all, and HTTP/2) and reviews answered so far by a gunicorn arm, from its
+    plaintext /metrics, or from the TLS port for a revision that served them there (NaN where a
+    revision has no such counter)."""
+    if arm.metrics_port is not None:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        text = opener.open(f"http://127.0.0.1:{arm.metrics_port}/metrics", timeout=5).read().decode()
+    else:
+        context = ssl.create_default_context(cafile=str(ca))
+        with urllib.request.urlopen(f"{arm.base_url}/metrics", context=context, timeout=5) as answer:
+            text = answer.read().decode()
+
+    def counter(name: str) -> float:
+        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+        return float(found.group(1)) if found else float("nan")
+
     reviews = sum(float(m.group(1)) for m in re.finditer(r"^gpugate_admissions_total\{.*\} (\S+)$", text, re.MULTILINE))
-    return (float(found.group(1)) if found else float("nan")), reviews
+    return counter("gpugate_connections_accepted_total"), counter("gpugate_http2_connections_total"), reviews
 
 
 
@@ -318,7 +334,8 @@ def serial_interleaved(core: client.CoreV1Api, arms: list[Arm], count: int, tag:
             arm.plane_serial.append(sum(map(_process_cpu, plane_pids)) - before)
 
 
-def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: int, tag: str) -> None:
+def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: int, tag: str,
+                         main_level: bool = True) -> None:
     """``len(cores)`` creators, each on its own client (its own connections), ``count`` pods per arm
     in all; creator i's j-th create goes to arm (i + j) mod arms, so at every moment the creators
     are spread over the arms and every arm meets the same spells of load."""
@@ -332,10 +349,19 @@ def parallel_interleaved(cores: list[client.CoreV1Api], arms: list[Arm], count: 
         barrier.wait()
         for j in range(per[index]):
             arm = arms[(index + j) % len(arms)]
-            took = create_one(cores[index], arm, f"p-{tag}-{index}-{j}")
+            started = time.perf_counter()
+            try:
+                took = create_one(cores[index], arm, f"p-{tag}-{index}-{j}")
+            except ApiException as err:  # a refused create (a webhook's timeout, failing closed) is counted
+                took = time.perf_counter() - started
+                with lock:
+                    arm.failed[creators] = arm.failed.get(creators, 0) + 1
+                    arm.failures.append(f"{creators} creators: {err.status} {str(err.body)[:160]}")
             with lock:
-                assert arm.parallel is not None
-                arm.parallel.append(took)
+                assert arm.parallel is not None and arm.by_level is not None
+                if main_level:
+                    arm.parallel.append(took)
+                arm.by_level.setdefault(creators, []).append(took)
 
     with ThreadPoolExecutor(creators) as pool:
         list(pool.map(creator, range(creators)))
@@ -520,16 +546,90 @@ def print_differences(arms: dict[str, Arm], samples: dict[str, list[tuple[float,
         print(f"{text:<72}" + "".join(f"{cell:>20}" for cell in cells))
 
 
+def hostile_phase(core: client.CoreV1Api, arms: dict[str, Arm], seconds: float, ca: Path) -> None:
+    """An ordinary creator, interleaved over gpugate and the Go floor, while gpugate's server is under
+    ``hostile_load.HostileLoad``; the p50 and p99 of its creates, and the same before the attack."""
+    from benchmarks.hostile_load import HostileLoad
+
+    pair = [arms[name] for name in ("go", "gpugate")]
+    assert pair[1].port is not None
+
+    def ordinary(tag: str) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {arm.name: [] for arm in pair}
+        deadline = time.monotonic() + seconds
+        index = 0
+        while time.monotonic() < deadline:
+            for arm in pair:
+                times[arm.name].append(create_one(core, arm, f"h-{tag}-{index}"))
+            index += 1
+        for arm in pair:
+            clear(core, arm.namespace)
+        return times
+
+    quiet = ordinary("quiet")
+    attack = HostileLoad(pair[1].port, ca).start()
+    time.sleep(2.0)
+    try:
+        under = ordinary("attack")
+    finally:
+        counts = attack.stop()
+    print(f"\nhostile load on gpugate's server for {seconds:.0f} s ({counts}); an ordinary creator, interleaved "
+          "over the Go floor's namespace and gpugate's, create latency p50 / p99, ms:")
+    for name in ("go", "gpugate"):
+        print(f"  {name:<8} quiet {pct(quiet[name], 0.5):6.1f} / {pct(quiet[name], 0.99):6.1f}   "
+              f"under attack {pct(under[name], 0.5):6.1f} / {pct(under[name], 0.99):6.1f}   "
+              f"({len(under[name])} creates)")
+
+
+def report_levels(arms: dict[str, Arm], seed: int = 40) -> None:
+    """Create rate per number of concurrent creators, each arm against the Go floor, with a 90% interval."""
+    if "go" not in arms:
+        return
+    rng = random.Random(seed)
+    print("\ncreate rate by concurrent creators (N / mean create time), and against the Go floor "
+          "[90% bootstrap interval]; all arms interleaved in one run:")
+    for level in sorted(arms["go"].by_level or {}):
+        cells = []
+        go = (arms["go"].by_level or {})[level]
+        for name, arm in arms.items():
+            times = (arm.by_level or {}).get(level, [])
+            if not times:
+                continue
+            rate = level / (sum(times) / len(times))
+            samples = []
+            for _ in range(RESAMPLES):
+                mine = [times[rng.randrange(len(times))] for _ in times]
+                floor = [go[rng.randrange(len(go))] for _ in go]
+                samples.append((sum(floor) / len(floor)) / (sum(mine) / len(mine)))
+            low, high = interval(samples)
+            cells.append(f"{name} {rate:.0f}/s {(sum(go) / len(go)) / (sum(times) / len(times)):.2f}x "
+                         f"[{low:.2f}, {high:.2f}]")
+        print(f"  {level:>4} creators: " + "; ".join(cells))
+        refused = {name: (arm.failed or {}).get(level, 0) for name, arm in arms.items()}
+        if any(refused.values()):
+            print(f"       refused creates (counted in the times above): {refused}")
+    for name, arm in arms.items():
+        for line in arm.failures[:3]:
+            print(f"  {name} refused: {line}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=150, help="pods per arm, per phase, per round")
-    parser.add_argument("--parallel", type=int, default=8, help="creators of the parallel phase")
+    parser.add_argument("--parallel", type=lambda text: [int(n) for n in text.split(",")], default=[8],
+                        metavar="N,M", help="creators of the parallel phases (the first is reported in full, "
+                                            "each with its create rate against the Go floor)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers of null and gpugate")
     parser.add_argument("--idle-seconds", type=float, default=15.0,
                         help="how long each server's CPU with no request is measured before the rounds")
     parser.add_argument("--arms", type=lambda text: tuple(text.split(",")), metavar="A,B",
                         help=f"only these of {', '.join(ARMS)} ({', '.join(REQUIRED)} always run)")
+    parser.add_argument("--hostile", type=float, default=0.0, metavar="SECONDS",
+                        help="after the rounds, one ordinary creator for SECONDS per arm-pair (gpugate and the Go "
+                             "floor, interleaved) while benchmarks/hostile_load.py attacks gpugate's server")
+    parser.add_argument("--serve-arg", action="append", default=[], metavar="FLAG",
+                        help="one more gpugate serve flag for the gpugate arm (e.g. --serve-arg=--no-http2)")
     parser.add_argument("--before", metavar="REV", help="also run gpugate at this git revision, in the same rounds")
     parser.add_argument("--floor", type=Path, metavar="BINARY",
                         help="the floor webhook binary to run (default: the cached build, built on first use)")
@@ -565,12 +665,17 @@ def main() -> int:
         if "null" in arms:
             null = arms["null"]
             assert null.port is not None
+            null.metrics_port = processes.free_port()
             null.pid = stack.enter_context(subprocess_server(
                 [sys.executable, str(REPO / "benchmarks" / "null_server.py"), "--bind", f"{LOOPBACK}:{null.port}",
-                 "--cert", str(certs.cert), "--key", str(certs.key), "--workers", str(args.workers)],
+                 "--cert", str(certs.cert), "--key", str(certs.key), "--workers", str(args.workers),
+                 "--metrics-port", str(null.metrics_port)],
                 null.port, tmp / "null.log", certs.ca, "/readyz"))
+        arms["gpugate"].metrics_port = processes.free_port()
         gpugate = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=REPO / "policies",
                                 log=tmp / "gpugate.log", workers=args.workers,
+                                extra_args=("--metrics-bind", f"127.0.0.1:{arms['gpugate'].metrics_port}",
+                                            *args.serve_arg),
                                 reload_interval=1.0)  # gpugate serve's default, as the before arm runs
         gpugate.start()
         stack.callback(gpugate.stop)
@@ -583,19 +688,21 @@ def main() -> int:
                            capture_output=True)
             before = arms["before"]
             before.port = processes.free_port()
+            before.metrics_port = processes.free_port()
             before.base_url = f"https://{LOOPBACK}:{before.port}"
             before.pid = stack.enter_context(subprocess_server(
                 [sys.executable, "-m", "webhook.cli", "serve", "--bind", f"{LOOPBACK}:{before.port}", "--cert",
                  str(certs.cert), "--key", str(certs.key), "--policies", str(code / "policies"), "--workers",
-                 str(args.workers)], before.port, tmp / "before.log", certs.ca, "/readyz",
-                env={"PYTHONPATH": str(code)}))
+                 str(args.workers), "--metrics-bind", f"127.0.0.1:{before.metrics_port}",
+                 "--state-dir", str(tmp / "before-state")], before.port, tmp / "before.log", certs.ca, "/readyz",
+                env={"PYTHONPATH": str(code)}, cwd=code))
         assert cluster.plane is not None
         plane_pids = [p.pid for p in cluster.plane.processes if p.name in ("etcd", "kube-apiserver")]
 
         api = client.AdmissionregistrationV1Api(cluster.api_client())
         rendered = RenderedWebhooks.of(kustomize(WEBHOOK_BASE))
         core = cluster.core()
-        cores = [client.CoreV1Api(cluster.api_client()) for _ in range(args.parallel)]
+        cores = [client.CoreV1Api(cluster.api_client()) for _ in range(max(args.parallel))]
         shaped = lambda pod: "gpugate.io/policy" in (pod["metadata"].get("annotations") or {})  # noqa: E731
         # gpugate first: its patch and its shaped pod are what go-patch answers and shaped creates.
         register(api, rendered, arms["gpugate"], certs.bundle.ca_cert)
@@ -631,14 +738,20 @@ def main() -> int:
             serial_interleaved(core, order, args.pods, f"{round_}", plane_pids)
             for arm in order:
                 clear(core, arm.namespace)
-            parallel_interleaved(cores, order, args.pods, f"{round_}")
+            for index, level in enumerate(args.parallel):
+                parallel_interleaved(cores[:level], order, max(args.pods, level), f"{round_}-{level}",
+                                     main_level=index == 0)
+                for current in order:
+                    clear(core, current.namespace)
+                    current.pods += max(args.pods, level)
             for current in order:
-                clear(core, current.namespace)
-                current.pods += 2 * args.pods
+                current.pods += args.pods
             print(f"round {round_ + 1}/{args.rounds} done (serial order {', '.join(a.name for a in order)})",
                   flush=True)
             order = order[1:] + order[:1]
         rounds_seconds = time.monotonic() - rounds_started
+        if args.hostile:
+            hostile_phase(core, arms, args.hostile, certs.ca)
         for arm in order:
             arm.server_cpu = tree_cpu(arm.pid) - server_before[arm.name]
         plane_cpu = sum(map(tree_cpu, plane_pids)) - plane_before
@@ -651,13 +764,14 @@ def main() -> int:
             notes.append(f"{name}: {go_after['connections'] - go_before[name]['connections']} connections opened, "
                          "requests " + ", ".join(f"{k} {go_after.get(k, 0) - go_before[name].get(k, 0)}"
                                                  for k in sorted(go_after) if k.startswith("HTTP")))
-        for name, (connections, reviews) in counts_before.items():
-            after_connections, after_reviews = gunicorn_counts(arms[name], certs.ca)
-            notes.append(f"{name}: {after_connections - connections:.0f} connections accepted for "
-                         f"{after_reviews - reviews:.0f} reviews (HTTP/1.1)")
+        for name, (connections, http2, reviews) in counts_before.items():
+            after_connections, after_http2, after_reviews = gunicorn_counts(arms[name], certs.ca)
+            notes.append(f"{name}: {after_connections - connections:.0f} connections accepted "
+                         f"({after_http2 - http2:.0f} of them HTTP/2) for {after_reviews - reviews:.0f} reviews")
         notes.append(f"kube-apiserver + etcd: {1000 * plane_cpu / sum(a.pods for a in arms.values()):.2f} ms "
                      "of CPU per pod created, all arms together")
-        report(arms, args.parallel, notes, rounds_seconds)
+        report(arms, args.parallel[0], notes, rounds_seconds)
+        report_levels(arms)
     return 0
 
 

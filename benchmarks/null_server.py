@@ -41,17 +41,19 @@ def main() -> None:
     parser.add_argument("--key", required=True, type=Path)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--metrics-port", type=int, help="serve /metrics on 127.0.0.1:PORT (plain HTTP)")
     args = parser.parse_args()
 
     def make_app(runtime_dir: Path) -> Any:
-        from webhook.admission import routes
+        from webhook.server import routes
 
         settings = routes.ServerSettings(policy_dir=REPO / "policies", reload_interval=0,
                                          snapshot_dir=runtime_dir / "policies")
         return routes.create_app(settings, core=NullCore())
 
     run_gunicorn(make_app, bind=args.bind, workers=args.workers, threads=args.threads, certfile=args.cert,
-                 keyfile=args.key, drain_seconds=0.2)
+                 keyfile=args.key, drain_seconds=0.2,
+                 metrics_bind=("127.0.0.1", args.metrics_port) if args.metrics_port else None)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ scrape. Sources (NVIDIA/dcgm-exporter at release tag ``4.5.3-4.8.2``):
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -43,7 +44,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 GR_ENGINE_ACTIVE = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.")
 GPU_UTIL = ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).")
 XID_ERRORS = ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.")
-XID_MESSAGES = {0: "No Error", 43: "GPU stopped processing", 79: "GPU has fallen off the bus"}
+DBE_VOLATILE = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.")
+ROW_REMAP_FAILURE = ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed")
+XID_MESSAGES = {0: "No Error", 13: "Graphics Engine Exception", 43: "GPU stopped processing",
+                48: "Double Bit ECC Error", 64: "ECC page retirement or row remapper recording failure",
+                74: "NVLINK Error", 79: "GPU has fallen off the bus", 94: "Contained ECC error",
+                95: "Uncontained ECC error", 119: "GSP RPC Timeout", 120: "GSP Error"}
 """``xidErrCodeToText`` (``internal/pkg/collector/xid_errors.go``) for the codes tests use."""
 DRIVER_VERSION = "580.95.05"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -77,7 +83,7 @@ class Device:
     def uuid(self) -> str:
         """A stable UUID per host and GPU index, shaped like NVML's ``GPU-<8-4-4-4-12 hex>``."""
         digest = hashlib.sha256(f"{self.host}/{self.gpu}".encode()).hexdigest()
-        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:]}"
+        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
     @property
     def pci_bus_id(self) -> str:
@@ -95,6 +101,10 @@ class Reading:
     """None: ``active`` in percent for a whole GPU; never written for a MIG instance."""
     xid: int | None = None
     """``DCGM_FI_DEV_XID_ERRORS``: the last XID code (0: none); None: the field is not exported."""
+    dbe: int | None = None
+    """``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`` (off in the exporter's default counters); None: not exported."""
+    row_remap_failure: int | None = None
+    """``DCGM_FI_DEV_ROW_REMAP_FAILURE``: 1 once remapping failed; None: not exported."""
 
     @property
     def util_text(self) -> str | None:
@@ -139,7 +149,10 @@ def render(readings: Iterable[Reading]) -> str:
             (GPU_UTIL, [(_labels(r.device), r.util_text) for r in readings if r.util_text is not None]),
             (GR_ENGINE_ACTIVE, [(_labels(r.device), f"{r.active:f}") for r in readings if r.active is not None]),
             (XID_ERRORS, [(_labels(r.device, _xid_attributes(r.xid)), str(r.xid)) for r in readings
-                          if r.xid is not None])):
+                          if r.xid is not None]),
+            (DBE_VOLATILE, [(_labels(r.device), str(r.dbe)) for r in readings if r.dbe is not None]),
+            (ROW_REMAP_FAILURE, [(_labels(r.device), str(r.row_remap_failure)) for r in readings
+                                 if r.row_remap_failure is not None])):
         if not lines:
             continue
         out.append(f"# HELP {name} {help_text}")
@@ -153,6 +166,14 @@ def _xid_attributes(code: int) -> dict[str, str]:
     if code not in XID_MESSAGES:
         raise ValueError(f"XID {code}: add its text from dcgm-exporter's xid_errors.go to XID_MESSAGES")
     return {"err_code": str(code), "err_msg": XID_MESSAGES[code]}
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A scrape Prometheus gave up (its timeout on a busy machine) closes the connection under the
+        write: not an error of the page, so no traceback on stderr."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class Exporter:
@@ -181,7 +202,7 @@ class Exporter:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.port = int(self._server.server_address[1])
         self.target = f"127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -190,9 +211,12 @@ class Exporter:
 
     def show(self, readings: Iterable[Reading]) -> None:
         """Serve these readings from the next scrape on."""
-        page = render(readings).encode()
+        self.show_text(render(readings))
+
+    def show_text(self, page: str) -> None:
+        """Serve this exposition text from the next scrape on (another exporter's page, e.g. the balancer's)."""
         with self._lock:
-            self._page = page
+            self._page = page.encode()
 
     def stop(self) -> None:
         self._server.shutdown()

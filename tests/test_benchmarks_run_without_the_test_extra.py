@@ -49,7 +49,11 @@ SHORTEST: dict[str, Shortest | str] = {
                                   control_plane=True, timeout=400),
     "dra_counting.py": Shortest(("--quick",), "ratio:"),
     "chaos.py": Shortest(("--minutes", "0.05", "--clients", "2"), "alive at the end: True"),
+    "health_quarantine.py": Shortest(("--nodes", "1", "--injections", "2", "--gap", "0", "--interval", "1",
+                                      "--step", "1"), "DeviceTaintRule",
+                                     control_plane=True, timeout=400),
     "extender_latency.py": Shortest(("--nodes", "20", "--pods", "60"), "p99"),
+    "fuzz_admission.py": Shortest(("--reviews", "40", "--seed", "3"), "wrong allows: 0"),
     "mutate_core.py": Shortest(("--seconds", "0.3", "--before", "HEAD"), "x floor"),
     "placement_table.py": "run and table, test_placement_table_runs_and_tabulates",
     "replay_speed.py": Shortest(("--arms", "random", "--no-fidelity"), "s/run", trace=True, timeout=300),
@@ -58,6 +62,7 @@ SHORTEST: dict[str, Shortest | str] = {
                                        trace=True, control_plane=True, timeout=400),
     "null_server.py": "started by admission_load.py",
     "patchcost.py": "run by balancer_cluster.py --patch-cost",
+    "hostile_load.py": "run by create_latency.py --hostile; its attacks alone in tests/server/test_cost_ceilings.py",
     "realistic_review.py": "sent by admission_load.py",
 }
 SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Shortest))
@@ -66,7 +71,8 @@ SCRIPTS = sorted(name for name, how in SHORTEST.items() if isinstance(how, Short
 BLOCK = "import sys, runpy; sys.modules.update(pytest=None, hypothesis=None, _pytest=None); " \
         "sys.argv = [{path!r}, '--help']; runpy.run_path({path!r}, run_name='__main__')"
 # These drive tests/ harnesses: developers' tools, run with the test extra.
-NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "replay_vs_scheduler.py"}
+NEEDS_THE_TEST_EXTRA = {"balancer_cluster.py", "chaos.py", "create_latency.py", "fuzz_admission.py",
+                        "health_quarantine.py", "replay_vs_scheduler.py"}
 
 
 def test_every_benchmark_has_a_shortest_mode() -> None:

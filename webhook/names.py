@@ -36,6 +36,11 @@ GPU_LOAD_LABEL = "gpugate.io/gpu-load"
 CONGESTED_TAINT_KEY = "gpugate.io/congested"
 LOAD_TIERS: tuple[str, ...] = ("idle", "busy", "congested")
 
+# Idle GPU allocations (docs/usage.md): the pod label that opts out of any reclaim, and the
+# annotation the balancer writes where a policy's spec.idle.action is annotate.
+NO_RECLAIM_LABEL = "gpugate.io/no-reclaim"
+IDLE_ANNOTATION = "gpugate.io/idle"
+
 # Profiles of the second scheduler (manifests/scheduler/scheduler-config.yaml).
 EXTENDER_SCHEDULER_NAME = "gpugate"
 """The profile with kube-scheduler's default plugins plus the balancer's extender."""
@@ -94,3 +99,13 @@ RIGHTSIZED_TEMPLATE_PREFIX = "gpugate-rightsized-"
 DRA_SHARE_SELECTOR = "device.allowMultipleAllocations == true"
 """A device that can be shared by capacity (the driver's ConsumableShares)."""
 
+
+# Health quarantine (webhook/balancer/quarantine*.py, docs/health.md).
+UNHEALTHY_TAINT_KEY = "gpugate.io/gpu-unhealthy"
+"""On a quarantined device (DeviceTaintRule) or, under the device plugin, on its node."""
+HEALTH_LEDGER = "gpugate-health"
+"""The ConfigMap in the balancer's namespace holding every quarantine, its history and operator releases."""
+DRA_XID_TAINT_KEY = "gpu.nvidia.com/xid"
+"""NVIDIA's DRA driver taints a device with this key, the XID as value (``device_health.go``)."""
+DRA_GPU_LOST_TAINT_KEY = "gpu.nvidia.com/gpu-lost"
+"""...and with this one when NVML loses the GPU."""

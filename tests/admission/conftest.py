@@ -1,25 +1,5 @@
-"""Fixtures for the admission tests; the server harness itself is in ``harness`` (pytest-free)."""
+"""Fixtures for the admission tests that drive a real server: the server tests' own (``tests/server``)."""
 
-from __future__ import annotations
+from tests.server.conftest import module_tmp, server
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-from tests.admission.harness import Server, copy_policies
-
-
-@pytest.fixture(scope="module")
-def module_tmp(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
-    return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
-
-
-@pytest.fixture(scope="module")
-def server(module_tmp: Path) -> Iterator[Server]:
-    """One server per test module: self-signed certs, the repository's policies, 2 workers."""
-    srv = Server(module_tmp, policies=copy_policies(module_tmp / "policies")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+__all__ = ["module_tmp", "server"]

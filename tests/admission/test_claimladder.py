@@ -118,8 +118,13 @@ class TestLadder:
         pinned = load(policy("pinned", LADDER.replace("gpu: {max: 2}", "gpu: {max: 2, families: [hopper]}")))
         template = made(Ask(memory_bytes=20 * GIB), pinned.policies[0].rightsizing,
                         selectors=dra.required_selectors(pinned.policies[0])).template
-        verdict = dra.validate_claim(template, namespace="ml-a", policies=pinned)
+        _, stored = shaped(asking("20Gi"), pinned)
+        naming = dra.ClaimContext(naming=((stored, {}),))
+        verdict = dra.validate_claim(template, namespace="ml-a", policies=pinned, context=naming)
         assert verdict.allowed, verdict.reasons
+        # Without a pod that names it and recomputes to it, the balancer's create is refused.
+        alone = dra.validate_claim(template, namespace="ml-a", policies=pinned)
+        assert not alone.allowed and "no pod that names it recomputes to exactly it" in alone.message
         # Through the API the webhook shapes the template too: only its policy annotation is added.
         patch = dra.mutate_claim(template, namespace="ml-a", policies=pinned).patch
         assert patch and all(op["path"].startswith("/metadata") for op in patch), patch
@@ -218,3 +223,21 @@ def test_any_ask_patch_applies_strict_valid_idempotent_and_keeps_the_users_field
     assert validation.validate(stored, namespace="ml-a", policies=POLICIES).allowed
     kubernetes_validate.validate(copy.deepcopy(stored), KUBERNETES_VERSION, strict=True)
     kubernetes_validate.validate(copy.deepcopy(expected.template), KUBERNETES_VERSION, strict=True)
+
+
+def test_the_template_as_the_api_server_hands_it_to_admission_still_recomputes() -> None:
+    """The API server adds metadata and writes an empty ``spec.metadata`` (Go's encoding of an empty
+    ObjectMeta); a template carrying claim metadata of its own is not what right-sizing wrote."""
+    from webhook.admission import rightsizedtemplate
+
+    _, stored = shaped(asking("20Gi"))
+    template = rightsizedclaims.wanted(stored)
+    assert template is not None
+    served = copy.deepcopy(template)
+    served["metadata"].update(namespace="ml-a", uid="u", creationTimestamp="2026-12-07T00:00:00Z",
+                              annotations={names.POLICY_ANNOTATION: "serving@x"})
+    served["spec"]["metadata"] = {}
+    policy_ = POLICIES.policies[0]
+    assert rightsizedtemplate.recomputes_to(stored, policy_, served)
+    served["spec"]["metadata"] = {"labels": {"gpugate.io/profile": "training"}}
+    assert not rightsizedtemplate.recomputes_to(stored, policy_, served)

@@ -17,7 +17,7 @@ from tests.kubeversion import KUBERNETES_VERSION
 from tests.policy.kit import container, load, pod, policy
 from webhook import names
 from webhook.admission import chain, dra, validation
-from webhook.kube import claims
+from webhook.kube import claims, units
 from webhook.policy import PolicySet
 
 
@@ -134,19 +134,56 @@ def test_a_pod_over_max_through_the_claims_it_references_is_refused() -> None:
     four = claims.parse(template(exactly(count=4), name="four"))
     p = pod(container("trainer"))
     p["spec"]["resourceClaims"] = [{"name": "a", "resourceClaimTemplateName": "four"},
-                                   {"name": "b", "resourceClaimTemplateName": "four"},
-                                   {"name": "c", "resourceClaimName": "unknown"}]
-    p["spec"]["containers"][0]["resources"] = {"claims": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}
+                                   {"name": "b", "resourceClaimTemplateName": "four"}]
+    p["spec"]["containers"][0]["resources"] = {"claims": [{"name": "a"}, {"name": "b"}]}
     p["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
     resolved = {("ResourceClaimTemplate", "four"): four}
     result = dra.validate_pod_claims(p, namespace="ml-team", policies=POLICIES, resolved=resolved)
     assert not result.allowed
+    # What was counted, by the names the pod itself wrote: never what a referenced object asks.
     assert result.message == (
-        f"pod 'pod-1' in namespace 'ml-team' holds up to 9 GPU devices (claim 'a' (ResourceClaimTemplate four) asks "
-        f"up to 4; claim 'b' (ResourceClaimTemplate four) asks up to 4 and 1 nvidia.com/gpu of its containers); "
-        f"policy training@{POLICIES.revision} allows 8 per pod. Reference fewer or smaller claims, or split the job "
-        f"into several pods")
-    assert dra.validate_pod_claims(p, namespace="ml-team", policies=POLICIES, resolved={}).allowed
+        f"pod 'pod-1' in namespace 'ml-team' asks more than 8 GPUs in all (container 'trainer' nvidia.com/gpu: 1; "
+        f"the ResourceClaims and templates its claims 'a', 'b' name, counted by their devices and capacity); "
+        f"policy training@{POLICIES.revision} allows 8 per pod. Reference fewer or smaller claims, or split the "
+        f"job into several pods")
+    assert "four" not in result.message and "4" not in result.message
+    p["spec"]["containers"][0]["resources"]["limits"] = {}
+    assert dra.validate_pod_claims(p, namespace="ml-team", policies=POLICIES, resolved=resolved).allowed
+
+
+def test_a_pod_naming_a_claim_that_cannot_be_read_is_refused_at_creation() -> None:
+    """A claim created after the pod that names it would never be counted with the pod: such a pod
+    is refused, and the message reads the same whether the claim is absent or could not be read."""
+    p = pod(container("trainer"))
+    p["spec"]["resourceClaims"] = [{"name": "c", "resourceClaimName": "later"}]
+    result = dra.validate_pod_claims(p, namespace="ml-team", policies=POLICIES, resolved={})
+    assert not result.allowed
+    assert result.message == (
+        "pod 'pod-1' in namespace 'ml-team': its claim 'c' names ResourceClaim 'later', which gpugate could not "
+        "read (it does not exist yet, or reading it failed), so its GPUs cannot be counted. Create claims and "
+        "templates before the pods that use them")
+
+
+def test_max_counts_claims_in_gpu_units_by_their_devices_and_capacity() -> None:
+    """A MIG device pinned by its profile is g/7 of a GPU; a share of a device that allows several
+    allocations is its memory over the least memory its selectors allow; else a device is one GPU."""
+    slices = claims.parse(template(exactly(cls="mig.nvidia.com", count=7, selectors=[{"cel": {"expression": (
+        'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].profile == "1g.10gb"')}}]),
+        name="slices"))
+    share = claims.parse(template(exactly(count=2, selectors=[
+        {"cel": {"expression": names.DRA_SHARE_SELECTOR}},
+        {"cel": {"expression": claims.memory_selector(40960)}}], capacity={"requests": {"memory": "20Gi"}}),
+        name="share"))
+    unpinned = claims.parse(template(exactly(cls="mig.nvidia.com", count=2), name="unpinned"))
+    gpus = units.gpu_names()
+    assert units.claim_units(slices, gpus) == 1
+    assert units.claim_units(share, gpus) == 1  # two halves
+    assert units.claim_units(unpinned, gpus) == 2  # a MIG device of no known profile: at most a GPU each
+    # A selector that only looks like a pin (a string holding "&&") proves nothing.
+    tricked = claims.parse(template(exactly(cls="gpu.nvidia.com", count=2, selectors=[{"cel": {"expression": (
+        "device.attributes[\"x\"].s == r'a && device.attributes[\"gpu.nvidia.com\"].profile == \"1g.10gb\" && b'")}}]),
+        name="tricked"))
+    assert units.claim_units(tricked, gpus) == 2
 
 
 def test_a_pod_using_a_gpu_claim_in_a_web_namespace_meets_the_deny_rule() -> None:
@@ -217,14 +254,92 @@ def scheduler_made(count: int = 6, **changes: Any) -> dict[str, Any]:
     return claim
 
 
+def owner_pod(count: int = 6, *, uid: str = "u-1", resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+    p = pod(container("main", limits={resource: str(count)}), name="mapped")
+    p["metadata"]["uid"] = uid
+    return p
+
+
 def test_a_claim_kube_scheduler_made_for_a_pods_extended_resources_is_judged_by_its_pod() -> None:
     """Over training's max per claim and with no product selector, yet allowed and left as it is: the
     pod's nvidia.com/gpu was judged when it was admitted, and kube-scheduler allocated it already."""
     document = scheduler_made(count=9)
+    owner = dra.ClaimContext(owner=owner_pod(9))
     assert claims.parse(document).scheduler_made
     assert dra.mutate_claim(document, namespace="ml-team", policies=POLICIES).patch == ()
-    assert dra.validate_claim(document, namespace="ml-team", policies=POLICIES).allowed
-    assert dra.validate_claim(document, namespace="web-a", policies=POLICIES).allowed  # its pod was judged there
+    assert dra.validate_claim(document, namespace="ml-team", policies=POLICIES, context=owner).allowed
+    assert dra.validate_claim(document, namespace="web-a", policies=POLICIES, context=owner).allowed
+
+
+@pytest.mark.parametrize("owner", [
+    None,
+    owner_pod(9, uid="u-2"),
+    owner_pod(2),
+    owner_pod(9, resource="deviceclass.resource.kubernetes.io/mig.nvidia.com"),
+], ids=["no such pod", "another uid", "the pod asks fewer", "the pod asks another class"])
+def test_a_claim_in_the_schedulers_shape_is_trusted_only_as_what_its_pod_asks(owner: dict[str, Any] | None) -> None:
+    """Owner references are not authenticated: unless the pod exists with that UID and asks exactly
+    those devices, the claim is judged as a user's claim (here over max, and denied in web)."""
+    document = scheduler_made(count=9)
+    context = dra.ClaimContext(owner=owner)
+    assert not dra.validate_claim(document, namespace="ml-team", policies=POLICIES, context=context).allowed
+    web = dra.validate_claim(document, namespace="web-a", policies=POLICIES, context=context)
+    assert not web.allowed and "GPUs are not available in web namespaces" in web.message
+
+
+def generated(count: int, *, entry: str = "gpus", uid: str = "u-1") -> dict[str, Any]:
+    """A claim as the resourceclaim controller makes it from a pod's template (e2e-observed shape)."""
+    shaped = [{"cel": {"expression": e}} for e in (claims.product_selector(("NVIDIA-H100-80GB-HBM3",)),
+                                                    claims.memory_selector(40000))]
+    claim = resource_claim(exactly(count=count, selectors=shaped), name="trainer-gpus-x7k2p")
+    claim["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": entry}
+    claim["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": uid,
+                                             "controller": True, "blockOwnerDeletion": True}]
+    return claim
+
+
+def template_pod(own_gpus: int = 0) -> dict[str, Any]:
+    p = pod(container("trainer", gpus=own_gpus or None), name="trainer")
+    p["metadata"]["uid"] = "u-1"
+    p["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "small"}]
+    return p
+
+
+@pytest.mark.parametrize(("count", "own", "allowed"), [(2, 1, True), (9, 0, False), (2, 7, False)])
+def test_a_claim_made_from_a_template_is_judged_with_its_pod(count: int, own: int, allowed: bool) -> None:
+    """The controller copies the template as it is when it makes the claim: the claim, not the
+    template the pod was admitted with, is what the pod gets, so it is judged with the pod."""
+    context = dra.ClaimContext(owner=template_pod(own))
+    result = dra.validate_claim(generated(count), namespace="ml-team", policies=POLICIES, context=context)
+    assert result.allowed is allowed, result.reasons
+    if not allowed:
+        assert "the pod it is made for would then hold GPUs its policy does not allow" in result.message \
+            or "allows 8" in result.message
+
+
+def test_a_claim_whose_owner_is_another_pod_is_judged_as_a_users_claim() -> None:
+    context = dra.ClaimContext(owner=template_pod())
+    forged = generated(2, uid="u-other")
+    web = dra.validate_claim(forged, namespace="web-a", policies=POLICIES, context=context)
+    assert not web.allowed and "GPUs are not available in web namespaces" in web.message
+
+
+@pytest.mark.parametrize(("count", "allowed"), [(7, True), (8, False)])
+def test_a_claim_created_after_the_pods_that_name_it_is_judged_with_them(count: int, allowed: bool) -> None:
+    """Delete a claim a pod names and create it again larger: the pod already asks one GPU of its
+    own, so 8 more is over training's max of 8 per pod. The message names no pod."""
+    naming = pod(container("trainer", gpus=1), name="secret-pod")
+    naming["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimName": "gpus"}]
+    context = dra.ClaimContext(naming=((naming, {}),))
+    claim = resource_claim(exactly(count=count, selectors=[{"cel": {"expression": e}} for e in (
+        claims.product_selector(("NVIDIA-H100-80GB-HBM3",)), claims.memory_selector(40000))]))
+    result = dra.validate_claim(claim, namespace="ml-team", policies=POLICIES, context=context)
+    assert result.allowed is allowed, result.reasons
+    if not allowed:
+        assert result.message == (
+            "ResourceClaim 'gpus' in namespace 'ml-team': a pod that already names it would then hold GPUs its "
+            "policy does not allow (more than its max per pod, or where a deny rule forbids GPUs); delete the pods "
+            "that name it first, or create a claim they may hold")
 
 
 @pytest.mark.parametrize("changes", [
@@ -254,7 +369,7 @@ def test_a_pod_may_not_reference_a_claim_kube_scheduler_made_for_another() -> No
                                                           "name": "mapped-extended-resources-x"}})
     result = dra.validate_pod_claims(p, namespace="ml-team", policies=POLICIES,
                                      resolved={("ResourceClaim", "mapped-extended-resources-x"): made})
-    assert not result.allowed and "made by kube-scheduler for another pod's extended resources" in result.message
+    assert not result.allowed and "which only the pod kube-scheduler made it for may use" in result.message
 
 
 # --- properties: the pod rules hold for claims ---------------------------------------------------
@@ -323,3 +438,18 @@ def test_claim_mutation_applies_stays_valid_is_idempotent_and_keeps_the_authors_
     # What mutation shaped, validation accepts as far as selectors go.
     verdict_ = dra.validate_claim(patched, namespace=namespace, policies=policies)
     assert not any("outside the policy's requirement" in r for r in verdict_.reasons)
+
+
+def test_a_pod_asking_a_dra_extended_resource_name_is_shaped_as_a_gpu_pod() -> None:
+    """Tolerations and the policy's node requirements apply to ``deviceclass.resource.kubernetes.io/<class>``
+    as to ``nvidia.com/gpu`` (a taint is tolerated by its NVIDIA name only), and the gpus label adds
+    no device-plugin GPU on top of it."""
+    asking = pod(container("trainer", limits={"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2"}),
+                 labels={names.GPUS_LABEL: "4"})
+    admitted = chain.admit(asking, namespace="ml-team", policies=POLICIES)
+    assert admitted.stored is not None, admitted.reasons
+    spec = admitted.stored["spec"]
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {e["key"] for e in term["matchExpressions"]} >= {"nvidia.com/gpu.product"}
+    assert "nvidia.com/gpu" not in spec["containers"][0]["resources"]["limits"]

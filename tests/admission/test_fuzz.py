@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.admission.harness import REPO, example_pod, review_of
+from tests.server.harness import REPO, example_pod, review_of
 from webhook.admission import reviews
 
 FUZZ = settings(max_examples=int(os.environ.get("GPUGATE_FUZZ_EXAMPLES", "120")), deadline=None,

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tests.admission.harness import REPO, Server, copy_policies, review_of
+from tests.server.harness import REPO, Server, copy_policies, review_of
 from webhook.admission import reviews
 from webhook.cli import main
 from webhook.kube.inventory import Offer

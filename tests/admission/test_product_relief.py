@@ -16,6 +16,7 @@ import pytest
 from tests.policy.kit import container, load, pod, policy
 from webhook import names
 from webhook.admission import mutation, preferences
+from webhook.kube import claims
 from webhook.kube import inventory as kube_inventory
 from webhook.kube.inventory import Inventory
 
@@ -113,3 +114,25 @@ def test_the_inventory_reads_type_pressure_and_refuses_what_is_not_a_number() ->
                 '"typePressure": {"T4": true}'):
         with pytest.raises(kube_inventory.InventoryError, match="typePressure"):
             kube_inventory.parse(head + ", " + bad + "}")
+
+
+def test_a_claim_only_pod_under_a_policy_naming_products_is_pinned_as_its_twin_is() -> None:
+    """The twin asking ``nvidia.com/gpu`` gets the required ``gpu.product In`` and so no relief; the pod
+    asking through a claim is held to the products by its claim's selectors, and gets none either."""
+    pinning = load(policy("train", """
+match: {namespaces: ["ml-*"]}
+gpu: {resource: nvidia.com/gpu, products: [Tesla-V100-SXM2-16GB]}
+placement: {strategy: pack}
+"""))
+    claimed = pod(container("trainer"))
+    claimed["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
+    claimed["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "one"}]
+    one = {("ResourceClaimTemplate", "one"): claims.parse({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "one"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}})}
+    result = mutation.mutate(claimed, namespace="ml-a", policies=pinning, inventory=published(), now=NOW, resolved=one)
+    shaped = jsonpatch.apply_patch(claimed, list(result.patch))
+    terms = shaped["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms and not relief(terms)
+    assert relief(preferred(pod(container(gpus=1)), published())), "the same inventory relieves an unpinned pod"

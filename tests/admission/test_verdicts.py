@@ -8,6 +8,7 @@ import pytest
 from tests.policy.kit import container, load, pod, policy
 from webhook import names
 from webhook.admission import validation
+from webhook.kube import units
 
 NS = "ml-a"
 
@@ -40,7 +41,8 @@ class TestGpuMax:
 
     def test_the_pod_total_over_max_is_denied_even_when_each_container_fits(self):
         reason, rev = only_reason(pod(container("a", gpus=3), container("b", gpus=2), name="job-0"), MAX4)
-        assert "pod 'job-0' asks nvidia.com/gpu: 5 across its containers" in reason
+        assert ("pod 'job-0' asks 5 GPUs in all (container 'a' nvidia.com/gpu: 3; container 'b' nvidia.com/gpu: 2)"
+                in reason)
         assert f"policy capped@{rev} allows 4 per pod" in reason
         assert "Ask for 4 or fewer in total, or split the job into several pods" in reason
 
@@ -364,3 +366,44 @@ def test_a_gpus_label_too_large_to_be_a_count_is_called_too_large_not_malformed(
     result, _ = verdict(p, MAX4)
     assert not result.allowed and "asks for more GPUs than any node has" in result.message
     assert "not a whole number" not in result.message
+
+
+class TestEveryGpuName:
+    """``max`` in GPU units over every name a pod asks GPUs by: whole GPUs, MIG slices and slots as
+    their share of a GPU, and the DRA extended-resource names kube-scheduler serves through a claim."""
+
+    CLASS = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+
+    def test_the_implicit_name_of_a_gpu_class_is_counted_against_max(self):
+        reason, rev = only_reason(pod(container("t", limits={self.CLASS: "5"})), MAX4)
+        assert reason == (f"container 't' asks {self.CLASS}: 5; policy capped@{rev} allows 4. Ask for 4 or fewer, "
+                          f"or use a profile whose policy allows more")
+
+    def test_every_name_adds_up_to_the_pod_total(self):
+        reason, _ = only_reason(pod(container("a", limits={self.CLASS: "3"}), container("b", gpus=2)), MAX4)
+        assert reason.startswith(f"pod 'pod-1' asks 5 GPUs in all (container 'a' {self.CLASS}: 3; "
+                                 f"container 'b' nvidia.com/gpu: 2)")
+
+    def test_slices_and_slots_count_as_their_share_of_a_gpu(self):
+        slices = policy("slices", "gpu: {max: 1, allowedResources: [nvidia.com/mig-1g.10gb, nvidia.com/gpu.shared]}")
+        five = pod(container("a", limits={"nvidia.com/mig-1g.10gb": "5"}))
+        assert verdict(five, slices)[0].allowed  # 5/7 of a GPU
+        shared = {"nvidia.com/gpu.shared": "1"}
+        assert verdict(pod(five["spec"]["containers"][0], container("b", limits=shared)), slices)[0].allowed  # 0.96
+        over = pod(five["spec"]["containers"][0], container("b", limits=shared), container("c", limits=shared))
+        reason, _ = only_reason(over, slices)
+        assert reason.startswith("pod 'pod-1' asks 1.21 GPUs in all (container 'a' nvidia.com/mig-1g.10gb: 5 = "
+                                 "0.71 GPU; container 'b' nvidia.com/gpu.shared: 1 = 0.25 GPU; ")
+
+    def test_a_class_gpugate_does_not_know_is_judged_never_let_through(self):
+        reason, _ = only_reason(pod(container("t", limits={"deviceclass.resource.kubernetes.io/accel": "1"})), MAX4)
+        assert "the extended resource of DeviceClass accel, which gpugate does not know" in reason
+
+    def test_a_classs_own_extended_resource_name_is_a_gpu_ask_once_the_class_is_known(self):
+        mapped = units.DeviceClasses.from_documents([{"metadata": {"name": "gpu.nvidia.com"}, "spec": {
+            "extendedResourceName": "example.com/gpu", "selectors": [{"cel": {"expression": (
+                "device.driver == 'gpu.nvidia.com'")}}]}}])
+        p = pod(container("t", limits={"example.com/gpu": "8"}))
+        assert verdict(p, MAX4)[0].allowed  # not known as a GPU name without the class
+        result = validation.validate(p, namespace=NS, policies=load(MAX4), classes=mapped)
+        assert not result.allowed and "asks example.com/gpu: 8" in result.message

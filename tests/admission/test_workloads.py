@@ -12,9 +12,10 @@ import pytest
 import yaml
 from flask.testing import FlaskClient
 
-from tests.admission.harness import copy_policies
-from webhook.admission import chain, reviews, routes, workloads
+from tests.server.harness import copy_policies
+from webhook.admission import chain, reviews, workloads
 from webhook.policy import loading
+from webhook.server import routes
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = loading.load_dir(ROOT / "policies")

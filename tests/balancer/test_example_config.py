@@ -33,7 +33,8 @@ def keys_of(value: Any, prefix: str = "") -> set[str]:
 def leaves(data: dict[str, Any], prefix: str = "") -> set[str]:
     out: set[str] = set()
     for key, value in data.items():
-        out |= leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+        nested = isinstance(value, dict) and value  # an empty mapping (labels: {}) is a value, not a section
+        out |= leaves(value, f"{prefix}{key}.") if nested else {f"{prefix}{key}"}
     return out
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from tests.admission.harness import SERVICE_HOST, Server, copy_policies
+from tests.server.harness import SERVICE_HOST, Server, copy_policies
 from webhook.cli import main
 from webhook.kube import claims
 
@@ -40,7 +40,7 @@ def test_mutate_prints_the_template_with_the_policys_selectors() -> None:
 def test_validate_counts_the_templates_written_after_the_pod() -> None:
     result = run("validate", POD_WITH_TEMPLATES, "--policies", POLICIES, "-n", "ml-vision")
     assert result.exit_code == 1
-    assert "holds up to 12 GPU devices" in result.stdout and "allows 8 per pod" in result.stdout
+    assert "asks more than 8 GPUs in all" in result.stdout and "allows 8 per pod" in result.stdout
 
 
 def test_a_file_with_two_claims_judges_each(tmp_path: Path) -> None:

@@ -55,7 +55,8 @@ def test_api_server_answers_with_a_stamped_version(cluster: Cluster) -> None:
 
     assert {"default", "kube-system", "kube-node-lease"} <= names
     if cluster.plane is not None:
-        assert version.git_version == binaries.version(binaries.KUBERNETES), "binaries.py stamps the version Helm's kubeVersion checks read"
+        stamped = binaries.version(binaries.KUBERNETES)
+        assert version.git_version == stamped, "binaries.py stamps the version Helm's kubeVersion checks read"
         assert cluster.plane.get("/readyz") == (200, b"ok")
 
 

@@ -190,8 +190,8 @@ def test_a_pod_over_max_through_its_claim_templates_is_refused(
     error = denial(lambda: core.create_namespaced_pod(ml, pod))
     assert error.status == 403
     message = api_message(error)
-    assert (f"pod 'trainer' in namespace '{ml}' holds up to 12 GPU devices (claim 'a' (ResourceClaimTemplate six) "
-            f"asks up to 6; claim 'b' (ResourceClaimTemplate six) asks up to 6); policy training@") in message
+    assert (f"pod 'trainer' in namespace '{ml}' asks more than 8 GPUs in all (the ResourceClaims and templates "
+            f"its claims 'a', 'b' name, counted by their devices and capacity); policy training@") in message
     assert "allows 8 per pod" in message
     # One template's worth fits: the same pod with one claim is stored.
     pod["spec"]["resourceClaims"] = pod["spec"]["resourceClaims"][:1]
@@ -304,23 +304,28 @@ def _unschedulable(core: client.CoreV1Api, namespace: str, name: str) -> bool:
                and "cannot allocate all claims" in (c.message or "") for c in conditions)
 
 
-def test_the_webhooks_account_may_get_claims_and_templates_and_nothing_else(
+def test_the_webhooks_account_reads_claims_templates_device_classes_and_pods_and_nothing_else(
         local: Cluster, webhook_kubeconfig: Path) -> None:
     """The shipped RBAC (manifests/webhook/rbac.yaml), asked of the real RBAC authorizer as the account."""
     api = client.AuthorizationV1Api(config.new_client_from_config(config_file=str(webhook_kubeconfig)))
 
-    def allowed(verb: str, resource: str, group: str = "resource.k8s.io", name: str = "x") -> bool:
+    def allowed(verb: str, resource: str, group: str = "resource.k8s.io", name: str = "x",
+                namespace: str | None = "ml-any") -> bool:
         review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
-            resource_attributes=client.V1ResourceAttributes(namespace="ml-any", verb=verb, group=group,
+            resource_attributes=client.V1ResourceAttributes(namespace=namespace, verb=verb, group=group,
                                                             resource=resource, name=name or None)))
         return bool(api.create_self_subject_access_review(review).status.allowed)
 
-    for resource in ("resourceclaims", "resourceclaimtemplates"):
-        assert allowed("get", resource)
-        for verb in ("list", "watch", "create", "update", "delete"):
-            assert not allowed(verb, resource, name="" if verb in ("list", "watch", "create") else "x"), verb
-    assert not allowed("get", "pods", group="") and not allowed("get", "secrets", group="")
-    assert not allowed("get", "resourceslices", name="x")
+    granted = {("resource.k8s.io", "resourceclaims"): {"get"}, ("resource.k8s.io", "resourceclaimtemplates"): {"get"},
+               ("", "pods"): {"get", "list"}}
+    for (group, resource), verbs in granted.items():
+        for verb in ("get", "list", "watch", "create", "update", "delete"):
+            name = "" if verb in ("list", "watch", "create") else "x"
+            assert allowed(verb, resource, group=group, name=name) is (verb in verbs), (resource, verb)
+    for verb in ("list", "watch"):
+        assert allowed(verb, "deviceclasses", name="", namespace=None)
+    assert not allowed("create", "deviceclasses", name="", namespace=None)
+    assert not allowed("get", "secrets", group="") and not allowed("get", "resourceslices", name="x", namespace=None)
 
 
 def test_the_claim_kube_scheduler_makes_for_a_mapped_nvidia_gpu_pod_is_judged_by_its_pod(
@@ -357,7 +362,7 @@ def test_the_claim_kube_scheduler_makes_for_a_mapped_nvidia_gpu_pod_is_judged_by
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "borrower"},
             "spec": {"resourceClaims": [{"name": "g", "resourceClaimName": claim["metadata"]["name"]}],
                      "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "g"}]}}]}}))
-        assert error.status == 403 and "made by kube-scheduler" in api_message(error)
+        assert error.status == 403 and "which only the pod kube-scheduler made it for may use" in api_message(error)
     finally:
         dra_slices.unpublish(api, node)
 

@@ -66,7 +66,10 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 @pytest.fixture(scope="module")
 def server(local: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpugateServer]:
-    with shipped_webhook(local, tmp_path_factory.mktemp("rightsizing-dra"), POLICY, name="rightsizing-dra") as running:
+    # --resolve-claims, as shipped: the webhook admits a right-sized template the balancer creates only
+    # when a pod that names it recomputes to it, which needs the pods (webhook/admission/rightsizedtemplate.py).
+    with shipped_webhook(local, tmp_path_factory.mktemp("rightsizing-dra"), POLICY, name="rightsizing-dra",
+                         resolve_claims=True) as running:
         yield running
 
 

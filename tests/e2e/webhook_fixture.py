@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -423,9 +423,10 @@ def serving(server: GpugateServer) -> Iterator[GpugateServer]:
 
 @contextmanager
 def shipped_webhook(cluster: Cluster, workdir: Path, policy: str, *, name: str,
-                    inventory: Path | None = None) -> Iterator[GpugateServer]:
+                    inventory: Path | None = None, resolve_claims: bool = False) -> Iterator[GpugateServer]:
     """``gpugate serve`` with one policy (YAML text) and fresh certificates, registered as manifests/webhook
-    renders it; unregistered and stopped on the way out.
+    renders it; unregistered and stopped on the way out. ``resolve_claims``: with ``--resolve-claims``
+    and a token of the webhook's ServiceAccount under the RBAC manifests/webhook renders, as shipped.
 
     Why one helper: each e2e module that judges a policy on the real API server sets up the same
     way; only the policy, the inventory file and the log's name (``gpugate-<name>.log``) differ.
@@ -436,10 +437,31 @@ def shipped_webhook(cluster: Cluster, workdir: Path, policy: str, *, name: str,
     policies.mkdir()
     (policies / f"{name}.yaml").write_text(policy)
     certs = ServingCerts(workdir / "certs")
-    running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies, inventory=inventory,
-                            log=cluster.plane.logs / f"gpugate-{name}.log")
-    with serving(running), registered_as_shipped(cluster, running, certs):
-        yield running
+    with ExitStack() as stack:
+        extra: tuple[str, ...] = ()
+        env = None
+        if resolve_claims:
+            extra, env = ("--resolve-claims",), {"KUBECONFIG": str(stack.enter_context(webhook_account(cluster,
+                                                                                                      workdir)))}
+        running = GpugateServer(cert=certs.cert, key=certs.key, ca=certs.ca, policies=policies, inventory=inventory,
+                                log=cluster.plane.logs / f"gpugate-{name}.log", extra_args=extra, env=env)
+        with serving(running), registered_as_shipped(cluster, running, certs):
+            yield running
+
+
+@contextmanager
+def webhook_account(cluster: Cluster, workdir: Path) -> Iterator[Path]:
+    """The webhook's ServiceAccount and RBAC as manifests/webhook renders them, applied; a kubeconfig
+    with a TokenRequest token of that account (what the pod's mounted token gives it)."""
+    from tests.e2e.accounts import applied, kubeconfig_as
+
+    docs = [d for d in kustomize(ROOT / "manifests" / "webhook") if d["kind"] in WEBHOOK_RBAC_KINDS]
+    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
+    with applied(cluster, docs, account["namespace"]):
+        yield kubeconfig_as(cluster, account["name"], account["namespace"], workdir / "webhook-kubeconfig.yaml")
+
+
+WEBHOOK_RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
 
 
 def _session_members(session: int) -> list[int]:

@@ -38,10 +38,10 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "webhook+builtin-tls": (("webhook",), ("webhook/components/builtin-tls",)),
     "webhook+cert-manager": (("webhook",), ("webhook/components/cert-manager",)),
     "webhook+builtin-tls+audit": (("webhook",), ("webhook/components/builtin-tls", "webhook/components/audit")),
-    "webhook+builtin-tls+fail-closed": (("webhook",), ("webhook/components/builtin-tls",
-                                                       "webhook/components/fail-closed")),
-    "webhook+cert-manager+fail-closed": (("webhook",), ("webhook/components/cert-manager",
-                                                        "webhook/components/fail-closed")),
+    "webhook+builtin-tls+fail-open": (("webhook",), ("webhook/components/builtin-tls",
+                                                       "webhook/components/fail-open")),
+    "webhook+cert-manager+fail-open": (("webhook",), ("webhook/components/cert-manager",
+                                                        "webhook/components/fail-open")),
     # What the Argo CD Application syncs (the base composed with builtin-tls in a sibling overlay).
     "webhook-builtin-tls": (("webhook-builtin-tls",), ()),
     "balancer": (("balancer",), ()),
@@ -49,14 +49,14 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "webhook+balancer+observability": (("webhook", "balancer"), ("observability",)),
     # Everything at once: also proves no two parts define the same object.
     "all": (("webhook", "balancer", "scheduler"), ("webhook/components/builtin-tls",
-                                                   "webhook/components/fail-closed", "observability")),
+                                                   "webhook/components/fail-open", "observability")),
 }
 
 # Each component and the variant that renders it (a new component must be added here).
 COMPONENT_VARIANTS: dict[str, str] = {
     "webhook/components/builtin-tls": "webhook+builtin-tls",
     "webhook/components/cert-manager": "webhook+cert-manager",
-    "webhook/components/fail-closed": "webhook+builtin-tls+fail-closed",
+    "webhook/components/fail-open": "webhook+builtin-tls+fail-open",
     "webhook/components/audit": "webhook+builtin-tls+audit",
     "observability": "webhook+balancer+observability",
 }

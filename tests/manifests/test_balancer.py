@@ -22,7 +22,8 @@ def _grants(rules: list[dict]) -> set[tuple[str, str, str, tuple[str, ...]]]:
             for verb in rule["verbs"]}
 
 
-def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_claim_templates_its_lease_and_its_inventory() -> None:
+def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_claim_templates_its_lease_inventory_and_health(
+) -> None:
     objs = render_variant("balancer")
     cluster_role = one(objs, "ClusterRole", "gpugate-balancer")
     assert _grants(cluster_role["rules"]) == {
@@ -34,6 +35,11 @@ def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_claim_template
           for verb in ("get", "list", "watch")},
         # Right-sizing through DRA: the template a right-sized pod names, create only.
         ("resource.k8s.io", "resourceclaimtemplates", "create", ()),
+        # GPU health quarantine: its DeviceTaintRules, Events on Nodes, the Eviction API.
+        *{("resource.k8s.io", "devicetaintrules", verb, ()) for verb in ("list", "create", "update", "delete")},
+        ("", "events", "create", ()), ("", "pods/eviction", "create", ()),
+        # Idle allocations: the annotation where a policy says annotate.
+        ("", "pods", "patch", ()),
     }
     role = one(objs, "Role", "gpugate-balancer")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -41,9 +47,12 @@ def test_balancer_rbac_grants_exactly_nodes_pods_priority_classes_claim_template
         ("coordination.k8s.io", "leases", "get", ("gpugate-balancer",)),
         ("coordination.k8s.io", "leases", "update", ("gpugate-balancer",)),
         ("coordination.k8s.io", "leases", "create", ()),  # a create names no object when authorized
-        ("", "configmaps", "get", ("gpugate-inventory",)),
-        ("", "configmaps", "update", ("gpugate-inventory",)),
+        ("", "configmaps", "get", ("gpugate-inventory", "gpugate-health")),
+        ("", "configmaps", "update", ("gpugate-inventory", "gpugate-health")),
         ("", "configmaps", "create", ()),
+        # GPU health: validation pods and the claims pinning their GPU, in its own namespace.
+        ("", "pods", "create", ()), ("", "pods", "delete", ()),
+        ("resource.k8s.io", "resourceclaims", "create", ()), ("resource.k8s.io", "resourceclaims", "delete", ()),
     }
     # ...and nothing else: no other role or binding in the balancer's render.
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] in RBAC_KINDS) == [
@@ -72,16 +81,25 @@ def test_balancer_bindings_give_those_rules_to_its_service_account_only() -> Non
     assert role_binding["metadata"]["namespace"] == one(objs, "Role", "gpugate-balancer")["metadata"]["namespace"]
 
 
-def test_balancer_cannot_touch_secrets_or_delete_pods() -> None:
+def test_balancer_cannot_touch_secrets_or_delete_pods_outside_its_namespace() -> None:
     objs = render_variant("balancer")
-    rules = one(objs, "ClusterRole", "gpugate-balancer")["rules"] + one(objs, "Role", "gpugate-balancer")["rules"]
+    cluster_rules = one(objs, "ClusterRole", "gpugate-balancer")["rules"]
+    rules = cluster_rules + one(objs, "Role", "gpugate-balancer")["rules"]
     assert rule_allows(rules, verb="patch", group="", resource="nodes", name="gpu-1")
-    for verb, resource in (("get", "secrets"), ("delete", "pods"), ("patch", "pods"), ("create", "pods"),
+    # It may patch a pod (the idle annotation, where a policy says annotate) and evict one through the
+    # Eviction API, never update one; deleting and creating pods is checked per namespace below.
+    for verb, resource in (("get", "secrets"), ("update", "pods"),
                            ("update", "nodes"), ("delete", "leases"), ("update", "resourceclaims"),
                            ("create", "resourceslices"), ("list", "deviceclasses")):
         group = {"leases": "coordination.k8s.io", "resourceclaims": "resource.k8s.io", "resourceslices":
                  "resource.k8s.io", "deviceclasses": "resource.k8s.io"}.get(resource, "")
         assert not rule_allows(rules, verb=verb, group=group, resource=resource, name=None), (verb, resource)
+    # Pods and claims it makes and deletes (GPU validation) only in its own namespace: the Role's, not the
+    # ClusterRole's.
+    for verb, group, resource in (("delete", "", "pods"), ("create", "", "pods"),
+                                  ("delete", "resource.k8s.io", "resourceclaims")):
+        assert not rule_allows(cluster_rules, verb=verb, group=group, resource=resource, name=None), (verb, resource)
+    assert one(objs, "Role", "gpugate-balancer")["metadata"]["namespace"] == NAMESPACE
 
 
 def test_balancer_deployment_runs_two_replicas_with_leader_election_inputs() -> None:

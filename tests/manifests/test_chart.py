@@ -40,7 +40,7 @@ def _ids(path: Path) -> str:
 
 
 def test_every_documented_combination_is_a_ci_values_file() -> None:
-    assert {_ids(p) for p in CI_VALUES} >= {"default", "cert-manager", "fail-closed", "everything", "external-url",
+    assert {_ids(p) for p in CI_VALUES} >= {"default", "cert-manager", "fail-open", "everything", "external-url",
                                           "own-policies", "existing-policies", "webhook-only", "balancer-only", "lean"}
     readme = (CHART / "README.md").read_text()
     for path in CI_VALUES:
@@ -98,6 +98,7 @@ def test_the_chart_holds_no_copy_of_the_policies_dashboard_or_scheduler_config()
     """One home each: the chart's files/ are links into the kustomize folders and policies/."""
     files = CHART / "files"
     for name, target in (("policies", "policies"), ("dashboard.json", "manifests/observability/dashboard.json"),
+                         ("usage-rules.yaml", "manifests/observability/usage-rules.yaml"),
                          ("scheduler-config.yaml", "manifests/scheduler/scheduler-config.yaml")):
         assert (files / name).is_symlink(), f"files/{name} must be a link to {target}"
         assert (files / name).resolve() == (CHART.parents[2] / target).resolve()
@@ -107,7 +108,7 @@ def test_the_chart_holds_no_copy_of_the_policies_dashboard_or_scheduler_config()
 
 @pytest.mark.parametrize(("pair", "expected"), [
     ("webhook.replicas=two", r"webhook.*replicas.*(integer|got string)"),
-    ("webhook.failClosed=maybe", r"failClosed.*(boolean|got string)"),
+    ("webhook.failOpen=maybe", r"failOpen.*(boolean|got string)"),
     ("tls.mode=vault", r"tls.*mode.*(builtin|must be one of|value must be)"),
     ("webhook.url=http://127.0.0.1:8443", r"webhook.*url.*(pattern|does not match)"),
     ("webhook.replica=2", r"(replica.*not allowed|additional properties.*replica)"),
@@ -126,6 +127,7 @@ def test_a_wrong_value_fails_the_render_naming_the_key(pair: str, expected: str)
     (("webhook.caBundle=QUJD",), "use tls.mode external"),
     (("balancer.enabled=false", "scheduler.enabled=true"), "scheduler.enabled needs balancer.enabled"),
     (("policies.existingConfigMap=mine", "policies.files.a\\.yaml=x"), "not both"),
+    (("webhook.enabled=false", "balancer.idlePolicies=true"), "enable the webhook or set policies.existingConfigMap"),
 ])
 def test_combinations_that_cannot_work_fail_with_the_fix(pairs: tuple[str, ...], expected: str) -> None:
     result = run_helm(*template_args(sets=pairs))
@@ -168,17 +170,18 @@ def test_a_webhook_url_points_both_configurations_at_it_with_the_ca() -> None:
 
 
 def test_no_ca_bundle_is_rendered_unless_given() -> None:
-    for values in ("default", "cert-manager", "fail-closed"):
+    for values in ("default", "cert-manager", "fail-open"):
         for hook in _webhooks(render((values_file(values),))):
             assert "caBundle" not in hook["clientConfig"], (values, hook["name"])
 
 
-def test_fail_closed_switches_both_webhooks_and_the_server() -> None:
-    objects = render((values_file("fail-closed"),))
-    assert {h["failurePolicy"] for h in _webhooks(objects)} == {"Fail"}
+def test_fail_open_switches_validation_to_ignore_and_the_server() -> None:
+    objects = render((values_file("fail-open"),))
+    assert {h["failurePolicy"] for h in _webhooks(objects)} == {"Ignore"}
     [container] = one(objects, "Deployment", "gpugate-webhook")["spec"]["template"]["spec"]["containers"]
-    assert "--fail-closed" in container["args"]
-    assert {h["failurePolicy"] for h in _webhooks(render())} == {"Ignore"}
+    assert "--fail-open" in container["args"]
+    assert {h["name"]: h["failurePolicy"] for h in _webhooks(render())} == {
+        "mutate.gpugate.io": "Ignore", "validate.gpugate.io": "Fail"}
 
 
 @pytest.mark.parametrize(("values", "kinds"), [
@@ -246,6 +249,19 @@ def test_an_existing_configmap_is_mounted_and_none_is_rendered() -> None:
     volumes = one(objects, "Deployment", "gpugate-webhook")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "policies", "configMap": {"name": "team-gpu-policies"}} in volumes
     assert _policy_checksum(objects) is None
+
+
+@pytest.mark.parametrize(("sets", "configmap"), [(("balancer.idlePolicies=true",), "gpugate-policies"),
+                                                 (("balancer.idlePolicies=true", "policies.existingConfigMap=team"),
+                                                  "team")])
+def test_idle_policies_mount_the_webhooks_policies_into_the_balancer(sets: tuple[str, ...], configmap: str) -> None:
+    """A policy's spec.idle annotate or evict applies only where the balancer reads the policies."""
+    balancer = one(render(sets=sets), "Deployment", "gpugate-balancer")["spec"]["template"]["spec"]
+    [container] = balancer["containers"]
+    assert "--usage" in container["args"] and "--policies=/etc/gpugate/policies" in container["args"]
+    assert {"name": "policies", "configMap": {"name": configmap}} in balancer["volumes"]
+    default = one(render(), "Deployment", "gpugate-balancer")["spec"]["template"]["spec"]
+    assert not any(a.startswith("--policies") for a in default["containers"][0]["args"])
 
 
 # -- helm test -------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ CHART_HASHED = re.compile(r"^(gpugate-certs|gpugate-balancer-certs)-[0-9a-f]{8}$
 COMPARISONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "default": (("webhook-builtin-tls", "balancer"), ()),
     "cert-manager": (("webhook", "balancer"), ("webhook/components/cert-manager",)),
-    "fail-closed": (("webhook", "balancer"), ("webhook/components/builtin-tls", "webhook/components/fail-closed")),
+    "fail-open": (("webhook", "balancer"), ("webhook/components/builtin-tls", "webhook/components/fail-open")),
     "everything": (("webhook-builtin-tls", "balancer", "scheduler"), ("observability",)),
 }
 

@@ -77,10 +77,14 @@ def test_dashboard_configmap_is_labelled_for_the_grafana_sidecar() -> None:
 def test_every_balancer_series_the_dashboard_reads_exists() -> None:
     from prometheus_client import CollectorRegistry
 
+    from webhook.balancer.idlereclaim import IdleMetrics
     from webhook.balancer.metrics import Metrics
+    from webhook.balancer.usagesource import UsageSource
 
     registry = CollectorRegistry()
     Metrics(registry)
+    IdleMetrics(registry)
+    registry.register(UsageSource(None, None, ready=lambda: False))  # type: ignore[arg-type]  # never read unready
     known = {family.name + ("_total" if family.type == "counter" else "") for family in registry.collect()}
     known |= {family.name + suffix for family in registry.collect() if family.type == "histogram"
               for suffix in ("_bucket", "_count", "_sum")}

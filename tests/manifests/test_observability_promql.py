@@ -121,6 +121,25 @@ SERIES: list[tuple[str, str]] = [
       for state, n in (("pending", 3), ("available", 1), ("in_progress", 2), ("done", 5), ("failed", 1))],
     (f"gpu_operator_reconciliation_status{{{OPERATOR}}}", "1+0x80"),
     (f"gpu_operator_driver_auto_upgrade_enabled{{{OPERATOR}}}", "1+0x80"),
+    # Idle allocations: the leader's last look (b-2, a standby, exports none) and its writes; it
+    # paused for Prometheus at its last look, b-2 for being a standby.
+    (f'gpugate_balancer_idle_gpus{{pod_namespace="team-a",owner_kind="StatefulSet",owner_name="notebook",{B1}}}',
+     "1+0x80"),
+    (f'gpugate_balancer_idle_gpus{{pod_namespace="team-b",owner_kind="Deployment",owner_name="infer",{B1}}}',
+     "2.5+0x80"),
+    (f'gpugate_balancer_idle_actions_total{{action="evict",result="ok",{B1}}}', "0+0.25x80"),
+    (f'gpugate_balancer_idle_actions_total{{action="event",result="ok",{B1}}}', "0+0.5x80"),
+    *[(f'gpugate_balancer_idle_paused{{reason="{r}",{b}}}', f"{int(on)}+0x80")
+      for b, paused in ((B1, "prometheus"), (B2, "standby")) for r in ("standby", "prometheus", "dry_run")
+      for on in (r == paused,)],
+    # The gpugate-usage recording rules' series (evaluated themselves in tests/usage/test_usage_rules.py).
+    *[(f'owner:gpugate_gpu_{m}:gpus{{pod_namespace="team-a",owner_kind="{k}",owner_name="{o}",kind="whole"}}',
+       f"{v}+0x80")
+      for m, k, o, v in (("allocated", "Deployment", "train", 4), ("allocated", "StatefulSet", "notebook", 1),
+                         ("used", "Deployment", "train", 3.25), ("used", "StatefulSet", "notebook", 0.25),
+                         ("idle", "Deployment", "train", 0.75), ("idle", "StatefulSet", "notebook", 0.75))],
+    *[(f'node:gpugate_gpu_{m}:gpus{{node="n-whole"}}', f"{v}+0x80")
+      for m, v in (("allocated", 5), ("unallocated", 3), ("physical", 8))],
 ]
 
 BY_POLICY = '{{policy="train@r1",result="{}"}}'
@@ -130,6 +149,10 @@ n-spell's one GPU under two spellings is one GPU (the mean of both)."""
 TIERED = {**DCGM_NODES, "n-old": 0.55}
 TIERS = {"n-whole": "idle", "n-mixed": "idle", "n-spell": "busy", "n-old": "busy"}
 PER_NODE = [(f'{{label_gpugate_io_gpu_load="{TIERS[n]}",node="{n}"}}', v) for n, v in TIERED.items()]
+
+IDLE_BY_OWNER = [('{pod_namespace="team-b",owner_kind="Deployment",owner_name="infer"}', 2.5),
+                 ('{pod_namespace="team-a",owner_kind="StatefulSet",owner_name="notebook"}', 1)]
+"""The leader's idle GPUs by owner, largest first (the panel sorts them)."""
 
 EXPECTED: dict[tuple[int, str], list[tuple[str, float]]] = {
     (2, "A"): [(BY_POLICY.format("allowed"), 3), (BY_POLICY.format("denied"), 0.2)],
@@ -167,6 +190,11 @@ EXPECTED: dict[tuple[int, str], list[tuple[str, float]]] = {
     (905, "A"): [("{}", 1)],
     (906, "A"): [("{}", 1)],
     (906, "B"): [("{}", 1)],
+    (402, "A"): IDLE_BY_OWNER,
+    **{(403, ref): [('{pod_namespace="team-a"}', gpus)] for ref, gpus in zip("ABC", (5, 3.5, 1.5), strict=True)},
+    **{(404, ref): [("{}", gpus)] for ref, gpus in zip("ABC", (5, 3, 8), strict=True)},  # allocated, unallocated, all
+    (405, "A"): [('{action="evict",result="ok"}', 1), ('{action="event",result="ok"}', 2)],
+    (405, "B"): [('{reason="prometheus"}', 1)],  # the leader's reason only
 }
 
 BALANCER_QUERIES = [

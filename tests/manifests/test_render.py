@@ -67,7 +67,7 @@ def test_builtin_objects_pass_strict_validation_for_1_33(variant: str) -> None:
     assert manifestcheck.validate_objects(builtins, kubernetes_version=KUBERNETES_VERSION, schema_root=None) == []
 
 
-CR_VARIANTS = ["webhook+cert-manager", "webhook+cert-manager+fail-closed", "webhook+balancer+observability", "all"]
+CR_VARIANTS = ["webhook+cert-manager", "webhook+cert-manager+fail-open", "webhook+balancer+observability", "all"]
 
 
 @pytest.mark.parametrize("variant", CR_VARIANTS)
@@ -87,7 +87,7 @@ def test_cert_manager_variant_carries_the_issuers_and_certificates() -> None:
 
 
 @pytest.mark.parametrize("components", [["components/builtin-tls"],
-                                        ["components/cert-manager", "components/fail-closed"]])
+                                        ["components/cert-manager", "components/fail-open"]])
 def test_components_render_when_listed_in_the_base_itself(tmp_path: Path, components: list[str]) -> None:
     """Argo CD's spec.source.kustomize.components adds them to manifests/webhook's own kustomization."""
     copy = tmp_path / "manifests/webhook"

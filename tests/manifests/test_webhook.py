@@ -21,7 +21,7 @@ from tests.manifests.helpers import (
     render_variant,
     rule_allows,
 )
-from webhook.admission import routes, serving
+from webhook.server import routes, serving
 from webhook.stack import manifestcheck
 
 WEBHOOK_VARIANTS = sorted(v for v, (resources, _) in VARIANTS.items() if "webhook" in resources)
@@ -59,7 +59,9 @@ def _hooks(objs):
 def _server_routes() -> set[tuple[str, str]]:
     app = Flask("routes-only")
     app.register_blueprint(routes.blueprint)
-    return {(rule.rule, method) for rule in app.url_map.iter_rules() for method in rule.methods}
+    flask_routes = {(rule.rule, method) for rule in app.url_map.iter_rules() for method in rule.methods}
+    # The two admission paths are answered in front of Flask (routes.admission_wsgi), POST only.
+    return flask_routes | {(path, "POST") for path in routes.ADMISSION_ENDPOINTS}
 
 
 # --- caBundle and TLS ------------------------------------------------------------------------------
@@ -206,19 +208,21 @@ def test_webhook_registration_fields() -> None:
         assert hook["sideEffects"] == "None"
         assert hook["timeoutSeconds"] == 5
         assert hook["matchPolicy"] == "Equivalent"
-        assert hook["failurePolicy"] == "Ignore"
+        # Mutation is defaulting and fails open; validation fails closed (docs/server.md).
+        assert hook["failurePolicy"] == ("Ignore" if kind == "MutatingWebhookConfiguration" else "Fail")
         if kind == "MutatingWebhookConfiguration":
             assert hook["reinvocationPolicy"] == "IfNeeded"
 
 
-def test_fail_closed_component_switches_both_to_fail_and_the_server_flag() -> None:
-    objs = render_variant("webhook+builtin-tls+fail-closed")
-    assert {hook["failurePolicy"] for _, hook in _hooks(objs)} == {"Fail"}
-    assert "--fail-closed" in _container(objs)["args"]
-    assert _deployment(objs)["spec"]["replicas"] >= 3
-    readme = (MANIFESTS / "webhook/components/fail-closed/README.md").read_text()
-    assert "Trade-off" in (MANIFESTS / "webhook/components/fail-closed/kustomization.yaml").read_text()
-    assert "break-glass" in readme
+def test_fail_open_component_switches_validation_to_ignore_and_the_server_flag() -> None:
+    objs = render_variant("webhook+builtin-tls+fail-open")
+    assert {hook["failurePolicy"] for _, hook in _hooks(objs)} == {"Ignore"}
+    assert "--fail-open" in _container(objs)["args"]
+    assert "--fail-open" not in _container(render_variant("webhook+builtin-tls"))["args"]
+    assert _deployment(objs)["spec"]["replicas"] >= 2
+    readme = (MANIFESTS / "webhook/components/fail-open/README.md").read_text()
+    assert "Trade-off" in (MANIFESTS / "webhook/components/fail-open/kustomization.yaml").read_text()
+    assert "The risk" in readme
 
 
 # --- the Deployment ---------------------------------------------------------------------------------
@@ -256,9 +260,11 @@ def test_probes_use_https_on_8443_with_the_servers_paths() -> None:
         assert (path, "GET") in routes
 
 
-def test_the_webhooks_token_may_only_get_claims_and_templates() -> None:
-    """--resolve-claims needs a token; it GETs the ResourceClaims and templates a pod references and
-    nothing else. Other pods of the account get no token."""
+def test_the_webhooks_token_may_only_read_claims_templates_device_classes_and_pods() -> None:
+    """--resolve-claims needs a token: it GETs the ResourceClaims and templates a pod references,
+    lists and watches DeviceClasses (their extended-resource names are GPU asks), and gets and lists
+    pods (a new claim is judged with the pods it serves); it writes nothing and reads nothing else.
+    Other pods of the account get no token."""
     objs = render_variant("webhook")
     account = one(objs, "ServiceAccount", "gpugate-webhook")
     assert account["automountServiceAccountToken"] is False
@@ -270,12 +276,14 @@ def test_the_webhooks_token_may_only_get_claims_and_templates() -> None:
     assert [(b["kind"], b["roleRef"]["name"]) for b in bindings] == [("ClusterRoleBinding", "gpugate-webhook-claims")]
     assert bindings[0]["subjects"][0]["namespace"] == account["metadata"]["namespace"]
     rules = one(objs, "ClusterRole", "gpugate-webhook-claims")["rules"]
-    for resource in ("resourceclaims", "resourceclaimtemplates"):
-        assert rule_allows(rules, verb="get", group="resource.k8s.io", resource=resource, name="x")
-        for verb in ("list", "watch", "create", "update", "patch", "delete"):
-            assert not rule_allows(rules, verb=verb, group="resource.k8s.io", resource=resource, name=None)
-    for group, resource in (("", "pods"), ("", "secrets"), ("resource.k8s.io", "resourceslices"),
-                            ("resource.k8s.io", "deviceclasses")):
+    reads = {("resource.k8s.io", "resourceclaims"): {"get"}, ("resource.k8s.io", "resourceclaimtemplates"): {"get"},
+             ("resource.k8s.io", "deviceclasses"): {"list", "watch"}, ("", "pods"): {"get", "list"}}
+    for (group, resource), verbs in reads.items():
+        for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+            granted = rule_allows(rules, verb=verb, group=group, resource=resource,
+                                  name="x" if verb in ("get", "update", "patch", "delete") else None)
+            assert granted is (verb in verbs), (group, resource, verb)
+    for group, resource in (("", "secrets"), ("resource.k8s.io", "resourceslices"), ("", "pods/status")):
         assert not rule_allows(rules, verb="get", group=group, resource=resource, name="x")
 
 

@@ -165,9 +165,21 @@ def test_deployment_args_serve_the_probes_over_tls_and_metrics_in_plaintext(tmp_
     rules = [rule for role in find(objs, "ClusterRole") for rule in role["rules"]
              if any(b["roleRef"]["name"] == role["metadata"]["name"] and b["subjects"][0]["name"] == "gpugate-webhook"
                     for b in find(objs, "ClusterRoleBinding"))]
-    made = [(r.method, r.path) for r in fake_kube.requests]
-    assert ("GET", "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates/two-gpus") in made
-    for method, path in made:
-        *_, resource, name = path.strip("/").split("/")
-        assert method == "GET" and rule_allows(rules, verb="get", group="resource.k8s.io", resource=resource,
-                                               name=name), f"{method} {path} is not granted to gpugate-webhook"
+    made = [(r.method, r.path, r.query) for r in fake_kube.requests]
+    assert ("GET", "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates/two-gpus") in [
+        (method, path) for method, path, _ in made]
+    assert any(path == "/apis/resource.k8s.io/v1/deviceclasses" for _, path, _ in made)  # the classes' watch
+    for method, path, query in made:
+        group, resource, name = _target(path)
+        verb = "get" if name else "watch" if query.get("watch") in ("true", "1") else "list"
+        assert method == "GET" and rule_allows(rules, verb=verb, group=group, resource=resource, name=name), \
+            f"{method} {path} is not granted to gpugate-webhook"
+
+
+def _target(path: str) -> tuple[str, str, str | None]:
+    """(API group, resource, name or None) of a request path (``/api/v1/...`` or ``/apis/g/v/...``)."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    return group, rest[0], rest[1] if len(rest) > 1 else None

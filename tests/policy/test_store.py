@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.harness import REPO
+from tests.server.harness import REPO
 from webhook.policy import loading, parsing
 from webhook.policy.store import PolicyStore, folder_digest
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.admission.harness import free_port
 from tests.dcgmexporter import Device, Exporter, Reading
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from tests.promserver import Prometheus
+from tests.server.harness import free_port
 from tests.stack.conftest import commit_all, git, snapshot
 from tests.stack.test_canary import DRIVER, OLD, canary_upgraded, labelled
 from webhook.cli import main

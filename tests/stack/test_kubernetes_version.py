@@ -31,11 +31,14 @@ def test_stack_yaml_names_the_minor_the_e2e_control_plane_is_built_at():
         f"(`gpugate stack upgrade --operator <current> --kubernetes 1.{minor}`)")
 
 
-def test_stack_yaml_kubernetes_is_inside_the_pinned_operators_supported_range():
+def test_stack_yaml_kubernetes_is_accepted_by_the_pinned_operators_range_check():
+    """Inside NVIDIA's listed range, or newer with the warning `gpugate stack` prints (never older)."""
     stack = manifests.load_stack(REPO)
     release = matrix_data.load().release(stack.operator_version)
     check = compat.check_kubernetes(release, stack.kubernetes_minor)  # the check `gpugate stack` runs
     assert check.ok, check.reason
+    assert stack.kubernetes_minor >= release.kubernetes_min
+    assert bool(check.warning) is (stack.kubernetes_minor > release.kubernetes_max), check.reason
 
 
 def test_the_e2e_control_plane_is_inside_the_pinned_operators_supported_range():

@@ -1,1 +1,1 @@
-"""The admission webhook: AdmissionReview codec, the mutation and validation core, the server."""
+"""The admission core: the AdmissionReview codec, mutation and validation, pure (the server is ``webhook.server``)."""

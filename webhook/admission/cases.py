@@ -32,11 +32,12 @@ import jsonpatch
 import yaml
 
 from webhook import names
-from webhook.admission import chain, dra, inventoryfile
+from webhook.admission import chain, dra
 from webhook.errors import InputError
 from webhook.kube.documents import read_admission_file, read_one
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, loading
+from webhook.server import inventoryfile
 
 CASE_FILE = "case.yaml"
 

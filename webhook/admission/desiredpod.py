@@ -15,8 +15,10 @@ from typing import Any
 
 from webhook.admission import patches
 from webhook.errors import InputError
-from webhook.kube import pods
+from webhook.kube import demand as kube_demand
+from webhook.kube import pods, units
 from webhook.kube.inventory import EMPTY, Inventory
+from webhook.kube.resources import is_gpu_resource
 from webhook.policy.model import GPUPolicy, PolicyRef
 
 Pod = pods.Pod
@@ -36,6 +38,8 @@ class StepContext:
     None when it asks no GPU through a claim that was read."""
     claims_unread: bool = False
     """The pod references claims the caller did not read: they may hold GPUs (no default is added)."""
+    gpus: units.GpuNames = field(default_factory=units.GpuNames)
+    """Which resource names are GPU asks (the DRA extended-resource names of the cluster's classes too)."""
     _requested: frozenset[str] | None = None
     _owned: set[int] = field(default_factory=set)
     """ids of the desired pod's containers copied for writing (see ``own``)."""
@@ -49,8 +53,12 @@ class StepContext:
         Requests are written only through ``set_request``, which forgets the answer.
         """
         if self._requested is None:
-            self._requested = frozenset(pods.requested_gpu_resources(pod))
+            self._requested = kube_demand.gpu_resource_names(pod, self.gpus)
         return self._requested
+
+    def dra_named(self, pod: Pod) -> frozenset[str]:
+        """The GPU resources the pod asks under a DRA extended-resource name (not the device plugin's)."""
+        return frozenset(r for r in self.requested(pod) if not is_gpu_resource(r))
 
     def set_request(self, pod: Pod, container: dict[str, Any], section: str, resource: str,
                     value: Any) -> dict[str, Any]:

@@ -17,15 +17,16 @@ an ask without it (a sub-request the author added, a second request) could land 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from webhook import names
-from webhook.admission import patches
+from webhook.admission import patches, podclaims, rightsizedtemplate
 from webhook.admission.claimladder import required_selectors
 from webhook.admission.mutation import governed_classes
 from webhook.admission.results import Mutation, Verdict
-from webhook.admission.validation import allowed_resources, deny_rule_reasons, pod_total
-from webhook.kube import claims, pods
+from webhook.admission.validation import allowed_classes, deny_rule_reasons
+from webhook.kube import claimowners, claims, pods, units
 from webhook.kube import demand as kube_demand
 from webhook.kube.claims import Claim, ClaimAsk, DeviceAsk
 from webhook.policy import PolicySet, matching
@@ -34,20 +35,6 @@ from webhook.policy.model import GPUPolicy, PolicyRef
 Resolved = kube_demand.Resolved
 """(kind, name) -> what that claim or template asks: the objects a pod references that the
 caller could read (from the same file, or the API); a reference not in it is not counted."""
-
-
-def allowed_classes(policy: GPUPolicy) -> frozenset[str]:
-    """``spec.claims.deviceClasses``, or the classes ``spec.gpu``'s resources map to: whole or shared
-    GPUs -> ``gpu.nvidia.com``, a MIG resource -> ``mig.nvidia.com``."""
-    if policy.claims.device_classes is not None:
-        return frozenset(policy.claims.device_classes)
-    resources = allowed_resources(policy)
-    out = set()
-    if resources & {names.GPU_RESOURCE, names.SHARED_GPU_RESOURCE}:
-        out.add(names.DRA_GPU_CLASS)
-    if any(r.startswith(names.MIG_RESOURCE_PREFIX) for r in resources):
-        out.add(names.DRA_MIG_CLASS)
-    return frozenset(out)
 
 
 def per_claim_limit(policy: GPUPolicy) -> int | None:
@@ -77,10 +64,11 @@ def _what(ask: ClaimAsk, governed: frozenset[str]) -> str:
 
 # --- mutation -----------------------------------------------------------------------------------
 
-def mutate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> Mutation:
+def mutate_claim(document: Claim, *, namespace: str, policies: PolicySet,
+                 classes: units.DeviceClasses = units.ASSUMED) -> Mutation:
     """The claim with the policy's CEL selectors on each governed ask and the policy annotation;
     what the author set (other selectors, counts, capacity, config) is kept. Idempotent."""
-    governed = governed_classes(policies)
+    governed = governed_classes(policies, classes)
     ask = claims.parse(document)
     if not any(a.device_class in governed for a in ask.asks()) or pods.is_skipped(_subject(document)):
         return Mutation(desired=document, patch=(), policy=None)  # gpugate.io/skip opts out of shaping only
@@ -116,20 +104,57 @@ def _annotated(document: Claim, value: str) -> Claim:
 
 # --- validation ---------------------------------------------------------------------------------
 
-def validate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> Verdict:
-    """Deny rules of every matching policy and the selected policy's claim rules."""
-    governed = governed_classes(policies)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimContext:
+    """What the caller read from the API to judge a claim with the pods it serves; empty: alone."""
+
+    owner: pods.Pod | None = None
+    """The Pod the claim names as its controlling owner, as read by name (None: none, or not found)."""
+    owner_claims: Resolved = field(default_factory=dict)
+    """The claims and templates the owner references, as read."""
+    naming: tuple[tuple[pods.Pod, Resolved], ...] = ()
+    """Live pods that reference this claim (or template) by name, each with its other claims as read."""
+
+
+def validate_claim(document: Claim, *, namespace: str, policies: PolicySet,
+                   classes: units.DeviceClasses = units.ASSUMED, context: ClaimContext | None = None) -> Verdict:
+    """Deny rules of every matching policy and the selected policy's claim rules; and, since nothing
+    is trusted by its shape, the pods the claim serves judged with it in place:
+
+    - a claim in kube-scheduler's shape whose owner pod exists with that UID and asks exactly those
+      devices through DRA-mapped extended resources was judged with its pod (which was admitted);
+      it is let through untouched, since a refusal would only fail the pod's binding for ever;
+    - a claim the resourceclaim controller made from a template, for a pod that exists with that
+      UID and names that template, is the pod's: judged under the pod's policy, with the pod;
+    - any other claim is judged on its own (its labels select the policy), and every pod that
+      already names it is judged with it (deny rules, ``max``), so creating a claim after the pod
+      that names it, or deleting and creating it again larger, gives that pod nothing its policy
+      forbids.
+    """
+    gpus = matching.gpu_names(policies, classes)
     ask = claims.parse(document)
-    if not any(a.device_class in governed for a in ask.asks()):
+    if not any(a.device_class in gpus.governed for a in ask.asks()):
         return Verdict(allowed=True)
-    if ask.scheduler_made:
-        # kube-scheduler made it for a pod's nvidia.com/gpu (extended-resource mapping) and allocated it
-        # already: the pod's request was judged when the pod was admitted (max per pod, deny rules,
-        # products as node affinity). Judged alone it would match by its labels (it has none) another
-        # policy than its pod did, and a refusal fails the pod's binding for ever (tests/e2e).
-        return Verdict(allowed=True)
-    subject = _subject(document)
+    ctx = context or ClaimContext()
     where = _describe(document, namespace)
+    key = (ask.kind, claims.display_name(document))
+    naming = _naming_pods(ctx, key, ask, where, namespace, policies, classes)
+    if ask.kind == claims.CLAIM_KIND:
+        if claimowners.made_by_scheduler_for(document, ctx.owner, classes):
+            return naming
+        entry = claimowners.generated_for(document, ctx.owner)
+        if entry is not None and ctx.owner is not None and entry.key is not None:
+            return merge(_for_owner(ask, entry.key, ctx, where, namespace, policies, classes), naming)
+    verdict = _alone(document, ask, where, namespace, policies, gpus.governed)
+    if ask.kind == claims.TEMPLATE_KIND and key[1].startswith(names.RIGHTSIZED_TEMPLATE_PREFIX):
+        verdict = merge(verdict, _rightsized(document, ctx, where, namespace, policies))
+    return merge(verdict, naming)
+
+
+def _alone(document: Claim, ask: ClaimAsk, where: str, namespace: str, policies: PolicySet,
+           governed: frozenset[str]) -> Verdict:
+    """The claim judged by the policy its own labels select: deny rules and the claim rules."""
+    subject = _subject(document)
     denials, warnings = deny_rule_reasons(subject, namespace, policies, lambda: f"{where}: {_what(ask, governed)}")
     policy = select(policies, document, namespace=namespace)
     ref = PolicyRef(policy.name, policies.revision) if policy else None
@@ -140,6 +165,57 @@ def validate_claim(document: Claim, *, namespace: str, policies: PolicySet) -> V
         else:
             denials += own
     return Verdict(allowed=not denials, reasons=tuple(denials), policy=ref, warnings=tuple(warnings))
+
+
+def _for_owner(ask: ClaimAsk, key: tuple[str, str], ctx: ClaimContext, where: str, namespace: str,
+               policies: PolicySet, classes: units.DeviceClasses) -> Verdict:
+    """A claim made from a template for its owner pod: the pod's policy's claim rules, and the pod
+    judged with this claim in the template's place."""
+    assert ctx.owner is not None
+    owner = ctx.owner
+    gpus = matching.gpu_names(policies, classes)
+    policy = matching.select(policies, owner, namespace=namespace, honor_skip=False, asks_for_gpus=True)
+    ref = PolicyRef(policy.name, policies.revision) if policy else None
+    own = claim_rules(ask, policy, ref, gpus.governed, where) if policy is not None else []
+    pod = podclaims.validate(owner, namespace=namespace, policies=policies, classes=classes,
+                             resolved=podclaims.with_claim(ctx.owner_claims, key, ask),
+                             judging=podclaims.WITH_A_NEW_CLAIM)
+    if not pod.allowed:
+        own.append(f"{where}: the pod it is made for would then hold GPUs its policy does not allow (more than "
+                   f"its max per pod, or where a deny rule forbids GPUs)")
+    if policy is not None and policy.mode == "audit":
+        return Verdict(allowed=True, policy=ref, warnings=tuple(f"audit: would deny: {r}" for r in own))
+    return Verdict(allowed=not own, reasons=tuple(own), policy=ref)
+
+
+def _naming_pods(ctx: ClaimContext, key: tuple[str, str], ask: ClaimAsk, where: str, namespace: str,
+                 policies: PolicySet, classes: units.DeviceClasses) -> Verdict:
+    """The pods that already name the claim, each judged with it (their deny rules and ``max``)."""
+    if key[0] != claims.CLAIM_KIND:
+        return Verdict(allowed=True)
+    refused = any(not podclaims.validate(pod, namespace=namespace, policies=policies, classes=classes,
+                                         resolved=podclaims.with_claim(resolved, key, ask),
+                                         judging=podclaims.WITH_A_NEW_CLAIM).allowed for pod, resolved in ctx.naming)
+    if not refused:
+        return Verdict(allowed=True)
+    # Neither which pods nor how many: the caller may not be the API server (enforcement.md).
+    return Verdict(allowed=False, reasons=(
+        f"{where}: a pod that already names it would then hold GPUs its policy does not allow (more than its "
+        f"max per pod, or where a deny rule forbids GPUs); delete the pods that name it first, or create a claim "
+        f"they may hold",))
+
+
+def _rightsized(document: Claim, ctx: ClaimContext, where: str, namespace: str, policies: PolicySet) -> Verdict:
+    """A template named like right-sizing's is admitted only as what right-sizing computed for a pod
+    that names it (``rightsizedtemplate``): the balancer creates only what gpugate itself wrote."""
+    for pod, _ in ctx.naming:
+        policy = matching.select(policies, pod, namespace=namespace, honor_skip=False, asks_for_gpus=True)
+        if rightsizedtemplate.recomputes_to(pod, policy, document):
+            return Verdict(allowed=True)
+    return Verdict(allowed=False, reasons=(
+        f"{where} is named like the templates gpugate's right-sizing writes ({names.RIGHTSIZED_TEMPLATE_PREFIX}*), "
+        f"but no pod that names it recomputes to exactly it; gpugate's balancer creates such a template for the "
+        f"pods right-sizing gave it to, and no other",))
 
 
 def claim_rules(ask: ClaimAsk, policy: GPUPolicy, ref: PolicyRef | None, governed: frozenset[str],
@@ -198,46 +274,10 @@ def _requirement(policy: GPUPolicy) -> str:
     return "; ".join(parts)
 
 
-def validate_pod_claims(pod: pods.Pod, *, namespace: str, policies: PolicySet, resolved: Resolved) -> Verdict:
-    """A pod's GPU devices through the claims it references (those in ``resolved``) plus its own
-    GPU resources, against ``max`` per pod; and deny rules, which a GPU claim triggers for the pod."""
-    governed = governed_classes(policies)
-    refs = kube_demand.claim_refs(pod)
-    held = [(ref, resolved[ref.key]) for ref in refs if ref.key is not None and ref.key in resolved
-            and any(a.device_class in governed for a in resolved[ref.key].asks())]
-    if not held:
-        return Verdict(allowed=True)
-    where = f"pod '{pods.display_name(pod)}' in namespace '{namespace}'"
-    borrowed = [ref for ref in refs if ref.key is not None and ref.key in resolved and resolved[ref.key].scheduler_made]
-    if borrowed:
-        names_ = ", ".join(f"'{ref.name}' ({ref.key[1] if ref.key else ''})" for ref in borrowed)
-        return Verdict(allowed=False, reasons=(
-            f"{where} references the ResourceClaim {names_} made by kube-scheduler for another pod's extended "
-            f"resources; only that pod may use it. Ask for nvidia.com/gpu in the pod's resources, or reference a "
-            f"claim or template of your own",))
-    through = "; ".join(f"claim '{ref.name}' ({ask.kind} {ask.name}) asks up to {ask.most_devices(governed)}"
-                        for ref, ask in held)
-    denials: list[str] = []
-    warnings: list[str] = []
-    if not pods.asks_for_gpus(pod):  # a pod asking GPUs itself meets the deny rules in validation.validate
-        denials, warnings = deny_rule_reasons(pod, namespace, policies, lambda: f"{where}: {through}")
-    policy = matching.select(policies, pod, namespace=namespace, honor_skip=False, asks_for_gpus=True)
-    ref = PolicyRef(policy.name, policies.revision) if policy else None
-    own: list[str] = []
-    if policy is not None and policy.gpu.max is not None:
-        devices = sum(ask.most_devices(governed) for _, ask in held)
-        own_resource = pod_total(pod, policy.gpu.resource)
-        if devices + own_resource > policy.gpu.max:
-            extra = f" and {own_resource} {policy.gpu.resource} of its containers" if own_resource else ""
-            own.append(f"{where} holds up to {devices + own_resource} GPU devices ({through}{extra}); policy {ref} "
-                       f"allows {policy.gpu.max} per pod. Reference fewer or smaller claims, or split the job into "
-                       f"several pods")
-    if policy is not None:
-        if policy.mode == "audit":
-            warnings += [f"audit: would deny: {r}" for r in own]
-        else:
-            denials += own
-    return Verdict(allowed=not denials, reasons=tuple(denials), policy=ref, warnings=tuple(warnings))
+def validate_pod_claims(pod: pods.Pod, *, namespace: str, policies: PolicySet, resolved: Resolved,
+                        classes: units.DeviceClasses = units.ASSUMED) -> Verdict:
+    """A pod at its creation with the claims and templates it references (``podclaims``)."""
+    return podclaims.validate(pod, namespace=namespace, policies=policies, resolved=resolved, classes=classes)
 
 
 def merge(first: Verdict, second: Verdict) -> Verdict:

@@ -19,17 +19,17 @@ from webhook.admission.preferences import add_placement_preferences, add_topolog
 from webhook.admission.requeststeps import inject_gpu_requests, right_size
 from webhook.admission.results import Mutation
 from webhook.admission.schedulingsteps import add_required_node_affinity, add_tolerations, set_scheduling_fields
-from webhook.kube import claims, pods, resources
 from webhook.kube import demand as kube_demand
+from webhook.kube import pods, resources, units
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
 
 
-def governed_classes(policies: PolicySet) -> frozenset[str]:
-    """The NVIDIA DeviceClasses and every class a policy of the set lists: asks of these are GPU asks."""
-    listed = {c for p in policies.policies for c in (p.claims.device_classes or ())}
-    return frozenset(claims.NVIDIA_DEVICE_CLASSES) | listed
+def governed_classes(policies: PolicySet, classes: units.DeviceClasses = units.ASSUMED) -> frozenset[str]:
+    """The NVIDIA DeviceClasses, every class a policy of the set lists, and every known class that
+    can select NVIDIA GPUs (``policy.matching.gpu_names``): asks of these are GPU asks."""
+    return matching.gpu_names(policies, classes).governed
 
 
 def claim_devices(pod: Pod, policies: PolicySet, resolved: kube_demand.Resolved | None) -> int | None:
@@ -50,15 +50,18 @@ def claim_devices(pod: Pod, policies: PolicySet, resolved: kube_demand.Resolved 
 
 
 def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
-           now: datetime | None = None, resolved: kube_demand.Resolved | None = None) -> Mutation:
+           now: datetime | None = None, resolved: kube_demand.Resolved | None = None,
+           classes: units.DeviceClasses = units.ASSUMED) -> Mutation:
     """The desired pod and patch under the policy that applies to ``pod`` in ``namespace``.
 
     ``inventory`` is what the cluster offers (the balancer's GPUInventory) and ``now`` the time to
     judge its age by (None: taken as fresh); both only refine choices, never cause a denial.
     ``resolved`` holds the ResourceClaims and templates the pod references that the caller read
-    (``claim_devices``): a pod asking GPUs through them is shaped as a GPU pod.
+    (``claim_devices``): a pod asking GPUs through them is shaped as a GPU pod. ``classes`` are the
+    cluster's DeviceClasses: a pod asking one's DRA extended-resource name is a GPU pod.
     """
-    requested = frozenset(pods.requested_gpu_resources(pod))
+    gpus = matching.gpu_names(policies, classes)
+    requested = kube_demand.gpu_resource_names(pod, gpus)
     through_claims = claim_devices(pod, policies, resolved)
     gpu_pod = bool(requested) or pods.labels_ask_for_gpus(pod) or through_claims is not None
     policy = matching.select(policies, pod, namespace=namespace, asks_for_gpus=gpu_pod)
@@ -77,7 +80,7 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventor
     refs = kube_demand.claim_refs(pod)
     unread = any(ref.key is not None and ref.key not in (resolved or {}) for ref in refs)
     desired, context = _settle(pod, policy, namespace, policies, inventory, now, requested=requested, gpu_pod=gpu_pod,
-                               claim_devices=through_claims, claims_unread=unread)
+                               claim_devices=through_claims, claims_unread=unread, gpus=gpus)
     ref = context.ref
     policy = context.policy
     if policy.mode == "audit":
@@ -100,8 +103,8 @@ class PolicyLoopError(RuntimeError):
 
 def _settle(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
             inventory: Inventory, now: datetime | None, *, requested: frozenset[str],
-            gpu_pod: bool, claim_devices: int | None = None, claims_unread: bool = False
-            ) -> tuple[Pod, StepContext]:
+            gpu_pod: bool, claim_devices: int | None = None, claims_unread: bool = False,
+            gpus: units.GpuNames | None = None) -> tuple[Pod, StepContext]:
     """Run the steps, then again under whichever policy matches the shaped pod, until it is stable.
 
     A gpuOnly:false policy that injects a GPU can make a higher-priority gpuOnly policy match the
@@ -120,7 +123,7 @@ def _settle(pod: Pod, policy: GPUPolicy, namespace: str, policies: PolicySet,
         desired = working_copy(pod)
         context = StepContext(policy=policy, ref=PolicyRef(policy.name, policies.revision), namespace=namespace,
                               inventory=inventory, now=now, claim_devices=claim_devices, claims_unread=claims_unread,
-                              _requested=requested)
+                              gpus=gpus or units.GpuNames(), _requested=requested)
         if given is not None:
             _carry_gpu_requests(given, desired, context)
         for step in STEPS:

@@ -75,7 +75,9 @@ def preferred_terms(pod: Pod, requested: frozenset[str], policy: GPUPolicy, inve
         n = whole_gpus_asked(pod) + (claim_devices or 0)  # gpugate.io/gpu-free counts DRA-held GPUs too
         for step, weight in PACK_TERMS:
             terms.append(_term(weight, names.GPU_FREE_LABEL, "Lt", [str(n + step)]))
-        relieved = pressured_products(pod, inventory, now)
+        # A policy naming products pins the pod to them: by required node affinity for a device-plugin
+        # ask, by its claims' selectors for a DRA one; either way it is not free to run on any.
+        relieved = () if policy.gpu.products else pressured_products(pod, inventory, now)
         if relieved:
             terms.append(_term(PRODUCT_RELIEF_WEIGHT, names.NVIDIA_PRODUCT_LABEL, "NotIn", list(relieved)))
     elif placement.strategy == "spread":

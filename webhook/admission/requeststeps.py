@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from webhook import names
-from webhook.admission import claimladder, rightsizing
+from webhook.admission import rightsizedtemplate, rightsizing
 from webhook.admission.desiredpod import Pod, StepContext, child
 from webhook.admission.schedulingsteps import require
 from webhook.kube import demand as kube_demand
@@ -85,6 +85,7 @@ def inject_gpu_requests(pod: Pod, context: StepContext) -> None:
     resource = context.policy.gpu.resource
     # Regular containers and sidecars count; an init container's GPU is released before they start.
     already = set().union(*(pods.gpu_resources(c) for c in pods.long_running_containers(pod)))
+    already |= context.dra_named(pod)
     if already:
         existing = [pods.gpu_count(c, resource) for c in pods.long_running_containers(pod)
                     if resource in pods.gpu_resources(c)]
@@ -135,7 +136,7 @@ def right_size(pod: Pod, context: StepContext) -> None:
         context.note(f"the pod holds GPUs through its ResourceClaims: {ask.describe()} is not right-sized")
         return
     own = set().union(*(pods.gpu_resources(c) for c in pods.long_running_containers(pod)))
-    if own:
+    if own or context.dra_named(pod):
         return  # the pod (or a previous pass) chose its GPU; validation judges it against the ladder
     if names.GPUS_LABEL in pods.labels(pod):
         context.note(f"{names.GPUS_LABEL} is given: {ask.describe()} is not right-sized")
@@ -169,10 +170,9 @@ def right_size_claim(pod: Pod, ask: kube_demand.Size, context: StepContext) -> N
         context.note(f"the pod references claims of its own ({', '.join(r.name for r in refs)}): "
                      f"{ask.describe()} is not right-sized")
         return
-    profile = pods.labels(pod).get(names.PROFILE_LABEL)
-    made = claimladder.ladder(ask, sizing, selectors=claimladder.required_selectors(context.policy),
-                              min_memory_mib=context.policy.gpu.min_memory_mib,
-                              labels={names.PROFILE_LABEL: profile} if profile else None)
+    made = rightsizedtemplate.expected(pod, context.policy)
+    if made is None:
+        return
     container = _sized_container(pod, made, context)
     if container is None or isinstance(made, str):
         return

@@ -140,14 +140,20 @@ class Answer:
     """``patch`` already encoded as JSON (the server has it from checking the patch)."""
 
 
+class UndecodableBody(BadReview):
+    """The body is not JSON gpugate can decode (too deep, or not JSON at all); a review the API server
+    sent may still be answered by its envelope (``admission.envelope``)."""
+
+
 def decode(body: bytes | str) -> Review:
     """Parse and check an AdmissionReview request body; BadReview says what is wrong."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as err:
         if "depth limit" in str(err).lower() or "recursion" in str(err).lower():
-            raise BadReview("the body nests JSON too deeply to be an AdmissionReview") from err
-        raise BadReview(f"the body is not JSON ({err}); send an AdmissionReview {API_VERSION} document") from err
+            raise UndecodableBody("the body nests JSON more than 1,024 levels deep, deeper than gpugate "
+                                  "decodes") from err
+        document = _decode_slowly(body, err)
     if not isinstance(document, dict):
         raise BadReview(f"the body is a JSON {type(document).__name__}, not an AdmissionReview object")
     api_version, kind = document.get("apiVersion"), document.get("kind")
@@ -189,6 +195,15 @@ def decode(body: bytes | str) -> Review:
         object=obj,
         raw=request,  # type: ignore[arg-type]
     )
+
+
+def _decode_slowly(body: bytes | str, err: orjson.JSONDecodeError) -> Any:
+    """The standard decoder's reading of what orjson refused: JSON the API server passes through
+    untyped (a claim's opaque parameters) may hold an integer past 64 bits, valid JSON orjson refuses."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise UndecodableBody(f"the body is not JSON ({err}); send an AdmissionReview {API_VERSION} document") from err
 
 
 def encode(review: Review, answer: Answer) -> bytes:

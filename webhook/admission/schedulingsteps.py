@@ -43,7 +43,10 @@ def wanted_tolerations(requested: frozenset[str], policy: GPUPolicy, *, through_
     if policy.tolerations == "auto":
         if not requested and not through_claims:
             return []
-        keys = [names.GPU_TAINT_KEY] + sorted(r for r in requested if r != names.GPU_TAINT_KEY)
+        # A taint named after each NVIDIA resource; a DRA extended-resource name is served by the
+        # NVIDIA driver's devices on GPU nodes, which carry the GPU taint.
+        keys = [names.GPU_TAINT_KEY] + sorted(r for r in requested if r != names.GPU_TAINT_KEY
+                                              and r.startswith(names.NVIDIA_PREFIX))
         return [{"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in keys]
     return [t.as_k8s() for t in policy.tolerations]
 

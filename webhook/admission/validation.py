@@ -11,46 +11,50 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from webhook import names
-from webhook.admission import affinity, rightsizing
+from webhook.admission import affinity, rightsizedtemplate, rightsizing
 from webhook.admission.results import Verdict
 from webhook.kube import demand as kube_demand
-from webhook.kube import pods
+from webhook.kube import pods, units
 from webhook.kube.inventory import EMPTY, Inventory
-from webhook.kube.quantity import QuantityError, count_problem, out_of_range, whole_count
+from webhook.kube.quantity import count_problem, out_of_range, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
 
 
 @dataclass(frozen=True, slots=True)
 class _Asks:
-    """The pod's GPU asks, read once per validation: each container with the GPU resources it names.
+    """The pod's GPU asks, read once per validation: every GPU resource each container names,
+    in every name form (``kube.demand.gpu_asks``).
 
-    Every rule below reads these instead of walking the containers' resources again (once
-    validation read them a dozen times per pod and cost more than decoding the request)."""
+    Every rule below reads these instead of walking the containers' resources again (validation
+    once read them a dozen times per pod and cost more than decoding the request)."""
 
-    containers: tuple[tuple[str, pods.Container, frozenset[str]], ...]
+    asks: tuple[kube_demand.ContainerAsk, ...]
     requested: frozenset[str]
     asks_for_gpus: bool
+    gpus: units.GpuNames
 
     @classmethod
-    def of(cls, pod: pods.Pod) -> _Asks:
-        found = tuple((kind, c, frozenset(pods.gpu_resources(c))) for kind, c in pods.all_containers(pod))
-        requested = frozenset().union(*(resources for _, _, resources in found))
-        asked = bool(requested) and bool(pods.requested_gpu_resources(pod))  # "0" asks for none
-        return cls(found, requested, asked or pods.labels_ask_for_gpus(pod))
+    def of(cls, pod: pods.Pod, gpus: units.GpuNames) -> _Asks:
+        found = kube_demand.gpu_asks(pod, gpus)
+        requested = frozenset(a.resource for a in found)
+        asked = any(a.count != 0 for a in found)  # "0" asks for none
+        return cls(found, requested, asked or pods.labels_ask_for_gpus(pod), gpus)
 
 
 def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
-             now: datetime | None = None) -> Verdict:
+             now: datetime | None = None, classes: units.DeviceClasses = units.ASSUMED) -> Verdict:
     """Deny rules and the selected policy's limits bind every pod: the opt-out label skips shaping,
     never the rules (a label a pod author writes must not unlock GPUs). Audit turns a policy's
-    denials into warnings without hiding another policy's enforced deny."""
-    asks = _Asks.of(pod)
+    denials into warnings without hiding another policy's enforced deny. ``classes`` are the
+    cluster's DeviceClasses: a DRA extended-resource name of one that can hold GPUs is a GPU ask."""
+    asks = _Asks.of(pod, matching.gpu_names(policies, classes))
     denials, warnings = _deny_rules(pod, namespace, policies, asks)
     policy = matching.select(policies, pod, namespace=namespace, honor_skip=False, asks_for_gpus=asks.asks_for_gpus)
     ref = PolicyRef(policy.name, policies.revision) if policy else None
     if policy is not None:
-        own = _policy_rules(pod, policy, ref, asks) + _rightsizing_rules(pod, policy, ref, inventory, now)
+        own = _policy_rules(pod, policy, ref, asks) + _rightsizing_rules(pod, policy, ref, inventory, now) \
+            + rightsizedtemplate.rules(pod, policy, ref)
         if policy.mode == "audit":
             warnings += [f"audit: would deny: {r}" for r in own]
         else:
@@ -90,9 +94,11 @@ def deny_rule_reasons(subject: pods.Pod, namespace: str, policies: PolicySet,
 
 
 def _what_is_asked(asks: _Asks) -> str:
-    """Which containers ask for which NVIDIA resources, or the gpus label when none does yet."""
-    asked = [f"{kind} '{c.get('name')}' asks {', '.join(sorted(resources))}"
-             for kind, c, resources in asks.containers if resources]
+    """Which containers ask for which GPU resources, or the gpus label when none does yet."""
+    by_container: dict[tuple[str, str], list[str]] = {}
+    for ask in asks.asks:
+        by_container.setdefault((ask.kind, ask.container), []).append(ask.resource)
+    asked = [f"{kind} '{name}' asks {', '.join(resources)}" for (kind, name), resources in by_container.items()]
     return "; ".join(asked) or f"it asks for GPUs with label {names.GPUS_LABEL}"
 
 
@@ -111,23 +117,37 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, asks:
         out.append(f"annotation {names.CONTAINER_ANNOTATION}={wanted!r} names no regular container of pod "
                    f"'{pods.display_name(pod)}' (policy {ref}); name one of "
                    f"{', '.join(repr(c.get('name')) for c in pods.containers(pod))}")
-    for kind, container, resources in asks.containers:
-        name = container.get("name")
-        for resource in sorted(resources):
-            out.extend(_container_rules(kind, name, container, resource, policy, ref))
+    containers = {(kind, str(c.get("name"))): c for kind, c in pods.all_containers(pod)}
+    for ask in asks.asks:
+        out.extend(_container_rules(ask, containers.get((ask.kind, ask.container), {}), policy, ref))
     if asks.requested:
         out.extend(_node_requirement_rules(pod, policy, ref))
-    limit = policy.gpu.max
-    resource = policy.gpu.resource
-    if limit is None or resource not in asks.requested:
-        return out
-    total = pod_total(pod, resource)
-    one_over = any((pods.gpu_count(c, resource) or 0) > limit for _, c, named in asks.containers if resource in named)
-    if total > limit and not one_over:  # a container over the limit is named already
-        out.append(f"pod '{pods.display_name(pod)}' asks {resource}: {total} across its containers (sidecars "
-                   f"add to the others; an init container runs beside the sidecars before it); policy {ref} "
-                   f"allows {limit} per pod. Ask for {limit} or fewer in total, or split the job into several pods")
+    out.extend(_max_rule(pod, policy, ref, asks))
     return out
+
+
+def _max_rule(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, asks: _Asks) -> list[str]:
+    """``max`` in GPU units over every GPU the pod's containers ask, whatever the name: whole GPUs,
+    MIG slices and slots as their share of a GPU (``kube.units``), by Kubernetes' rule for init
+    containers and sidecars. A container over the limit by itself is named by the container rules."""
+    limit = policy.gpu.max
+    if limit is None or not asks.asks:
+        return []
+    total = kube_demand.gpu_units(pod, asks.gpus)
+    if total <= limit or any(a.amount > limit for a in asks.asks):
+        return []
+    return [f"pod '{pods.display_name(pod)}' asks {units.describe(total)} GPUs in all ({counted(asks.asks)}); "
+            f"policy {ref} allows {limit} per pod. Ask for {limit} or fewer in total, or split the job into "
+            f"several pods"]
+
+
+def counted(asks: tuple[kube_demand.ContainerAsk, ...]) -> str:
+    """What ``max`` counted of a pod's containers, for a message: each ask in GPU units, and the
+    rule for init containers when the pod has any."""
+    text = "; ".join(a.describe() for a in asks)
+    if any(a.kind == "initContainer" for a in asks):
+        text += "; sidecars add to the other containers, an init container runs beside the sidecars before it"
+    return text
 
 
 def _node_requirement_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
@@ -193,27 +213,53 @@ def _only_single_strategy_nodes(pod: pods.Pod) -> bool:
     return not affinity.unmet(pods.spec(pod), wanted)
 
 
-def pod_total(pod: pods.Pod, resource: str) -> int:
-    """What the pod holds of ``resource`` on its node: Kubernetes' effective request, as the balancer
-    and the replay count it (0 when a quantity is not a whole number: the container rules say so)."""
-    try:
-        return kube_demand.gpu_requests(pod).get(resource, 0)
-    except QuantityError:
-        return 0
+def allowed_classes(policy: GPUPolicy) -> frozenset[str]:
+    """``spec.claims.deviceClasses``, or the classes ``spec.gpu``'s resources map to: whole or shared
+    GPUs -> ``gpu.nvidia.com``, a MIG resource -> ``mig.nvidia.com``."""
+    if policy.claims.device_classes is not None:
+        return frozenset(policy.claims.device_classes)
+    resources = allowed_resources(policy)
+    out = set()
+    if resources & {names.GPU_RESOURCE, names.SHARED_GPU_RESOURCE}:
+        out.add(names.DRA_GPU_CLASS)
+    if any(r.startswith(names.MIG_RESOURCE_PREFIX) for r in resources):
+        out.add(names.DRA_MIG_CLASS)
+    return frozenset(out)
 
 
-def _container_rules(kind: str, name: object, container: pods.Container, resource: str,
-                     policy: GPUPolicy, ref: PolicyRef | None) -> list[str]:
+def _allowed(ask: kube_demand.ContainerAsk, policy: GPUPolicy, ref: PolicyRef | None) -> str | None:
+    """Why the policy does not allow the resource ``ask`` names, or None when it does: a device
+    plugin name by ``allowedResources``, a DRA extended-resource name by the class it is served through."""
+    where = f"{ask.kind} '{ask.container}'"
+    resource = ask.resource
+    if ask.name.device_class is None:
+        if resource in allowed_resources(policy):
+            return None
+        allowed = ", ".join(sorted(allowed_resources(policy)))
+        return (f"{where} asks {resource}, which policy {ref} does not allow; ask for {allowed} instead, "
+                f"or use a profile whose policy offers {resource}")
+    offered = ", ".join(sorted(allowed_resources(policy)))
+    if not ask.name.known:
+        return (f"{where} asks {resource}, the extended resource of DeviceClass {ask.name.device_class}, which "
+                f"gpugate does not know (not in the cluster, or not read yet), so it is judged as a GPU ask that "
+                f"policy {ref} does not allow; ask for {offered} instead")
+    if ask.name.device_class in allowed_classes(policy):
+        return None
+    return (f"{where} asks {resource}, devices of DeviceClass {ask.name.device_class}, which policy {ref} does not "
+            f"allow; ask for {offered} instead, or use a profile whose policy offers that class")
+
+
+def _container_rules(ask: kube_demand.ContainerAsk, container: pods.Container, policy: GPUPolicy,
+                     ref: PolicyRef | None) -> list[str]:
     out = []
-    where = f"{kind} '{name}'"
+    where = f"{ask.kind} '{ask.container}'"
+    resource = ask.resource
     requests = pods.resource_section(container, "requests").get(resource)
     limits = pods.resource_section(container, "limits").get(resource)
-    count = pods.gpu_count(container, resource)
-    if resource not in allowed_resources(policy):
-        allowed = ", ".join(sorted(allowed_resources(policy)))
-        out.append(f"{where} asks {resource}, which policy {ref} does not allow; ask for {allowed} instead, "
-                   f"or use a profile whose policy offers {resource}")
-        return out
+    refused = _allowed(ask, policy, ref)
+    if refused is not None:
+        return [refused]
+    count = ask.count
     if count is None:
         value = limits if limits is not None else requests
         out.append(f"{where} asks {resource}: {value}, which {count_problem(value)} (policy {ref}); GPUs are "
@@ -222,9 +268,11 @@ def _container_rules(kind: str, name: object, container: pods.Container, resourc
     if requests is not None and limits is not None and whole_count(requests) != whole_count(limits):
         out.append(f"{where} asks {resource} requests {requests} but limits {limits} (policy {ref}); "
                    f"set requests equal to limits")
-    if policy.gpu.max is not None and count > policy.gpu.max:
-        out.append(f"{where} asks {resource}: {count}; policy {ref} allows {policy.gpu.max}. "
-                   f"Ask for {policy.gpu.max} or fewer, or use a profile whose policy allows more")
+    limit = policy.gpu.max
+    if limit is not None and ask.amount > limit:
+        held = "" if ask.name.share == 1 else f" ({units.describe(ask.amount)} GPUs)"
+        out.append(f"{where} asks {resource}: {count}{held}; policy {ref} allows {limit}. "
+                   f"Ask for {limit} or fewer, or use a profile whose policy allows more")
     if resource.endswith(".shared") and count > 1 and policy.gpu.fail_requests_greater_than_one:
         out.append(f"{where} asks {resource}: {count}; policy {ref} allows one shared GPU per container "
                    f"(time-sliced replicas share one GPU, so more adds no compute). Ask for 1, or for "

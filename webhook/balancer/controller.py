@@ -28,7 +28,7 @@ from typing import Any
 from kubernetes import client
 
 from webhook import kubeclient
-from webhook.balancer import drawatch, placementfeed, templatekeeper, utilization
+from webhook.balancer import drawatch, placementfeed, quarantineloop, templatekeeper, utilization
 from webhook.balancer.backoff import Backoff
 from webhook.balancer.cluster import Informer, NodeWriter
 from webhook.balancer.extendercache import ExtenderCache
@@ -42,6 +42,7 @@ from webhook.balancer.prometheus import PrometheusClient
 from webhook.balancer.publisher import InventoryPublisher
 from webhook.balancer.settings import BalancerSettings, load_mix, parse_bind
 from webhook.balancer.state import PodUsage, may_hold_gpus, pod_key, pod_usage
+from webhook.balancer.usagewiring import UsageWiring
 from webhook.errors import GpugateError
 from webhook.kube.gpunode import NodeInfo, node_info
 from webhook.placement import dracount
@@ -114,6 +115,16 @@ class Balancer:
                                          on_change=self._leader_changed, on_error=self._api_error)
         self._prometheus = PrometheusClient(settings.prometheus.url, window=settings.prometheus.window,
                                             timeout=settings.prometheus.timeout) if settings.prometheus.url else None
+        # GPU health quarantine (docs/health.md): a loop of the leader's, off unless health.enabled.
+        self.quarantine = quarantineloop.build(
+            settings, self._api(), self.labeller, registry=self.metrics.registry, may_write=self.writes,
+            synced=lambda: self.synced, on_error=self._api_error) if settings.health.enabled else None
+        # GPU accounting per pod and owner, and idle allocations reclaimed where a policy allows (docs/usage.md).
+        self.usage = UsageWiring(settings, api=self._api, informer_args=self._informer_args(),
+                                 field_selector=POD_FIELD_SELECTOR, labeller=self.labeller,
+                                 registry=self.metrics.registry, prometheus=self._prometheus,
+                                 leading=lambda: self.elector is None or self.elector.is_leader(),
+                                 ready=lambda: self.synced) if settings.usage.enabled else None
 
     def _api(self) -> client.ApiClient:
         made = self._client_factory()
@@ -345,6 +356,10 @@ class Balancer:
         if self._prometheus is not None:
             threads.append(threading.Thread(target=self._poll_prometheus, args=(stop,), name="prometheus",
                                             daemon=True))
+        if self.quarantine is not None:
+            threads.append(threading.Thread(target=self.quarantine.run, args=(stop,), name="health", daemon=True))
+        if self.usage is not None:
+            threads += self.usage.threads(stop)
         for thread in threads:
             thread.start()
         return lease_thread
@@ -392,6 +407,8 @@ class Balancer:
                 informer.close()
         self.dra.close()
         self.templates.close()
+        if self.usage is not None:
+            self.usage.close()
         self.writes_pool.shutdown()
         if self.elector is not None:
             if lease_thread is not None:

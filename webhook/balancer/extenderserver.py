@@ -9,7 +9,7 @@ server speaks HTTP/1.1 and keeps connections open. ``prioritizeNodes`` in
 extender") whatever ``ignorable`` says: an extender that is down, slow or not ready costs the pod
 the extender's opinion, never its scheduling.
 
-TLS as the webhook serves it (``webhook.admission.serving``): TLS 1.2 or newer, and the certificate
+TLS as the webhook serves it (``webhook.server.serving``): TLS 1.2 or newer, and the certificate
 files re-read when the Secret behind them is replaced. The handshake runs in the connection's
 thread, so a client that stalls in it holds one thread, not the listener.
 """

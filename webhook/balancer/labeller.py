@@ -9,6 +9,7 @@ exactly where the old one stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -49,6 +50,8 @@ class Labeller:
         self._util_at: float | None = None
         self._util_usable = False
         self._dry_logged: dict[str, str] = {}
+        self._held_back: dict[str, int] = {}
+        """GPUs of a node the health quarantine keeps out of ``gpu-free`` (``quarantineplan.Plan.held_back``)."""
         # Children of labelled series, looked up once: labels() costs more than the event it counts.
         self._tier_gauges = {tier: metrics.nodes.labels(tier) for tier in LOAD_TIERS}
 
@@ -115,6 +118,15 @@ class Labeller:
             self.wake.set()
         return usable
 
+    def hold_back(self, counts: dict[str, int]) -> None:
+        """Quarantined GPUs per node that ``gpu-free`` must not offer; nodes whose count changed get a pass."""
+        with self.lock:
+            changed = {n for n in set(counts) | set(self._held_back) if counts.get(n) != self._held_back.get(n)}
+            self._held_back = dict(counts)
+            self.ledger.dirty |= changed & set(self.ledger.nodes)
+        if changed:
+            self.wake.set()
+
     # ---- reading ---------------------------------------------------------------------------------
     def snapshot(self) -> tuple[list[NodeInfo], dict[str, dict[str, int]], dict[str, NodeDevices]]:
         """Nodes, per-node requested sums and DRA devices, copied under the lock (for the inventory)."""
@@ -174,7 +186,9 @@ class Labeller:
         devices = self.dra_cache.node(node.name)
         if not dracount.is_gpu_node(node, devices):
             return None
-        return dracount.node_load(node, self.ledger.requested.get(node.name, {}), self._utilization(node), devices)
+        load = dracount.node_load(node, self.ledger.requested.get(node.name, {}), self._utilization(node), devices)
+        held_back = self._held_back.get(node.name, 0)
+        return dataclasses.replace(load, free_gpus=max(load.free_gpus - held_back, 0)) if held_back else load
 
     def _log_dry_run(self, node: NodeInfo, want: marks_mod.Marks, patch: dict[str, Any]) -> None:
         text = json.dumps(patch, sort_keys=True)

@@ -72,6 +72,17 @@ def query_text(metric: str, window: str) -> str:
     return f"avg by ({NODE_LABEL}) (avg by ({NODE_LABEL}, {gpu}) ({host_series(metric, window)}))"
 
 
+def result_of(answer: Any) -> list[Any]:
+    """The series of a ``/api/v1/query`` JSON answer holding a vector; PrometheusError otherwise."""
+    if not isinstance(answer, dict) or answer.get("status") != "success":
+        error = answer.get("error") if isinstance(answer, dict) else None
+        raise PrometheusError(f"query failed: {error or 'answer is not a success'}")
+    data = answer.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise PrometheusError(f"expected a vector result, got {data.get('resultType')!r}")
+    return list(data.get("result") or ())
+
+
 def parse_vector(answer: Any, *, scale: float) -> dict[str, float]:
     """Host -> value from a Prometheus ``/api/v1/query`` JSON answer to :func:`query_text`.
 
@@ -80,14 +91,8 @@ def parse_vector(answer: Any, *, scale: float) -> dict[str, float]:
     answers once; a second series for one host means the answer is not that query's, and is refused
     rather than letting one value overwrite the other.
     """
-    if not isinstance(answer, dict) or answer.get("status") != "success":
-        error = answer.get("error") if isinstance(answer, dict) else None
-        raise PrometheusError(f"query failed: {error or 'answer is not a success'}")
-    data = answer.get("data") or {}
-    if data.get("resultType") != "vector":
-        raise PrometheusError(f"expected a vector result, got {data.get('resultType')!r}")
     values: dict[str, float] = {}
-    for series in data.get("result") or ():
+    for series in result_of(answer):
         host = (series.get("metric") or {}).get(NODE_LABEL)
         if not host:
             continue
@@ -123,6 +128,15 @@ class PrometheusClient:
                 raise PrometheusError(f"{target}: HTTP {err.code}") from err
         except (urllib.error.URLError, OSError, ValueError) as err:
             raise PrometheusError(f"{self._base}: {getattr(err, 'reason', err)}") from err
+
+    def vector(self, promql: str) -> list[Any]:
+        """The series of an instant query's vector answer; PrometheusError when there is none."""
+        return result_of(self._query(promql))
+
+    def query(self, promql: str) -> Any:
+        """Prometheus' JSON answer to one instant query (a failed query's error answer included);
+        PrometheusError when Prometheus cannot be reached or answers no JSON."""
+        return self._query(promql)
 
     def utilization(self) -> Utilization:
         """Per-host utilization; raises PrometheusError when Prometheus is unusable."""

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from webhook.balancer import healthschema
+from webhook.balancer.healthpolicy import HealthPolicy, HealthPolicyError
 from webhook.errors import GpugateError
 from webhook.kube import yamlload
 from webhook.placement.shapes import MixError, ShapeMix, parse_mix
@@ -111,6 +113,35 @@ class ExtenderServing:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UsageSettings:
+    """GPU accounting per pod and owner, and idle allocations found and reclaimed (docs/usage.md)."""
+
+    enabled: bool = False
+    """Watch the pods that hold GPUs (device plugin or DRA claims) with their owners, export what each
+    holds (``gpugate_balancer_gpu_allocated``) and, with ``prometheus.url``, look for idle ones."""
+    policies: str = ""
+    """A folder of GPUPolicy files (the webhook's, mounted): their ``spec.idle`` says what may be done
+    with an idle pod. Empty: every pod gets the defaults, report only."""
+    idle_interval: float = 60.0
+    """Seconds between two looks for idle pods: an idle finding takes hours, a minute more is nothing."""
+    min_step: int = 30
+    """Least seconds between two activity samples of an idle query: dcgm-exporter's collection
+    interval (30 s by default); a shorter step would average ranges that hold no sample."""
+    evictions_per_hour: float = 6.0
+    """Idle pods the leader may evict per hour, sustained, across the cluster."""
+    eviction_burst: int = 3
+    """Evictions allowed at once after a quiet spell: a wrong policy costs at most this many pods
+    before the hourly rate holds it back."""
+
+    def __post_init__(self) -> None:
+        if self.idle_interval <= 0 or self.min_step < 1 or self.evictions_per_hour < 0 or self.eviction_burst < 0:
+            raise SettingsError("usage: need idle_interval > 0, min_step >= 1, evictions_per_hour >= 0 and "
+                                "eviction_burst >= 0")
+        if self.policies and not self.enabled:
+            raise SettingsError("usage.policies is for idle reclaim: set usage.enabled too (--usage), or drop it")
+
+
+@dataclass(frozen=True, kw_only=True)
 class BalancerSettings:
     """Everything ``gpugate balance`` needs, parsed once."""
 
@@ -122,6 +153,10 @@ class BalancerSettings:
     lease: LeaseSettings = field(default_factory=LeaseSettings)
     inventory: InventorySettings = field(default_factory=InventorySettings)
     extender: ExtenderServing = field(default_factory=ExtenderServing)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    """GPU health quarantine (docs/health.md): off unless ``health.enabled``."""
+    usage: UsageSettings = field(default_factory=UsageSettings)
+    """GPU accounting and idle allocations (docs/usage.md): off unless ``usage.enabled``."""
     server: str | None = None
     """API server URL; unset means in-cluster service account, else kubeconfig."""
     dry_run: bool = False
@@ -209,7 +244,7 @@ class BalancerSettings:
     def from_dict(cls, data: Any, *, source: str = "configuration") -> BalancerSettings:
         try:
             return _build(cls, data, source, "")
-        except ThresholdError as err:
+        except (ThresholdError, HealthPolicyError) as err:
             raise SettingsError(f"{source}: {err}") from err
         except SettingsError as err:
             if str(err).startswith(source):
@@ -278,7 +313,10 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
         kind = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
         sections: dict[str, type] = {"TierThresholds": TierThresholds, "PrometheusSettings": PrometheusSettings,
                                      "LeaseSettings": LeaseSettings, "InventorySettings": InventorySettings,
-                                     "ExtenderServing": ExtenderServing}
+                                     "ExtenderServing": ExtenderServing, "UsageSettings": UsageSettings}
+        if kind == "HealthPolicy":
+            values[key] = healthschema.parse(value, where=where)
+            continue
         if kind in sections:
             section = sections[kind]
             values[key] = _build(section, value if value is not None else {}, source, f"{where}.")

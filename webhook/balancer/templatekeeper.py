@@ -10,6 +10,15 @@ retries a missing template, then makes the pod's claim and kube-scheduler alloca
 Only the lease holder writes. A template is created once per namespace and never updated (its name
 is the hash of its content); an AlreadyExists answer is success. The API server sends the create
 through the gpugate webhook like any other template, so the policy's claim rules judge it.
+
+A pod's author can write the label and the annotation too, with any template whose name is its
+hash: the balancer would then create, with its own rights, whatever a pod describes. So it creates
+only what gpugate itself wrote, recomputed: the webhook admits a ``gpugate-rightsized-*`` template
+only when a pod that names it in ``spec.resourceClaims`` (set at the pod's creation, immutable, and
+checked then against right-sizing) recomputes to exactly it under the current policies
+(``webhook/admission/rightsizedtemplate.py``). A refusal (403) is logged with the webhook's reason
+and counted in ``refused``, and not tried again before ``RECHECK_SECONDS``: it is a pod's doing,
+not the balancer's failure.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from webhook import names
+from webhook import kubeclient, names
 from webhook.balancer.cluster import Informer
 from webhook.kube import rightsizedclaims
 from webhook.kube.claims import Claim
@@ -67,6 +76,8 @@ class TemplateKeeper:
         self._made: dict[tuple[str, str], float] = {}
         self._wake = threading.Event()
         self.created = 0
+        self.refused = 0
+        """Creates the gpugate webhook refused: a template no pod recomputes to (written by hand)."""
         self.informer = Informer[Wanted](
             name="rightsized-pods", list_call=client.CoreV1Api(api).list_pod_for_all_namespaces, reduce=wanted,
             on_replace=self._replace, on_event=self._event, field_selector=PENDING,
@@ -118,7 +129,12 @@ class TemplateKeeper:
                 log.info("created a right-sizing claim template", extra={"fields": {
                     "namespace": namespace, "template": key[1]}})
             except ApiException as err:
-                if err.status != 409:
+                if err.status == 403:
+                    self.refused += 1
+                    log.warning("the webhook refused a right-sizing claim template: no pod that names it "
+                                "recomputes to it", extra={"fields": {"namespace": namespace, "template": key[1],
+                                                                      "error": kubeclient.failure(err)}})
+                elif err.status != 409:
                     self._on_error("claimtemplate.create", err)
                     continue
             self._made[key] = now

@@ -31,9 +31,12 @@ _log = logging.getLogger(logs.SERVER_LOGGER)
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 
-def build_context(certfile: Path, keyfile: Path) -> ssl.SSLContext:
-    """A server-side SSLContext: TLS 1.2 or newer, forward-secret AEAD ciphers only."""
+def build_context(certfile: Path, keyfile: Path, alpn: tuple[str, ...] = ()) -> ssl.SSLContext:
+    """A server-side SSLContext: TLS 1.2 or newer, forward-secret AEAD ciphers only; ``alpn``: the
+    protocols offered by ALPN, preferred first (the admission server offers ``h2`` and ``http/1.1``)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if alpn:
+        context.set_alpn_protocols(list(alpn))
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_ciphers(TLS12_CIPHERS)
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
@@ -55,18 +58,19 @@ class CertReloader:
     """One SSLContext per process, replaced when the certificate files change."""
 
     def __init__(self, certfile: Path, keyfile: Path, *, interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, alpn: tuple[str, ...] = ()) -> None:
         self.certfile, self.keyfile = Path(certfile), Path(keyfile)
+        self.alpn = alpn
         self.interval = interval
         self.reloads = 0
         self._watch = filewatch.LastGood(
             fingerprint=lambda: files_digest(self.certfile, self.keyfile),
-            load=lambda: build_context(self.certfile, self.keyfile), initial=None,
+            load=lambda: build_context(self.certfile, self.keyfile, self.alpn), initial=None,
             refuse=(ssl.SSLError, OSError), interval=interval, clock=clock,
             on_loaded=self._reloaded, on_refused=self._refused, on_unreadable=self._unreadable)
         # Loaded eagerly: a bad pair at start-up is the operator's error, reported before serving.
         digest = files_digest(self.certfile, self.keyfile)
-        self._watch.adopt(build_context(self.certfile, self.keyfile), digest)
+        self._watch.adopt(build_context(self.certfile, self.keyfile, self.alpn), digest)
 
     def context(self) -> ssl.SSLContext:
         """The context for a new connection; checks the files when the interval has passed."""

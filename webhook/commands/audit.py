@@ -62,10 +62,10 @@ def audit(policy_dir: Path, only: tuple[str, ...], excluded: tuple[str, ...], in
 def _pass(api: ApiClient, policy_dir: Path, only: tuple[str, ...], excluded: frozenset[str],
           inventory_file: Path | None, write_reports: bool, output: str) -> bool:
     """One audit: read, judge, print, write. True when an object fails."""
-    from webhook.admission import inventoryfile
     from webhook.audit import cluster, findings
     from webhook.kube.inventory import EMPTY
     from webhook.policy import loading
+    from webhook.server import inventoryfile
 
     policies = loading.load_servable(policy_dir)
     inventory = inventoryfile.read(inventory_file) if inventory_file else EMPTY

@@ -57,6 +57,12 @@ def _env_default(name: str, fallback: str) -> str:
 @click.option("--extender-mix", metavar="FILE",
               help="The cluster's typical pod shapes for the extender's measure (YAML; gpugate replay writes "
               "one from a pod list as pod-mix.yaml) [default: learned from the last 2,000 pods created].")
+@click.option("--usage/--no-usage", "usage", default=None,
+              help="Export the GPUs each pod holds (by namespace and owner) and look for idle allocations "
+              "[default: off; docs/usage.md].")
+@click.option("--policies", metavar="DIR", type=click.Path(exists=True, file_okay=False),
+              help="With --usage: the GPUPolicy folder whose spec.idle says what may be done with an idle pod "
+              "[default: none, report only].")
 @kubeconfig_options
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
@@ -66,7 +72,8 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
             identity: str | None, health_bind: str | None, taint_congested: bool | None,
             publish_inventory: bool | None, extender_bind: str | None, extender_cert: str | None,
             extender_key: str | None, extender_device_policy: str | None, extender_mix: str | None,
-            log_level: str, kubeconfig: str | None, context: str | None) -> None:
+            usage: bool | None, policies: str | None, log_level: str,
+            kubeconfig: str | None, context: str | None) -> None:
     """Label GPU nodes gpugate.io/gpu-free and gpugate.io/gpu-load from live load.
 
     Lists and watches nodes and pods, optionally reads DCGM utilization from Prometheus, and
@@ -87,7 +94,8 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
                              write_burst=write_burst, write_interval=write_interval,
                              publish_inventory=publish_inventory, extender_bind=extender_bind,
                              extender_cert=extender_cert, extender_key=extender_key,
-                             extender_device_policy=extender_device_policy, extender_mix=extender_mix)
+                             extender_device_policy=extender_device_policy, extender_mix=extender_mix,
+                             usage=usage, policies=policies)
     if (token_file or ca_file) and not settings.server:
         raise click.UsageError("--token-file and --certificate-authority go with --server")
     cluster = target(settings.server, kubeconfig, context)
@@ -137,6 +145,8 @@ def settings_from(config_file: Path | None, **flags: Any) -> BalancerSettings:
         extender__key_file=flags.get("extender_key"),
         extender__device_policy=flags.get("extender_device_policy"),
         extender__mix_file=flags.get("extender_mix"),
+        usage__enabled=flags.get("usage"),
+        usage__policies=flags.get("policies"),
     )
     return settings.with_overrides(
         lease__namespace=settings.lease.namespace or _env_default("POD_NAMESPACE", "gpugate-system"),

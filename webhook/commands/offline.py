@@ -16,11 +16,12 @@ import click
 import jsonpatch
 import yaml
 
-from webhook.admission import cases, chain, dra, inventoryfile, judgement, rightsizing, workloads
+from webhook.admission import cases, chain, dra, judgement, rightsizing, workloads
 from webhook.errors import InputError, PolicyLoadError
 from webhook.kube import documents
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, loading
+from webhook.server import inventoryfile
 
 DEFAULT_POLICIES = Path("policies")
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import socket
 import ssl
 import sys
 import tempfile
@@ -17,11 +19,12 @@ from typing import Any
 import click
 import jsonpatch
 
-from webhook.admission import client, reviews
+from webhook.admission import reviews
 from webhook.certs import pki
 from webhook.errors import GpugateError, InputError, PolicyLoadError
 from webhook.kube import claims
 from webhook.kube.documents import read_one
+from webhook.server import client
 
 DEFAULT_BIND = "127.0.0.1:8443"
 DEFAULT_STATE_DIR = Path(".gpugate")
@@ -88,13 +91,21 @@ def _dns_names(cert_pem: bytes) -> set[str]:
               help="Threads per worker (requests are short and CPU-bound: a few are enough).")
 @click.option("--metrics-bind", help="HOST:PORT for a plaintext /metrics-only listener (off unless given).")
 @click.option("--fail-closed", is_flag=True,
-              help="Deny, instead of admitting unchanged, when gpugate fails internally.")
+              help="Mutation too denies what it cannot shape, instead of admitting it unchanged.")
+@click.option("--fail-open", is_flag=True,
+              help="Validation admits, with a warning, what it cannot judge (for failurePolicy: Ignore; "
+                   "docs/server.md says what that gives away).")
 @click.option("--reload-interval", type=click.FloatRange(0.1, 300), default=1.0, show_default=True,
               help="Seconds between checks of the policy folder and certificate files.")
 @click.option("--request-timeout", type=click.FloatRange(0.1, 120), default=5.0, show_default=True,
               help="Seconds a client has to send a whole request (and to take the answer); slower ones get 408.")
 @click.option("--drain-seconds", type=click.FloatRange(0, 60), default=3.0, show_default=True,
               help="After SIGTERM, seconds a worker keeps answering (with Connection: close) before it stops.")
+@click.option("--http2/--no-http2", default=False, show_default=True,
+              help="Offer HTTP/2 by ALPN (the API server then takes it; gunicorn's HTTP/2). Off: HTTP/1.1 "
+                   "alone, which held 256 concurrent creators where HTTP/2 did not (docs/server.md).")
+@click.option("--max-connections-per-source", type=click.IntRange(1), default=256, show_default=True,
+              help="Open connections one client address may hold per worker; more are closed at once.")
 @click.option("--max-requests", type=click.IntRange(0), default=0, show_default=True,
               help="Recycle a worker after this many requests (0: never).")
 @click.option("--inventory", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -106,8 +117,9 @@ def _dns_names(cert_pem: bytes) -> set[str]:
                    "KUBECONFIG) so spec.gpu.max per pod counts their devices (docs/dra.md).")
 def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
           service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
-          fail_closed: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
-          max_requests: int, inventory_file: Path | None, allow_empty_policies: bool, resolve_claims: bool) -> None:
+          fail_closed: bool, fail_open: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
+          http2: bool, max_connections_per_source: int, max_requests: int, inventory_file: Path | None,
+          allow_empty_policies: bool, resolve_claims: bool) -> None:
     """Serve the admission webhook over HTTPS (POST /mutate, /validate; GET /healthz, /readyz, /metrics)."""
     _host_port(bind, "--bind")
     metrics_address = _host_port(metrics_bind, "--metrics-bind") if metrics_bind else None
@@ -124,12 +136,15 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
         if not path.is_file():
             raise GpugateError(f"{path} does not exist")
     pki.check_pair(certfile.read_bytes(), keyfile.read_bytes(), cert_name=str(certfile), key_name=str(keyfile))
+    if resolve_claims:
+        _check_cluster_access()
+    _check_port(bind)
 
     def make_app(runtime_dir: Path) -> Any:
-        from webhook.admission import routes
+        from webhook.server import routes
 
         return routes.create_app(routes.ServerSettings(
-            policy_dir=policy_dir, fail_closed=fail_closed, reload_interval=reload_interval,
+            policy_dir=policy_dir, fail_closed=fail_closed, fail_open=fail_open, reload_interval=reload_interval,
             allow_empty=allow_empty_policies, snapshot_dir=runtime_dir / "policies", inventory_file=inventory_file,
             resolve_claims=resolve_claims))
 
@@ -138,9 +153,48 @@ def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | No
     not_ready = unservable_reason(policy_dir, allow_empty=allow_empty_policies)
     if not_ready:
         click.echo(not_ready, err=True)
-    run_gunicorn(make_app, bind=bind, workers=workers, threads=threads, certfile=certfile, keyfile=keyfile,
-                 reload_interval=reload_interval, metrics_bind=metrics_address, max_requests=max_requests,
-                 request_timeout=request_timeout, drain_seconds=drain_seconds)
+    run_gunicorn(make_app, bind=bind, workers=workers, threads=threads, certfile=certfile,
+                 keyfile=keyfile, reload_interval=reload_interval, metrics_bind=metrics_address,
+                 max_requests=max_requests, request_timeout=request_timeout, drain_seconds=drain_seconds,
+                 connections_per_source=max_connections_per_source, http2=http2)
+
+
+def _check_cluster_access() -> None:
+    """``--resolve-claims`` needs an API server to read from: found once here, before any worker
+    starts, so a missing one is one clear error and exit 1 instead of workers failing in a loop."""
+    from webhook.server.claimlookup import ClaimLookup
+
+    try:
+        ClaimLookup.from_environment()
+    except GpugateError as err:
+        raise GpugateError("--resolve-claims reads claims from the API server, and there is none to talk to "
+                           f"({_cause(err)}): run the server in a pod with its service account, or set KUBECONFIG; "
+                           "or leave --resolve-claims off") from err
+
+
+def _cause(err: GpugateError) -> str:
+    cause = err.__cause__
+    return (str(cause).strip() or type(cause).__name__) if cause is not None else str(err)
+
+
+def _check_port(bind: str) -> None:
+    """A busy port is one line and exit 1, before anything says "serving".
+
+    gunicorn binds on its own only after the banner, and a busy port then costs five retries and a
+    log that reads like a crash. The port is tried here and released again: gunicorn binds it when its
+    workers are about to start, so the API server's calls do not queue unanswered while the server
+    starts (a socket bound early made a restart's first calls time out).
+    """
+    host, port = _host_port(bind, "--bind")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as gunicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            why = "the address is in use (another process listens there)" if err.errno == errno.EADDRINUSE \
+                else err.strerror
+            raise GpugateError(f"cannot listen on {bind}: {why}; pass another --bind HOST:PORT") from err
 
 
 def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:
@@ -162,7 +216,8 @@ def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:
 
 def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, threads: int, certfile: Path,
                  keyfile: Path, reload_interval: float = 1.0, metrics_bind: tuple[str, int] | None = None,
-                 max_requests: int = 0, request_timeout: float = 5.0, drain_seconds: float = 3.0) -> None:
+                 max_requests: int = 0, request_timeout: float = 5.0, drain_seconds: float = 3.0,
+                 connections_per_source: int = 256, http2: bool = False) -> None:
     """Run ``make_app(runtime_dir)`` in gunicorn workers until the master is stopped.
 
     ``runtime_dir`` is a fresh temporary folder shared by the master and its workers: Prometheus'
@@ -177,17 +232,20 @@ def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, th
     # frame too: only the master may remove the folder its live and future workers write into.
     master_pid = os.getpid()
     try:
-        from webhook.admission import serving, workershared
+        from webhook.server import serving, workershared
 
         workershared.configure(workershared.WorkerSettings(request_timeout=request_timeout,
-                                                           drain_seconds=drain_seconds), max_workers=workers)
+                                                           drain_seconds=drain_seconds,
+                                                           connections_per_source=connections_per_source),
+                               max_workers=workers)
         try:
-            reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval)
+            reloader = serving.CertReloader(certfile, keyfile, interval=reload_interval,
+                                            alpn=serving.ALPN if http2 else ("http/1.1",))
         except ssl.SSLError as err:
             raise GpugateError(f"cannot use {certfile} / {keyfile}: {err}") from err
         options = serving.gunicorn_options(bind=bind, workers=workers, threads=threads, certfile=certfile,
                                            keyfile=keyfile, reloader=reloader, metrics_bind=metrics_bind,
-                                           max_requests=max_requests)
+                                           max_requests=max_requests, http2=http2)
         serving.GunicornServer(lambda: make_app(runtime_dir), options).run()
     finally:
         if os.getpid() == master_pid:

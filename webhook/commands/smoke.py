@@ -19,11 +19,11 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from webhook import names
-from webhook.admission import outcome
 from webhook.commands.clusteroptions import kubeconfig_options, target
 from webhook.errors import GpugateError
 from webhook.kube.pods import Pod
 from webhook.kubeclient import api_client
+from webhook.server import outcome
 
 PROBE_IMAGE = "registry.k8s.io/pause:3.10"
 

@@ -326,6 +326,12 @@ def add_template_claim(pod: dict[str, Any], name: str, template: str, container:
     resources.setdefault("claims", []).append({"name": name})
 
 
+def may_reference_claims(raw: bytes) -> bool:
+    """False when a pod's raw JSON names no ``spec.resourceClaims``, so it need not be decoded to
+    find what DRA claims it holds (the API server writes the field name as is)."""
+    return b'"resourceClaims"' in raw
+
+
 def pod_claim_refs(pod: Mapping[str, Any]) -> tuple[PodClaimRef, ...]:
     """The pod's ``spec.resourceClaims``, each with the containers that use it."""
     spec = pod.get("spec")

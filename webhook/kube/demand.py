@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
 
 from webhook import names
@@ -38,7 +39,7 @@ from webhook.kube import affinity as node_affinity
 from webhook.kube import claims, pods, units
 from webhook.kube.allocations import dra_backed_resources
 from webhook.kube.claims import ClaimAsk, PodClaimRef
-from webhook.kube.quantity import QuantityError, bytes_, millicores, quantity_problem
+from webhook.kube.quantity import QuantityError, bytes_, millicores, quantity_problem, whole_count
 from webhook.kube.resources import is_gpu_resource
 
 Counts = tuple[tuple[str, int], ...]
@@ -354,3 +355,72 @@ def render(demand: PodDemand, *, name: str = "pod") -> pods.Pod:
             "requestMappings": [{"containerName": "main", "resourceName": r, "requestName": f"container-0-request-{i}"}
                                 for i, r in enumerate(sorted(demand.dra_backed))]}}
     return pod
+
+
+# --- GPU asks in GPU units, every name form (admission's ``max`` and deny rules) ------------------
+
+@dataclass(frozen=True, slots=True)
+class ContainerAsk:
+    """One GPU resource one container names, with its count and what one unit of it is."""
+
+    kind: str
+    """``container`` or ``initContainer``."""
+    container: str
+    name: units.GpuName
+    count: int | None
+    """Requests (else limits) as a whole number; None when it is not one."""
+
+    @property
+    def resource(self) -> str:
+        return self.name.resource
+
+    @property
+    def amount(self) -> Fraction:
+        """GPU units this container's ask is by itself (0 when its count is not a whole number)."""
+        return self.name.share * (self.count or 0)
+
+    def describe(self) -> str:
+        held = units.describe(self.amount)
+        unit = "" if self.name.share == 1 else f" = {held} GPU"
+        return f"{self.kind} '{self.container}' {self.resource}: {self.count}{unit}"
+
+
+def gpu_asks(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> tuple[ContainerAsk, ...]:
+    """Every GPU resource each container (init containers first) names in requests or limits:
+    the device plugin's names and the DRA extended-resource names ``gpus`` counts as GPUs."""
+    out = []
+    for kind, container in pods.all_containers(pod):
+        keys = {k for section in ("requests", "limits") for k in pods.resource_section(container, section)}
+        for resource in sorted(k for k in keys if isinstance(k, str)):
+            name = gpus.of(resource)
+            if name is not None:
+                out.append(ContainerAsk(kind, str(container.get("name")), name, pods.gpu_count(container, resource)))
+    return tuple(out)
+
+
+def gpu_units(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> Fraction:
+    """GPU units the pod holds through its own resources, by Kubernetes' rule (``pods.effective_requests``)
+    over the sum of every GPU name per container: sidecars add, a plain init container's peak counts."""
+
+    def amount(resource: str, value: Any) -> Any:
+        name = gpus.of(resource)
+        count = whole_count(value) if name is not None else None
+        return name.share * count if name is not None and count is not None else Fraction(0)
+
+    found = pods.effective_requests(pod, include=lambda r: gpus.of(r) is not None, amount=amount,
+                                    bucket=lambda r: "gpu")
+    return Fraction(found.get("gpu", 0))
+
+
+def gpu_resource_names(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> frozenset[str]:
+    """The GPU resource names any container of the pod names, every form (:func:`gpu_asks`'s names,
+    read without their counts, for mutation's steps)."""
+    found: set[str] = set()
+    for _, container in pods.all_containers(pod):
+        found |= pods.gpu_resources(container)
+        for section in ("requests", "limits"):
+            for key in pods.resource_section(container, section):
+                if isinstance(key, str) and "/" in key and not key.startswith(names.NVIDIA_PREFIX) \
+                        and gpus.of(key) is not None:
+                    found.add(key)
+    return frozenset(found)

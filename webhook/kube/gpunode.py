@@ -21,6 +21,7 @@ from webhook.names import (
     GPU_LOAD_LABEL,
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
+    NVIDIA_COUNT_LABEL,
     NVIDIA_MEMORY_LABEL,
     NVIDIA_PRODUCT_LABEL,
     NVIDIA_REPLICAS_LABEL,
@@ -64,9 +65,14 @@ class NodeInfo:
     own: it may use the whole GPU's), ``nvidia.com/mig-<profile>.memory`` for a MIG slice."""
     unschedulable: bool = False
     """Cordoned (``spec.unschedulable``): its free GPUs are not offered to new pods."""
+    gpu_count: int = 0
+    """``nvidia.com/gpu.count`` (GFD): the node's physical GPUs, whatever MIG or time-slicing offers; 0: unknown."""
     cpu_milli: int = 0
     memory_bytes: int = 0
     """Allocatable cpu and memory: the scheduler extender's fragmentation measure weighs them."""
+    unhealthy_gpus: int = 0
+    """``nvidia.com/gpu`` in capacity but not allocatable: devices the device plugin reports unhealthy
+    (the kubelet's device manager keeps them in capacity and leaves them out of allocatable)."""
 
     @property
     def is_gpu_node(self) -> bool:
@@ -117,8 +123,11 @@ def node_info(node: Obj) -> NodeInfo:
         product=str(labels.get(NVIDIA_PRODUCT_LABEL) or ""),
         unit_memory_mib=tuple(memory),
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        gpu_count=_count(labels.get(NVIDIA_COUNT_LABEL)) or 0,
         cpu_milli=_amount(_cpu, allocatable.get("cpu")),
         memory_bytes=_amount(_memory, allocatable.get("memory")),
+        unhealthy_gpus=max((_count(((node.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE, "0")) or 0)
+                           - dict(nvidia).get(GPU_RESOURCE, 0), 0),
     )
 
 

@@ -165,9 +165,14 @@ def _add(into: dict[str, int], more: dict[str, int]) -> None:
 
 
 def _container_amounts(container: Container, include: Callable[[str], bool], amount: Amount,
-                       defaults: Mapping[str, int]) -> dict[str, int]:
+                       defaults: Mapping[str, int], bucket: Callable[[str], str] | None = None) -> dict[str, int]:
     keys = {k for section in ("requests", "limits") for k in resource_section(container, section) if include(k)}
-    found = {key: amount(key, container_request(container, key)) for key in keys}
+    if bucket is None:
+        found = {key: amount(key, container_request(container, key)) for key in keys}
+    else:
+        found = {}
+        for key in keys:
+            _add(found, {bucket(key): amount(key, container_request(container, key))})
     for key, value in defaults.items():
         if not found.get(key):
             found[key] = value
@@ -175,7 +180,8 @@ def _container_amounts(container: Container, include: Callable[[str], bool], amo
 
 
 def effective_requests(pod: Pod, *, include: Callable[[str], bool] = is_gpu_resource,
-                       amount: Amount = gpu_amount, defaults: Mapping[str, int] | None = None) -> dict[str, int]:
+                       amount: Amount = gpu_amount, defaults: Mapping[str, int] | None = None,
+                       bucket: Callable[[str], str] | None = None) -> dict[str, int]:
     """What the pod asks of a node, by Kubernetes' own rule, for the resources ``include`` selects.
 
     The rule of ``k8s.io/component-helpers/resource`` ``PodRequests`` (v0.36): regular containers
@@ -185,16 +191,17 @@ def effective_requests(pod: Pod, *, include: Callable[[str], bool] = is_gpu_reso
     accounting and the replay's scheduler model all call this, so they agree on every pod.
     A quantity ``amount`` cannot read raises QuantityError naming the resource. ``defaults`` fills
     a container's missing or zero request, as kube-scheduler's scoring does for cpu and memory
-    (``NonMissingContainerRequests``).
+    (``NonMissingContainerRequests``). ``bucket`` adds several resources up under one key (every GPU
+    name as GPU units, say) before the rule, so an init container's peak is the peak of their sum.
     """
     fill = defaults or {}
     total: dict[str, int] = {}
     for container in containers(pod):
-        _add(total, _container_amounts(container, include, amount, fill))
+        _add(total, _container_amounts(container, include, amount, fill, bucket))
     sidecars: dict[str, int] = {}
     peak: dict[str, int] = {}
     for container in init_containers(pod):
-        own = _container_amounts(container, include, amount, fill)
+        own = _container_amounts(container, include, amount, fill, bucket)
         if container.get("restartPolicy") == "Always":
             _add(total, own)
             _add(sidecars, own)
@@ -208,7 +215,9 @@ def effective_requests(pod: Pod, *, include: Callable[[str], bool] = is_gpu_reso
         total[key] = max(total.get(key, 0), value)
     overhead = spec(pod).get("overhead")
     if isinstance(overhead, dict):
-        _add(total, {k: amount(k, v) for k, v in overhead.items() if include(k)})
+        for k, v in overhead.items():
+            if include(k):
+                _add(total, {bucket(k) if bucket else k: amount(k, v)})
     return {key: value for key, value in total.items() if value > 0}
 
 

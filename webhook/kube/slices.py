@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 from webhook import names
+from webhook.kube.devicetaints import DeviceTaint, parse_taints
 from webhook.kube.quantity import QuantityError, bytes_
 
 API_VERSION = "resource.k8s.io/v1"
@@ -84,6 +85,7 @@ class DeviceWire(TypedDict, total=False):
     capacity: dict[str, CapacityWire]
     consumesCounters: list[CounterConsumptionWire]
     allowMultipleAllocations: bool
+    taints: list[dict[str, str]]
 
 
 class PoolWire(TypedDict):
@@ -142,6 +144,8 @@ class Device:
     consumes: tuple[CounterUse, ...] = ()
     multiple_allocations: bool = False
     """``allowMultipleAllocations`` (consumable capacity): several claims may share the device."""
+    taints: tuple[DeviceTaint, ...] = ()
+    """What the driver tainted the device with (NVIDIA's: ``gpu.nvidia.com/xid=<n>`` on an XID)."""
 
     def attribute(self, name: str, driver: str = names.DRA_DRIVER) -> str | int | bool | None:
         """The value of attribute ``name``, spelled bare or qualified by ``driver``'s domain."""
@@ -246,7 +250,8 @@ def _device(raw: Any, where: str) -> Device:
                                 counters=_counters(c.get("counters"), f"{where}.consumesCounters[{i}].counters"))
                      for i, c in enumerate(_mappings(item.get("consumesCounters"), f"{where}.consumesCounters")))
     return Device(name=_text(item.get("name"), f"{where}.name"), attributes=tuple(attributes), capacity=capacity,
-                  consumes=consumes, multiple_allocations=item.get("allowMultipleAllocations") is True)
+                  consumes=consumes, multiple_allocations=item.get("allowMultipleAllocations") is True,
+                  taints=parse_taints(item.get("taints")))
 
 
 def _attribute(kind: AttributeKind, value: Any, where: str) -> Attribute:
@@ -330,6 +335,9 @@ def render_device(device: Device) -> DeviceWire:
                                    for c in device.consumes]
     if device.multiple_allocations:
         out["allowMultipleAllocations"] = True
+    if device.taints:
+        out["taints"] = [{k: v for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect),
+                                            ("timeAdded", t.time_added)) if v} for t in device.taints]
     return out
 
 

@@ -1,4 +1,6 @@
-"""The one table of GPU units: what one unit of an NVIDIA resource or DRA device is of a physical GPU. Pure.
+"""The one table of GPU units and GPU names: what one unit of an NVIDIA resource or DRA device is of
+a physical GPU, and which resource names ask GPUs at all (the device plugin's, and the DRA
+extended-resource names of the DeviceClasses that can hold GPUs: ``GpuNames``). Pure.
 
 Before this module the facts below were written out in each product: "a GPU has 7 compute
 slices" in the balancer's marks, the replay's MIG twin and the policy parser; a time-sliced slot's
@@ -15,11 +17,15 @@ MIG nodes, so it reads the same numbers as before.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Literal
+from fractions import Fraction
+from typing import Any, Literal
 
 from webhook import names
-from webhook.kube.resources import MigProfile, is_gpu_resource, mig_profile
+from webhook.kube.claims import ClaimAsk
+from webhook.kube.quantity import QuantityError, bytes_
+from webhook.kube.resources import MigProfile, is_gpu_resource, is_mig_resource, mig_profile
 
 COMPUTE_SLICES_PER_GPU = 7
 """Compute slices of a MIG-capable GPU (A100, H100, H200, B200; an A30 has 4, so its slices weigh a
@@ -32,6 +38,7 @@ DEFAULT_SLOT_REPLICAS = 4
 """Time-sliced slots per GPU when nothing says otherwise: the ``time-slicing-4`` device-plugin
 config of manifests/gpu-operator and the starter notebook policy."""
 
+MIB_BYTES = 2**20
 MIG_GB_BYTES = 10**9
 """MIG profile names count decimal gigabytes: ``1g.10gb`` holds ``10G`` (``10Gi`` is more)."""
 
@@ -114,3 +121,296 @@ def mig_memory_bytes(profile: MigProfile) -> int:
 def mig_profile_of_name(profile_name: str) -> MigProfile | None:
     """``1g.10gb`` (a policy's ``mig:`` rung, a DRA device's ``profile`` attribute) -> its MigProfile."""
     return mig_profile(f"{names.MIG_RESOURCE_PREFIX}{profile_name}")
+
+
+# --- every GPU resource name, the DRA extended-resource names included ------------------------------
+# Kubernetes 1.37 (DRA extended-resource mapping, GA) serves a pod's extended resource through a
+# DeviceClass when no device plugin offers it on the node: every class under its implicit name
+# ``deviceclass.resource.kubernetes.io/<class>``, and a class that sets ``spec.extendedResourceName``
+# under that name too (k8s.io/api/resource/v1 ``ResourceDeviceClassPrefix``; the scheduler's resolver,
+# k8s.io/dynamic-resource-allocation deviceclass/extendedresourcecache). A pod asking such a name asks
+# devices of the class, so admission counts it as a GPU ask whenever the class can hold GPUs.
+
+DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
+"""The implicit extended-resource name of DeviceClass ``<class>`` is this prefix + the class's name."""
+
+_QUOTED = r"[\"']"
+_DRIVER_TERM = re.compile(rf"^device\.driver\s*==\s*{_QUOTED}([a-z0-9.-]+){_QUOTED}$")
+_PROFILE_TERM = re.compile(rf"^device\.attributes\[{_QUOTED}{re.escape(names.DRA_DRIVER)}{_QUOTED}\]"
+                           rf"\.{names.DRA_PROFILE_ATTRIBUTE}\s*==\s*{_QUOTED}([1-9][0-9]*g\.[1-9][0-9]*gb){_QUOTED}$")
+_MEMORY_TERM = re.compile(rf"^device\.capacity\[{_QUOTED}{re.escape(names.DRA_DRIVER)}{_QUOTED}\]"
+                          rf"\.{names.DRA_MEMORY_CAPACITY}\.compareTo\(quantity\({_QUOTED}([0-9]+)Mi{_QUOTED}\)\)"
+                          rf"\s*>=\s*0$")
+_TYPE_TERM = re.compile(rf"^device\.attributes\[{_QUOTED}{re.escape(names.DRA_DRIVER)}{_QUOTED}\]\.type\s*==\s*"
+                        rf"{_QUOTED}[a-z]+{_QUOTED}$")
+
+
+def conjuncts(expression: str) -> tuple[str, ...]:
+    """The terms of a CEL expression that is a plain conjunction (``a && b``); () for anything else
+    (an ``||``, a ternary, a negation), whose terms do not each bound the devices it selects."""
+    if "||" in expression or "?" in expression or "!" in expression.replace("!=", ""):
+        return ()
+    return tuple(term.strip() for term in expression.split("&&"))
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorBounds:
+    """What the CEL selectors of one ask (or one class) provably say about its devices.
+
+    Read only from selectors that are conjunctions of terms each of exactly one of the forms gpugate
+    writes (``webhook/admission/claimladder.py``, ``kube.claims.memory_selector``): a selector with
+    any other term says nothing here, so a term written to look like a bound inside a longer
+    expression (a string literal holding ``&&``) never lowers a count."""
+
+    mig: MigProfile | None = None
+    """``profile == "<g>g.<mem>gb"``: every device is a MIG slice of that profile."""
+    min_memory_mib: int | None = None
+    """``memory.compareTo(quantity("<n>Mi")) >= 0``: every device holds at least that much."""
+    shareable: bool = False
+    """``device.allowMultipleAllocations == true``: a capacity request takes a share of the device."""
+
+
+def selector_bounds(selectors: tuple[str, ...]) -> SelectorBounds:
+    """The bounds ANDed selectors prove (:class:`SelectorBounds`)."""
+    mig: MigProfile | None = None
+    memory: int | None = None
+    shareable = False
+    for expression in selectors:
+        terms = conjuncts(expression)
+        if not terms or not all(_known_term(t) for t in terms):
+            continue
+        for term in terms:
+            if (found := _PROFILE_TERM.match(term)) is not None:
+                mig = mig_profile_of_name(found.group(1)) or mig
+            elif (found := _MEMORY_TERM.match(term)) is not None:
+                memory = max(memory or 0, int(found.group(1)))
+            elif term == names.DRA_SHARE_SELECTOR:
+                shareable = True
+    return SelectorBounds(mig=mig, min_memory_mib=memory, shareable=shareable)
+
+
+def _known_term(term: str) -> bool:
+    return term == names.DRA_SHARE_SELECTOR or any(p.match(term) for p in (_DRIVER_TERM, _PROFILE_TERM, _MEMORY_TERM,
+                                                                          _TYPE_TERM))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClass:
+    """What admission reads of a ``resource.k8s.io/v1`` DeviceClass."""
+
+    name: str
+    extended_resource_name: str | None = None
+    selectors: tuple[str, ...] = ()
+    """``spec.selectors[].cel.expression``, ANDed."""
+    created: str = ""
+    """``metadata.creationTimestamp`` (RFC 3339), which decides a clash of extendedResourceNames."""
+
+    def drivers(self) -> frozenset[str]:
+        """The drivers a selector restricts the class to (``device.driver == "<d>"`` in a conjunction)."""
+        found = set()
+        for expression in self.selectors:
+            for term in conjuncts(expression):
+                match = _DRIVER_TERM.match(term)
+                if match is not None:
+                    found.add(match.group(1))
+        return frozenset(found)
+
+    def selects_gpus(self) -> bool:
+        """The class may hand out NVIDIA GPUs: unless a selector restricts it to another driver
+        (fail closed: a class with no selectors, or with selectors we cannot read, selects any device)."""
+        drivers = self.drivers()
+        return not drivers or names.DRA_DRIVER in drivers \
+            or (self.extended_resource_name is not None and is_gpu_resource(self.extended_resource_name))
+
+    @property
+    def share(self) -> Fraction:
+        """One device's share of a GPU: a MIG slice when the class pins a profile (a selector, or an
+        ``nvidia.com/mig-<profile>`` extendedResourceName), else at most a whole GPU, counted as one."""
+        bounds = selector_bounds(self.selectors)
+        if bounds.mig is not None:
+            return mig_fraction(bounds.mig)
+        if self.extended_resource_name is not None and is_mig_resource(self.extended_resource_name):
+            return gpu_fraction(self.extended_resource_name)
+        return Fraction(1)
+
+
+NVIDIA_CLASSES: tuple[DeviceClass, ...] = (
+    DeviceClass(names.DRA_GPU_CLASS, names.GPU_RESOURCE,
+                (f"device.driver == '{names.DRA_DRIVER}' && device.attributes['{names.DRA_DRIVER}'].type == 'gpu'",)),
+    DeviceClass(names.DRA_MIG_CLASS, None,
+                (f"device.driver == '{names.DRA_DRIVER}' && device.attributes['{names.DRA_DRIVER}'].type == 'mig'",)),
+)
+"""The classes NVIDIA's DRA driver chart installs (deployments/helm/dra-driver-nvidia-gpu/templates/
+deviceclass-{gpu,mig}.yaml): what admission assumes until it has read the cluster's."""
+
+
+class DeviceClassError(ValueError):
+    """A DeviceClass document that is not the shape ``resource.k8s.io/v1`` defines; names the field."""
+
+
+def device_class(document: Any) -> DeviceClass:
+    """A DeviceClass object (JSON, as the API server serves it) read into a :class:`DeviceClass`."""
+    if not isinstance(document, dict) or not isinstance(document.get("metadata"), dict):
+        raise DeviceClassError("expected a DeviceClass object with metadata")
+    meta = document["metadata"]
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise DeviceClassError("metadata.name: expected a non-empty string")
+    spec = document.get("spec") or {}
+    if not isinstance(spec, dict):
+        raise DeviceClassError(f"DeviceClass {name}: spec is not an object")
+    extended = spec.get("extendedResourceName")
+    if extended is not None and not isinstance(extended, str):
+        raise DeviceClassError(f"DeviceClass {name}: spec.extendedResourceName is not a string")
+    raw = spec.get("selectors") or []
+    if not isinstance(raw, list):
+        raise DeviceClassError(f"DeviceClass {name}: spec.selectors is not a list")
+    selectors = []
+    for i, selector in enumerate(raw):
+        cel = selector.get("cel") if isinstance(selector, dict) else None
+        expression = cel.get("expression") if isinstance(cel, dict) else None
+        if not isinstance(expression, str):
+            raise DeviceClassError(f"DeviceClass {name}: spec.selectors[{i}].cel.expression is not a string")
+        selectors.append(expression)
+    return DeviceClass(name=name, extended_resource_name=extended or None, selectors=tuple(selectors),
+                       created=str(meta.get("creationTimestamp") or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceClasses:
+    """The DeviceClasses of a cluster, as admission knows them."""
+
+    classes: tuple[DeviceClass, ...] = NVIDIA_CLASSES
+    learned: bool = False
+    """Read from the cluster (else the NVIDIA chart's classes, assumed)."""
+
+    @classmethod
+    def from_documents(cls, documents: Any) -> DeviceClasses:
+        """A list of DeviceClass objects (a LIST's ``items``); DeviceClassError names a bad one."""
+        if not isinstance(documents, list):
+            raise DeviceClassError("expected a list of DeviceClass objects")
+        return cls(classes=tuple(sorted((device_class(d) for d in documents), key=lambda c: c.name)), learned=True)
+
+    def get(self, name: str) -> DeviceClass | None:
+        return next((c for c in self.classes if c.name == name), None)
+
+    def serving(self, resource: str) -> tuple[DeviceClass, ...]:
+        """Every class kube-scheduler may serve extended resource ``resource`` through: the class
+        its implicit name names, or each class that sets it as ``extendedResourceName`` (of two,
+        the scheduler picks the newer; admission counts whichever gives more)."""
+        if resource.startswith(DEVICE_CLASS_PREFIX):
+            found = self.get(resource[len(DEVICE_CLASS_PREFIX):])
+            return (found,) if found is not None else ()
+        return tuple(c for c in self.classes if c.extended_resource_name == resource)
+
+
+ASSUMED = DeviceClasses()
+"""No class read from a cluster: the NVIDIA chart's two."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuName:
+    """A resource name a container asks that is a GPU ask, and what one unit of it is."""
+
+    resource: str
+    share: Fraction
+    """One unit's share of a GPU (whole 1, a slot 1/4, a MIG slice g/7)."""
+    device_class: str | None = None
+    """For a DRA extended-resource name: the DeviceClass it is served through."""
+    known: bool = True
+    """False for ``deviceclass.resource.kubernetes.io/<class>`` of a class admission does not know:
+    judged as a GPU ask (one whole GPU per unit) rather than let through."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNames:
+    """Which resource names are GPU asks: the device plugin's, and the DRA extended-resource names
+    of every class that can hold GPUs (``governed``), or of a class not known at all."""
+
+    classes: DeviceClasses = ASSUMED
+    governed: frozenset[str] = frozenset({names.DRA_GPU_CLASS, names.DRA_MIG_CLASS})
+
+    def of(self, resource: str) -> GpuName | None:
+        """The GPU ask ``resource`` is, or None for any other resource (cpu, a NIC's)."""
+        if "/" not in resource:
+            return None  # cpu, memory, ephemeral-storage, hugepages-*: never a GPU
+        if is_gpu_resource(resource):
+            return GpuName(resource, gpu_fraction(resource))
+        serving = self.classes.serving(resource)
+        if resource.startswith(DEVICE_CLASS_PREFIX) and not serving:
+            return GpuName(resource, Fraction(1), resource[len(DEVICE_CLASS_PREFIX):], known=False)
+        gpus = [c for c in serving if c.name in self.governed]
+        if not gpus:
+            return None
+        widest = max(gpus, key=lambda c: c.share)
+        return GpuName(resource, widest.share, widest.name)
+
+
+NVIDIA_NAMES = GpuNames()
+"""The GPU names before any class is read: the device plugin's and the NVIDIA chart's classes'."""
+
+
+def gpu_names(classes: DeviceClasses = ASSUMED, listed: frozenset[str] = frozenset()) -> GpuNames:
+    """The GPU names for ``classes``: governed are the NVIDIA chart's classes, those ``listed`` (a
+    policy's ``claims.deviceClasses``) and every known class that can select NVIDIA GPUs."""
+    governed = {names.DRA_GPU_CLASS, names.DRA_MIG_CLASS, *listed}
+    governed.update(c.name for c in classes.classes if c.selects_gpus())
+    return GpuNames(classes=classes, governed=frozenset(governed))
+
+
+def gpu_fraction(resource: str) -> Fraction:
+    """:func:`gpu_share` exactly, for a policy's ``max``: a slot of ``DEFAULT_SLOT_REPLICAS``, a MIG
+    slice g/7 (a time-sliced MIG slot counts as its whole slice); 0 for a resource that is no GPU."""
+    unit = unit_of(resource)
+    if unit is None:
+        return Fraction(0)
+    if unit.kind == "slot":
+        return Fraction(1, DEFAULT_SLOT_REPLICAS)
+    if unit.kind == "mig" and unit.mig is not None:
+        return mig_fraction(unit.mig)
+    return Fraction(1)
+
+
+def mig_fraction(profile: MigProfile) -> Fraction:
+    return min(Fraction(profile.compute, COMPUTE_SLICES_PER_GPU), Fraction(1))
+
+
+def describe(amount: Fraction) -> str:
+    """GPU units as a person reads them: ``2``, ``0.25``, ``0.43``."""
+    if amount.denominator == 1:
+        return str(amount.numerator)
+    return f"{float(amount):.2f}".rstrip("0").rstrip(".")
+
+
+def device_share(device_class: str, selectors: tuple[str, ...], capacity: tuple[tuple[str, str], ...],
+                 classes: DeviceClasses = ASSUMED) -> Fraction:
+    """One device's share of a GPU for a DRA ask (an ``exactly`` request or a sub-request).
+
+    The class's share (a class not known: a whole GPU), lowered only by what the ask's own selectors
+    prove (:func:`selector_bounds`): a pinned MIG profile, or, on a device that allows several
+    allocations, a ``capacity.requests.memory`` as its part of the least memory the selectors allow.
+    """
+    known = classes.get(device_class)
+    share = known.share if known is not None else Fraction(1)
+    bounds = selector_bounds(selectors)
+    if bounds.mig is not None:
+        share = min(share, mig_fraction(bounds.mig))
+    memory = dict(capacity).get(names.DRA_MEMORY_CAPACITY)
+    if memory is not None and bounds.shareable and bounds.min_memory_mib:
+        try:
+            asked = bytes_(memory)
+        except QuantityError:
+            return share
+        share = min(share, Fraction(asked, bounds.min_memory_mib * MIB_BYTES))
+    return share
+
+
+def claim_units(ask: ClaimAsk, gpus: GpuNames) -> Fraction:
+    """GPU units a claim or template holds at most: its requests add up; of a request's
+    ``firstAvailable`` alternatives the largest counts; an ``allocationMode: All`` ask counts 0 (its
+    count is unknown before allocation, and policies refuse it unless they allow it)."""
+    total = Fraction(0)
+    for request in ask.requests:
+        total += max((a.count * device_share(a.device_class, a.selectors, a.capacity, gpus.classes)
+                      for a in request.alternatives if a.device_class in gpus.governed), default=Fraction(0))
+    return total

@@ -35,7 +35,6 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from webhook import names
-from webhook.admission import outcome
 from webhook.certs import pki as servingpki
 from webhook.errors import GpugateError, PolicyLoadError
 from webhook.kube import yamlload
@@ -44,6 +43,7 @@ from webhook.localcluster import interrupts, processes, webhooks
 from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.fakekubelet import NodeSpec
 from webhook.policy import loading
+from webhook.server import outcome
 
 SYSTEM_NAMESPACE = "gpugate-system"
 INVENTORY = ("gpugate-inventory", "inventory.json")  # the balancer's ConfigMap and key

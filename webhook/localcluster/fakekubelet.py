@@ -14,7 +14,9 @@ what kubelets write to the API server. This module writes the same things, with 
   is configured as bad, Running and never Ready, its ``restartCount`` rising in
   ``CrashLoopBackOff`` (what k8s-operator-libs reads to fail a driver upgrade);
 - pods labelled ``e2e.gpugate.io/complete-after: "<seconds>"`` become Succeeded (exit code 0)
-  that long after they started, which is how a test makes a Job complete;
+  that long after they started, which is how a test makes a Job complete; a pod with
+  ``restartPolicy: Never`` whose image is one of ``PodLifecycle.crash_images`` becomes Failed
+  (exit code 1) instead, which is how a test fails a GPU's validation pod;
 - pods that are Terminating (deletionTimestamp set) on our nodes are force-deleted (grace 0),
   or they would stay Terminating forever and block, for example, a Job's completion; with
   ``PodLifecycle.honour_grace`` only once their ``deletionGracePeriodSeconds`` (the pod's
@@ -338,6 +340,12 @@ class FakeKubelet:
         if running is None:
             return
         current = running
+        if crashes and pod["spec"].get("restartPolicy") == "Never":
+            # No restart: the container's exit 1 ends the pod, Failed (how a check pod reports its failure).
+            self._later(lifecycle.restart_seconds, lambda: self._guard(
+                f"failing {meta['namespace']}/{meta['name']}", lambda: self._patch_if_current(
+                    meta, exited_status(current, now=time.time(), exit_code=1))))
+            return
         if crashes:
             self._later(lifecycle.restart_seconds, lambda: self._guard(
                 f"crash-looping {meta['namespace']}/{meta['name']}", lambda: self._crash(pod, 1, lifecycle)))

@@ -156,7 +156,8 @@ class PodLifecycle:
     max_grace_seconds: float = 60.0
     """Never wait longer than this (a test's patience), whatever the pod asks."""
     crash_images: frozenset[str] = frozenset()
-    """Containers whose image contains one of these strings exit 1 at every start: CrashLoopBackOff."""
+    """Containers whose image contains one of these strings exit 1 at every start: CrashLoopBackOff, or,
+    for a pod with ``restartPolicy: Never``, phase Failed."""
     restart_seconds: float = 0.3
     """Seconds between two restarts of a crash-looping container (a kubelet backs off 10 s, doubling to
     5 min; k8s-operator-libs only counts restarts, more than 10)."""

@@ -12,7 +12,7 @@ from fnmatch import translate
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from webhook.kube import pods
+from webhook.kube import pods, units
 from webhook.kube.affinity import Requirement
 from webhook.policy.model import DenyRule, GPUPolicy, LabelSelector, Match
 
@@ -100,3 +100,11 @@ def applicable_denies(policies: PolicySet, pod: pods.Pod, namespace: str) -> Ite
         for rule in policy.deny:
             if deny_applies(rule, pod, namespace):
                 yield policy, rule
+
+
+def gpu_names(policies: PolicySet, classes: units.DeviceClasses = units.ASSUMED) -> units.GpuNames:
+    """Which resource names are GPU asks under ``policies`` in a cluster with ``classes``: the
+    device plugin's, and the DRA extended-resource names of the NVIDIA classes, of every class a
+    policy lists in ``claims.deviceClasses``, and of every known class that can select NVIDIA GPUs."""
+    listed = frozenset(c for p in policies.policies for c in (p.claims.device_classes or ()))
+    return units.gpu_names(classes, listed)

@@ -9,6 +9,7 @@ from typing import Literal
 from webhook.kube.affinity import Requirement
 from webhook.kube.inventory import MAX_AGE_SECONDS
 from webhook.kube.tolerations import Toleration as Toleration  # a policy's tolerations: the one toleration type
+from webhook.usage import durations
 
 Mode = Literal["enforce", "audit", "off"]
 Strategy = Literal["pack", "spread", "none"]
@@ -129,6 +130,31 @@ class DenyRule:
     pod_selector: LabelSelector = field(default_factory=LabelSelector)
 
 
+IdleAction = Literal["report", "annotate", "evict"]
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRules:
+    """``spec.idle``: when a matched pod's GPUs count as idle, and what the balancer may do about it.
+
+    The defaults are the policy's when it says nothing, and every GPU pod's when no policy matches
+    it: report only (an Event, a metric, ``gpugate usage --idle``), never a change to the pod."""
+
+    action: IdleAction = "report"
+    threshold: float = 0.05
+    """DCGM activity (0..1) the pod's GPUs stayed under: 5 % is the engine waking for a health check."""
+    after: str = "2h"
+    """How long they stayed under it (a Prometheus duration): two hours is a notebook left open over
+    lunch, not a slow batch."""
+    exclude: LabelSelector | None = None
+    """Pods that opt out of annotate and evict (reported only), besides those labelled
+    ``gpugate.io/no-reclaim: "true"``; None: no others."""
+
+    @property
+    def after_seconds(self) -> int:
+        return durations.seconds(self.after)
+
+
 @dataclass(frozen=True, slots=True)
 class GPUPolicy:
     name: str
@@ -146,6 +172,7 @@ class GPUPolicy:
     deny: tuple[DenyRule, ...] = ()
     rightsizing: RightSizing | None = None
     claims: ClaimRules = field(default_factory=ClaimRules)
+    idle: IdleRules = field(default_factory=IdleRules)
 
 
 @dataclass(frozen=True, slots=True)

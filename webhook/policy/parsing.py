@@ -27,6 +27,7 @@ from webhook.policy.model import (
     DenyRule,
     GPUPolicy,
     GPUSpec,
+    IdleRules,
     LabelSelector,
     Match,
     Placement,
@@ -37,6 +38,7 @@ from webhook.policy.model import (
     Topology,
     revision_of,
 )
+from webhook.usage import durations
 
 
 def parse(texts: Iterable[tuple[str, bytes | str]]) -> PolicySet:
@@ -137,7 +139,7 @@ def _build(document: SourceDocument, problems: list[str]) -> GPUPolicy | None:
             problems.append(f"{document.where}, {_field_path(error.absolute_path)}: {_describe(error)}")
         return None
     spec = body.get("spec", {})
-    quantity_problems = _rung_quantity_problems(spec)
+    quantity_problems = _rung_quantity_problems(spec) + _duration_problems(spec)
     if quantity_problems:
         problems.extend(f"{document.where}, {problem}" for problem in quantity_problems)
         return None
@@ -175,7 +177,8 @@ def _pattern_meanings() -> dict[str, str]:
     return {holder["pattern"]: _MEANING[key] for key, holder in holders.items() if key in _MEANING}
 
 
-_PATTERN_MEANINGS = _pattern_meanings()
+_PATTERN_MEANINGS = {**_pattern_meanings(),
+                     durations.PATTERN: "a duration (whole numbers with a unit: 90s, 30m, 2h, 1h30m)"}
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
@@ -206,6 +209,16 @@ def _rung_quantity_problems(spec: dict[str, Any]) -> list[str]:
             except QuantityError as err:
                 out.append(f"spec.rightsizing.ladder[{i}].memory: {err}")
     return out
+
+
+def _duration_problems(spec: dict[str, Any]) -> list[str]:
+    after = (spec.get("idle") or {}).get("after")
+    try:
+        if after is not None:
+            durations.seconds(after)
+    except durations.DurationError as err:
+        return [f"spec.idle.after: {err}"]
+    return []
 
 
 def _semantic_problems(policy: GPUPolicy) -> list[str]:
@@ -305,7 +318,18 @@ def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
         ),
         rightsizing=_rightsizing(spec.get("rightsizing")),
         claims=_claims(spec.get("claims")),
+        idle=_idle(spec.get("idle")),
     )
+
+
+def _idle(raw: dict[str, Any] | None) -> IdleRules:
+    """``spec.idle`` (the schema vouched for each field's type and the duration's spelling)."""
+    raw = raw or {}
+    defaults = IdleRules()
+    return IdleRules(action=raw.get("action", defaults.action),
+                     threshold=float(raw.get("threshold", defaults.threshold)),
+                     after=raw.get("after", defaults.after),
+                     exclude=_selector(raw["exclude"]) if "exclude" in raw else None)
 
 
 def _claims(raw: dict[str, Any] | None) -> ClaimRules:

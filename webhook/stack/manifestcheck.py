@@ -117,13 +117,32 @@ def _custom_resource_problems(obj: KubeObject, label: str, folder: Path, api_ver
     """A custom resource checked against its CRD's schema (``<folder>/<kind>_<version>.json``), strictly."""
     schema_file = folder / f"{kind.lower()}_{version}.json"
     if not schema_file.is_file():
-        return [f"{label}: no schema for {api_version} {kind} (looked for {schema_file})"]
+        crd = _crd_schema(folder.parents[1], folder.name, kind, version)
+        if crd is None:
+            return [f"{label}: no schema for {api_version} {kind} (looked for {schema_file})"]
+        schema_cache.setdefault(schema_file, _strict(crd))
     if schema_file not in schema_cache:
         schema_cache[schema_file] = _strict(json.loads(schema_file.read_text()))
     schema = schema_cache[schema_file]
     validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
     errors = sorted(validator_cls(schema).iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
     return [f"{label}: {_where(e.absolute_path)}{e.message}" for e in errors]
+
+
+def _crd_schema(root: Path, group: str, kind: str, version: str) -> dict[str, Any] | None:
+    """The ``openAPIV3Schema`` of ``kind``/``version`` from an upstream CRD file ``<root>/<group>_<plural>.yaml``
+    (where no JSON schema was derived from it); None when there is none."""
+    import yaml  # deferred like the validator: only the shared schemas' CRD files need it
+
+    for path in sorted(root.glob(f"{group}_*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            spec = (crd or {}).get("spec") or {}
+            if spec.get("group") != group or (spec.get("names") or {}).get("kind") != kind:
+                continue
+            for served in spec.get("versions") or ():
+                if served.get("name") == version:
+                    return dict((served.get("schema") or {}).get("openAPIV3Schema") or {})
+    return None
 
 
 def _label(obj: Any) -> str:

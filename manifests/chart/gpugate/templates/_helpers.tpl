@@ -106,6 +106,9 @@ caBundle: {{ .root.Values.webhook.caBundle | quote }}
 
 {{/* Refuse combinations that cannot work, with the key to change. */}}
 {{- define "gpugate.validate" -}}
+{{- if and .Values.balancer.idlePolicies (not .Values.webhook.enabled) (not .Values.policies.existingConfigMap) }}
+{{- fail "balancer.idlePolicies mounts the policies ConfigMap, which only webhook.enabled makes: enable the webhook or set policies.existingConfigMap" }}
+{{- end }}
 {{- if and .Values.webhook.url (ne .Values.tls.mode "external") }}
 {{- fail (printf "webhook.url is set: the server outside the cluster has its own certificate, so set tls.mode to external (it is %q) and webhook.caBundle to its CA" .Values.tls.mode) }}
 {{- end }}
