@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# gpugate: admission webhook server (`gpugate serve`); the same image runs `gpugate balance`
-# and `gpugate certs` in the balancer and TLS manifests (they override the command).
+# gpugate: admission webhook server (`gpugate serve`); the same image runs `gpugate balance`,
+# `gpugate certs` and `gpugate stack canary --watch` in the balancer, TLS and canary manifests (they
+# override the command).
 #
 # Pinned base: a full Python patch release on Debian bookworm. Bump it deliberately (and pin a
 # digest, python:3.11.14-slim-bookworm@sha256:..., where the registry is reachable).
@@ -16,10 +17,14 @@ WORKDIR /src
 # Only what the wheel needs (see .dockerignore): no tests, manifests, policies or data.
 COPY pyproject.toml README.md ./
 COPY webhook ./webhook
-# `.` without extras: the replay's numpy/matplotlib and the test tools stay out of the image.
-RUN /opt/gpugate/bin/pip install . \
+# The `stack` extra (kubernetes-validate), not the others: the replay's numpy/matplotlib and the test
+# tools stay out of the image. The canary controller (`gpugate stack canary --watch`) validates every
+# commit it makes as `gpugate stack` does, with kubernetes-validate and `kubectl kustomize`.
+RUN /opt/gpugate/bin/pip install ".[stack]" \
  && /opt/gpugate/bin/pip uninstall --yes pip setuptools wheel \
  && find /opt/gpugate -name '__pycache__' -type d -prune -exec rm -rf {} +
+# kubectl from the Kubernetes project's own image, at the minor the e2e control plane runs.
+COPY --from=registry.k8s.io/kubectl:v1.37.2 /bin/kubectl /opt/gpugate/bin/kubectl
 
 # --- runtime: the venv and an unprivileged user, nothing else -------------------------------
 FROM ${PYTHON_IMAGE}
@@ -31,6 +36,10 @@ LABEL org.opencontainers.image.title="gpugate" \
 RUN groupadd --system --gid 10001 gpugate \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin gpugate
+# git: the canary controller clones the GitOps repository and pushes its decisions there.
+RUN apt-get update \
+ && apt-get install --yes --no-install-recommends git ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/gpugate /opt/gpugate
 ENV PATH=/opt/gpugate/bin:${PATH} \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -1,6 +1,6 @@
 """A clock a test sets by hand, for code that takes ``clock: Callable[[], float]``.
 
-The lease (``balancer/lease.py``) and the inventory file watcher (``admission/inventoryfile.py``)
+The lease (``webhook/lease.py``) and the inventory file watcher (``admission/inventoryfile.py``)
 read time only through the callable they are given; a test moves ``now`` instead of sleeping.
 """
 

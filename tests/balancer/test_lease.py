@@ -11,9 +11,9 @@ import pytest
 from tests.clock import Clock
 from tests.kubefake import FakeKube
 from webhook.balancer.backoff import Backoff
-from webhook.balancer.lease import LeaderElector, Observation, may_acquire
 from webhook.balancer.settings import LeaseSettings
 from webhook.kubeclient import api_client
+from webhook.lease import LeaderElector, Observation, may_acquire
 
 SEEN = Observation(record=("other", "t1", 0, "5"), seen_at=100.0)
 

@@ -70,16 +70,11 @@ POOL_LABEL = "gpugate.io/driver-pool"
 SYSTEM_NAMESPACE = "gpugate-system"
 OPERATOR_NAMESPACE = "gpu-operator"
 WEBHOOK = "gpugate-webhook"
-SERVICE_MONITOR_CRD: Obj = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-             "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor",
-                       "listKind": "ServiceMonitorList"},
-             "versions": [{"name": "v1", "served": True, "storage": True,
-                           "schema": {"openAPIV3Schema": {"type": "object",
-                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
-}
+MONITORING_CRDS = tuple(ROOT.parent / "shared" / "schemas" / f"monitoring.coreos.com_{plural}.yaml"
+                        for plural in ("servicemonitors", "prometheusrules"))
+"""The Prometheus Operator's CRDs as it publishes them: gpugate-observability's ServiceMonitors and
+its PrometheusRule (the usage recording rules) are checked against their real schemas; nothing
+runs the operator."""
 CONTROLLER_ARGS = (
     # Every push is followed by the refresh a Git webhook makes, so the resync only matters for
     # health Argo CD does not recompute on its own: a CRD's health right after its creation (then
@@ -100,6 +95,22 @@ CONTROLLER_ARGS = (
 )
 
 
+def rig_binaries() -> dict[str, Path]:
+    """What a GitOps rig runs: Argo CD's, helm, kustomize (``harness.rig_binaries``) and NVIDIA's upgrade
+    library; a missing one skips (fails under CI) naming the command that builds it."""
+    from tests.e2e import binaries
+    from tests.prerequisites import missing, needed
+
+    needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
+    found = harness.rig_binaries()
+    controller = binaries.upgrade_controller()
+    if controller is None:
+        missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
+                "`python -m tests.e2e.binaries build`")
+        raise AssertionError("unreachable")
+    return {**found, UPGRADE_CONTROLLER: controller}
+
+
 def healthy(states: dict[str, harness.AppState], apps: Sequence[str], revision: str | None = None) -> bool:
     """Every app Synced and Healthy, no operation running (and synced to ``revision`` if given)."""
     for app in apps:
@@ -118,6 +129,9 @@ class GitOpsRig:
     binaries: dict[str, Path]
     nodes: dict[str, str] = field(default_factory=dict)
     """node name -> pool (canary | default)."""
+    layout: tuple[str, ...] = ("canary", "canary", "default", "default")
+    """The pool of each GPU node to make, in order (a pool other than ``default`` is its
+    ``gpugate.io/driver-pool`` label value, the pool's nodeSelector in stack.yaml)."""
     chart_repo: harness.ChartRepository | None = None
     daemon: harness.GitDaemon | None = None
     fork: Fork | None = None
@@ -155,11 +169,11 @@ class GitOpsRig:
         self._last = time.monotonic()
         suffix = secrets.token_hex(2)
         self.cluster.kubelet.lifecycle = POD_LIFECYCLE
-        for index, pool in enumerate(("canary", "canary", "default", "default"), start=1):
+        for index, pool in enumerate(self.layout, start=1):
             # What NFD's worker would label: an NVIDIA PCI device, the OS (the driver's node pool).
             labels = {NFD_GPU_LABEL: "true", NFD_OS_ID: "ubuntu", NFD_OS_VERSION: "24.04"}
-            if pool == "canary":
-                labels[POOL_LABEL] = "canary"
+            if pool != "default":
+                labels[POOL_LABEL] = pool
             name = self.cluster.add_gpu_node(f"argocd-{pool}-{suffix}-{index}", gpus=8, labels=labels)
             self.nodes[name] = pool
         self._step("nodes")
@@ -174,9 +188,11 @@ class GitOpsRig:
         self._step("fork")
 
         harness.install_crds(self.kubectl)
-        # The Prometheus Operator's ServiceMonitor kind, which gpugate-observability expects the
-        # cluster to have (docs/gitops.md); a permissive stand-in for its CRD, nothing runs it.
-        self.kubectl.apply_objects([SERVICE_MONITOR_CRD])
+        # The Prometheus Operator's kinds, which gpugate-observability expects the cluster to have
+        # (docs/gitops.md).
+        self.kubectl("apply", "--server-side", "-f", ",".join(str(p) for p in MONITORING_CRDS))
+        harness.wait_established(self.cluster.kubeconfig, ["servicemonitors.monitoring.coreos.com",
+                                                           "prometheusrules.monitoring.coreos.com"])
         harness.install_settings(self.kubectl)
         # docs/gitops.md, bootstrap step 2: the health checks before any Application exists.
         self.kubectl("-n", harness.NAMESPACE, "patch", "configmap", "argocd-cm", "--type", "merge",

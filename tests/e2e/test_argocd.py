@@ -75,21 +75,19 @@ import yaml
 from kubernetes import client
 
 from tests.e2e import argocd_harness as harness
-from tests.e2e import binaries
 from tests.e2e.argocd_dashboard import ui_unavailable_reason
 from tests.e2e.argocd_env import (
     BAD_DRIVER,
-    CHARTS,
     OPERATOR_NAMESPACE,
     POOL_LABEL,
     ROOT_APP,
     SYSTEM_NAMESPACE,
-    UPGRADE_CONTROLLER,
     WEBHOOK,
     GitOpsRig,
     ca_bundles,
     healthy,
     restore_client_config,
+    rig_binaries,
     serve_webhook_on_service,
     with_loopback_url,
 )
@@ -114,7 +112,6 @@ from tests.e2e.webhook_fixture import (
     pod_manifest,
     policy_of,
 )
-from tests.prerequisites import missing, needed
 
 Obj = dict[str, Any]
 OPERATOR = "v26.7.0"
@@ -147,13 +144,7 @@ def rig(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[GitOpsRig]
     """The rig, in a folder of its own under the system temp folder (not pytest's tmp_path: other
     pytest runs on a shared machine rotate those away). Kept when a test failed or with
     ``GPUGATE_E2E_KEEP``; otherwise only its ``dashboard/`` (the Markdown snapshots) is kept."""
-    needed(CHARTS / "index.yaml", "a fresh clone has no ../shared: NVIDIA's chart cannot be served")
-    found = harness.rig_binaries()
-    controller = binaries.upgrade_controller()
-    if controller is None:
-        missing("gpu-upgrade-controller (NVIDIA's k8s-operator-libs) is not built; run "
-                "`python -m tests.e2e.binaries build`")
-    found = {**found, UPGRADE_CONTROLLER: controller}
+    found = rig_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="gpugate-argocd-"))
     failed_before = request.session.testsfailed
     started = GitOpsRig(cluster, workdir, found)

@@ -20,6 +20,8 @@ import copy
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,6 +60,7 @@ SCHEMAS = ROOT.parent / "shared" / "schemas"
 NAMESPACE = "gpu-operator"
 OLD, NEW = "595.91.07", "610.57.04"
 STACK = ROOT / "manifests" / "gpu-operator" / "stack.yaml"
+GPUGATE = Path(sys.executable).with_name("gpugate")
 
 pytestmark = pytest.mark.e2e
 
@@ -225,6 +228,37 @@ def test_a_crash_looping_driver_fails_the_node_and_the_next_one_waits(rig: Rig) 
                            for n in rig.canary), timeout=180, what="the canary pool back on the old driver",
                explain=rig.explain)
     assert not any(rig.snapshot()[n]["unschedulable"] for n in rig.canary)
+
+
+def test_stack_plan_kube_reads_the_cluster_and_names_a_pod_that_pins_the_canarys_driver(rig: Rig) -> None:
+    """``gpugate stack plan --kube`` against the real API server: the CRDs as served, the GPU nodes (all
+    upgrade-done by now), the pods; a privileged pod mounting /dev/nvidia0 on a canary node, with no GPU
+    request the upgrade deletes it for, fails the plan of a canary driver change, named, with the fix;
+    and the same plan for the default pool, whose nodes it does not touch, passes that rule."""
+    core = rig.cluster.core()
+    core.create_namespace({"metadata": {"name": "ops"}})
+    core.create_namespaced_pod("ops", {"metadata": {"name": "gpu-probe-0"}, "spec": {
+        "nodeName": rig.canary[0], "tolerations": [{"operator": "Exists"}],
+        "volumes": [{"name": "nvidia0", "hostPath": {"path": "/dev/nvidia0"}}],
+        "containers": [{"name": "probe", "image": "registry.example/gpu-probe:2",
+                        "securityContext": {"privileged": True},
+                        "volumeMounts": [{"name": "nvidia0", "mountPath": "/dev/nvidia0"}]}]}})
+    env = {**os.environ, KUBECONFIG_ENV: "", "KUBECONFIG": str(rig.cluster.kubeconfig)}
+
+    def plan(pool: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(GPUGATE), "stack", "plan", "--repo", str(ROOT), "--operator", "v26.7.0",
+                               "--driver", NEW, "--pool", pool, "--skip-chart-render", "--kube"],
+                              capture_output=True, text=True, env=env, timeout=300, check=False)
+
+    canary = plan("canary")
+    assert canary.returncode == 1, canary.stdout + canary.stderr
+    [line] = [x for x in canary.stdout.splitlines() if "gpu-consumers" in x]
+    assert line.strip().startswith("FAIL") and "pod ops/gpu-probe-0 on " + rig.canary[0] in line, canary.stdout
+    assert "fix: stop them on the reloaded nodes" in canary.stdout
+    assert "CRD(s)" in next(x for x in canary.stdout.splitlines() if x.strip().startswith("PASS  cluster"))
+    default = plan("default")
+    assert "PASS  gpu-consumers" in default.stdout, default.stdout
+    core.delete_namespace("ops")
 
 
 def test_ownership_fails_closed_on_a_conflict_and_drops_a_stale_owner(rig: Rig) -> None:

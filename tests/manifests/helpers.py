@@ -46,9 +46,10 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "webhook-builtin-tls": (("webhook-builtin-tls",), ()),
     "balancer": (("balancer",), ()),
     "scheduler": (("scheduler",), ()),
+    "canary": (("canary",), ()),
     "webhook+balancer+observability": (("webhook", "balancer"), ("observability",)),
     # Everything at once: also proves no two parts define the same object.
-    "all": (("webhook", "balancer", "scheduler"), ("webhook/components/builtin-tls",
+    "all": (("webhook", "balancer", "scheduler", "canary"), ("webhook/components/builtin-tls",
                                                    "webhook/components/fail-open", "observability")),
 }
 

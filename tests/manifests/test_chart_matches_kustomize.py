@@ -46,6 +46,7 @@ COMPARISONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cert-manager": (("webhook", "balancer"), ("webhook/components/cert-manager",)),
     "fail-open": (("webhook", "balancer"), ("webhook/components/builtin-tls", "webhook/components/fail-open")),
     "everything": (("webhook-builtin-tls", "balancer", "scheduler"), ("observability",)),
+    "canary": (("webhook-builtin-tls", "balancer", "canary"), ()),
 }
 
 Obj = dict[str, Any]

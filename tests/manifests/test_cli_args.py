@@ -35,7 +35,7 @@ INVOCATIONS = _gpugate_invocations()
 
 def test_all_gpugate_containers_are_checked() -> None:
     commands = sorted({argv[0] for _, argv in INVOCATIONS})
-    assert commands == ["balance", "certs", "serve"]
+    assert commands == ["balance", "certs", "serve", "stack"]
 
 
 @pytest.mark.parametrize(("where", "argv"), INVOCATIONS, ids=[w for w, _ in INVOCATIONS])

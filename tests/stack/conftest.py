@@ -72,11 +72,7 @@ def stack_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for key, value in GIT_ENV.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("HOME", str(tmp_path))
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for folder in ("manifests", "argocd"):
-        if (ROOT / folder).is_dir():
-            shutil.copytree(ROOT / folder, repo / folder)
+    repo = project_copy(tmp_path / "repo", commit=False)
     if SHARED.is_dir():
         (tmp_path / "shared").symlink_to(SHARED)
     # The chart render of `gpugate stack` must not reach for NVIDIA's repository from a test: use
@@ -88,6 +84,19 @@ def stack_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.setenv("GPUGATE_SKIP_CHART_RENDER", "1")
     git(repo, "init", "-q", "-b", "main")
     commit_all(repo, "initial import")
+    return repo
+
+
+def project_copy(repo: Path, *, commit: bool = True) -> Path:
+    """The project's manifests/ and argocd/ as they are in this checkout, at ``repo`` (a git repository
+    with them as its first commit when ``commit``; the caller sets the git identity)."""
+    repo.mkdir(parents=True)
+    for folder in ("manifests", "argocd"):
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, repo / folder)
+    if commit:
+        git(repo, "init", "-q", "-b", "main")
+        commit_all(repo, "initial import")
     return repo
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from tests.stack.conftest import git, snapshot
+from webhook import names
 from webhook.cli import main
 from webhook.errors import GpugateError
 from webhook.stack import canary, manifests, status
@@ -156,11 +157,12 @@ def test_canary_yaml_is_read_with_its_conditions():
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    (GOOD.replace("pool: canary", "pool: gold"), "pool 'gold' is not a pool of stack.yaml (default, canary)"),
+    (GOOD.replace("pool: canary", "pool: gold"), "pool(s) gold are not pools of stack.yaml (default, canary)"),
     (GOOD.replace("    max: 0", "    maxx: 0"), "conditions/0: Additional properties are not allowed ('maxx'"),
     (GOOD.replace("    max: 0", ""), "conditions/0:"),
     (GOOD.replace("windowSeconds: 120", "windowSeconds: soon"), "windowSeconds: 'soon' is not of type 'number'"),
-    (GOOD.replace("prometheus: {url: http://prometheus.monitoring:9090}\n", ""), "conditions need prometheus.url"),
+    (GOOD.replace("prometheus: {url: http://prometheus.monitoring:9090}\n", ""),
+     "conditions and xid need prometheus.url"),
     (GOOD + "  - name: no-new-xid\n    query: up\n    min: 1\n", "duplicate name(s) no-new-xid"),
     (GOOD.replace("kind: CanaryAnalysis", "kind: Canary"), "kind: 'CanaryAnalysis' was expected"),
     ("pool: [", ", line 1, column 8: invalid YAML: expected the node content"),  # no "<unicode string>"
@@ -175,7 +177,7 @@ def test_a_bad_canary_yaml_is_refused_naming_the_problem(text, message):
 
 
 def labelled(name: str, *, owner: str, state: str, driver: str | None) -> dict:
-    labels = {status.GPU_PRESENT_LABEL: "true", status.DRIVER_OWNER_LABEL: owner,
+    labels = {names.GPU_PRESENT_LABEL: "true", names.DRIVER_OWNER_LABEL: owner,
               status.DRIVER_UPGRADE_STATE_LABEL: state}
     if driver:
         labels["nvidia.com/cuda.driver-version.full"] = driver
@@ -259,5 +261,5 @@ def test_canary_refuses_a_bad_canary_yaml_and_writes_nothing(stack_repo, fake_ku
     before = snapshot(stack_repo)
     result = CliRunner().invoke(main, ["stack", "canary", "--commit", "--server", fake_kube.url,
                                        "--repo", str(stack_repo)])
-    assert result.exit_code == 1 and "pool 'gold' is not a pool of stack.yaml" in result.output
+    assert result.exit_code == 1 and "pool(s) gold are not pools of stack.yaml" in result.output
     assert snapshot(stack_repo) == before

@@ -61,9 +61,10 @@ def examples(text: str) -> list[Example]:
             if line.startswith("## "):
                 heading = line[3:].strip()
             continue
+        if not line.strip().startswith("gpugate stack"):
+            continue  # output or YAML in a block, not a command (it need not parse as a shell line)
         argv = shlex.split(line, comments=True)
-        if argv[:2] == ["gpugate", "stack"]:
-            block.append(tuple(argv[1:]))
+        block.append(tuple(argv[1:]))
     return found
 
 

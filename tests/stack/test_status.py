@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from tests.kubefake import fake_kube  # noqa: F401 - pytest fixture
 from webhook.cli import main
+from webhook.names import DRIVER_OWNER_LABEL
 from webhook.stack import status
 
 
@@ -19,7 +20,7 @@ def node(name: str, *, gpu: bool = True, owner: str | None = None, state: str | 
     if gpu:
         labels[status.GPU_PRESENT_LABEL] = "true"
     if owner:
-        labels[status.DRIVER_OWNER_LABEL] = owner
+        labels[DRIVER_OWNER_LABEL] = owner
     if state:
         labels[status.DRIVER_UPGRADE_STATE_LABEL] = state
     if pool_label:
@@ -117,12 +118,12 @@ def test_status_kube_without_a_cluster_says_how_to_point_at_one(stack_repo, no_k
            "or set KUBECONFIG" in result.output
 
 
-@pytest.mark.parametrize("command", [
-    ["status", "--kube"],
-    # step 2 of the driver migration asks the cluster whether step 1 is healthy
-    ["plan", "--operator", "v26.7.0", "--driver-management", "nvidiadriver", "--kube"],
+@pytest.mark.parametrize(("command", "listing"), [
+    (["status", "--kube"], "ClusterPolicies"),
+    # the preflight rules read the cluster, CRDs first (and step 2 of the driver migration its ClusterPolicy)
+    (["plan", "--operator", "v26.7.0", "--driver-management", "nvidiadriver", "--kube"], "CRDs"),
 ])
-def test_stack_commands_against_a_server_that_does_not_answer_say_so(stack_repo, set_stack, command):
+def test_stack_commands_against_a_server_that_does_not_answer_say_so(stack_repo, set_stack, command, listing):
     """urllib3's MaxRetryError was printed as "listing ClusterPolicies failed:
     HTTPConnectionPool(...)"; kubeclient words it for every command that talks to the cluster."""
     if command[0] == "plan":
@@ -131,7 +132,7 @@ def test_stack_commands_against_a_server_that_does_not_answer_say_so(stack_repo,
                                        "--server", f"http://127.0.0.1:{closed_port()}"])
     no_traceback(result)
     assert result.exit_code == 1
-    assert "error: listing ClusterPolicies: the API server does not answer (" in result.output
+    assert f"error: listing {listing}: the API server does not answer (" in result.output
     assert "check --server or KUBECONFIG and that the cluster is up" in result.output
 
 

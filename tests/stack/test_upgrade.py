@@ -504,10 +504,24 @@ def test_sync_applies_the_upgrade_rules_to_a_hand_edit(stack_repo):
 
 def test_sync_refuses_other_uncommitted_changes(stack_repo):
     _edit_stack(stack_repo, lambda d: d["pools"][1]["upgradePolicy"].update(autoUpgrade=False))
-    (stack_repo / manifests.VALUES_FILE).write_text((stack_repo / manifests.VALUES_FILE).read_text() + "# wip\n")
+    derived = stack_repo / manifests.DRIVERS_DIR / "canary.yaml"
+    derived.write_text(derived.read_text() + "# wip\n")
     result = run(stack_repo, "sync")
-    assert result.exit_code == 1 and "uncommitted changes" in result.output and "values.yaml" in result.output
+    assert result.exit_code == 1 and "uncommitted changes" in result.output and "canary.yaml" in result.output
     assert "stack.yaml" not in result.output.split("uncommitted changes")[1].split(")")[0]
+
+
+def test_sync_commits_a_hand_edit_of_values_yaml_and_checks_it(stack_repo):
+    """values.yaml is edited by hand (its keys beyond those stack.yaml derives); sync commits it
+    after the same checks, and says what the edit drops (here NVIDIA's device hardening)."""
+    values = stack_repo / manifests.VALUES_FILE
+    values.write_text(values.read_text().replace("value: volume-mounts", "value: envvar"))
+    result = run(stack_repo, "sync")
+    assert result.exit_code == 0, result.output
+    assert "device-hardening" in result.output and "DEVICE_LIST_STRATEGY='envvar'" in result.output
+    assert git(stack_repo, "status", "--porcelain").strip() == ""
+    assert "value: envvar" in git(stack_repo, "show", "HEAD:" + manifests.VALUES_FILE)
+    assert manifests.VALUES_FILE in git(stack_repo, "show", "--name-only", "--format=", "HEAD").split()
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -36,7 +36,6 @@ from webhook.balancer.health import HealthServer
 from webhook.balancer.inventorysource import InventorySource
 from webhook.balancer.labeller import Labeller
 from webhook.balancer.labelwrites import LabelWrites
-from webhook.balancer.lease import LeaderElector
 from webhook.balancer.metrics import Metrics
 from webhook.balancer.prometheus import PrometheusClient
 from webhook.balancer.publisher import InventoryPublisher
@@ -45,6 +44,7 @@ from webhook.balancer.state import PodUsage, may_hold_gpus, pod_key, pod_usage
 from webhook.balancer.usagewiring import UsageWiring
 from webhook.errors import GpugateError
 from webhook.kube.gpunode import NodeInfo, node_info
+from webhook.lease import LeaderElector
 from webhook.placement import dracount
 from webhook.placement import gpuinventory as inventory_mod
 

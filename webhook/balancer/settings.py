@@ -20,6 +20,7 @@ from webhook.balancer import healthschema
 from webhook.balancer.healthpolicy import HealthPolicy, HealthPolicyError
 from webhook.errors import GpugateError
 from webhook.kube import yamlload
+from webhook.lease import LeaseSettings  # re-exported: the balancer's settings file names it
 from webhook.placement.shapes import MixError, ShapeMix, parse_mix
 from webhook.placement.tiers import ThresholdError, TierThresholds
 
@@ -43,26 +44,6 @@ class PrometheusSettings:
     """Seconds before a query is given up (and the poll counts as Prometheus being down)."""
     stale_after: float = 120.0
     """Seconds after the last good answer from which utilization is dropped (allocation only)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LeaseSettings:
-    """Leader election: one replica writes, the others keep caches warm."""
-
-    name: str = "gpugate-balancer"
-    namespace: str = ""
-    """Empty: ``$POD_NAMESPACE`` (downward API), else ``gpugate-system``; resolved by the command."""
-    identity: str = ""
-    """This replica's name in the Lease. Empty: ``$POD_NAME``, else the host name."""
-    duration: float = 15.0
-    """Seconds a standby waits after the last renewal it saw before taking over (client-go default)."""
-    renew_deadline: float = 10.0
-    """Seconds the leader keeps writing without a successful renewal; must be below ``duration``
-    so it stops before a standby can start (no two writers)."""
-    retry_period: float = 2.0
-    """Seconds between acquire/renew attempts."""
-    enabled: bool = True
-    """False: act as the only writer (a single replica, or tests); ``--dry-run`` also skips it."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,6 @@ from webhook.commands.stack_options import (
     Workspace,
     change_options,
     cluster_option,
-    lister,
     output_option,
     repo_option,
     waiver_options,
@@ -85,30 +84,32 @@ def _finish(ctx: click.Context, where: Workspace, prepared: stack_upgrade.Prepar
 @change_options
 @cluster_option
 @finishing_options
-def plan_command(ctx: click.Context, request: planning.Request, kube: bool, server: Target, where: Workspace,
-                 output: str) -> None:
-    """Print every check (pass/fail and why) and the commits an upgrade would make; exit 1 if any fails."""
-    _upgrade(ctx, request, kube, server, where, output, check_only=True)
+def plan_command(ctx: click.Context, request: planning.Request, cluster: stack_upgrade.ClusterReader | None,
+                 where: Workspace, output: str) -> None:
+    """Print every check (pass/fail, its cause and fix) and the commits an upgrade would make; exit 1 if
+    any fails. With --kube (or --cluster-state) the preflight rules read the cluster."""
+    _upgrade(ctx, request, cluster, where, output, check_only=True)
 
 
 @stack.command("upgrade", short_help="Check a change and make one commit.")
 @change_options
 @cluster_option
 @finishing_options
-def upgrade_command(ctx: click.Context, request: planning.Request, kube: bool, server: Target, where: Workspace,
-                    output: str) -> None:
-    """Check, edit stack.yaml and every derived file, render the chart, re-validate, and make one commit."""
-    _upgrade(ctx, request, kube, server, where, output, check_only=False)
+def upgrade_command(ctx: click.Context, request: planning.Request, cluster: stack_upgrade.ClusterReader | None,
+                    where: Workspace, output: str) -> None:
+    """Check (the plan, with the preflight rules under --kube), edit stack.yaml and every derived file,
+    render the chart, re-validate, and make one commit."""
+    _upgrade(ctx, request, cluster, where, output, check_only=False)
 
 
-def _upgrade(ctx: click.Context, request: planning.Request, kube: bool, server: Target, where: Workspace,
-             output: str, *, check_only: bool) -> None:
+def _upgrade(ctx: click.Context, request: planning.Request, cluster: stack_upgrade.ClusterReader | None,
+             where: Workspace, output: str, *, check_only: bool) -> None:
     """``plan`` is ``upgrade`` that only prints: the same request, the same checks, no commit (and
     so no need for a clean working tree)."""
     if not check_only:
         where.clean_repo()
     prepared = stack_upgrade.prepare_upgrade(where.root, request, schema_root=where.schema_root,
-                                             cluster_policies=lister(kube, server), chart=where.chart(),
+                                             cluster=cluster, chart=where.chart(),
                                              for_commit=not check_only)
     _finish(ctx, where, prepared, output, check_only=check_only)
 
@@ -134,15 +135,18 @@ def promote_command(ctx: click.Context, source: str, force: bool, server: Target
     _finish(ctx, where, prepared, output)
 
 
-@stack.command("sync", short_help="Commit a hand edit of stack.yaml, checked.")
+@stack.command("sync", short_help="Commit a hand edit of stack.yaml or values.yaml, checked.")
 @click.option("--check", "check_only", is_flag=True, help="Only print the checks and the commit; write nothing.")
 @waiver_options("unvalidated_driver", "unlisted_driver", "driver_downgrade")
+@cluster_option
 @finishing_options
-def sync_command(ctx: click.Context, check_only: bool, waivers: Waivers, where: Workspace, output: str) -> None:
-    """Commit a hand edit of stack.yaml (a pool's upgradePolicy, a new pool) and its derived files, after the checks."""
-    git_repo = where.clean_repo(allow=(manifests.STACK_FILE,))
+def sync_command(ctx: click.Context, check_only: bool, waivers: Waivers,
+                 cluster: stack_upgrade.ClusterReader | None, where: Workspace, output: str) -> None:
+    """Commit a hand edit of stack.yaml (a pool's upgradePolicy, labels, a new pool) or of values.yaml, and
+    the files derived from stack.yaml, after the checks (the preflight rules too, with --kube)."""
+    git_repo = where.clean_repo(allow=(manifests.STACK_FILE, manifests.VALUES_FILE))
     prepared = stack_upgrade.prepare_sync(git_repo, schema_root=where.schema_root, waivers=waivers,
-                                          chart=where.chart(), for_commit=not check_only)
+                                          chart=where.chart(), for_commit=not check_only, cluster=cluster)
     _finish(ctx, where, prepared, output, check_only=check_only)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from webhook.commands.clusteroptions import target_options
+from webhook.commands.stack_canary_watch import WatchOptions, canary_watch_loop, watch_options
 from webhook.commands.stack_options import (
     Workspace,
     output_option,
@@ -74,16 +75,24 @@ def _report_end(pool: str, driver: str, verdict: Any, sha: str | None, *, commit
 @click.option("--commit", "make_commit", is_flag=True,
               help="Make the promote (--to all) or rollback commit; without it, print what it would do.")
 @target_options("API server URL (default: in-cluster or kubeconfig).")
+@watch_options
 @workspace_options
 @output_option
 @click.pass_context
 def canary_command(ctx: click.Context, pool: str | None, analysis_file: Path | None, prometheus: str | None,
                    window: float | None, timeout: float | None, once: bool, make_commit: bool, server: Target,
-                   where: Workspace, output: str) -> None:
+                   watch: WatchOptions | None, where: Workspace, output: str) -> None:
     """Watch the canary pool until every node is upgrade-done at the driver Git pins for it and the
     conditions of canary.yaml held for the window (promote), or a node is upgrade-failed, a condition
     fails or the timeout passes (roll back). Exit 0 promote, 1 roll back, 3 undecided (--once, or
-    the cluster or Prometheus did not answer: nothing is committed)."""
+    the cluster or Prometheus did not answer: nothing is committed).
+
+    With --watch it is the controller that acts by itself (in the cluster, leader-elected): it follows
+    every canary pool of canary.yaml through NVIDIA's upgrade states, commits and pushes the promote or
+    rollback itself (never twice for one rollout, never forced) and runs until SIGTERM."""
+    if watch is not None:
+        canary_watch_loop(watch, where, server=server, prometheus=prometheus, analysis_file=analysis_file)
+        return
     root = where.root
     stack_now = manifests.load_stack(root)
     analysis = canary_watch.load_analysis(root, stack_now, pool=pool, path=analysis_file)

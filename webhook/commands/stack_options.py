@@ -18,7 +18,6 @@ from webhook.errors import GpugateError
 from webhook.kubetarget import Target
 from webhook.stack import plan as planning
 from webhook.stack import releases, verify
-from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
 from webhook.stack.checks import Waivers
 from webhook.stack.gitrepo import Repo
@@ -127,15 +126,35 @@ def chart_options(func: Any) -> Any:
 
 
 def cluster_option(func: Any) -> Any:
-    func = target_options("API server URL for --kube (default: in-cluster or kubeconfig).")(func)
+    """--kube / --server / --cluster-state, handed to the command as one ``cluster`` reader (None: not asked)."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        kube, server, recorded = kwargs.pop("kube"), kwargs.pop("server"), kwargs.pop("cluster_state")
+        if recorded is not None and (kube or server.given):
+            raise click.UsageError("--cluster-state reads a recording: pass it without --kube/--server")
+        kwargs["cluster"] = cluster_reader(kube or server.given, server, recorded)
+        return func(*args, **kwargs)
+
+    decorated: Any = click.option(
+        "--cluster-state", "cluster_state", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Read the cluster from a recording (YAML objects or Lists, e.g. `kubectl get "
+             "crd,nodes,pods,daemonsets -A -o yaml`) instead of the API.")(command)
+    decorated = target_options("API server URL for --kube (default: in-cluster or kubeconfig).")(decorated)
     return click.option("--kube", is_flag=True,
-                        help="Ask the cluster whether the previous step is healthy (driver migration step 2).")(func)
+                        help="Read the cluster for the preflight rules (CRDs as served, GPU nodes, pods, "
+                             "DaemonSets, NVIDIA objects).")(decorated)
 
 
-def lister(kube: bool, server: Target) -> Any:
-    if not kube and not server.given:
-        return None
-    return lambda: stack_status.fetch_cluster_policies(server)
+def cluster_reader(kube: bool, server: Target, recorded: Path | None) -> stack_upgrade.ClusterReader | None:
+    """What reads the cluster when the plan needs it, or None when no cluster was asked for."""
+    from webhook.stack import clusterread
+
+    if recorded is not None:
+        return lambda: clusterread.load_recorded(recorded)
+    if kube:
+        return lambda: clusterread.read_cluster(server)
+    return None
 
 
 def root_of(path: Path) -> Path:

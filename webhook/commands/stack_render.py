@@ -41,6 +41,10 @@ def render_status(result: dict[str, Any]) -> str:
         lines.append(f"  OUT OF STEP with stack.yaml: {', '.join(git['outOfStep'])}")
     for commit in git.get("stackCommits", [])[:3]:
         lines.append(f"  stack commit {commit['sha'][:12]} [{commit['action']}] {commit['subject']}")
+    for decision in git.get("canaryDecisions", []):
+        mode = f" ({decision['mode']})" if decision.get("mode") else ""
+        lines.append(f"  canary {decision['decision']}{mode} of pool {decision['pool']}'s rollout "
+                     f"{decision['rollout'][:12]} by {decision['sha'][:12]}: {decision['subject']}")
     cluster = result.get("cluster")
     if cluster is not None:
         lines.append(f"Cluster ({cluster['server']}):")
@@ -79,6 +83,8 @@ def render_plan(data: dict[str, Any]) -> str:
         label = check["name"] + (f"[{check['subject']}]" if check.get("subject") else "")
         verdict = "SKIP" if check.get("skipped") else "PASS" if check["ok"] else "FAIL"
         lines.append(f"  {verdict}  {label:<{width}}  {check['reason']}")
+        if check.get("fix") and not check["ok"]:
+            lines.append(f"        {'':<{width}}  fix: {check['fix']}")
     if data["warnings"]:
         lines.append("warnings:")
         lines += [f"  {w}" for w in data["warnings"]]

@@ -49,3 +49,14 @@ def describe_error(err: yaml.YAMLError) -> str:
     where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = getattr(err, "problem", None) or str(err).split("\n", 1)[0]
     return f"{where}: invalid YAML: {problem}"
+
+
+FastLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""PyYAML's SafeLoader written in C (libyaml), when PyYAML was built with it: the same safe
+constructors, several times faster on the stack's large files (CRDs, values, chart renders)."""
+
+
+def fast_load(data: str | bytes) -> Any:
+    """``yaml.safe_load`` through libyaml (duplicate keys are not checked: for our own generated and
+    upstream files, never for what a person writes by hand and gpugate must judge)."""
+    return yaml.load(data, Loader=FastLoader)

@@ -327,7 +327,7 @@ class FakeKubelet:
         """Containers started; ``fresh`` when ``pod`` was just read (no need to check it is still there)."""
         meta = pod["metadata"]
         crashes = lifecycle.crashes(pod)
-        ready = lifecycle.ready_seconds <= 0 and not crashes
+        ready = lifecycle.ready_seconds <= 0 and not crashes and not lifecycle.never_ready(pod)
         status = running_status(pod, host_ip=node.address, pod_ip=node.pod_ip(next(self._pod_serial)),
                                 now=time.time(), ready=ready)
         if fresh:
@@ -350,14 +350,15 @@ class FakeKubelet:
             self._later(lifecycle.restart_seconds, lambda: self._guard(
                 f"crash-looping {meta['namespace']}/{meta['name']}", lambda: self._crash(pod, 1, lifecycle)))
             return
-        if not ready:
+        if not ready and not lifecycle.never_ready(pod):
             self._later(lifecycle.ready_seconds, lambda: self._guard(
                 f"readying {meta['namespace']}/{meta['name']}",
                 lambda: self._patch_if_current(meta, ready_status(current, now=time.time()))))
         after = (meta.get("labels") or {}).get(COMPLETE_AFTER)
-        if after is not None:
-            self._later(float(after), lambda: self._guard(
-                f"completing {meta['namespace']}/{meta['name']}", lambda: self._complete_pod(current)))
+        if (exits := (float(after), 0) if after is not None else lifecycle.exits(pod)) is not None:
+            seconds, code = exits
+            self._later(seconds, lambda: self._guard(
+                f"completing {meta['namespace']}/{meta['name']}", lambda: self._complete_pod(current, code)))
 
     def _crash(self, pod: Obj, restarts: int, lifecycle: PodLifecycle) -> None:
         """One more exit 1 and restart; again after ``restart_seconds`` up to ``max_restarts``."""
@@ -367,12 +368,13 @@ class FakeKubelet:
             self._later(lifecycle.restart_seconds, lambda: self._guard(
                 f"crash-looping {pod['metadata']['name']}", lambda: self._crash(pod, restarts + 1, lifecycle)))
 
-    def _complete_pod(self, pod: Obj) -> None:
+    def _complete_pod(self, pod: Obj, exit_code: int = 0) -> None:
         meta = pod["metadata"]
         current = _raw(self.core.read_namespaced_pod, meta["name"], meta["namespace"])["metadata"]
         if current["uid"] != meta["uid"] or current.get("deletionTimestamp"):
             return
-        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], succeeded_status(pod, now=time.time()),
+        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"],
+                                              exited_status(pod, now=time.time(), exit_code=exit_code),
                                               _content_type=STRATEGIC)
 
     def _force_delete(self, namespace: str, name: str, uid: str) -> None:

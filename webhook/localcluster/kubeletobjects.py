@@ -7,7 +7,7 @@ real client, and the vocabulary a test shares with it (``NodeSpec``, ``PodLifecy
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -163,10 +163,27 @@ class PodLifecycle:
     5 min; k8s-operator-libs only counts restarts, more than 10)."""
     max_restarts: int = 30
     """Restarts after which the loop stops writing (the count stays, the pod stays not Ready)."""
+    crash_when: Callable[[Obj], bool] | None = None
+    """A pod (as bound, with its node) whose containers crash-loop, beyond ``crash_images``: what a test
+    decides per node (a driver that cannot load because something holds the old one)."""
+    never_ready_when: Callable[[Obj], bool] | None = None
+    """A pod that runs and never passes its readiness probe (a driver that never loads, a validator
+    that never validates)."""
+    exit_when: Callable[[Obj], tuple[float, int] | None] | None = None
+    """A pod whose containers exit after (seconds, exit code): Succeeded for 0, else Failed (a Job's
+    pod, such as a diagnostic that fails on one node)."""
 
     def crashes(self, pod: Obj) -> bool:
         images = [str(c.get("image") or "") for c in pod["spec"].get("containers") or []]
+        if self.crash_when is not None and self.crash_when(pod):
+            return True
         return any(bad in image for bad in self.crash_images for image in images)
+
+    def never_ready(self, pod: Obj) -> bool:
+        return self.never_ready_when is not None and self.never_ready_when(pod)
+
+    def exits(self, pod: Obj) -> tuple[float, int] | None:
+        return self.exit_when(pod) if self.exit_when is not None else None
 
 
 # -- what a kubelet writes (pure functions of their inputs) ---------------------------------

@@ -33,17 +33,33 @@ ANALYSIS_FILE = "manifests/gpu-operator/canary.yaml"
 DONE, FAILED = "upgrade-done", "upgrade-failed"
 NO_STATE = "(none)"
 
+_SECONDS = {"type": "number", "exclusiveMinimum": 0}
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "required": ["apiVersion", "kind", "pool"],
+    "required": ["apiVersion", "kind"],
+    "oneOf": [{"required": ["pool"]}, {"required": ["pools"]}],
     "properties": {
         "apiVersion": {"const": "gpugate.io/v1alpha1"},
         "kind": {"const": "CanaryAnalysis"},
         "pool": {"type": "string", "minLength": 1},
+        "pools": {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "string", "minLength": 1}},
+        "promoteTo": {"anyOf": [{"const": "all"},
+                                {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}]},
+        "baseline": {"type": "string", "minLength": 1},
         "windowSeconds": {"type": "number", "minimum": 0},
-        "intervalSeconds": {"type": "number", "exclusiveMinimum": 0},
-        "timeoutSeconds": {"type": "number", "exclusiveMinimum": 0},
+        "intervalSeconds": _SECONDS,
+        "timeoutSeconds": _SECONDS,
+        "limits": {"type": "object", "additionalProperties": False,
+                   "properties": {"stuckSeconds": _SECONDS, "driverReadySeconds": _SECONDS,
+                                  "validationSeconds": _SECONDS, "migPendingSeconds": _SECONDS}},
+        "xid": {"type": "object", "additionalProperties": False,
+                "properties": {"windowSeconds": _SECONDS, "minimum": {"type": "integer", "minimum": 1}}},
+        "diagnostics": {"type": "object", "additionalProperties": False, "required": ["image"],
+                        "properties": {"image": {"type": "string", "minLength": 1},
+                                       "level": {"type": "integer", "minimum": 1, "maximum": 4},
+                                       "timeoutSeconds": _SECONDS,
+                                       "namespace": {"type": "string", "minLength": 1}}},
         "prometheus": {"type": "object", "additionalProperties": False,
                        "properties": {"url": {"type": "string", "pattern": "^https?://"}}},
         "conditions": {
@@ -106,8 +122,42 @@ class Condition:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """How long a canary node may stay in a state before the rollout is rolled back, in seconds."""
+
+    stuck_seconds: float = 1800.0
+    """In one of NVIDIA's in-progress upgrade states (cordon-required ... uncordon-required)."""
+    driver_ready_seconds: float = 900.0
+    """A new driver pod not Ready since it was created (image pull, build, module load)."""
+    validation_seconds: float = 900.0
+    """In validation-required: the validator did not pass the node (the library waits 600 s itself)."""
+    mig_pending_seconds: float = 600.0
+    """``nvidia.com/mig.config.state=pending``: the MIG manager did not apply its layout."""
+
+
+@dataclass(frozen=True, slots=True)
+class XidRule:
+    """New XID errors per node on the canary pool against the baseline pool, from DCGM via Prometheus."""
+
+    window_seconds: float = 600.0
+    minimum: int = 1
+    """New XIDs the canary pool must show at least before its rate can fail it (one XID on a
+    single-node canary against a silent baseline is the signal on small pools; raise it on big ones)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostics:
+    """A DCGM diagnostic Job per canary node once it runs the new driver; a failed one rolls back."""
+
+    image: str
+    level: int = 2
+    timeout_seconds: float = 900.0
+    namespace: str = "gpu-operator"
+
+
+@dataclass(frozen=True, slots=True)
 class Analysis:
-    """What ``canary.yaml`` declares: the pool watched, the window, the conditions."""
+    """What ``canary.yaml`` declares: the pools watched, the window, the limits, the conditions."""
 
     pool: str
     window_seconds: float = 60.0
@@ -115,6 +165,15 @@ class Analysis:
     timeout_seconds: float = 1800.0
     prometheus_url: str | None = None
     conditions: tuple[Condition, ...] = ()
+    pools: tuple[str, ...] = ()
+    """Every canary pool followed (``pool`` is the first); each is decided on its own."""
+    promote_to: str | tuple[str, ...] = "all"
+    """Where a canary's driver goes on promotion: ``all`` other pools, or the pools named."""
+    baseline: str | None = None
+    """The pool the XID rate is compared with (default: the default pool)."""
+    limits: Limits = Limits()
+    xid: XidRule | None = None
+    diagnostics: Diagnostics | None = None
 
 
 def parse_analysis(text: str, *, pools: Sequence[str], source: str = ANALYSIS_FILE) -> Analysis:
@@ -129,20 +188,53 @@ def parse_analysis(text: str, *, pools: Sequence[str], source: str = ANALYSIS_FI
         where = "/".join(str(p) for p in first.absolute_path) or "(top level)"
         raise GpugateError(f"{source}: {where}: {first.message}")
     assert isinstance(data, dict)
-    if data["pool"] not in pools:
-        raise GpugateError(f"{source}: pool {data['pool']!r} is not a pool of stack.yaml ({', '.join(pools)})")
+    watched, promote_to = _watched_pools(data, pools, source)
     names = [c["name"] for c in data.get("conditions") or []]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise GpugateError(f"{source}: conditions: duplicate name(s) {', '.join(duplicates)}")
     conditions = tuple(Condition(name=c["name"], query=c["query"], max=c.get("max"), min=c.get("min"),
                                  no_data=c.get("noData", "fail")) for c in data.get("conditions") or [])
-    if conditions and not (data.get("prometheus") or {}).get("url"):
-        raise GpugateError(f"{source}: conditions need prometheus.url (or --prometheus)")
-    return Analysis(pool=data["pool"], window_seconds=float(data.get("windowSeconds", 60)),
+    xid = data.get("xid")
+    return Analysis(pool=watched[0], pools=watched, window_seconds=float(data.get("windowSeconds", 60)),
                     interval_seconds=float(data.get("intervalSeconds", 5)),
                     timeout_seconds=float(data.get("timeoutSeconds", 1800)),
-                    prometheus_url=(data.get("prometheus") or {}).get("url"), conditions=conditions)
+                    prometheus_url=(data.get("prometheus") or {}).get("url"), conditions=conditions,
+                    promote_to=promote_to, baseline=data.get("baseline"), limits=_limits(data.get("limits") or {}),
+                    xid=None if xid is None else XidRule(window_seconds=float(xid.get("windowSeconds", 600)),
+                                                         minimum=int(xid.get("minimum", 1))),
+                    diagnostics=_diagnostics(data.get("diagnostics")))
+
+
+def _limits(data: Mapping[str, Any]) -> Limits:
+    keys = {"stuckSeconds": "stuck_seconds", "driverReadySeconds": "driver_ready_seconds",
+            "validationSeconds": "validation_seconds", "migPendingSeconds": "mig_pending_seconds"}
+    return Limits(**{field: float(data[key]) for key, field in keys.items() if key in data})
+
+
+def _diagnostics(data: Mapping[str, Any] | None) -> Diagnostics | None:
+    if data is None:
+        return None
+    return Diagnostics(image=str(data["image"]), level=int(data.get("level", 2)),
+                       timeout_seconds=float(data.get("timeoutSeconds", 900)),
+                       namespace=str(data.get("namespace", "gpu-operator")))
+
+
+def _watched_pools(data: Mapping[str, Any], pools: Sequence[str], source: str) -> tuple[tuple[str, ...], Any]:
+    """The canary pools, and where they promote to, each a pool of stack.yaml (refused, naming it, if not)."""
+    watched = tuple(data["pools"]) if "pools" in data else (data["pool"],)
+    targets = data.get("promoteTo", "all")
+    named = list(watched) + ([] if targets == "all" else list(targets)) + [b for b in [data.get("baseline")] if b]
+    unknown = [p for p in named if p not in pools]
+    if unknown:
+        raise GpugateError(f"{source}: pool(s) {', '.join(dict.fromkeys(unknown))} are not pools of stack.yaml "
+                           f"({', '.join(pools)})")
+    if targets != "all" and set(targets) & set(watched):
+        both = ", ".join(sorted(set(targets) & set(watched)))
+        raise GpugateError(f"{source}: promoteTo names a canary pool ({both})")
+    if (data.get("conditions") or "xid" in data) and not (data.get("prometheus") or {}).get("url"):
+        raise GpugateError(f"{source}: conditions and xid need prometheus.url (or --prometheus)")
+    return watched, (targets if targets == "all" else tuple(targets))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,79 +9,27 @@ below) plus its test; no planner changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 from webhook.errors import GpugateError
-from webhook.stack import compat
+from webhook.stack import compat, consumers, crdstate, dracutover, hardening, hardware, nodestates
+from webhook.stack.change import (  # re-exported: the planners and commands import them from here
+    NO_CONTEXT,
+    NO_WAIVERS,
+    PROMOTE,
+    ROLLBACK,
+    SYNC,
+    UPGRADE,
+    Change,
+    Context,
+    ExistingDrivers,
+    StackCheck,
+    Waivers,
+    changed_pools,
+    reloaded_pools,
+)
 from webhook.stack.compat import Check
-from webhook.stack.model import Stack
-from webhook.stack.releases import Matrix, Release
 
-ExistingDrivers = Mapping[str, Mapping[str, Any]]
-"""NVIDIADriver objects already in Git (and so in the cluster), by CR name."""
-
-UPGRADE, SYNC, PROMOTE, ROLLBACK = "upgrade", "sync", "promote", "rollback"
-
-
-@dataclass(frozen=True)
-class Waivers:
-    """What the user accepted on the command line (each an ``--allow-...`` flag); all off by default.
-
-    A waived rule still runs: its check passes with a warning that names the flag, and the commit says so.
-    """
-
-    unvalidated_driver: bool = False
-    """--allow-unvalidated-driver: a driver outside the target release's validated branches."""
-    unlisted_driver: bool = False
-    """--allow-unlisted-driver: a driver version not in the list of published driver images."""
-    driver_downgrade: bool = False
-    """--allow-driver-downgrade: a pool moves to an older driver."""
-    operator_downgrade: bool = False
-    """--allow-operator-downgrade: a rollback lowers the GPU Operator (and its CRDs)."""
-
-
-NO_WAIVERS = Waivers()
-"""Nothing waived: every rule is held to the letter (the default of every planner)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Change:
-    """A planned change as every check sees it."""
-
-    action: str
-    matrix: Matrix
-    release: Release
-    """The matrix entry of ``final``'s operator version."""
-    current: Stack
-    final: Stack
-    pools: tuple[str, ...] = ()
-    """Pools whose driver the driver rules look at (the planner's choice: changed, or all on an operator move)."""
-    existing: ExistingDrivers = field(default_factory=dict)
-    waivers: Waivers = NO_WAIVERS
-    scope: Check | None = None
-    """The planner's verdict on which pools a scoped change (``--pool``, promote) touches."""
-
-    @property
-    def operator_moves(self) -> bool:
-        return self.final.operator_version != self.current.operator_version
-
-
-@dataclass(frozen=True)
-class StackCheck:
-    """One rule: its name, the planners (actions) that run it, and what it makes of a change."""
-
-    name: str
-    actions: frozenset[str]
-    run: Callable[[Change], list[Check]]
-
-
-def changed_pools(current: Stack, final: Stack) -> tuple[str, ...]:
-    """The pools of ``final`` whose driver differs from ``current``'s, or all when the operator moves."""
-    before = {p.name: p.driver for p in current.pools}
-    moves = final.operator_version != current.operator_version
-    return tuple(p.name for p in final.pools if moves or before.get(p.name) != p.driver)
+__all__ = ["CHECKS", "NO_CONTEXT", "NO_WAIVERS", "PROMOTE", "ROLLBACK", "SYNC", "UPGRADE", "Change", "Context",
+           "ExistingDrivers", "StackCheck", "Waivers", "changed_pools", "reloaded_pools", "run_checks"]
 
 
 def _release_path(change: Change) -> list[Check]:
@@ -115,10 +63,12 @@ def _one_commit_edit(change: Change) -> list[Check]:
     if compat.migration_steps(change.matrix, current=current.operator_version, current_mode=current.management,
                               target=final.operator_version, target_mode=final.management) <= 1:
         return []
-    return [Check(name="driver-management", ok=False,
+    return [Check(name="driver-management", ok=False, source=change.matrix.migration_source,
                   reason="a hand edit cannot move the driver to NVIDIADriver and upgrade the operator in one "
-                         "commit; use `gpugate stack upgrade --driver-management nvidiadriver`, which plans the "
-                         "two commits")]
+                         "commit: the old release's controller would delete driver pods before the new one owns "
+                         "them",
+                  fix="use `gpugate stack upgrade --driver-management nvidiadriver`, which plans the two commits "
+                      "(the second once the first is synced and the ClusterPolicy ready)")]
 
 
 def _pool_rules(change: Change) -> list[Check]:
@@ -171,9 +121,35 @@ def _component_overrides(change: Change) -> list[Check]:
     return compat.check_component_overrides(change.release, change.final.components)
 
 
+def _device_hardening(change: Change) -> list[Check]:
+    return [hardening.check_device_hardening(change.context.values, change.context.values_before)]
+
+
+CLUSTER_RULES = ("upgrade-in-flight", "nodes-ready", "mig-state", "operands-ready", "gpu-consumers", "drain-emptydir",
+                 "driver-switch", "crds-served", "crd-owner", "driver-hardware", "kernel-modules",
+                 "precompiled-kernel", "toolkit-platform", "control-plane-gpu")
+"""The rules that read the cluster: without one read they return nothing and ``cluster`` says so."""
+
+
+def _cluster(change: Change) -> list[Check]:
+    """One line on what the cluster rules read, or that they did not run."""
+    state = change.context.cluster
+    if state is None:
+        return [Check(name="cluster", ok=True, skipped=True,
+                      reason="not read (pass --kube, or --cluster-state FILE): the preflight rules "
+                             + ", ".join(CLUSTER_RULES) + " did not run")]
+    crds = "CRDs not read" if state.crds is None else f"{len(state.crds)} CRD(s)"
+    return [Check(name="cluster", ok=True,
+                  reason=f"read {state.source}: {len(state.gpu_nodes())} GPU node(s), {len(state.pods)} pod(s), "
+                         f"{len(state.daemonsets)} DaemonSet(s), {crds}")]
+
+
 def _actions(*names: str) -> frozenset[str]:
     return frozenset(names)
 
+
+FORWARD = _actions(UPGRADE, SYNC, PROMOTE)
+"""A change that starts a rollout; a rollback is never held by the state a rollout left."""
 
 CHECKS: tuple[StackCheck, ...] = (
     StackCheck("release-path", _actions(UPGRADE, SYNC), _release_path),
@@ -187,6 +163,23 @@ CHECKS: tuple[StackCheck, ...] = (
     StackCheck("drivers", _actions(UPGRADE, SYNC, PROMOTE, ROLLBACK), _drivers),
     StackCheck("immutable-fields", _actions(UPGRADE, SYNC, PROMOTE, ROLLBACK), _immutable),
     StackCheck("component-override", _actions(UPGRADE, SYNC), _component_overrides),
+    StackCheck("device-hardening", _actions(UPGRADE, SYNC, PROMOTE, ROLLBACK), _device_hardening),
+    StackCheck("dra-cutover", _actions(UPGRADE, SYNC), dracutover.check_dra_cutover),
+    StackCheck("cluster", _actions(UPGRADE, SYNC, PROMOTE, ROLLBACK), _cluster),
+    StackCheck("upgrade-in-flight", FORWARD, nodestates.check_upgrade_in_flight),
+    StackCheck("nodes-ready", FORWARD, nodestates.check_nodes_ready),
+    StackCheck("mig-state", FORWARD, nodestates.check_mig_state),
+    StackCheck("operands-ready", FORWARD, nodestates.check_operands_ready),
+    StackCheck("gpu-consumers", FORWARD, consumers.check_gpu_consumers),
+    StackCheck("drain-emptydir", FORWARD, consumers.check_drain_emptydir),
+    StackCheck("driver-switch", _actions(UPGRADE, SYNC), consumers.check_driver_switch),
+    StackCheck("crds-served", _actions(UPGRADE, SYNC, ROLLBACK), crdstate.check_crds_served),
+    StackCheck("crd-owner", _actions(UPGRADE, SYNC, ROLLBACK), crdstate.check_crd_owner),
+    StackCheck("driver-hardware", FORWARD, hardware.check_driver_hardware),
+    StackCheck("kernel-modules", _actions(UPGRADE, SYNC), hardware.check_kernel_modules),
+    StackCheck("precompiled-kernel", FORWARD, hardware.check_precompiled_kernel),
+    StackCheck("toolkit-platform", _actions(UPGRADE, SYNC), hardware.check_toolkit_platform),
+    StackCheck("control-plane-gpu", _actions(UPGRADE, SYNC), hardware.check_control_plane_gpu),
 )
 """The rules in the order a plan lists them; ``actions`` says which planners run each."""
 

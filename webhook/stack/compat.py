@@ -28,6 +28,8 @@ class Check:
     source: str = ""
     skipped: bool = False
     """Not run (``ok`` stays True): a plan that only prints lacks what the check needs; the reason says what."""
+    fix: str = ""
+    """What to do about a failure or a warning (the reason says the cause), when there is one thing to do."""
 
     @property
     def label(self) -> str:
@@ -43,6 +45,8 @@ class Check:
             out["source"] = self.source
         if self.skipped:
             out["skipped"] = True
+        if self.fix:
+            out["fix"] = self.fix
         return out
 
 
@@ -193,7 +197,9 @@ def check_mig_mixed(matrix: Matrix, *, pool: str, driver: str, mixes_mig_and_ful
                      reason=f"driver {driver} is known bad with mixed MIG, "
                             f"but pool {pool} does not mix MIG and full GPUs")
     return Check(name="driver-mig-mixed", subject=pool, ok=False, source=source,
-                 reason=f"driver {driver} on pool {pool}, which mixes MIG and full GPUs: {matrix.known_bad_reason}")
+                 reason=f"driver {driver} on pool {pool}, which mixes MIG and full GPUs: {matrix.known_bad_reason}",
+                 fix=f"pick a driver outside {', '.join(matrix.known_bad_drivers)} for pool {pool} "
+                     f"(`gpugate stack plan` lists the published ones)")
 
 
 def migration_steps(matrix: Matrix, *, current: OperatorVersion, current_mode: str,
@@ -320,3 +326,11 @@ def check_driver_published(matrix: Matrix, release: Release, *, pool: str, drive
                              f"--allow-unlisted-driver (check that nvcr.io/nvidia/driver:{driver}-<os> exists)")
     return Check(name=name, subject=pool, ok=False,
                  reason=reason + "; pick a listed version, or pass --allow-unlisted-driver if you know it exists")
+
+
+def verdict(name: str, problems: list[str], *, passed: str, failed: str, source: str, fix: str) -> list[Check]:
+    """One rule's check over what it found: PASS with ``passed`` when nothing, else FAIL whose reason is
+    ``failed`` with ``{found}`` replaced by the problems, joined (the preflight rules all read so)."""
+    if not problems:
+        return [Check(name=name, ok=True, reason=passed)]
+    return [Check(name=name, ok=False, source=source, fix=fix, reason=failed.replace("{found}", "; ".join(problems)))]

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.kube.yamlload import fast_load  # every scalar edit reparses values.yaml twice
 from webhook.stack.model import COMPONENT_VALUES_PATHS, Pool, Stack
 
 STACK_DIR = "manifests/gpu-operator"
@@ -62,6 +63,8 @@ def render_driver(stack: Stack, pool: Pool) -> dict[str, Any]:
         spec["nodeSelector"] = dict(pool.node_selector)
     if pool.upgrade_policy:
         spec["upgradePolicy"] = copy.deepcopy(dict(pool.upgrade_policy))
+    if pool.labels:
+        spec["labels"] = dict(pool.labels)
     return {
         "apiVersion": NVIDIADRIVER_API_VERSION,
         "kind": NVIDIADRIVER_KIND,
@@ -157,7 +160,7 @@ def _scalar(value: Any, like: str) -> str:
     if isinstance(value, int):
         return str(value)
     text = str(value)
-    if like.startswith('"') or yaml.safe_load(text) != text or text == "":
+    if like.startswith('"') or fast_load(text) != text or text == "":
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return text
 
@@ -197,7 +200,7 @@ def set_scalar(text: str, path: tuple[str, ...], value: Any, *, filename: str) -
 
 
 def _same_but(before: str, after: str, path: tuple[str, ...], value: Any, filename: str) -> None:
-    old, new = yaml.safe_load(before), yaml.safe_load(after)
+    old, new = fast_load(before), fast_load(after)
     node = new
     for key in path[:-1]:
         node = node[key]
@@ -247,7 +250,7 @@ def set_chart_revision(text: str, *, chart: str, version: str, filename: str = A
         for source in exp_spec.get("sources") or [exp_spec.get("source")]:
             if isinstance(source, dict) and source.get("chart") == chart:
                 source["targetRevision"] = version
-        if yaml.safe_load(result) != expected:
+        if fast_load(result) != expected:
             raise GpugateError(f"{filename}: editing targetRevision would change other fields; edit it by hand")
         return result
     raise GpugateError(f"{filename}: the source with chart: {chart} has no block-style targetRevision line; add one")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
-import yaml
-
+from webhook.kube.yamlload import fast_load
 from webhook.stack.releases import Matrix
 
 
@@ -14,4 +13,4 @@ from webhook.stack.releases import Matrix
 def load() -> Matrix:
     """The matrix shipped with gpugate; cached because it is package data and never changes at run time."""
     text = resources.files("webhook.stack").joinpath("data/matrix.yaml").read_text(encoding="utf-8")
-    return Matrix.from_dict(yaml.safe_load(text))
+    return Matrix.from_dict(fast_load(text))

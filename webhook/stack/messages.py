@@ -37,6 +37,8 @@ def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, .
         body += [f"This rolls back stack commit {plan.reverts}.", ""]
         if plan.reverts_why:
             body += [f"Chosen: {plan.reverts_why}.", ""]
+    if plan.notes:
+        body += ["Why:"] + [f"  {line}" for line in plan.notes] + [""]
     body += ["Changes:"]
     body += [f"  {line}" for line in changes(plan.current, step.stack)]
     body += ["", "Files:"] + [f"  {path}" for path in files]
@@ -56,6 +58,7 @@ def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, .
     body += ["", f"{TRAILER}: {step.action}"]
     if plan.reverts:
         body += [f"{REVERTS_TRAILER}: {plan.reverts}"]
+    body += [f"{key}: {value}" for key, value in plan.trailers]
     body += [f"Gpugate-Stack-From: {_summary(plan.current)}", f"Gpugate-Stack-To: {_summary(step.stack)}"]
     return "\n".join(body) + "\n"
 

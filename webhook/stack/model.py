@@ -53,6 +53,8 @@ HEADER = """\
 #   driver.management           nvidiadriver (one NVIDIADriver CR per pool) | clusterpolicy (one driver)
 #   components                  component versions overridden in values.yaml (matrix name -> version)
 #   pools[].migAndFullGPUs      true when nodes of the pool mix MIG slices and full GPUs
+#   pools[].labels              labels of the pool's driver pods; changing only these restarts the
+#                               drivers in place, without evicting GPU pods
 """
 
 
@@ -96,6 +98,9 @@ class Pool:
     use_precompiled: bool = False
     mig_and_full_gpus: bool = False
     upgrade_policy: Mapping[str, Any] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels of the pool's driver pods (NVIDIADriver ``spec.labels``): changing only these restarts
+    the driver in place, without evicting GPU pods (NVIDIA's restart-only path)."""
 
     @property
     def resource_name(self) -> str:
@@ -106,7 +111,7 @@ class Pool:
         if not isinstance(data, dict):
             raise _where(where, "expected a mapping")
         known = {"name", "crName", "default", "nodeSelector", "driver", "driverType", "usePrecompiled",
-                 "migAndFullGPUs", "upgradePolicy"}
+                 "migAndFullGPUs", "upgradePolicy", "labels"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise _where(where, f"unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
@@ -126,6 +131,9 @@ class Pool:
         selector = data.get("nodeSelector") or {}
         if not isinstance(selector, dict) or not all(isinstance(v, str) for v in selector.values()):
             raise _where(f"{where}.nodeSelector", "expected a mapping of label -> string value")
+        pod_labels = data.get("labels") or {}
+        if not isinstance(pod_labels, dict) or not all(isinstance(v, str) for v in pod_labels.values()):
+            raise _where(f"{where}.labels", "expected a mapping of label -> string value")
         policy = data.get("upgradePolicy") or {}
         if not isinstance(policy, dict):
             raise _where(f"{where}.upgradePolicy", "expected a mapping")
@@ -141,7 +149,8 @@ class Pool:
                 raise _where(f"{where}.{flag}", f"expected true or false, got {data.get(flag)!r}")
         return cls(name=name, cr_name=str(cr_name), default=data.get("default", False), node_selector=dict(selector),
                    driver=driver, driver_type=driver_type, use_precompiled=data.get("usePrecompiled", False),
-                   mig_and_full_gpus=data.get("migAndFullGPUs", False), upgrade_policy=copy.deepcopy(policy))
+                   mig_and_full_gpus=data.get("migAndFullGPUs", False), upgrade_policy=copy.deepcopy(policy),
+                   labels={str(k): v for k, v in pod_labels.items()})
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -156,6 +165,8 @@ class Pool:
         out["migAndFullGPUs"] = self.mig_and_full_gpus
         if self.upgrade_policy:
             out["upgradePolicy"] = copy.deepcopy(dict(self.upgrade_policy))
+        if self.labels:
+            out["labels"] = dict(self.labels)
         return out
 
 

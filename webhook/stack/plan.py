@@ -16,11 +16,13 @@ from typing import Any
 from webhook.errors import GpugateError
 from webhook.stack import compat
 from webhook.stack.checks import (
+    NO_CONTEXT,
     NO_WAIVERS,
     PROMOTE,
     SYNC,
     UPGRADE,
     Change,
+    Context,
     ExistingDrivers,
     Waivers,
     changed_pools,
@@ -30,7 +32,8 @@ from webhook.stack.compat import Check
 from webhook.stack.model import Pool, Stack
 from webhook.stack.releases import Matrix, OperatorVersion, driver_branch, parse_minor
 
-__all__ = ["ExistingDrivers", "Plan", "Request", "Step", "Waivers", "plan_promote", "plan_sync", "plan_upgrade"]
+__all__ = ["Context", "ExistingDrivers", "Plan", "Request", "Step", "Waivers", "plan_promote", "plan_sync",
+           "plan_upgrade"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +70,10 @@ class Plan:
     """For a rollback: why that commit (the newer stack commits it passed over, and why each)."""
     cannot_undo: tuple[str, ...] = ()
     """For a rollback: what going back does not restore, said in the output and the commit."""
+    notes: tuple[str, ...] = ()
+    """Lines the commit message carries under ``Why:`` (a canary decision's failure mode and evidence)."""
+    trailers: tuple[tuple[str, str], ...] = ()
+    """Extra git trailers of the commit (the canary decision's pool, rollout and mode)."""
 
     @property
     def ok(self) -> bool:
@@ -144,7 +151,8 @@ def _upgrade_steps(matrix: Matrix, current: Stack, final: Stack, request: Reques
     )
 
 
-def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: ExistingDrivers) -> Plan:
+def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: ExistingDrivers,
+                 context: Context = NO_CONTEXT) -> Plan:
     """Check an upgrade of the operator and/or drivers and split it into the commits it needs."""
     try:
         target = OperatorVersion.parse(request.operator)
@@ -165,12 +173,12 @@ def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: Exi
     scope = _upgrade_scope(current, request, target, target_mode)
     if scope is not None and not scope.ok:
         change = Change(action=UPGRADE, matrix=matrix, release=release, current=current, scope=scope,
-                        final=current.replace(operator_version=target, kubernetes_minor=minor))
+                        final=current.replace(operator_version=target, kubernetes_minor=minor), context=context)
         return Plan(action=UPGRADE, current=current, steps=(), checks=tuple(run_checks(change, through="pool-scope")))
     final, pools_changed = _upgrade_final(current, request, target, minor, target_mode)
     pools = [p.name for p in final.pools] if target != current.operator_version else pools_changed
     change = Change(action=UPGRADE, matrix=matrix, release=release, current=current, final=final,
-                    pools=tuple(pools), existing=existing, waivers=request.waivers, scope=scope)
+                    pools=tuple(pools), existing=existing, waivers=request.waivers, scope=scope, context=context)
     return Plan(action=UPGRADE, current=current, steps=_upgrade_steps(matrix, current, final, request),
                 checks=tuple(run_checks(change)))
 
@@ -236,7 +244,7 @@ def check_previous_step_healthy(cluster_policies: Sequence[Mapping[str, Any]] | 
 
 
 def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, existing: ExistingDrivers,
-              waivers: Waivers = NO_WAIVERS) -> Plan:
+              waivers: Waivers = NO_WAIVERS, context: Context = NO_CONTEXT) -> Plan:
     """Check a hand edit of stack.yaml (``current`` = HEAD, ``edited`` = the working tree) by the same rules.
 
     For what has no command of its own: a pool's upgradePolicy (pause with autoUpgrade: false),
@@ -248,7 +256,7 @@ def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, existing: Existi
     except GpugateError as err:
         return _refused(SYNC, current, fail("release-known", str(err)))
     change = Change(action=SYNC, matrix=matrix, release=release, current=current, final=edited,
-                    pools=changed_pools(current, edited), existing=existing, waivers=waivers)
+                    pools=changed_pools(current, edited), existing=existing, waivers=waivers, context=context)
     step = Step(action=SYNC, stack=edited,
                 title="sync " + _upgrade_title(current, edited, Request(operator="")).removeprefix("upgrade "))
     return Plan(action=SYNC, current=current, steps=(step,), checks=tuple(run_checks(change)))
@@ -261,10 +269,11 @@ def _promote_targets(current: Stack, source: str, to: str) -> tuple[list[str], s
         return [], "promote needs per-pool drivers (driver.management nvidiadriver)"
     if source not in names:
         return [], f"stack.yaml has no pool {source!r} (pools: {', '.join(names)})"
-    targets = [n for n in names if n != source] if to == "all" else [to]
-    if to != "all" and to not in names:
-        return [], f"stack.yaml has no pool {to!r} (pools: {', '.join(names)})"
-    if to == source:
+    targets = [n for n in names if n != source] if to == "all" else [t for t in to.split(",") if t]
+    unknown = [t for t in targets if t not in names]
+    if unknown:
+        return [], f"stack.yaml has no pool {unknown[0]!r} (pools: {', '.join(names)})"
+    if source in targets:
         return [], f"--from and --to are both {source}"
     if not targets:
         return [], f"there is no pool other than {source}"
@@ -272,7 +281,7 @@ def _promote_targets(current: Stack, source: str, to: str) -> tuple[list[str], s
 
 
 def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, existing: ExistingDrivers,
-                 waivers: Waivers = NO_WAIVERS) -> Plan:
+                 waivers: Waivers = NO_WAIVERS, context: Context = NO_CONTEXT) -> Plan:
     """Carry the ``source`` pool's driver to pool ``to`` (or every other pool with ``all``) in one commit."""
     targets, problem = _promote_targets(current, source, to)
     if problem:
@@ -284,7 +293,7 @@ def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, existi
     scope = Check(name="pool-scope", ok=True, reason=f"driver {driver} from pool {source} to {', '.join(targets)}")
     change = Change(action=PROMOTE, matrix=matrix, release=matrix.release(current.operator_version),
                     current=current, final=final, pools=tuple(targets), existing=existing, waivers=waivers,
-                    scope=scope)
+                    scope=scope, context=context)
     lowered = sorted({current.pool(n).driver for n in targets
                       if compat.is_driver_downgrade(current.pool(n).driver, driver)})
     title = f"promote driver {driver} from pool {source} to {'all pools' if to == 'all' else 'pool ' + to}"

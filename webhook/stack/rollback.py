@@ -7,8 +7,11 @@ that the rollback action takes; ``cannot_undo`` names what the files alone do no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from webhook.errors import GpugateError
-from webhook.stack.checks import NO_WAIVERS, ROLLBACK, Change, ExistingDrivers, Waivers, changed_pools, run_checks
+from webhook.stack import checks
+from webhook.stack.checks import NO_CONTEXT, NO_WAIVERS, ROLLBACK, Change, Context, ExistingDrivers, Waivers
 from webhook.stack.model import Stack
 from webhook.stack.plan import Plan, Step, fail
 from webhook.stack.releases import Matrix
@@ -46,7 +49,7 @@ def cannot_undo(current: Stack, target: Stack) -> list[str]:
 
 
 def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, subject: str, why: str = "",
-                  waivers: Waivers = NO_WAIVERS, existing: ExistingDrivers) -> Plan:
+                  waivers: Waivers = NO_WAIVERS, existing: ExistingDrivers, context: Context = NO_CONTEXT) -> Plan:
     """Check going back from ``current`` to ``target`` (stack.yaml before commit ``sha``) like any change.
 
     The cluster keeps its Kubernetes minor, so ``target`` takes ``current``'s; everything else of
@@ -61,9 +64,30 @@ def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, su
         return Plan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
                     reverts=sha, reverts_why=why)
     change = Change(action=ROLLBACK, matrix=matrix, release=release, current=current, final=target,
-                    pools=changed_pools(current, target), existing=existing, waivers=waivers)
-    checks = run_checks(change)
+                    pools=checks.changed_pools(current, target), existing=existing, waivers=waivers, context=context)
+    found = checks.run_checks(change)
     undo = tuple(cannot_undo(current, target))
     step = Step(action="rollback", stack=target, title=title)
-    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks), reverts=sha,
+    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(found), reverts=sha,
                 reverts_why=why, cannot_undo=undo)
+
+
+def plan_pool_rollback(matrix: Matrix, current: Stack, *, drivers: Mapping[str, str], sha: str, subject: str,
+                       existing: ExistingDrivers, context: Context = NO_CONTEXT) -> Plan:
+    """Put pools back on the drivers they ran before commit ``sha`` changed them, checked like any
+    rollback: what a canary decision commits when pools failed (the other pools keep their drivers)."""
+    target = current
+    for pool, driver in drivers.items():
+        target = target.with_pool(pool, driver=driver)
+    try:
+        release = matrix.release(current.operator_version)
+    except GpugateError as err:
+        return Plan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
+                    reverts=sha)
+    change = Change(action=ROLLBACK, matrix=matrix, release=release, current=current, final=target,
+                    pools=tuple(drivers), existing=existing, context=context)
+    title = "rollback " + "; ".join(f"pool {p} driver {current.pool(p).driver} -> {d}" for p, d in drivers.items())
+    step = Step(action="rollback", stack=target, title=title)
+    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks.run_checks(change)),
+                reverts=sha, reverts_why=f"{sha[:12]} ({subject}) for pool(s) {', '.join(drivers)} only",
+                cannot_undo=tuple(cannot_undo(current, target)))

@@ -14,9 +14,10 @@ from typing import Any
 
 from webhook.errors import GpugateError
 from webhook.kubetarget import Target
-from webhook.names import DRIVER_OWNER_LABEL, DRIVER_UPGRADE_STATE_LABEL, GPU_PRESENT_LABEL
+from webhook.names import DRIVER_UPGRADE_STATE_LABEL, GPU_PRESENT_LABEL
 from webhook.stack import manifests, site
 from webhook.stack import matrix as matrix_data
+from webhook.stack.clusterstate import pool_of_node
 from webhook.stack.gitrepo import Repo
 from webhook.stack.model import Stack
 
@@ -71,9 +72,17 @@ def git_status(path: Path) -> dict[str, Any]:
             out["head"] = repo.head()
             out["stackCommits"] = [{"sha": c.sha, "action": c.action, "subject": c.subject}
                                    for c in repo.stack_commits(limit=50)[:5]]
+            out["canaryDecisions"] = canary_decisions(repo)
         except GpugateError:
             out["stackCommits"] = []
     return out
+
+
+def canary_decisions(repo: Repo, shown: int = 5) -> list[dict[str, str]]:
+    """The newest canary decisions in Git (``gpugate stack canary --watch`` commits them with trailers)."""
+    from webhook.stack.canarygit import canary_history
+
+    return canary_history(repo, limit=200)[:shown]
 
 
 def _list(list_call: Any, what: str, *args: Any, **kwargs: Any) -> list[dict[str, Any]] | None:
@@ -136,17 +145,8 @@ def _conditions(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def pool_of(node: Mapping[str, Any], stack: Stack) -> str:
-    """The pool a GPU node belongs to: the NVIDIADriver that owns it, else the nodeSelector it matches."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    if stack.management == "nvidiadriver":
-        owner = labels.get(DRIVER_OWNER_LABEL)
-        for pool in stack.pools:
-            if owner and owner == pool.resource_name:
-                return pool.name
-        for pool in stack.pools:
-            if pool.node_selector and all(labels.get(k) == v for k, v in pool.node_selector.items()):
-                return pool.name
-    return stack.default_pool.name
+    """The pool a GPU node belongs to (the operator's ownership rule, ``clusterstate.pool_of_node``)."""
+    return pool_of_node((node.get("metadata") or {}).get("labels") or {}, stack)
 
 
 def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:

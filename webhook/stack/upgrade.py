@@ -10,7 +10,7 @@ committed the same way (not with ``git revert``): it runs the same checks and sa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,15 +18,39 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.kube.yamlload import fast_load
 from webhook.stack import chartrender, manifests, messages, rollback, site, verify
 from webhook.stack import matrix as matrix_data
 from webhook.stack import plan as planning
-from webhook.stack.checks import NO_WAIVERS, Waivers
+from webhook.stack.checks import NO_WAIVERS, Context, Waivers
+from webhook.stack.clusterstate import ClusterState
 from webhook.stack.compat import Check
 from webhook.stack.gitrepo import Repo, StackCommit
 from webhook.stack.model import Stack
 
 STACK_PATHS = [manifests.STACK_DIR, "argocd/apps"]
+ClusterReader = Callable[[], ClusterState | None]
+"""Reads the cluster (``--kube``) or a recording when called; None: no cluster asked for."""
+
+
+def _yaml(content: bytes | None) -> dict[str, Any] | None:
+    loaded = fast_load(content) if content else None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def context_of(files: manifests.Files, *, values_before: bytes | None,
+               cluster: ClusterReader | None = None) -> Context:
+    """What the rules read besides the stacks: the values before and after, the Application, the cluster."""
+    from webhook.stack import chartcrds
+
+    app = _yaml(files.get(manifests.ARGO_APP_FILE)) or {}
+    sources = (app.get("spec") or {}).get("sources") or [(app.get("spec") or {}).get("source") or {}]
+    chart = next((s for s in sources if isinstance(s, dict) and s.get("chart")), None)
+    applied = None if chart is None else not bool((chart.get("helm") or {}).get("skipCrds"))
+    return Context(values=_yaml(files.get(manifests.VALUES_FILE)), values_before=_yaml(values_before),
+                   cluster=cluster() if cluster is not None else None, chart_crds_applied=applied,
+                   application=str((app.get("metadata") or {}).get("name") or "gpu-operator"),
+                   chart_crds=chartcrds.known())
 
 
 class CheckFailed(GpugateError):
@@ -78,9 +102,10 @@ def chart_settings(repo: Path, *, helm: str | None, chart_repo: str | None, skip
 
 def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
              base: dict[str, bytes | None] | None = None, chart: verify.ChartSettings | None = None,
-             for_commit: bool = True) -> Prepared:
+             for_commit: bool = True, edited: Mapping[str, bytes | None] | None = None) -> Prepared:
     """Stage the plan's files and re-validate them; ``for_commit`` False is a plan that only prints
-    (a check that needs an optional package it lacks is shown skipped instead of failing)."""
+    (a check that needs an optional package it lacks is shown skipped instead of failing).
+    ``edited``: hand-edited files by their HEAD content; the commit carries each one that differs."""
     if not plan.ok:
         return Prepared(plan=plan, changes={}, step_files=tuple(() for _ in plan.steps), checks=plan.checks)
     current = base if base is not None else manifests.read_files(repo)
@@ -94,7 +119,10 @@ def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
             step_files.append(tuple(sorted(step_changes)))
             overlay.update(step_changes)
             if index == 0:
-                changes = step_changes
+                changes = dict(step_changes)
+                changes.update({path: overlay[path] for path, head in (edited or {}).items()
+                                if path not in changes and overlay.get(path) != head})
+                step_files[0] = tuple(sorted(changes))
                 first_overlay = dict(overlay)
     except GpugateError as err:
         extra = (Check(name="derive", ok=False, reason=str(err)),)
@@ -111,34 +139,39 @@ def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
 
 
 def prepare_upgrade(repo: Path, request: planning.Request, *, schema_root: Path | None,
-                    cluster_policies: Callable[[], list[dict[str, Any]] | None] | None = None,
+                    cluster: ClusterReader | None = None,
                     chart: verify.ChartSettings | None = None, for_commit: bool = True) -> Prepared:
-    """Plan and stage an upgrade; ``cluster_policies`` (a lister) gates step 2 of the driver migration."""
+    """Plan and stage an upgrade; ``cluster`` (--kube) feeds the preflight rules and gates step 2 of
+    the driver migration on the ClusterPolicy."""
     stack = manifests.load_stack(repo)
-    existing = manifests.existing_drivers(manifests.read_files(repo))
-    plan = planning.plan_upgrade(matrix_data.load(), stack, request, existing)
+    files = manifests.read_files(repo)
+    context = context_of(files, values_before=files.get(manifests.VALUES_FILE), cluster=cluster)
+    plan = planning.plan_upgrade(matrix_data.load(), stack, request, manifests.existing_drivers(files), context)
     if planning.is_migration_second_step(plan):
-        listed = cluster_policies() if cluster_policies is not None else None
+        listed = list(context.cluster.cluster_policies) if context.cluster is not None else None
         plan = plan.with_checks((planning.check_previous_step_healthy(listed),))
     return _prepare(repo, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
 
 
 def prepare_promote(repo: Path, *, source: str, to: str, schema_root: Path | None, waivers: Waivers = NO_WAIVERS,
-                    chart: verify.ChartSettings | None = None, canary_gate: Check | None = None) -> Prepared:
+                    chart: verify.ChartSettings | None = None, canary_gate: Check | None = None,
+                    cluster: ClusterReader | None = None) -> Prepared:
     """``canary_gate``: the cluster's verdict on the source pool (``canary_watch.gate_check``), one more
     check of the plan (and a line of the commit message)."""
     stack = manifests.load_stack(repo)
-    existing = manifests.existing_drivers(manifests.read_files(repo))
-    plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to, existing=existing,
-                                 waivers=waivers)
+    files = manifests.read_files(repo)
+    context = context_of(files, values_before=files.get(manifests.VALUES_FILE), cluster=cluster)
+    plan = planning.plan_promote(matrix_data.load(), stack, source=source, to=to,
+                                 existing=manifests.existing_drivers(files), waivers=waivers, context=context)
     if canary_gate is not None:
         plan = dataclasses.replace(plan, checks=(*plan.checks, canary_gate))
     return _prepare(repo, plan, schema_root=schema_root, chart=chart)
 
 
 def prepare_sync(repo: Repo, *, schema_root: Path | None, waivers: Waivers = NO_WAIVERS,
-                 chart: verify.ChartSettings | None = None, for_commit: bool = True) -> Prepared:
-    """Plan a commit of a hand-edited stack.yaml against the stack.yaml of HEAD."""
+                 chart: verify.ChartSettings | None = None, for_commit: bool = True,
+                 cluster: ClusterReader | None = None) -> Prepared:
+    """Plan a commit of a hand-edited stack.yaml (and values.yaml) against HEAD's."""
     root = repo.root
     head_text = repo.show_file("HEAD", manifests.STACK_FILE)
     if head_text is None:
@@ -148,13 +181,21 @@ def prepare_sync(repo: Repo, *, schema_root: Path | None, waivers: Waivers = NO_
     files = manifests.read_files(root)
     files[manifests.STACK_FILE] = head_text.encode()
     existing = manifests.existing_drivers(files)
-    plan = planning.plan_sync(matrix_data.load(), current, edited, existing=existing, waivers=waivers)
-    return _prepare(root, plan, schema_root=schema_root, base=files, chart=chart, for_commit=for_commit)
+    values_head = repo.show_file("HEAD", manifests.VALUES_FILE)
+    context = context_of(files, values_before=values_head.encode() if values_head is not None else None,
+                         cluster=cluster)
+    plan = planning.plan_sync(matrix_data.load(), current, edited, existing=existing, waivers=waivers,
+                              context=context)
+    return _prepare(root, plan, schema_root=schema_root, base=files, chart=chart, for_commit=for_commit,
+                    edited={manifests.VALUES_FILE: values_head.encode() if values_head is not None else None})
 
 
 def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
-            after_write: manifests.AfterWrite | None = None) -> str:
-    """Write the first commit's files, re-validate them in place, commit; restore everything on failure."""
+            after_write: manifests.AfterWrite | None = None, recheck: bool = True) -> str:
+    """Write the first commit's files, re-validate them in place, commit; restore everything on failure.
+
+    ``recheck`` False skips the second validation (the staged files were validated a moment ago and
+    are written as they are): the canary controller's commits, where a decision must not wait."""
     if not prepared.ok or not prepared.changes:
         raise CheckFailed(prepared)
     root = repo.root
@@ -164,9 +205,9 @@ def execute(repo: Repo, prepared: Prepared, *, schema_root: Path | None,
         first = prepared.plan.steps[0].stack
         if manifests.load_stack(root) != first:
             raise GpugateError("stack.yaml written does not read back as planned; nothing committed")
-        recheck = verify.staged(manifests.read_files(root), release=first.operator_version,
-                                kubernetes_minor=first.kubernetes_minor, schema_root=schema_root)
-        failed = [c for c in recheck if not c.ok]
+        rechecked = verify.staged(manifests.read_files(root), release=first.operator_version,
+                                  kubernetes_minor=first.kubernetes_minor, schema_root=schema_root) if recheck else ()
+        failed = [c for c in rechecked if not c.ok]
         if failed:
             raise GpugateError("re-validation after writing failed: "
                                + "; ".join(f"{c.label}: {c.reason}" for c in failed))
@@ -233,7 +274,8 @@ def _stack_at(repo: Repo, rev: str) -> Stack | None:
 
 
 def prepare_rollback(repo: Repo, *, schema_root: Path | None, waivers: Waivers = NO_WAIVERS,
-                     chart: verify.ChartSettings | None = None, for_commit: bool = True) -> Prepared:
+                     chart: verify.ChartSettings | None = None, for_commit: bool = True,
+                     cluster: ClusterReader | None = None) -> Prepared:
     """Plan going back to stack.yaml as it was before the newest not-yet-undone stack commit."""
     root = repo.root
     choice = rollback_target(repo)
@@ -248,11 +290,24 @@ def prepare_rollback(repo: Repo, *, schema_root: Path | None, waivers: Waivers =
         raise GpugateError(f"stack.yaml changed after {target_commit.sha[:12]} ({target_commit.subject}) outside the "
                            f"stack tool; going back to before it would undo those changes too: edit stack.yaml by "
                            f"hand and run `gpugate stack sync`")
-    existing = manifests.existing_drivers(manifests.read_files(root))
+    files = manifests.read_files(root)
+    context = context_of(files, values_before=files.get(manifests.VALUES_FILE), cluster=cluster)
     plan = rollback.plan_rollback(matrix_data.load(), current, before, sha=target_commit.sha,
                                   subject=target_commit.subject, why=choice.why(), waivers=waivers,
-                                  existing=existing)
+                                  existing=manifests.existing_drivers(files), context=context)
     return _prepare(root, plan, schema_root=schema_root, chart=chart, for_commit=for_commit)
+
+
+def prepare_pool_rollback(repo: Repo, *, drivers: Mapping[str, str], sha: str, schema_root: Path | None,
+                          chart: verify.ChartSettings | None = None) -> Prepared:
+    """Put pools back on the drivers they ran before commit ``sha`` (a canary's rollback), checked."""
+    root = repo.root
+    current = manifests.load_stack(root)
+    files = manifests.read_files(root)
+    plan = rollback.plan_pool_rollback(matrix_data.load(), current, drivers=drivers, sha=sha,
+                                       subject=repo.subject(sha), existing=manifests.existing_drivers(files),
+                                       context=context_of(files, values_before=files.get(manifests.VALUES_FILE)))
+    return _prepare(root, plan, schema_root=schema_root, chart=chart)
 
 
 def plan_as_dict(prepared: Prepared) -> dict:

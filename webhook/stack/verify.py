@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from webhook.errors import GpugateError
+from webhook.kube.yamlload import fast_load
 from webhook.stack.compat import Check
 from webhook.stack.manifests import DRIVERS_DIR, VALUES_FILE
 from webhook.stack.model import Stack
@@ -134,7 +133,7 @@ def rendered_drivers(files: Mapping[str, bytes | None], *, kubernetes_minor: int
         derived_root: Path | None = None
         warning = ""
         if crd_file is not None and crd_file.is_file():
-            crd = yaml.safe_load(crd_file.read_text(encoding="utf-8"))
+            crd = fast_load(crd_file.read_text(encoding="utf-8"))
             derived_root = Path(tmp)
             target = derived_root / "json" / "nvidia.com" / "nvidiadriver_v1alpha1.json"
             target.parent.mkdir(parents=True)
@@ -206,7 +205,7 @@ def staged(files: Mapping[str, bytes | None], *, release: OperatorVersion, kuber
     kubernetes-validate is not installed, instead of failing it.
     """
     values = files.get(VALUES_FILE)
-    checks = [values_keys(yaml.safe_load(values) or {} if values else {}, release)]
+    checks = [values_keys(fast_load(values) or {} if values else {}, release)]
     checks += rendered_drivers(files, kubernetes_minor=kubernetes_minor, schema_root=schema_root,
                                need_validator=need_validator)
     if chart is not None and stack is not None:

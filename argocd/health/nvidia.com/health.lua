@@ -36,6 +36,12 @@
 --                                             upgrade failed is only on its node label:
 --                                             `gpugate stack status --kube` and the dashboard show it)
 --   anything else                          -> Unknown
+-- A canary rollback gpugate's controller decided (NVIDIADriver annotations gpugate.io/canary-*, written
+-- by webhook/stack/canary_controller.py when it pushed the commit) is said in the message: while the
+-- spec still holds the failed version (the commit not synced yet) the driver is Progressing
+-- "rollback committed", while it rolls back to the old version "rollback under way", and once ready
+-- the Healthy message says what was rolled back and why. An annotation whose versions match neither
+-- is a past rollout's and is not read.
 local function condition(ctype)
   if obj.status.conditions == nil then
     return nil
@@ -74,6 +80,31 @@ local kinds = {
   },
 }
 
+-- The canary rollback this NVIDIADriver is in, as a message, and whether its spec still has the
+-- failed version (committed, not synced yet); nil when there is none.
+local function rollback()
+  if obj.kind ~= "NVIDIADriver" or obj.metadata == nil or obj.metadata.annotations == nil then
+    return nil, false
+  end
+  local a = obj.metadata.annotations
+  if a["gpugate.io/canary-decision"] ~= "rollback" or obj.spec == nil then
+    return nil, false
+  end
+  local mode = a["gpugate.io/canary-mode"] or "a failure"
+  local evidence = ""
+  if a["gpugate.io/canary-evidence"] ~= nil then
+    evidence = ": " .. a["gpugate.io/canary-evidence"]
+  end
+  local commit = a["gpugate.io/canary-commit"] or "?"
+  if obj.spec.version ~= nil and obj.spec.version == a["gpugate.io/canary-rollout-version"] then
+    return "canary rollback of " .. obj.spec.version .. " committed (" .. commit .. ", " .. mode .. evidence .. "), waiting for Argo CD to sync it", true
+  end
+  if obj.spec.version ~= nil and obj.spec.version == a["gpugate.io/canary-rollback-to"] then
+    return "canary rollback from " .. tostring(a["gpugate.io/canary-rollout-version"]) .. " to " .. obj.spec.version .. " (" .. mode .. evidence .. ")", false
+  end
+  return nil, false
+end
+
 -- Reasons the operator writes while it waits for operands, never for a failure.
 local waiting = {OperandNotReady = true, DriverNotReady = true}
 
@@ -110,6 +141,11 @@ if failed ~= nil and failed.reason == "ConflictingNodeSelector" and own.conflict
   return {status = "Degraded", message = own.conflict .. detail(failed)}
 end
 
+local canary, unsynced = rollback()
+if canary ~= nil and unsynced then
+  return {status = "Progressing", message = canary}
+end
+
 if state == "ready" then
   if failed ~= nil and not waiting[failed.reason] then
     return {status = "Degraded", message = kind .. " is ready but reports an error (" .. tostring(failed.reason) .. ")" .. detail(failed)}
@@ -119,12 +155,19 @@ if state == "ready" then
     if ready.reason ~= nil and own.readyBecause[ready.reason] ~= nil then
       because = own.readyBecause[ready.reason]
     end
+    if canary ~= nil then
+      return {status = "Healthy", message = kind .. " is ready after a " .. canary}
+    end
     return {status = "Healthy", message = kind .. " is ready" .. because .. detail(ready)}
   end
   return {status = "Progressing", message = kind .. " state is ready; waiting for the operator to write its Ready condition"}
 end
 
-if failed ~= nil and failed.reason ~= nil then
-  return {status = "Progressing", message = kind .. " is not ready (" .. failed.reason .. ")" .. detail(failed) .. own.notReadyHint}
+local under = ""
+if canary ~= nil then
+  under = canary .. " under way; "
 end
-return {status = "Progressing", message = kind .. " is not ready yet"}
+if failed ~= nil and failed.reason ~= nil then
+  return {status = "Progressing", message = under .. kind .. " is not ready (" .. failed.reason .. ")" .. detail(failed) .. own.notReadyHint}
+end
+return {status = "Progressing", message = under .. kind .. " is not ready yet"}

@@ -128,3 +128,13 @@ caBundle: {{ .root.Values.webhook.caBundle | quote }}
 {{- fail "set policies.files or policies.existingConfigMap, not both" }}
 {{- end }}
 {{- end }}
+
+{{- define "gpugate.canary.selector" -}}
+app.kubernetes.io/name: gpugate-canary
+app.kubernetes.io/component: canary-controller
+{{- end }}
+
+{{- define "gpugate.canary.labels" -}}
+{{ include "gpugate.canary.selector" . }}
+{{ include "gpugate.releaseLabels" . }}
+{{- end }}

@@ -1,5 +1,7 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease, the way client-go does it.
 
+Shared by the edges that must have one writer: the balancer's leader and the stack's canary controller.
+
 Expiry is judged on this replica's own clock, from the moment it last saw the lease record
 change, never by comparing the holder's ``renewTime`` with our wall clock: two nodes' clocks
 may disagree by more than a lease duration. The leader stops writing once it has failed to
@@ -28,11 +30,30 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook import kubeclient
-from webhook.balancer.settings import LeaseSettings
 
-log = logging.getLogger("gpugate.balancer.lease")
+log = logging.getLogger("gpugate.lease")
 
 Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseSettings:
+    """Leader election: one replica writes, the others keep caches warm."""
+
+    name: str = "gpugate-balancer"
+    namespace: str = ""
+    """Empty: ``$POD_NAMESPACE`` (downward API), else ``gpugate-system``; resolved by the command."""
+    identity: str = ""
+    """This replica's name in the Lease. Empty: ``$POD_NAME``, else the host name."""
+    duration: float = 15.0
+    """Seconds a standby waits after the last renewal it saw before taking over (client-go default)."""
+    renew_deadline: float = 10.0
+    """Seconds the leader keeps writing without a successful renewal; must be below ``duration``
+    so it stops before a standby can start (no two writers)."""
+    retry_period: float = 2.0
+    """Seconds between acquire/renew attempts."""
+    enabled: bool = True
+    """False: act as the only writer (a single replica, or tests); ``--dry-run`` also skips it."""
 
 
 def micro_time(moment: datetime) -> str:
