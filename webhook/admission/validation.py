@@ -38,7 +38,7 @@ class _Asks:
     def of(cls, pod: pods.Pod, gpus: units.GpuNames) -> _Asks:
         found = kube_demand.gpu_asks(pod, gpus)
         requested = frozenset(a.resource for a in found)
-        asked = any(a.count != 0 for a in found)  # "0" asks for none
+        asked = bool(requested) and bool(kube_demand.gpu_resource_names(pod, gpus))  # "0" asks for none
         return cls(found, requested, asked or pods.labels_ask_for_gpus(pod), gpus)
 
 

@@ -413,14 +413,16 @@ def gpu_units(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> Fract
 
 
 def gpu_resource_names(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> frozenset[str]:
-    """The GPU resource names any container of the pod names, every form (:func:`gpu_asks`'s names,
-    read without their counts, for mutation's steps)."""
+    """The GPU resource names any container of the pod asks for, every form (:func:`gpu_asks`'s
+    names, read without their counts, for mutation's steps). A name written as 0 wherever it appears
+    asks for none (``nvidia.com/gpu: "0"`` is no GPU pod); a value that is not a count is an ask, for
+    validation to judge."""
     found: set[str] = set()
     for _, container in pods.all_containers(pod):
-        found |= pods.gpu_resources(container)
-        for section in ("requests", "limits"):
-            for key in pods.resource_section(container, section):
-                if isinstance(key, str) and "/" in key and not key.startswith(names.NVIDIA_PREFIX) \
-                        and gpus.of(key) is not None:
-                    found.add(key)
+        sections = [pods.resource_section(container, section) for section in ("requests", "limits")]
+        for key in {k for section in sections for k in section}:
+            if not isinstance(key, str) or key in found or gpus.of(key) is None and not is_gpu_resource(key):
+                continue
+            if any(whole_count(section.get(key, 0)) != 0 for section in sections):
+                found.add(key)
     return frozenset(found)
