@@ -234,7 +234,7 @@ def test_every_gpugate_command_in_a_fenced_block_parses(command: Command) -> Non
     ("gpugate mutate POD.yaml --nmespace NS", "No such option"),
     ("gpugate mutate POD.yaml --namespace", "requires an argument"),
     ("gpugate mutate POD.yaml -o xml", "not among the choices"),
-    ("gpugate mutate A.yaml B.yaml", "arguments left over"),
+    ("gpugate policy check A B", "arguments left over"),  # mutate takes several files
     ("gpugate stack upgarde --operator v26.7.0", "no such command"),
     ("gpugate stack plan --operator v26.7.0 --pool canary", None),
 ])

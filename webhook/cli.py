@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "admit": "webhook.commands.serve:admit",
     "certs": "webhook.commands.certs:certs",
     "smoke": "webhook.commands.smoke:smoke",
+    "audit": "webhook.commands.audit:audit",
     "balance": "webhook.commands.balance:balance",
     "health": "webhook.commands.health:health",
     "usage": "webhook.commands.usage:usage",
@@ -39,12 +40,13 @@ COMMANDS: dict[str, str] = {
 # and shown without importing the command's module.
 SUMMARIES: dict[str, str] = {
     "mutate": "Show a pod as the webhook would admit it.",
-    "validate": "Say whether a pod as written would be allowed.",
+    "validate": "Say whether the cluster would admit a pod or workload.",
     "policy": "Check and test a folder of GPUPolicy files.",
     "serve": "Run the admission webhook over HTTPS.",
     "admit": "Send a pod or review to a running webhook.",
     "certs": "Make or renew the webhook's TLS certificate.",
     "smoke": "Dry-run pods a running webhook must shape and deny.",
+    "audit": "Judge running pods and workloads by today's policies.",
     "balance": "Label GPU nodes by load (the balancer).",
     "health": "List quarantined GPUs; release one by hand.",
     "usage": "GPU-hours per namespace and owner; idle GPUs.",

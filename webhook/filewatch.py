@@ -1,6 +1,6 @@
 """Reload the last good file: one watcher for every file a server re-reads while it runs.
 
-The policy folder (``policy.store``), the cluster inventory file (``admission.inventoryfile``) and
+The policy folder (``policy.store``), the cluster inventory file (``server.inventoryfile``) and
 the serving certificate (``certs.reload``) all follow one rule, kept here once: a cheap
 fingerprint of the files (a digest, or a stat) is compared with the last one acted upon; only
 when it moved are the files loaded, and only a load that succeeds replaces the value being

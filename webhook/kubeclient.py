@@ -17,22 +17,39 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from webhook.errors import ClusterAPIError, GpugateError
+from webhook.kubetarget import Target
 
 T = TypeVar("T")
+__all__ = ["Target", "api_client", "call", "call_unless_absent", "failure", "missing_namespace", "raw_json",
+           "body", "status_of"]
 
-NO_CLUSTER = ("no cluster to talk to ({reason}): pass --server URL, run in a pod with a service account, "
-              "or set KUBECONFIG")
+NO_CLUSTER = ("no cluster to talk to ({reason}): pass --kubeconfig FILE (and --context NAME) or --server URL, "
+              "run in a pod with a service account, or set KUBECONFIG")
 
 
-def api_client(server: str | None = None, *, token: str | None = None,
+def api_client(server: str | Target | None = None, *, token: str | None = None,
                ca_file: str | None = None) -> client.ApiClient:
-    """Return an ApiClient for ``server`` if given, else in-cluster, else the kubeconfig.
+    """Return an ApiClient for ``server`` (a URL or a ``Target``) if given, else in-cluster, else the kubeconfig.
 
-    An explicit ``server`` is used as is, without credentials unless ``token`` is given:
+    An explicit server URL is used as is, without credentials unless ``token`` is given:
     that is what a test against a local fake API server needs. ``ca_file`` is the CA bundle
-    that signed an https server's certificate (else the system's trust store). Raises
+    that signed an https server's certificate (else the system's trust store). A kubeconfig or
+    context named on the command line is used as named, never the in-cluster account. Raises
     GpugateError naming the ways to point gpugate at a cluster when none is configured.
     """
+    target = server if isinstance(server, Target) else Target(server=server)
+    server = target.server
+    if target.kubeconfig or target.context:
+        configuration = client.Configuration()
+        try:
+            config.load_kube_config(config_file=target.kubeconfig, context=target.context,
+                                    client_configuration=configuration)
+        except (config.ConfigException, OSError) as err:
+            raise GpugateError(f"cannot use {target.describe()}: {str(err).strip() or type(err).__name__}") from err
+        except (TypeError, ValueError, AttributeError, KeyError) as err:  # the client's parse of a non-kubeconfig
+            raise GpugateError(f"cannot use {target.describe()}: it is not a kubeconfig ({type(err).__name__})") \
+                from err
+        return client.ApiClient(configuration)
     if server:
         configuration = client.Configuration()
         configuration.host = server.rstrip("/")

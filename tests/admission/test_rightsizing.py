@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import jsonpatch
 import kubernetes_validate
@@ -20,10 +21,12 @@ from tests.admission.ladders import rightsizing
 from tests.kubeversion import KUBERNETES_VERSION
 from tests.policy.kit import container, load, node_feasible, pod, policy
 from webhook import names
-from webhook.admission import mutation, validation
+from webhook.admission import mutation, reviews, validation
 from webhook.kube import demand
 from webhook.kube.inventory import Inventory, Offer
+from webhook.policy import loading
 
+ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 LADDER = rightsizing("{resource: nvidia.com/gpu.shared, memory: 20Gi, compute: 0.25}", mig_strategy="mixed")
 POLICIES = load(policy("serving", LADDER))
@@ -66,6 +69,7 @@ class TestAsks:
 
     @pytest.mark.parametrize(("labels", "says"), [
         ({names.GPU_MEMORY_LABEL: "lots"}, "not a quantity"),
+        ({names.GPU_MEMORY_LABEL: "99999999999Ti"}, "larger than a Kubernetes quantity can be"),  # "not a quantity"
         ({names.GPU_MEMORY_LABEL: "0"}, "more than 0"),
         ({names.GPU_FRACTION_LABEL: "1.5"}, "at most 1"),
         ({names.GPU_FRACTION_LABEL: "half"}, "not a number"),
@@ -74,6 +78,13 @@ class TestAsks:
         verdict = validation.validate(pod(container(), labels=labels), namespace="ml-a", policies=POLICIES)
         assert not verdict.allowed and says in verdict.message
 
+    @pytest.mark.parametrize("memory", ["lots", "99999999999Ti"])
+    def test_a_label_that_is_no_ask_is_refused_at_mutation_with_no_warning_first(self, memory):
+        result = mutation.mutate(pod(container(), labels={names.GPU_MEMORY_LABEL: memory}), namespace="ml-a",
+                                 policies=POLICIES)
+        assert len(result.denials) == 1 and repr(memory) in result.denials[0]
+        assert not result.warnings and not result.patch
+
 
 class TestChoice:
     def test_without_an_inventory_a_whole_gpu_which_every_gpu_node_offers(self):
@@ -81,9 +92,9 @@ class TestChoice:
         cluster without MIG; a whole GPU runs on any GPU node, and the warning says what was passed over."""
         result, stored = shaped(asking("15G"))
         assert asked(stored) == {"nvidia.com/gpu": "1"}
-        warning = next(w for w in result.warnings if "right-sized" in w)
-        assert "no fresh inventory from the balancer, so a whole GPU, which every GPU node offers, rather than " \
-               "2g.20gb or 3g.40gb or nvidia.com/gpu.shared" in warning and "1g.10gb too small" in warning
+        warning = next(w for w in result.warnings if " gave " in w)
+        assert warning.endswith("gave nvidia.com/gpu: 1 to container 'model' for gpugate.io/gpu-memory=15G: no "
+                                "inventory from the balancer, so a whole GPU, which every GPU node has")
 
     def test_without_an_inventory_a_ladder_without_whole_gpus_keeps_its_order_and_says_the_pod_may_wait(self):
         shares = load(policy("serving", """
@@ -96,20 +107,45 @@ rightsizing:
 """))
         result, stored = shaped(asking("15G"), policies=shares)
         assert asked(stored) == {"nvidia.com/mig-2g.20gb": "1"}
-        assert any("ladder's order decides, and the pod stays Pending until a node configured for 2g.20gb has one "
-                   "free" in w for w in result.warnings)
+        assert any(w.split(": ", 1)[1].startswith("gave nvidia.com/mig-2g.20gb: 1 to container 'model' "
+                                                  "for gpugate.io/gpu-memory=15G: Pending until a node configured for "
+                                                  "2g.20gb has one free") for w in result.warnings)
+
+    def test_without_an_inventory_a_ladder_with_the_policys_own_resource_gives_it_not_a_slice(self):
+        """The starter notebooks ladder (1g.10gb, 2g.20gb, a share) has no whole GPU: an 8Gi notebook
+        got a MIG slice and stayed Pending on a cluster without MIG. The share is what every other
+        notebook of the policy gets (gpu.resource), so the cluster offers it."""
+        starter = loading.load_dir(ROOT / "policies")
+        notebook = asking("8Gi")
+        notebook["metadata"]["labels"][names.PROFILE_LABEL] = "notebook"
+        result = mutation.mutate(notebook, namespace="ml-team", policies=starter, now=NOW)
+        assert asked(jsonpatch.apply_patch(notebook, list(result.patch))) == {"nvidia.com/gpu.shared": "1"}
+        assert any("so the policy's own resource, not a slice only some nodes have" in w for w in result.warnings)
+
+    @pytest.mark.parametrize("profile", ["notebook", "inference"])
+    @pytest.mark.parametrize("memory", ["1Gi", "8Gi", "10G", "15G", "20Gi"])
+    def test_without_an_inventory_no_starter_ladder_gives_a_mig_slice(self, profile, memory):
+        """The starter set's promise: a missing inventory never leaves a pod Pending for a slice."""
+        starter = loading.load_dir(ROOT / "policies")
+        p = asking(memory)
+        p["metadata"]["labels"][names.PROFILE_LABEL] = profile
+        result = mutation.mutate(p, namespace="ml-team", policies=starter, now=NOW)
+        assert result.allowed and not any(r.startswith("nvidia.com/mig-")
+                                          for r in asked(jsonpatch.apply_patch(p, list(result.patch))))
 
     def test_a_fitting_rung_that_is_not_free_is_skipped(self):
         inventory = offers(("nvidia.com/mig-2g.20gb", "NVIDIA-H100-80GB-HBM3", 0),
                            ("nvidia.com/mig-3g.40gb", "NVIDIA-H100-80GB-HBM3", 2))
         result, stored = shaped(asking("15G"), inventory)
         assert asked(stored) == {"nvidia.com/mig-3g.40gb": "1"}
-        assert any("2g.20gb not free now" in w for w in result.warnings)
+        assert any("the smallest that fits and is free now (2g.20gb taken)" in w for w in result.warnings)
 
-    def test_a_stale_inventory_is_ignored(self):
+    def test_a_stale_inventory_is_ignored_and_the_warning_says_how_old_it_is(self):
         inventory = offers(("nvidia.com/mig-3g.40gb", "NVIDIA-H100-80GB-HBM3", 2), age=3600)
-        _, stored = shaped(asking("15G"), inventory)
+        result, stored = shaped(asking("15G"), inventory)
         assert asked(stored) == {"nvidia.com/gpu": "1"}, "as without an inventory"
+        assert any("the balancer's inventory is 60 min old (limit 5 min), so a whole GPU" in w
+                   for w in result.warnings), result.warnings
 
     def test_when_nothing_fitting_is_free_the_pod_waits_for_the_smallest(self):
         result, stored = shaped(asking("15G"), offers(("nvidia.com/mig-1g.10gb", "NVIDIA-H100-80GB-HBM3", 9)))
@@ -219,3 +255,22 @@ def test_any_ask_gets_the_smallest_offered_rung_that_fits_idempotent_and_strict_
     assert again.patch == (), again.patch
     assert validation.validate(stored, namespace="ml-a", policies=POLICIES, inventory=inventory, now=NOW).allowed
     kubernetes_validate.validate(copy.deepcopy(stored), K8S, strict=True)
+
+
+STARTER = loading.load_dir(ROOT / "policies")
+
+
+@settings(max_examples=60, deadline=None)
+@given(profile=st.sampled_from(["notebook", "inference"]), memory_mib=st.integers(256, 90_000),
+       container_name=st.text("abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=24),
+       free=st.lists(st.integers(0, 1), min_size=5, max_size=5), age=st.sampled_from([None, 0, 90_000]))
+def test_every_right_sizing_warning_of_the_starter_set_fits_the_api_servers_limit(profile, memory_mib,
+                                                                                 container_name, free, age):
+    """The API server cuts a warning at 256 characters: kubectl showed "...and the pod stays Pendin…"."""
+    inventory = Inventory() if age is None else offers(
+        *[(r, p, f) for (r, p), f in zip(RUNGS, free, strict=True)], age=age)
+    p = pod(container(container_name), labels={names.PROFILE_LABEL: profile,
+                                               names.GPU_MEMORY_LABEL: f"{memory_mib}Mi"})
+    result = mutation.mutate(p, namespace="ml-team", policies=STARTER, inventory=inventory, now=NOW)
+    for text in (*result.warnings, *result.denials):
+        assert len(text) <= reviews.MAX_WARNING_CHARS, text

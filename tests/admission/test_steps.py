@@ -185,12 +185,34 @@ class TestGpuRequests:
         assert any("set requests nvidia.com/gpu: 2 to match limits on container 'trainer'" in w
                    for w in result.warnings)
 
-    @pytest.mark.parametrize("label", ["two", "1.5", "-1", "500m"])
-    def test_a_label_that_is_not_a_whole_number_adds_nothing_and_says_so(self, label):
+    @pytest.mark.parametrize(("label", "why"), [("two", "is not a number"), ("1.5", "is not a whole number"),
+                                                ("-1", "is negative"), ("500m", "is not a whole number")])
+    def test_a_label_that_is_not_a_whole_number_is_refused_with_its_reason_alone(self, label, why):
+        """Refused at mutation, unshaped and without warnings: validation refuses it whatever is
+        injected, and shaping it first put warnings before the one reason that matters."""
         result = run(labelled(label))
-        assert "resources" not in spec_of(result)["containers"][0]
-        assert any(f"label gpugate.io/gpus={label!r} is not a whole number; no GPU was added" in w
-                   for w in result.warnings)
+        assert result.denials == (f"label gpugate.io/gpus={label!r} {why}; write a count such as "
+                                  f"gpugate.io/gpus: \"1\" (policy {result.policy})",)
+        assert not result.patch and not result.warnings
+
+    @pytest.mark.parametrize(("value", "why"), [("-1", "is negative"), ("1e30", "is more than any node has"),
+                                                ("1.5", "is not a whole number")])
+    def test_a_resource_count_that_is_not_whole_is_refused_without_warnings_first(self, value, why):
+        c = container("trainer")
+        c["resources"] = {"limits": {"nvidia.com/gpu": value}}
+        result = run(pod(c))
+        assert result.denials == (f"container 'trainer' asks nvidia.com/gpu: {value}, which {why} (policy "
+                                  f"{result.policy}); GPUs are counted in whole devices",)
+        assert not result.patch and not result.warnings
+
+    @pytest.mark.parametrize("section", ["limits", "requests"])
+    def test_a_resource_written_as_zero_is_not_a_gpu_ask(self, section):
+        """``nvidia.com/gpu: "0"`` asks for no GPU: no gpuOnly policy shapes it (it got tolerations,
+        placement terms and the policy annotation before)."""
+        c = container("trainer")
+        c["resources"] = {section: {"nvidia.com/gpu": "0"}}
+        result = run(pod(c))
+        assert result.policy is None and not result.patch
 
     def test_a_zero_label_adds_nothing(self):
         assert "resources" not in spec_of(run(labelled("0")))["containers"][0]
@@ -434,7 +456,7 @@ class TestRequiredNodeAffinity:
 
     def test_the_requirements_are_named_in_a_warning(self):
         result = run(pod(container(gpus=1)), "gpu: {minMemoryMiB: 40000}")
-        assert any("required node affinity nvidia.com/gpu.memory Gt ['39999']" in w for w in result.warnings)
+        assert any("required node affinity nvidia.com/gpu.memory Gt 39999" in w for w in result.warnings)
 
 
 # --- placement preferences ---------------------------------------------------------------------

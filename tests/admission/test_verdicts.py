@@ -173,12 +173,14 @@ class TestRequestsEqualLimits:
                       limits={"nvidia.com/gpu": limits} if limits else None)
         assert verdict(pod(c), policy("gp"))[0].allowed
 
-    @pytest.mark.parametrize("value", ["500m", "1.5", "abc"])
-    def test_a_count_that_is_not_a_whole_number_is_denied(self, value):
+    @pytest.mark.parametrize(("value", "why"), [
+        ("500m", "is not a whole number"), ("1.5", "is not a whole number"), ("abc", "is not a number"),
+        ("-1", "is negative"), ("1e30", "is more than any node has"),  # "not a whole number" before
+    ])
+    def test_a_count_that_is_not_a_whole_number_is_denied_for_what_it_is(self, value, why):
         c = container("trainer", limits={"nvidia.com/gpu": value})
         reason, rev = only_reason(pod(c), policy("gp"))
-        assert reason.startswith(f"container 'trainer' asks nvidia.com/gpu: {value}, which is not a whole number "
-                                 f"(policy gp@{rev})")
+        assert reason.startswith(f"container 'trainer' asks nvidia.com/gpu: {value}, which {why} (policy gp@{rev})")
         assert "GPUs are counted in whole devices" in reason
 
 
@@ -231,10 +233,11 @@ class TestAllowedResources:
 
 
 class TestLabelAndAnnotation:
-    @pytest.mark.parametrize("label", ["two", "1.5", "-1"])
-    def test_a_gpus_label_that_is_not_a_whole_number_is_denied_with_an_example(self, label):
+    @pytest.mark.parametrize(("label", "why"), [("two", "is not a number"), ("1.5", "is not a whole number"),
+                                                ("-1", "is negative")])
+    def test_a_gpus_label_that_is_not_a_whole_number_is_denied_with_an_example(self, label, why):
         reason, rev = only_reason(pod(container(), labels={names.GPUS_LABEL: label}), policy("gp"))
-        assert reason == (f"label gpugate.io/gpus={label!r} is not a whole number of GPUs (policy gp@{rev}); "
+        assert reason == (f"label gpugate.io/gpus={label!r} {why} (policy gp@{rev}); "
                           f"write e.g. gpugate.io/gpus: \"1\"")
 
     @pytest.mark.parametrize("label", ["", "0", "3"])
@@ -326,7 +329,7 @@ class TestNodeRequirementsHoldInEveryTerm:
         escape = {"matchExpressions": [expr("kubernetes.io/os", "In", "linux")]}
         result, rev = verdict(pod(container(gpus=1), affinity=required(GOOD_TERM, escape)), MEM40)
         assert not result.allowed
-        assert any("nvidia.com/gpu.memory Gt ['39999'] (term 2)" in r and f"policy big@{rev}" in r
+        assert any("nvidia.com/gpu.memory Gt 39999 (term 2)" in r and f"policy big@{rev}" in r
                    for r in result.reasons), result.reasons
 
     def test_a_pod_without_required_affinity_is_denied(self):

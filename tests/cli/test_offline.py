@@ -62,10 +62,11 @@ def test_mutate_exits_1_with_the_reason_when_denied(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("content", "expected"), [
     ("kind: Pod\napiVersion: v1\nmetadata: {name: x\n", "line 4, column 1: invalid YAML"),
-    ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n", "expected apiVersion v1 and kind Pod"),
+    ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\n", "a Deployment is not mutated"),
+    ("apiVersion: v1\nkind: Service\nmetadata: {name: x}\n", "no Pod, ResourceClaim, ResourceClaimTemplate"),
     ("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {containers: []}\n", "spec.containers"),
     ("- just\n- a list\n", "expected a mapping, got list"),
-], ids=["malformed-yaml", "not-a-pod", "no-containers", "a-list"])
+], ids=["malformed-yaml", "a-workload", "not-a-pod", "no-containers", "a-list"])
 def test_mutate_refuses_a_file_that_is_not_a_pod(tmp_path: Path, content: str, expected: str) -> None:
     path = tmp_path / "pod.yaml"
     path.write_text(content)

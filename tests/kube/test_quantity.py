@@ -78,3 +78,26 @@ def test_absurd_quantities_are_refused_quickly(value: str) -> None:
 ])
 def test_out_of_range_tells_too_large_from_not_a_number(value: str, too_large: bool) -> None:
     assert quantity.out_of_range(value) is too_large
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("4", None), ("0", None), ("2000m", None),
+    ("1e30", "is more than any node has"),            # was "not a whole number"
+    ("1e999999k", "is more than any node has"),       # Decimal overflows: was "not a number"
+    ("99999999999999999999", "is more than any node has"),
+    ("-1", "is negative"), ("-2.5", "is negative"),
+    ("1.5", "is not a whole number"), ("500m", "is not a whole number"),
+    ("two", "is not a number"), ("", "is not a number"), (True, "is not a number"),
+], ids=repr)
+def test_count_problem_names_what_is_wrong_with_a_count(value: object, why: str | None) -> None:
+    assert quantity.count_problem(value) == why
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("20Gi", None), ("1e3", None),
+    ("99999999999Ti", "is larger than a Kubernetes quantity can be"),   # was "not a quantity"
+    ("9" * 70, "is larger than a Kubernetes quantity can be"),
+    ("lots", "is not a quantity"), ("1 Gi", "is not a quantity"),
+], ids=repr)
+def test_quantity_problem_tells_too_large_from_not_a_quantity(value: str, why: str | None) -> None:
+    assert quantity.quantity_problem(value) == why

@@ -37,6 +37,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "webhook": (("webhook",), ()),
     "webhook+builtin-tls": (("webhook",), ("webhook/components/builtin-tls",)),
     "webhook+cert-manager": (("webhook",), ("webhook/components/cert-manager",)),
+    "webhook+builtin-tls+audit": (("webhook",), ("webhook/components/builtin-tls", "webhook/components/audit")),
     "webhook+builtin-tls+fail-open": (("webhook",), ("webhook/components/builtin-tls",
                                                        "webhook/components/fail-open")),
     "webhook+cert-manager+fail-open": (("webhook",), ("webhook/components/cert-manager",
@@ -58,6 +59,7 @@ COMPONENT_VARIANTS: dict[str, str] = {
     "webhook/components/builtin-tls": "webhook+builtin-tls",
     "webhook/components/cert-manager": "webhook+cert-manager",
     "webhook/components/fail-open": "webhook+builtin-tls+fail-open",
+    "webhook/components/audit": "webhook+builtin-tls+audit",
     "observability": "webhook+balancer+observability",
     "balancer/components/rebalance": "webhook+balancer+rebalance",
 }

@@ -177,6 +177,18 @@ def test_excluded_namespaces_include_the_webhooks_own_and_the_system_ones(varian
             assert "objectSelector" not in hook
 
 
+def _workload_rules() -> list[dict]:
+    """One rule per API group of ``admission.workloads.WORKLOAD_KINDS``, in the table's order."""
+    from webhook.admission.workloads import WORKLOAD_KINDS
+
+    rules: dict[tuple[str, str], list[str]] = {}
+    for workload in WORKLOAD_KINDS:
+        rules.setdefault((workload.group, workload.version), []).append(workload.resource)
+    return [{"apiGroups": [group], "apiVersions": [version], "resources": resources,
+             "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}
+            for (group, version), resources in rules.items()]
+
+
 def test_webhook_registration_fields() -> None:
     objs = render_variant("webhook")
     names = {kind: hook["name"] for kind, hook in _hooks(objs)}
@@ -185,11 +197,13 @@ def test_webhook_registration_fields() -> None:
     for kind, hook in _hooks(objs):
         # DRA claims and templates: shaped on CREATE, judged on CREATE and UPDATE.
         claim_operations = ["CREATE"] if kind == "MutatingWebhookConfiguration" else ["CREATE", "UPDATE"]
+        # Workloads: validation only, every kind admission.workloads judges and nothing else.
+        workload_rules = [] if kind == "MutatingWebhookConfiguration" else _workload_rules()
         assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
                                   "operations": ["CREATE"], "scope": "Namespaced"},
                                  {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
                                   "resources": ["resourceclaims", "resourceclaimtemplates"],
-                                  "operations": claim_operations, "scope": "Namespaced"}]
+                                  "operations": claim_operations, "scope": "Namespaced"}, *workload_rules]
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["sideEffects"] == "None"
         assert hook["timeoutSeconds"] == 5

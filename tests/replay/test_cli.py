@@ -124,3 +124,49 @@ def test_the_timeline_refuses_what_it_cannot_replay(args: tuple[str, ...], messa
     code, _, stderr = invoke(*args, "--seeds", "5", "--synthetic-nodes", "12", "--workers", "1",
                              "--out", str(tmp_path / "o"))
     assert code != 0 and message in stderr
+
+
+def _press_ctrl_c_during_a_replay(out: Path, repo_root: Path) -> tuple[int, str]:
+    """Run ``gpugate replay`` as a terminal's foreground job (SIGINT at its default), press Ctrl-C
+    (SIGINT to its process group) once a run has finished: (exit status, stderr after the press)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "webhook.cli", "replay", "--arms", "stock,gpugate", "--seeds", "42-49",
+               "--synthetic-nodes", "60", "--policies", str(repo_root / "policies"), "--out", str(out),
+               "--workers", "2"]
+    child = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert child.stderr is not None
+        seen = ""
+        while "1/16 runs" not in seen:  # the progress bar: a run has finished, others are under way
+            chunk = child.stderr.read(1)
+            assert chunk, f"replay ended before its first run: {seen}"
+            seen += chunk
+        os.killpg(child.pid, signal.SIGINT)
+        return child.returncode if child.wait(timeout=60) is not None else -1, child.communicate()[1]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def test_ctrl_c_stops_a_replay_at_once_with_130_and_leaves_the_out_folder_as_it_was(tmp_path: Path,
+                                                                                   repo_root: Path) -> None:
+    """Ctrl-C was ignored until the running runs ended, then click's "Aborted!", exit 1, and a
+    half-written output folder."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("an earlier replay's\n")
+    status, stderr = _press_ctrl_c_during_a_replay(out, repo_root)
+    assert status == 130, stderr
+    assert f"SIGINT: stopped the replay; {out} was not written" in stderr
+    assert "Traceback" not in stderr and "Aborted!" not in stderr
+    # The runs under way are stopped, not waited for (one may have ended as the key was pressed).
+    assert "3/16 runs" not in stderr, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging folder left beside it
+    assert [p.name for p in out.iterdir()] == ["summary.json"]
+    assert (out / "summary.json").read_text() == "an earlier replay's\n"

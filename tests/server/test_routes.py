@@ -307,6 +307,19 @@ def test_admit_exits_1_on_a_denial(server, tmp_path):
     assert "validate: DENIED" in result.output and "reason (403): " in result.output
 
 
+def test_admit_stops_at_a_mutation_refusal_as_the_api_server_does(server, tmp_path):
+    """It printed "validate: allowed" after "mutate: DENIED"; the API server never asks the
+    validating webhook about an object a mutating one refused."""
+    pod = example_pod()
+    pod["metadata"]["labels"]["gpugate.io/gpus"] = "100"
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(pod))
+    result = _admit(server, str(path), "--namespace", "ml-vision")
+    assert result.exit_code == 1
+    assert "mutate: DENIED" in result.output and "validate: allowed" not in result.output
+    assert "validate: not asked (the API server stops at the mutating webhook's refusal)" in result.output
+
+
 def test_admit_sends_a_review_file_as_is(server, tmp_path):
     review = review_of(example_pod(), namespace="ml-vision")
     review["request"]["operation"] = "UPDATE"

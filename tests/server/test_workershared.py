@@ -1,4 +1,4 @@
-"""The connection table the workers balance on (``admission.workershared``): reads look only at the
+"""The connection table the workers balance on (``server.workershared``): reads look only at the
 slots ever handed out (a scan of all 256 cost ~150 µs on every turn of the loop)."""
 
 from __future__ import annotations

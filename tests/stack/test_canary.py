@@ -165,7 +165,7 @@ def test_canary_yaml_is_read_with_its_conditions():
      "conditions and xid need prometheus.url"),
     (GOOD + "  - name: no-new-xid\n    query: up\n    min: 1\n", "duplicate name(s) no-new-xid"),
     (GOOD.replace("kind: CanaryAnalysis", "kind: Canary"), "kind: 'CanaryAnalysis' was expected"),
-    ("pool: [", "is not valid YAML"),
+    ("pool: [", ", line 1, column 8: invalid YAML: expected the node content"),  # no "<unicode string>"
 ])
 def test_a_bad_canary_yaml_is_refused_naming_the_problem(text, message):
     with pytest.raises(GpugateError) as caught:

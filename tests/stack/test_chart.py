@@ -8,6 +8,7 @@ skip and say which is missing. The server-side dry-run of the same renders is in
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -132,10 +133,29 @@ def test_without_helm_the_render_is_skipped_and_said(stack_repo, monkeypatch, tm
     assert result.exit_code == 0, result.output
     # SKIP, not PASS: nothing was rendered; the line says how to run it.
     assert "SKIP  chart-render" in result.output and "not rendered: helm not found" in result.output
-    assert "to render it, give helm with --helm PATH or $GPUGATE_HELM" in result.output
+    assert "to render it, give helm with --helm PATH or $GPUGATE_HELM, or put it on PATH" in result.output
     assert "its ClusterPolicy was not checked against stack.yaml" in result.output
+    # The way to get helm is said once (it was in the check, its reason and the warning), and the
+    # result does not say "all checks pass" with one not run.
+    assert result.output.count("--helm PATH") == 1, result.output
+    # (the preflight's cluster rules are skipped too without --kube)
+    assert re.search(r"^result: every check that ran passes; \d+ skipped \((\S+, )*chart-render(, \S+)*\)$",
+                     result.output, re.MULTILINE), result.output
+    assert "all checks pass" not in result.output
     skipped = run(stack_repo, "plan", "--operator", "v26.7.0", "--driver", "610.57.04", "--skip-chart-render")
     assert "SKIP  chart-render" in skipped.output and "to render it, drop --skip-chart-render" in skipped.output
+
+
+def test_a_commit_without_the_chart_render_says_it_was_skipped_not_passed_and_not_how_to_get_helm(stack_repo):
+    """The helm hint was in every stack commit message, under "Checks passed" and again in its warning."""
+    result = run(stack_repo, "upgrade", "--operator", "v26.7.0", "--driver", "610.57.04", "--skip-chart-render")
+    assert result.exit_code == 0, result.output
+    text = git(stack_repo, "log", "-n1", "--format=%B")
+    passed = text.split("Checks passed:\n", 1)[1].split("\n\n", 1)[0]
+    skipped = text.split("Checks skipped:\n", 1)[1].split("\n\n", 1)[0].split("\n")
+    assert "chart-render" not in passed and "  chart-render" in skipped
+    assert "the gpu-operator v26.7.0 chart was not rendered, so its ClusterPolicy was not checked" in text
+    assert "--helm" not in text and "GPUGATE_HELM" not in text
 
 
 def test_an_unreachable_chart_repository_names_the_ways_around_it(stack_repo, helm, monkeypatch):

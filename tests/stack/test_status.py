@@ -114,7 +114,8 @@ def test_status_kube_without_a_cluster_says_how_to_point_at_one(stack_repo, no_k
     no_traceback(result)
     assert result.exit_code == 1
     assert "error: no cluster to talk to (" in result.output
-    assert "pass --server URL, run in a pod with a service account, or set KUBECONFIG" in result.output
+    assert "pass --kubeconfig FILE (and --context NAME) or --server URL, run in a pod with a service account, " \
+           "or set KUBECONFIG" in result.output
 
 
 @pytest.mark.parametrize(("command", "listing"), [

@@ -153,4 +153,8 @@ def unmet(pod_spec: dict[str, Any], wanted: Expression) -> list[str]:
 
 
 def describe(expression: Expression) -> str:
-    return f"{expression['key']} {expression['operator']} {expression.get('values', [])}"
+    """``key Op value`` or ``key In (a, b)``, as a person writes it (not a Python list)."""
+    values = expression.get("values") or []
+    listed = values if isinstance(values, list) else [values]
+    tail = f" ({', '.join(map(str, listed))})" if len(listed) > 1 else f" {listed[0]}" if listed else ""
+    return f"{expression['key']} {expression['operator']}{tail}"

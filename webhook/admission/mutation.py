@@ -71,6 +71,12 @@ def mutate(pod: Pod, *, namespace: str, policies: PolicySet, inventory: Inventor
         # Validation denies this pod whatever is injected: shaping it would only add warnings
         # ("set nvidia.com/gpu: 4") before the denial, which the author should read alone.
         return Mutation(desired=pod, patch=(), policy=PolicyRef(policy.name, policies.revision))
+    unreadable = pods.count_problems(pod) if requested else []
+    if unreadable and policy.mode == "enforce":
+        # Validation denies a count that is not whole whatever is injected: say that alone.
+        ref = PolicyRef(policy.name, policies.revision)
+        return Mutation(desired=pod, patch=(), policy=ref, denials=tuple(
+            f"{problem} (policy {ref}); GPUs are counted in whole devices" for problem in unreadable))
     refs = kube_demand.claim_refs(pod)
     unread = any(ref.key is not None and ref.key not in (resolved or {}) for ref in refs)
     desired, context = _settle(pod, policy, namespace, policies, inventory, now, requested=requested, gpu_pod=gpu_pod,

@@ -15,7 +15,7 @@ from webhook.admission.desiredpod import Pod, StepContext, child
 from webhook.admission.schedulingsteps import require
 from webhook.kube import demand as kube_demand
 from webhook.kube import pods, rightsizedclaims
-from webhook.kube.quantity import out_of_range, whole_count
+from webhook.kube.quantity import count_problem, out_of_range, whole_count
 from webhook.policy.model import GPUPolicy
 
 MAX_GPUS_PER_POD = 64
@@ -27,7 +27,7 @@ def requested_gpu_count(pod: Pod, policy: GPUPolicy, context: StepContext | None
     """How many of the policy's resource the pod asks for through the label or the default."""
     label = pods.labels(pod).get(names.GPUS_LABEL)
     if label is None:
-        if not policy.match.gpu_only and policy.gpu.default and not pods.requested_gpu_resources(pod):
+        if not policy.match.gpu_only and policy.gpu.default and not pods.named_gpu_resources(pod):
             if context is not None and context.claim_devices is not None:
                 return None  # a claim holds its GPUs already
             if context is not None and context.claims_unread:
@@ -45,8 +45,9 @@ def requested_gpu_count(pod: Pod, policy: GPUPolicy, context: StepContext | None
             if out_of_range(label):
                 context.deny(f"label {names.GPUS_LABEL}={label!r} asks for more GPUs than any node has "
                              f"(at most {MAX_GPUS_PER_POD} per pod)")
-            else:
-                context.note(f"label {names.GPUS_LABEL}={label!r} is not a whole number; no GPU was added")
+            else:  # refused here, not shaped first: the author reads the one reason alone
+                context.deny(f"label {names.GPUS_LABEL}={label!r} {count_problem(label)}; write a count such "
+                             f"as {names.GPUS_LABEL}: \"1\"")
         return None
     limit = min(policy.gpu.max if policy.gpu.max is not None else MAX_GPUS_PER_POD, MAX_GPUS_PER_POD)
     if count > limit:
@@ -127,7 +128,7 @@ def right_size(pod: Pod, context: StepContext) -> None:
     try:
         ask = kube_demand.size_of(pod)
     except kube_demand.SizeError as err:
-        context.note(f"{err}; not right-sized")
+        context.deny(str(err))  # validation refuses it too: the reason alone, not shaped first
         return
     if ask is None:
         return
@@ -143,16 +144,16 @@ def right_size(pod: Pod, context: StepContext) -> None:
     if sizing.through == "dra":
         right_size_claim(pod, ask, context)
         return
-    choice = rightsizing.choose(ask, sizing, context.inventory, context.now)
+    choice = rightsizing.choose(ask, sizing, context.inventory, context.now, own_resource=context.policy.gpu.resource)
     container = _sized_container(pod, choice, context)
     if container is None or isinstance(choice, str):
         return
     container = context.set_request(pod, container, "requests", choice.resource, "1")
     context.set_request(pod, container, "limits", choice.resource, "1")
     require(pod, list(choice.expressions), context)
-    form = f" ({choice.rung.name})" if choice.resource != choice.rung.name else ""
-    context.note(f"right-sized {ask.describe()} to {choice.resource}: 1{form} on container "
-                 f"'{container.get('name')}': {choice.why}")
+    form = f" ({choice.rung.name})" if choice.rung.mig and choice.rung.mig not in choice.resource else ""
+    context.note(f"gave {choice.resource}: 1{form} to container '{container.get('name')}' for "
+                 f"{ask.describe()}: {choice.why}")
 
 
 def right_size_claim(pod: Pod, ask: kube_demand.Size, context: StepContext) -> None:

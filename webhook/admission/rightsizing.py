@@ -65,49 +65,65 @@ def fitting_rungs(ask: Size, sizing: RightSizing) -> list[Rung] | str:
             f"whose policy offers more")
 
 
-def choose(ask: Size, sizing: RightSizing, inventory: Inventory, now: datetime | None) -> Choice | str:
-    """The rung for ``ask``; a str is the denial message when no rung of the ladder is large enough."""
+def choose(ask: Size, sizing: RightSizing, inventory: Inventory, now: datetime | None,
+           own_resource: str | None = None) -> Choice | str:
+    """The rung for ``ask``; a str is the denial message when no rung of the ladder is large enough.
+
+    ``own_resource`` is what the policy gives every pod it shapes (``gpu.resource``): without a
+    fresh inventory it is the rung the cluster surely offers after a whole GPU.
+    """
     fitting = fitting_rungs(ask, sizing)
     if isinstance(fitting, str):
         return fitting
-    smaller = [r.name for r in sizing.ladder[:sizing.ladder.index(fitting[0])]]
-    too_small = f" ({', '.join(smaller)} too small)" if smaller else ""
     if inventory.fresh(now, sizing.max_inventory_age_seconds):
         unavailable: list[str] = []
         for rung in fitting:
             form = offered_form(rung, ask, inventory)
             if form is not None:
-                busy = f"; {', '.join(unavailable)} not free now" if unavailable else ""
-                return _choice(rung, form, ask, f"the smallest rung that fits and that the cluster offers now"
-                                                 f"{too_small}{busy}")
+                busy = f" ({', '.join(unavailable)} taken)" if unavailable else ""
+                return _choice(rung, form, ask, f"the smallest that fits and is free now{busy}")
             unavailable.append(rung.name)
         return _choice(fitting[0], sizing.mig_strategy, ask,
-                       f"the smallest rung that fits{too_small}; none of the fitting rungs is free now, so the "
-                       f"pod waits for it")
-    return _without_inventory(fitting, sizing, ask, too_small)
+                       "Pending until one frees up: the smallest that fits, and none that fits is free now")
+    return _without_inventory(fitting, sizing, ask, stale(inventory, now, sizing.max_inventory_age_seconds),
+                              own_resource)
 
 
-def _without_inventory(fitting: list[Rung], sizing: RightSizing, ask: Size, too_small: str) -> Choice:
-    """No fresh inventory: nothing says which slices the cluster has, so prefer a whole GPU.
+def stale(inventory: Inventory, now: datetime | None, max_age_seconds: float) -> str:
+    """Why the inventory is not used, in a few words: none was read, or the one read is too old."""
+    if inventory.generated_at is None or now is None:
+        return "no inventory from the balancer"
+    age = int((now - inventory.generated_at).total_seconds())
+    return f"the balancer's inventory is {_duration(age)} old (limit {_duration(int(max_age_seconds))})"
+
+
+def _duration(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def _without_inventory(fitting: list[Rung], sizing: RightSizing, ask: Size, why_not: str,
+                       own_resource: str | None) -> Choice:
+    """No fresh inventory: nothing says which slices the cluster has, so prefer what it surely offers.
 
     ``nvidia.com/gpu`` is what every GPU node offers under the device plugin's default config; a
     MIG slice or a time-sliced share exists only on nodes configured for it, and a pod given one
-    on a cluster without such nodes stays Pending. A ladder with no whole GPU that fits keeps its
-    order, and the warning says what the pod may wait for.
+    on a cluster without such nodes stays Pending. After a whole GPU, the policy's own resource
+    (``gpu.resource``) is what every other pod of the policy gets, so a cluster the policy serves
+    offers it. A ladder with neither keeps its order, and the warning says first that the pod may
+    wait.
     """
-    whole = next((rung for rung in fitting if rung.resource == names.GPU_RESOURCE), None)
-    if whole is not None:
-        passed = " or ".join(rung.name for rung in fitting[:fitting.index(whole)])
-        instead = f", rather than {passed}, which only nodes configured for it offer" if passed else ""
-        return _choice(whole, "plain", ask,
-                       f"no fresh inventory from the balancer, so a whole GPU, which every GPU node offers"
-                       f"{instead}{too_small}; with gpugate balance publishing its GPUInventory, the smallest "
-                       f"free rung is chosen")
+    for sure, what in ((names.GPU_RESOURCE, "a whole GPU, which every GPU node has"),
+                       (own_resource, "the policy's own resource, not a slice only some nodes have")):
+        rung = next((r for r in fitting if sure is not None and r.resource == sure), None)
+        if rung is not None:
+            return _choice(rung, "plain", ask, f"{why_not}, so {what}")
     first = fitting[0]
     return _choice(first, sizing.mig_strategy, ask,
-                   f"the smallest rung that fits{too_small}; no fresh inventory from the balancer, so the "
-                   f"ladder's order decides, and the pod stays Pending until a node configured for {first.name} "
-                   f"has one free")
+                   f"Pending until a node configured for {first.name} has one free ({why_not}; the ladder's order)")
 
 
 def offered_form(rung: Rung, ask: Size, inventory: Inventory) -> str | None:

@@ -16,7 +16,7 @@ from webhook.admission.results import Verdict
 from webhook.kube import demand as kube_demand
 from webhook.kube import pods, units
 from webhook.kube.inventory import EMPTY, Inventory
-from webhook.kube.quantity import out_of_range, whole_count
+from webhook.kube.quantity import count_problem, out_of_range, whole_count
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
 
@@ -38,7 +38,8 @@ class _Asks:
     def of(cls, pod: pods.Pod, gpus: units.GpuNames) -> _Asks:
         found = kube_demand.gpu_asks(pod, gpus)
         requested = frozenset(a.resource for a in found)
-        return cls(found, requested, bool(requested) or pods.labels_ask_for_gpus(pod), gpus)
+        asked = bool(requested) and bool(kube_demand.gpu_resource_names(pod, gpus))  # "0" asks for none
+        return cls(found, requested, asked or pods.labels_ask_for_gpus(pod), gpus)
 
 
 def validate(pod: pods.Pod, *, namespace: str, policies: PolicySet, inventory: Inventory = EMPTY,
@@ -109,7 +110,7 @@ def _policy_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, asks:
             out.append(f"label {names.GPUS_LABEL}={label!r} asks for more GPUs than any node has (policy {ref}); "
                        f"write a count such as {names.GPUS_LABEL}: \"1\"")
         else:
-            out.append(f"label {names.GPUS_LABEL}={label!r} is not a whole number of GPUs (policy {ref}); "
+            out.append(f"label {names.GPUS_LABEL}={label!r} {count_problem(label)} (policy {ref}); "
                        f"write e.g. {names.GPUS_LABEL}: \"1\"")
     wanted = pods.annotations_of(pod).get(names.CONTAINER_ANNOTATION)
     if wanted and all(c.get("name") != wanted for c in pods.containers(pod)):
@@ -260,8 +261,9 @@ def _container_rules(ask: kube_demand.ContainerAsk, container: pods.Container, p
         return [refused]
     count = ask.count
     if count is None:
-        out.append(f"{where} asks {resource}: {limits if limits is not None else requests}, which is not a whole "
-                   f"number (policy {ref}); GPUs are counted in whole devices")
+        value = limits if limits is not None else requests
+        out.append(f"{where} asks {resource}: {value}, which {count_problem(value)} (policy {ref}); GPUs are "
+                   f"counted in whole devices")
         return out
     if requests is not None and limits is not None and whole_count(requests) != whole_count(limits):
         out.append(f"{where} asks {resource} requests {requests} but limits {limits} (policy {ref}); "

@@ -20,6 +20,7 @@ from webhook.balancer import healthschema
 from webhook.balancer.healthpolicy import HealthPolicy, HealthPolicyError
 from webhook.balancer.moveplan import RebalanceSettings
 from webhook.errors import GpugateError
+from webhook.kube import yamlload
 from webhook.lease import LeaseSettings  # re-exported: the balancer's settings file names it
 from webhook.placement.shapes import MixError, ShapeMix, parse_mix
 from webhook.placement.tiers import ThresholdError, TierThresholds
@@ -222,7 +223,7 @@ class BalancerSettings:
         except OSError as err:
             raise SettingsError(f"{path}: cannot read the balancer configuration: {err.strerror}") from err
         except yaml.YAMLError as err:
-            raise SettingsError(f"{path}: not valid YAML: {err}") from err
+            raise SettingsError(f"{path}{yamlload.describe_error(err)}") from err
         return cls.from_dict(data or {}, source=str(path))
 
     @classmethod
@@ -264,7 +265,7 @@ def load_mix(path: str) -> ShapeMix:
     except OSError as err:
         raise SettingsError(f"extender.mix_file {path}: cannot read it: {err.strerror}") from err
     except yaml.YAMLError as err:
-        raise SettingsError(f"extender.mix_file {path}: not valid YAML: {err}") from err
+        raise SettingsError(f"extender.mix_file {path}{yamlload.describe_error(err)}") from err
     try:
         return parse_mix(data, source=f"extender.mix_file {path}")
     except MixError as err:

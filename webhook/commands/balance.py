@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from webhook.balancer.settings import BalancerSettings
+from webhook.commands.clusteroptions import kubeconfig_options, target
 from webhook.errors import GpugateError
 
 
@@ -62,6 +63,7 @@ def _env_default(name: str, fallback: str) -> str:
 @click.option("--policies", metavar="DIR", type=click.Path(exists=True, file_okay=False),
               help="With --usage: the GPUPolicy folder whose spec.idle says what may be done with an idle pod "
               "[default: none, report only].")
+@kubeconfig_options
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | None, server: str | None,
@@ -70,7 +72,8 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
             identity: str | None, health_bind: str | None, taint_congested: bool | None,
             publish_inventory: bool | None, extender_bind: str | None, extender_cert: str | None,
             extender_key: str | None, extender_device_policy: str | None, extender_mix: str | None,
-            usage: bool | None, policies: str | None, log_level: str) -> None:
+            usage: bool | None, policies: str | None, log_level: str,
+            kubeconfig: str | None, context: str | None) -> None:
     """Label GPU nodes gpugate.io/gpu-free and gpugate.io/gpu-load from live load.
 
     Lists and watches nodes and pods, optionally reads DCGM utilization from Prometheus, and
@@ -83,7 +86,7 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
 
     from webhook import logs
     from webhook.balancer.controller import Balancer
-    from webhook.kubeclient import api_client
+    from webhook.kubeclient import NO_CLUSTER, api_client
 
     settings = settings_from(config_file, prometheus=prometheus, dry_run=dry_run, server=server,
                              lease_name=lease_name, lease_namespace=lease_namespace, identity=identity,
@@ -95,6 +98,7 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
                              usage=usage, policies=policies)
     if (token_file or ca_file) and not settings.server:
         raise click.UsageError("--token-file and --certificate-authority go with --server")
+    cluster = target(settings.server, kubeconfig, context)
     logs.configure(log_level)
     # Decoding lists allocates millions of short-lived, acyclic dicts: collecting cycles among them
     # every 700 allocations cost more CPU than the decoding itself. Objects that live (the state)
@@ -104,13 +108,12 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
 
     def client_factory() -> Any:
         token = token_file.read_text(encoding="utf-8").strip() if token_file else None
-        return api_client(settings.server, token=token, ca_file=str(ca_file) if ca_file else None)
+        return api_client(cluster, token=token, ca_file=str(ca_file) if ca_file else None)
 
     try:
         balancer = Balancer(settings, client_factory=client_factory, serve_health=True)
     except ConfigException as err:
-        raise GpugateError(f"no cluster to talk to ({err}): pass --server URL, run in a pod with a service "
-                           "account, or set KUBECONFIG") from err
+        raise GpugateError(NO_CLUSTER.format(reason=err)) from err
 
     def on_signal(signum: int, frame: Any) -> None:
         balancer.stop()  # run() then releases the lease, so a standby takes over at once

@@ -15,6 +15,7 @@ import click
 
 from webhook.certs import pki as certfiles
 from webhook.certs import publish
+from webhook.commands.clusteroptions import kubeconfig_options, target
 from webhook.errors import GpugateError
 from webhook.kubeclient import api_client
 
@@ -54,8 +55,10 @@ def _secret_ref(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("--patch-webhooks", "webhooks", callback=_webhook_names, metavar="NAME[,NAME]",
               help="Mutating/ValidatingWebhookConfigurations whose caBundle must trust the Secret's CA.")
 @click.option("--server", help="API server URL (default: in-cluster, else kubeconfig).")
+@kubeconfig_options
 def certs(service: str, namespace: str, out: Path | None, days: int, renew_within: float,
-                  secret_ref: tuple[str, str] | None, webhooks: tuple[str, ...], server: str | None) -> None:
+          secret_ref: tuple[str, str] | None, webhooks: tuple[str, ...], server: str | None,
+          kubeconfig: str | None, context: str | None) -> None:
     """Create or renew the webhook's serving certificate; install it in the cluster if asked."""
     if renew_within >= days:
         raise click.UsageError(f"--renew-within ({renew_within:g}) must be less than --days ({days}), "
@@ -70,7 +73,7 @@ def certs(service: str, namespace: str, out: Path | None, days: int, renew_withi
         _local(out, service=service, namespace=namespace, now=now, days=days, renew_within=renew_within)
         return
     secret_namespace, secret_name = secret_ref
-    with api_client(server) as api:
+    with api_client(target(server, kubeconfig, context)) as api:
         result = publish.install(
             api, secret_namespace=secret_namespace, secret_name=secret_name, service=service,
             namespace=namespace, webhooks=webhooks, now=now, days=days, renew_within_days=renew_within,

@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from webhook import names
+from webhook.commands.clusteroptions import target_options
 from webhook.errors import GpugateError
+from webhook.kubetarget import Target
 
 if TYPE_CHECKING:
     from webhook.balancer.quarantineapi import HealthApi
 
 
-def _api(server: str | None, namespace: str | None) -> HealthApi:
+def _api(server: Target, namespace: str | None) -> HealthApi:
     from webhook.balancer.quarantineapi import HealthApi
     from webhook.kubeclient import api_client
 
@@ -29,7 +31,7 @@ def _api(server: str | None, namespace: str | None) -> HealthApi:
 
 
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = click.option("--server", metavar="URL", help="API server URL (default: in-cluster, else kubeconfig).")(func)
+    func = target_options("API server URL (default: in-cluster, else kubeconfig).")(func)
     return click.option("--namespace", metavar="NS", help="The balancer's namespace, where the ledger ConfigMap "
                         f"{names.HEALTH_LEDGER} lives [default: $POD_NAMESPACE, else gpugate-system].")(func)
 
@@ -38,7 +40,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
 @_options
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
-def health(ctx: click.Context, server: str | None, namespace: str | None, output: str) -> None:
+def health(ctx: click.Context, server: Target, namespace: str | None, output: str) -> None:
     """List quarantined GPUs: why, since when, and what will return them (then the recent returns).
 
     The balancer's leader quarantines a GPU on a fatal XID, a double-bit ECC error, a failed row
@@ -77,7 +79,7 @@ def health(ctx: click.Context, server: str | None, namespace: str | None, output
 @click.option("--wait", "wait_seconds", type=float, default=0.0, metavar="SECONDS",
               help="Wait until the balancer's leader has returned it (exit 1 if not within SECONDS).")
 @_options
-def release(node: str, gpu: str | None, reason: str, who: str | None, wait_seconds: float, server: str | None,
+def release(node: str, gpu: str | None, reason: str, who: str | None, wait_seconds: float, server: Target,
             namespace: str | None) -> None:
     """Return NODE's quarantined GPU (its UUID, or a unique prefix; omitted: the node's only one) to service.
 

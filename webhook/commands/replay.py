@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +123,27 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
 
     Prints arm by metric (GPU allocation at 100% and 130% arrived GPU request, fragmentation),
-    writes OUT/summary.json, OUT/runs/<arm>-seed<N>.csv and OUT/allocation.png. With --timeline:
-    allocation, pending GPU demand, waits and moves over time (OUT/timeline.png).
+    writes OUT/summary.json, OUT/runs/<arm>-seed<N>.csv and OUT/allocation.png, all at the end:
+    Ctrl-C stops at once (exit 130) and leaves OUT as it was. With --timeline: allocation,
+    pending GPU demand, waits and moves over time (OUT/timeline.png).
     """
+    from webhook.localcluster import interrupts
+
+    try:
+        with interrupts.raised():
+            _replay(trace_dir, pods_file, policies, arms, sharing, seeds, out, label_lag, taint_congested,
+                    device_allocation, extender_weight, extender_nodes_percentage, extender_mix, extender_levels,
+                    extender_assume, tune, workers, mig_mix, share_replicas, synthetic_nodes, ties, timeline, load)
+    except interrupts.Interrupted as stop:
+        click.echo(f"\n{stop}: stopped the replay; {out} was not written", err=True)
+        raise SystemExit(interrupts.EXIT_STATUS) from None
+
+
+def _replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str | None, sharing: str, seeds: str,
+            out: Path, label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
+            extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
+            tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int,
+            ties: str, timeline: bool, load: float) -> None:
     from webhook.replay import report, runner, trace
 
     arm_list = parse_arms(arms or (TIMELINE_ARMS if timeline else ALL_ARMS), runner.ARMS)
@@ -152,29 +174,55 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
                             mig_mix=mix, share_replicas=share_replicas, sharing=sharing, ties=ties,
                             policies=str(policies) if arm in runner.POLICY_ARMS else None)
              for arm in arm_list for seed in seed_list]
-    if timeline:
-        _timeline(loaded, specs, trace_dir=trace_dir, load=load, out=out, seeds=seed_list, sharing=sharing,
-                  workers=workers or _cpus())
-        return
-    mix_file = write_pod_mix(loaded, out)
-    progress = report.Progress(len(specs), sys.stderr)
-    results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
-    for result in results:
-        report.write_run_csv(result, out / "runs")
-    data = report.summary(results, workload=loaded.workload, seeds=seed_list, sharing=sharing, ties=ties)
-    report.write_summary(data, out)
-    report.plot(results, out / "allocation.png", title=f"GPU allocation vs arrival: {loaded.workload}")
+    with _staging(out) as staged:
+        if timeline:
+            _timeline(loaded, specs, trace_dir=trace_dir, load=load, out=staged, shown=out, seeds=seed_list,
+                      sharing=sharing, workers=workers or _cpus())
+            _publish(staged, out)
+            return
+        write_pod_mix(loaded, staged)
+        progress = report.Progress(len(specs), sys.stderr)
+        results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
+        for result in results:
+            report.write_run_csv(result, staged / "runs")
+        data = report.summary(results, workload=loaded.workload, seeds=seed_list, sharing=sharing, ties=ties)
+        report.write_summary(data, staged)
+        report.plot(results, staged / "allocation.png", title=f"GPU allocation vs arrival: {loaded.workload}")
+        _publish(staged, out)
     click.echo(report.table(results, workload=loaded.workload, seeds=seed_list, sharing=sharing, ties=ties))
     sized = report.sizing_table(results)
     if sized:
         click.echo(f"{sized}\n(MIG mix {mix}; docs/rightsizing.md)")
-    click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'}, {mix_file} (the pod list's shape mix: "
-               f"gpugate balance --extender-mix) and {len(results)} CSV file(s) in {out / 'runs'}")
+    click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'}, {out / POD_MIX_FILE} (the pod list's "
+               f"shape mix: gpugate balance --extender-mix) and {len(results)} CSV file(s) in {out / 'runs'}")
 
 
-def _timeline(loaded: Any, specs: list[Any], *, trace_dir: Path | None, load: float, out: Path, seeds: list[int],
-              sharing: str, workers: int) -> None:
-    """The --timeline replay: the runs, then the table, the CSVs, summary.json and the plot."""
+@contextlib.contextmanager
+def _staging(out: Path) -> Iterator[Path]:
+    """A folder beside ``out`` the replay writes into, removed whatever happens: ``out`` gets the
+    results only once every one is written (``_publish``), never half of them."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield staged
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def _publish(staged: Path, out: Path) -> None:
+    """Move what ``staged`` holds into ``out`` (made if missing), replacing entries of the same name."""
+    out.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(staged.iterdir()):
+        target = out / entry.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(entry, target)
+
+
+def _timeline(loaded: Any, specs: list[Any], *, trace_dir: Path | None, load: float, out: Path, shown: Path,
+              seeds: list[int], sharing: str, workers: int) -> None:
+    """The --timeline replay: the runs, then the table, the CSVs, summary.json and the plot, written
+    into ``out`` (the staging folder) and named as they will be in ``shown``."""
     from webhook.replay import arms as table_of_arms
     from webhook.replay import report, timeline, timelinereport, trace
 
@@ -194,8 +242,8 @@ def _timeline(loaded: Any, specs: list[Any], *, trace_dir: Path | None, load: fl
     report.write_summary(data, out)
     timelinereport.plot(results, out / "timeline.png", title=f"{loaded.workload} in time, offered load {load:g}")
     click.echo(timelinereport.table(results, workload=loaded.workload, seeds=seeds, sharing=sharing, load=load))
-    click.echo(f"wrote {out / 'summary.json'}, {out / 'timeline.png'} and {len(results)} CSV file(s) in "
-               f"{out / 'runs'}")
+    click.echo(f"wrote {shown / 'summary.json'}, {shown / 'timeline.png'} and {len(results)} CSV file(s) in "
+               f"{shown / 'runs'}")
 
 
 POD_MIX_FILE = "pod-mix.yaml"

@@ -301,6 +301,11 @@ def admit(file: Path, server: str, ca: Path | None, server_name: str | None, end
             text, allowed = client.render_response(name, body)
             click.echo(text)
         all_allowed = all_allowed and allowed
+        if name == "mutate" and not allowed and "validate" in endpoints:
+            # The API server never calls a validating webhook on an object a mutating one refused.
+            if output != "json":
+                click.echo("validate: not asked (the API server stops at the mutating webhook's refusal)")
+            break
         patch = (body.get("response") or {}).get("patch") if isinstance(body, dict) else None
         if name == "mutate" and patch and isinstance(review.get("request"), dict):
             # The API server validates the mutated object: so does admit.

@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from webhook import names
+from webhook.commands.clusteroptions import kubeconfig_options, target
 from webhook.errors import GpugateError
 from webhook.kube.pods import Pod
 from webhook.kubeclient import api_client
@@ -72,10 +73,12 @@ def _create_dry_run(core: client.CoreV1Api, namespace: str, pod: Pod) -> outcome
 @click.option("--shaped-namespace", required=True, help="A namespace a policy shapes GPU pods in.")
 @click.option("--denied-namespace", default="", help="A namespace a policy denies GPU pods in (empty: skip).")
 @click.option("--server", help="API server URL (default: in-cluster, else kubeconfig).")
-def smoke(shaped_namespace: str, denied_namespace: str, server: str | None) -> None:
+@kubeconfig_options
+def smoke(shaped_namespace: str, denied_namespace: str, server: str | None, kubeconfig: str | None,
+          context: str | None) -> None:
     """Dry-run a GPU pod where policies shape it and where they deny it; exit 1 unless both do."""
     failures = []
-    with api_client(server) as api:
+    with api_client(target(server, kubeconfig, context)) as api:
         core = client.CoreV1Api(api)
         shaped = create_dry_run(core, shaped_namespace, probe_pod())
         if shaped.denied is not None:

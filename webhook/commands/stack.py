@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from webhook.commands.clusteroptions import target_options
 from webhook.commands.stack_canary import canary_command
 from webhook.commands.stack_options import (
     Workspace,
@@ -24,6 +25,7 @@ from webhook.commands.stack_options import (
     workspace_options,
 )
 from webhook.commands.stack_render import commit, emit_plan, render_status
+from webhook.kubetarget import Target
 from webhook.stack import canary_watch, manifests
 from webhook.stack import plan as planning
 from webhook.stack import status as stack_status
@@ -45,11 +47,11 @@ stack.add_command(canary_command)
 @stack.command("status", short_help="Show the stack Git declares (--kube: cluster).")
 @repo_option
 @click.option("--kube", is_flag=True, help="Also ask the cluster (ClusterPolicy, NVIDIADriver, GPU nodes).")
-@click.option("--server", default=None, help="API server URL (default: in-cluster or kubeconfig).")
+@target_options("API server URL (default: in-cluster or kubeconfig).")
 @output_option
-def status_command(repo: Path, kube: bool, server: str | None, output: str) -> None:
+def status_command(repo: Path, kube: bool, server: Target, output: str) -> None:
     """What Git declares (and, with --kube, what the cluster reports)."""
-    result = stack_status.status(repo, kube=kube or server is not None, server=server)
+    result = stack_status.status(repo, kube=kube or server.given, server=server)
     if output == "json":
         click.echo(json.dumps(result, indent=2))
     else:
@@ -117,11 +119,11 @@ def _upgrade(ctx: click.Context, request: planning.Request, cluster: stack_upgra
 @click.option("--force", is_flag=True,
               help="Promote without the canary gate (every --from node upgrade-done at its driver, read from "
                    "the cluster); the commit says it was forced.")
-@click.option("--server", default=None, help="API server URL for the canary gate (default: in-cluster or kubeconfig).")
+@target_options("API server URL for the canary gate (default: in-cluster or kubeconfig).")
 @click.option("--to", "to", required=True, help="A pool name, or all for every other pool.")
 @waiver_options("unvalidated_driver", "unlisted_driver", "driver_downgrade")
 @finishing_options
-def promote_command(ctx: click.Context, source: str, force: bool, server: str | None, to: str, waivers: Waivers,
+def promote_command(ctx: click.Context, source: str, force: bool, server: Target, to: str, waivers: Waivers,
                     where: Workspace, output: str) -> None:
     """Carry the canary pool's driver to another pool (or all) in one commit, once every node of the
     canary pool is upgrade-done at that driver in the cluster (--force skips that gate, and says so)."""

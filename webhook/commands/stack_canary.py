@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from webhook.commands.clusteroptions import target_options
 from webhook.commands.stack_canary_watch import WatchOptions, canary_watch_loop, watch_options
 from webhook.commands.stack_options import (
     Workspace,
@@ -21,6 +22,7 @@ from webhook.commands.stack_options import (
 )
 from webhook.commands.stack_render import emit_plan
 from webhook.errors import GpugateError
+from webhook.kubetarget import Target
 from webhook.stack import canary_watch, compat, manifests
 from webhook.stack import status as stack_status
 from webhook.stack import upgrade as stack_upgrade
@@ -72,13 +74,13 @@ def _report_end(pool: str, driver: str, verdict: Any, sha: str | None, *, commit
 @click.option("--once", is_flag=True, help="Look once and report (exit 3 while undecided).")
 @click.option("--commit", "make_commit", is_flag=True,
               help="Make the promote (--to all) or rollback commit; without it, print what it would do.")
-@click.option("--server", default=None, help="API server URL (default: in-cluster or kubeconfig).")
+@target_options("API server URL (default: in-cluster or kubeconfig).")
 @watch_options
 @workspace_options
 @output_option
 @click.pass_context
 def canary_command(ctx: click.Context, pool: str | None, analysis_file: Path | None, prometheus: str | None,
-                   window: float | None, timeout: float | None, once: bool, make_commit: bool, server: str | None,
+                   window: float | None, timeout: float | None, once: bool, make_commit: bool, server: Target,
                    watch: WatchOptions | None, where: Workspace, output: str) -> None:
     """Watch the canary pool until every node is upgrade-done at the driver Git pins for it and the
     conditions of canary.yaml held for the window (promote), or a node is upgrade-failed, a condition

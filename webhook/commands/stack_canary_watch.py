@@ -22,6 +22,7 @@ import click
 
 from webhook.commands.stack_options import Workspace
 from webhook.kubeclient import api_client
+from webhook.kubetarget import Target
 from webhook.lease import LeaseSettings
 from webhook.stack import canary_controller, canary_observe, canarygit, canarymetrics
 from webhook.stack.gitrepo import Repo
@@ -92,7 +93,7 @@ def _clone(options: WatchOptions, where: Workspace) -> canarygit.Where:
     return canarygit.Where(repo=repo, remote="origin", branch=options.branch, schema_root=where.schema_root)
 
 
-def canary_watch_loop(options: WatchOptions, where: Workspace, *, server: str | None, prometheus: str | None,
+def canary_watch_loop(options: WatchOptions, where: Workspace, *, server: Target | str | None, prometheus: str | None,
                       analysis_file: Path | None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     lease = (LeaseSettings(name="gpugate-canary", namespace=options.lease_namespace, identity=options.identity)

@@ -13,7 +13,9 @@ from typing import Any
 
 import click
 
+from webhook.commands.clusteroptions import target_options
 from webhook.errors import GpugateError
+from webhook.kubetarget import Target
 from webhook.stack import plan as planning
 from webhook.stack import releases, verify
 from webhook.stack import upgrade as stack_upgrade
@@ -129,23 +131,22 @@ def cluster_option(func: Any) -> Any:
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
         kube, server, recorded = kwargs.pop("kube"), kwargs.pop("server"), kwargs.pop("cluster_state")
-        if recorded is not None and (kube or server):
+        if recorded is not None and (kube or server.given):
             raise click.UsageError("--cluster-state reads a recording: pass it without --kube/--server")
-        kwargs["cluster"] = cluster_reader(kube or server is not None, server, recorded)
+        kwargs["cluster"] = cluster_reader(kube or server.given, server, recorded)
         return func(*args, **kwargs)
 
-    command = click.option("--cluster-state", "cluster_state", default=None,
-                           type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                           help="Read the cluster from a recording (YAML objects or Lists, e.g. `kubectl get "
-                                "crd,nodes,pods,daemonsets -A -o yaml`) instead of the API.")(command)
-    command = click.option("--server", default=None,
-                           help="API server URL for --kube (default: in-cluster or kubeconfig).")(command)
+    decorated: Any = click.option(
+        "--cluster-state", "cluster_state", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Read the cluster from a recording (YAML objects or Lists, e.g. `kubectl get "
+             "crd,nodes,pods,daemonsets -A -o yaml`) instead of the API.")(command)
+    decorated = target_options("API server URL for --kube (default: in-cluster or kubeconfig).")(decorated)
     return click.option("--kube", is_flag=True,
                         help="Read the cluster for the preflight rules (CRDs as served, GPU nodes, pods, "
-                             "DaemonSets, NVIDIA objects).")(command)
+                             "DaemonSets, NVIDIA objects).")(decorated)
 
 
-def cluster_reader(kube: bool, server: str | None, recorded: Path | None) -> stack_upgrade.ClusterReader | None:
+def cluster_reader(kube: bool, server: Target, recorded: Path | None) -> stack_upgrade.ClusterReader | None:
     """What reads the cluster when the plan needs it, or None when no cluster was asked for."""
     from webhook.stack import clusterread
 

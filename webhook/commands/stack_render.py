@@ -108,7 +108,13 @@ def render_plan(data: dict[str, Any]) -> str:
             lines.append(f"       files: {', '.join(commit['files'])}")
         if commit["note"]:
             lines.append(f"       note: {commit['note']}")
-    lines.append("result: all checks pass" if not failed else f"result: {len(failed)} check(s) failed")
+    skipped = [c["name"] for c in data["checks"] if c.get("skipped")]
+    if failed:
+        lines.append(f"result: {len(failed)} check(s) failed")
+    elif skipped:
+        lines.append(f"result: every check that ran passes; {len(skipped)} skipped ({', '.join(skipped)})")
+    else:
+        lines.append("result: all checks pass")
     return "\n".join(lines)
 
 

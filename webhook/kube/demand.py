@@ -39,7 +39,7 @@ from webhook.kube import affinity as node_affinity
 from webhook.kube import claims, pods, units
 from webhook.kube.allocations import dra_backed_resources
 from webhook.kube.claims import ClaimAsk, PodClaimRef
-from webhook.kube.quantity import QuantityError, bytes_, millicores, whole_count
+from webhook.kube.quantity import QuantityError, bytes_, millicores, quantity_problem, whole_count
 from webhook.kube.resources import is_gpu_resource
 
 Counts = tuple[tuple[str, int], ...]
@@ -266,7 +266,10 @@ def size_of(pod: pods.Pod) -> Size | None:
         try:
             memory = bytes_(memory_text)
         except QuantityError as err:
-            raise SizeError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} is not a quantity such as 20Gi") from err
+            problem = quantity_problem(memory_text)
+            why = "is not a quantity such as 20Gi" if problem == "is not a quantity" else \
+                f"{problem} (no GPU holds that much)"
+            raise SizeError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} {why}") from err
         if memory <= 0:
             raise SizeError(f"label {names.GPU_MEMORY_LABEL}={memory_text!r} must be more than 0")
     fraction = None
@@ -410,14 +413,16 @@ def gpu_units(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> Fract
 
 
 def gpu_resource_names(pod: pods.Pod, gpus: units.GpuNames = units.NVIDIA_NAMES) -> frozenset[str]:
-    """The GPU resource names any container of the pod names, every form (:func:`gpu_asks`'s names,
-    read without their counts, for mutation's steps)."""
+    """The GPU resource names any container of the pod asks for, every form (:func:`gpu_asks`'s
+    names, read without their counts, for mutation's steps). A name written as 0 wherever it appears
+    asks for none (``nvidia.com/gpu: "0"`` is no GPU pod); a value that is not a count is an ask, for
+    validation to judge."""
     found: set[str] = set()
     for _, container in pods.all_containers(pod):
-        found |= pods.gpu_resources(container)
-        for section in ("requests", "limits"):
-            for key in pods.resource_section(container, section):
-                if isinstance(key, str) and "/" in key and not key.startswith(names.NVIDIA_PREFIX) \
-                        and gpus.of(key) is not None:
-                    found.add(key)
+        sections = [pods.resource_section(container, section) for section in ("requests", "limits")]
+        for key in {k for section in sections for k in section}:
+            if not isinstance(key, str) or key in found or gpus.of(key) is None and not is_gpu_resource(key):
+                continue
+            if any(whole_count(section.get(key, 0)) != 0 for section in sections):
+                found.add(key)
     return frozenset(found)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from webhook import names
-from webhook.kube.quantity import QuantityError, whole_count
+from webhook.kube.quantity import QuantityError, count_problem, whole_count
 from webhook.kube.resources import is_gpu_resource
 
 Pod = dict[str, Any]
@@ -93,14 +93,43 @@ def gpu_resources(container: Container) -> set[str]:
     return found
 
 
-def requested_gpu_resources(pod: Pod) -> set[str]:
-    """GPU resources any container of the pod (init containers included) asks for."""
+def named_gpu_resources(pod: Pod) -> set[str]:
+    """GPU resources any container of the pod (init containers included) names, "0" included: an
+    explicit count the webhook keeps, so no policy default is added beside it."""
     found: set[str] = set()
     for container in init_containers(pod):
         found |= gpu_resources(container)
     for container in containers(pod):
         found |= gpu_resources(container)
     return found
+
+
+def requested_gpu_resources(pod: Pod) -> set[str]:
+    """GPU resources any container of the pod (init containers included) asks for: one written as
+    0 in requests and limits asks for none, so ``nvidia.com/gpu: "0"`` is not a GPU pod. A value
+    that is not a count is an ask, for validation to judge."""
+    found: set[str] = set()
+    for _, container in all_containers(pod):
+        for name in gpu_resources(container):
+            if any(whole_count(resource_section(container, section).get(name, 0)) != 0
+                   for section in ("requests", "limits")):
+                found.add(name)
+    return found
+
+
+def count_problems(pod: Pod) -> list[str]:
+    """Each GPU quantity of the pod that is not a whole count of devices, as "<kind> 'NAME' asks
+    RESOURCE: VALUE, which <why>" (``quantity.count_problem``); empty when every count is whole."""
+    out = []
+    for kind, container in all_containers(pod):
+        for name in sorted(gpu_resources(container)):
+            for section in ("limits", "requests"):
+                value = resource_section(container, section).get(name)
+                problem = None if value is None else count_problem(value)
+                if problem is not None:
+                    out.append(f"{kind} '{container.get('name')}' asks {name}: {value}, which {problem}")
+                    break
+    return out
 
 
 def container_request(container: Container, resource: str) -> Any:

@@ -8,7 +8,7 @@ compare ints, never strings.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, DecimalException
+from decimal import Decimal, DecimalException, Overflow
 
 _SUFFIXES: dict[str, Decimal] = {
     "": Decimal(1),
@@ -48,6 +48,8 @@ def parse_quantity(value: object) -> Decimal:
     try:
         quantity = Decimal(number) * _SUFFIXES[suffix]
         too_large = quantity.is_finite() and quantity != 0 and quantity.adjusted() > MAX_EXPONENT
+    except Overflow as err:  # "1e999999k": a number, far beyond any quantity
+        raise QuantityError(f"{value!r} is out of range for a Kubernetes quantity") from err
     except DecimalException as err:
         raise QuantityError(f"{value!r} is not a quantity") from err
     if not quantity.is_finite() or too_large:
@@ -65,6 +67,34 @@ def out_of_range(value: object) -> bool:
     except QuantityError as err:
         return "out of range" in str(err) or "longer than" in str(err)
     return False
+
+
+def count_problem(value: object) -> str | None:
+    """Why ``value`` is not a whole count of devices, worded to follow "which" (None when it is one).
+
+    The one wording for every GPU count a pod writes (a resource quantity, the gpus label), so a
+    typo is named for what it is: "1e30" is too large, not "not a whole number", and "-1" is
+    negative, not "not a quantity".
+    """
+    if whole_count(value) is not None:
+        return None
+    if out_of_range(value):
+        return "is more than any node has"
+    try:
+        quantity = parse_quantity(value)
+    except QuantityError:
+        return "is not a number"
+    return "is negative" if quantity < 0 else "is not a whole number"
+
+
+def quantity_problem(value: object) -> str | None:
+    """Why ``value`` is not a Kubernetes quantity, worded to follow "which" (None when it is one):
+    too large for one, or not one at all."""
+    try:
+        parse_quantity(value)
+    except QuantityError:
+        return "is larger than a Kubernetes quantity can be" if out_of_range(value) else "is not a quantity"
+    return None
 
 
 def whole_count(value: object) -> int | None:

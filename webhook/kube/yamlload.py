@@ -39,6 +39,18 @@ def load_all(data: str | bytes) -> Iterator[Any]:
     return yaml.load_all(data, Loader=StrictLoader)
 
 
+def describe_error(err: yaml.YAMLError) -> str:
+    """A YAML error as ", line L, column C: invalid YAML: what", to follow the file's name.
+
+    PyYAML's own text names ``<unicode string>`` and spreads the position over several lines with
+    the source echoed; this says only what the reader of the file needs.
+    """
+    mark = getattr(err, "problem_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).split("\n", 1)[0]
+    return f"{where}: invalid YAML: {problem}"
+
+
 FastLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """PyYAML's SafeLoader written in C (libyaml), when PyYAML was built with it: the same safe
 constructors, several times faster on the stack's large files (CRDs, values, chart renders)."""

@@ -12,10 +12,12 @@ PID on Ctrl-C or, with ``once``, as soon as the table is printed.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
 import ssl
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,11 +36,13 @@ from kubernetes.client.rest import ApiException
 
 from webhook import names
 from webhook.certs import pki as servingpki
-from webhook.errors import GpugateError
+from webhook.errors import GpugateError, PolicyLoadError
+from webhook.kube import yamlload
 from webhook.localcluster import cluster as cluster_module
 from webhook.localcluster import interrupts, processes, webhooks
 from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.fakekubelet import NodeSpec
+from webhook.policy import loading
 from webhook.server import outcome
 
 SYSTEM_NAMESPACE = "gpugate-system"
@@ -88,6 +92,12 @@ class Settings:
     once: bool = False
     schedule_timeout: float = 60.0
     log: Callable[[str], None] = print
+    install: str = "manifests"
+    """How gpugate is installed on the cluster: ``manifests`` registers ``webhook_configurations``;
+    ``helm`` installs the chart (``chart``) with ``helm``, its webhook pointed at the local server."""
+    chart: Path = Path("manifests/chart/gpugate")
+    helm: str | None = None
+    """The helm binary (default: $GPUGATE_HELM, else helm on PATH)."""
 
 
 def example(file: str) -> dict[str, Any]:
@@ -104,10 +114,7 @@ def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
 
     A SIGINT or SIGTERM while starting raises :class:`~webhook.localcluster.interrupts.Interrupted`
     once everything started so far is stopped."""
-    for path in (settings.policies, settings.webhook_configurations):
-        if not path.exists():
-            raise GpugateError(f"{path} does not exist: run `gpugate demo` from a clone of gpugate, or pass "
-                               "--policies DIR and --webhook-configurations FILE")
+    check_inputs(settings)
     with interrupts.raised(), ExitStack() as stack:
         found = cluster_module.ensure_binaries(settings.log)  # a first build's Ctrl-C ends here too
         started = time.monotonic()
@@ -128,8 +135,11 @@ def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
         settings.log(f"gpugate serve at {server}; gpugate balance labelling nodes and writing the inventory")
         balancer = _balance(stack, cluster, work)
         stack.enter_context(_inventory_volume(cluster, inventory_file))
-        _register(cluster, settings.webhook_configurations, server, ca)
-        stack.callback(_unregister, cluster)
+        if settings.install == "helm":
+            install_chart(cluster.kubeconfig, _helm(settings), settings.chart, server, ca, work, settings.log)
+        else:
+            _register(cluster, settings.webhook_configurations, server, ca)
+            stack.callback(_unregister, cluster)
         _wait(lambda: inventory_file.is_file(), "the balancer's inventory to reach the server", balancer)
         _wait(lambda: _webhook_answers(cluster), "the API server to call the webhook", balancer)
 
@@ -145,6 +155,72 @@ def run(settings: Settings) -> list[tuple[str, outcome.Outcome]]:
         interrupts.stopping()
         settings.log("stopping ...")
     return rows
+
+
+CHART_RELEASE = ("gpugate", "gpugate")
+"""The release name and namespace ``--install helm`` uses (a namespace of its own, made by helm; the
+webhook configurations leave the release namespace out by name)."""
+
+
+def _helm(settings: Settings) -> Path:
+    from webhook.stack import chartrender
+
+    found = chartrender.find_helm(settings.helm)
+    if found is None:
+        raise GpugateError("gpugate demo --install helm needs helm: pass --helm PATH, set $GPUGATE_HELM, or put "
+                           "helm on PATH (nothing was started)")
+    return found
+
+
+def install_chart(kubeconfig: Path, helm: Path, chart: Path, server: str, ca: bytes, work: Path,
+                  log: Callable[[str], None]) -> None:
+    """``helm install`` of gpugate's chart, as a user would run it, with the webhook served on this
+    machine: ``tls.mode: external``, ``webhook.url`` the local server, ``webhook.caBundle`` its CA
+    (the control plane runs no containers, so the chart's own webhook pods are fake pods). The
+    chart's configurations are then the ones the API server calls."""
+    release, namespace = CHART_RELEASE
+    values = work / "chart-values.yaml"
+    values.write_text(yaml.safe_dump({"tls": {"mode": "external"},
+                                      "webhook": {"url": server, "caBundle": base64.b64encode(ca).decode()}}))
+    command = [str(helm), "install", release, str(chart), "--namespace", namespace, "--create-namespace",
+               "--kubeconfig", str(kubeconfig), "--values", str(values)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise GpugateError(f"helm install failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+    log(f"helm install {release} {chart} --namespace {namespace}: done (tls.mode external, webhook.url {server}; "
+        f"values in {values})")
+
+
+def check_inputs(settings: Settings) -> None:
+    """Refuse, before anything starts, a policy folder ``gpugate serve`` would not load (with the
+    problems ``gpugate policy check`` lists) and a file that is not webhook configurations: both
+    used to surface a minute and a half later, as a server that never became ready or a KeyError."""
+    if settings.install == "helm":
+        _helm(settings)
+        if not (settings.chart / "Chart.yaml").is_file():
+            raise GpugateError(f"{settings.chart} holds no Chart.yaml: pass --chart DIR (gpugate's chart is "
+                               f"manifests/chart/gpugate in a clone)")
+    for path in (settings.policies, settings.webhook_configurations):
+        if not path.exists():
+            raise GpugateError(f"{path} does not exist: run `gpugate demo` from a clone of gpugate, or pass "
+                               "--policies DIR and --webhook-configurations FILE")
+    try:
+        loading.load_servable(settings.policies)
+    except PolicyLoadError as err:
+        raise GpugateError("\n".join(err.problems) + f"\n{len(err.problems)} problem(s) in {settings.policies} "
+                           f"(gpugate policy check {settings.policies} says the same); the demo serves that "
+                           f"folder, so nothing was started") from None
+    where = str(settings.webhook_configurations)
+    try:
+        documents = list(yamlload.load_all(settings.webhook_configurations.read_text(encoding="utf-8")))
+    except yaml.YAMLError as err:
+        raise GpugateError(f"--webhook-configurations {where}{yamlload.describe_error(err)}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise GpugateError(f"--webhook-configurations {where}: cannot read it ({err})") from None
+    found = webhooks.problems(documents, where)
+    if found:
+        raise GpugateError(f"--webhook-configurations: {found[0]}" + (f" (and {len(found) - 1} more)"
+                                                                      if len(found) > 1 else ""))
 
 
 def _describe(spec: NodeSpec) -> str:

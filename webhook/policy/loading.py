@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from webhook.errors import PolicyLoadError
 from webhook.policy import parsing
 from webhook.policy.model import PolicySet
@@ -76,3 +78,30 @@ def _display(file: Path) -> str:
         return str(file.relative_to(Path.cwd()))
     except ValueError:
         return str(file)
+
+
+def unlisted_in_kustomization(path: Path | str) -> list[str]:
+    """Problems with a folder's ``kustomization.yaml``, when it has one: each policy file it does
+    not list (kustomize builds the ConfigMap the webhook mounts from the listed files only, so an
+    unlisted policy passes every check here and never reaches the cluster), and each listed file
+    that is missing. Empty without a kustomization file."""
+    folder = Path(path)
+    found = next((folder / name for name in sorted(IGNORED_FILES) if (folder / name).is_file()), None)
+    if found is None:
+        return []
+    try:
+        document = yaml.safe_load(found.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        return [f"{_display(found)}: cannot read it ({type(err).__name__})"]
+    listed: set[str] = set()
+    generators = document.get("configMapGenerator") if isinstance(document, dict) else None
+    for generator in generators if isinstance(generators, list) else []:
+        files = generator.get("files") if isinstance(generator, dict) else None
+        for entry in files if isinstance(files, list) else []:
+            listed.add(str(entry).rpartition("=")[2])  # "key=path" names the file after "="
+    problems = [f"{_display(file)}: not listed in {found.name}'s configMapGenerator files, so kustomize leaves it "
+                f"out of the ConfigMap the webhook mounts; add it there (or move it out of {_display(folder)})"
+                for file in policy_files(folder) if file.name not in listed]
+    problems += [f"{_display(found)}: lists {name}, which is not in {_display(folder)}"
+                 for name in sorted(listed) if not (folder / name).is_file()]
+    return problems

@@ -81,10 +81,7 @@ def _parse_yaml(name: str, data: bytes, problems: list[str]) -> list[SourceDocum
     try:
         bodies = list(yamlload.load_all(data))
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
-        problems.append(f"{name}{where}: invalid YAML: {problem}")
+        problems.append(f"{name}{yamlload.describe_error(err)}")
         return []
     return [SourceDocument(name, i, body) for i, body in enumerate(bodies, start=1) if body is not None]
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
+import signal
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import UTC, datetime
 from typing import Any
 
@@ -378,16 +379,23 @@ _WORKER_TRACE: Trace | None = None
 def _init_worker(trace: Trace) -> None:
     global _WORKER_TRACE  # per worker process, set once before any task: the trace is sent once
     _WORKER_TRACE = trace
+    # A terminal's Ctrl-C reaches every process of the group: the workers leave it to the parent,
+    # which stops them (SIGTERM) at once, instead of each printing a traceback and taking the next run.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _run_in_worker(spec: RunSpec) -> RunResult:
+def _run_in_worker(task: tuple[int, RunSpec]) -> tuple[int, RunResult]:
     assert _WORKER_TRACE is not None
-    return run(_WORKER_TRACE, spec)
+    return task[0], run(_WORKER_TRACE, task[1])
 
 
 def run_many(trace: Trace, specs: Iterable[RunSpec], *, workers: int,
              progress: Callable[[RunResult], None] | None = None) -> list[RunResult]:
-    """Independent runs in separate processes (one when ``workers`` is 1), in the order given."""
+    """Independent runs in separate processes (one when ``workers`` is 1), in the order given.
+
+    Whatever stops the caller (Ctrl-C raised in the main thread) terminates the workers before it
+    propagates, so no run goes on after the command has ended."""
     specs = list(specs)
     if workers <= 1 or len(specs) <= 1:
         results = []
@@ -398,11 +406,16 @@ def run_many(trace: Trace, specs: Iterable[RunSpec], *, workers: int,
             results.append(result)
         return results
     done: dict[int, RunResult] = {}
-    with ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(trace,)) as pool:
-        futures = {pool.submit(_run_in_worker, spec): i for i, spec in enumerate(specs)}
-        for future in as_completed(futures):
-            result = future.result()
-            done[futures[future]] = result
+    pool = multiprocessing.Pool(min(workers, len(specs)), initializer=_init_worker, initargs=(trace,))
+    try:
+        for index, result in pool.imap_unordered(_run_in_worker, enumerate(specs)):
+            done[index] = result
             if progress:
                 progress(result)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
     return [done[i] for i in range(len(specs))]

@@ -1,6 +1,6 @@
 """One client connection of the worker's loop, and where it is in its life (``Phase``).
 
-Split out of ``admission.worker`` so that each module holds one concept and stays small.
+Split out of ``server.worker`` so that each module holds one concept and stays small.
 """
 
 from __future__ import annotations

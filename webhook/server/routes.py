@@ -24,7 +24,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import logs
-from webhook.admission import answers, budget, envelope, reviews
+from webhook.admission import answers, budget, envelope, reviews, workloads
 from webhook.admission.results import CoreResult
 from webhook.errors import BadReview, InputError
 from webhook.kube import pods
@@ -202,7 +202,9 @@ class _OverBudget(Exception):
 def _unjudged(st: ServerState, endpoint: str, review: reviews.Review, reason: str) -> answers.Decision:
     """The answer to a review whose body could not be decoded: what the webhook judges is refused
     (validation) or left unshaped (mutation), with the reason; anything else is let through."""
-    if not (review.is_claim() or (review.is_pod() and review.operation == "CREATE")):
+    workload = endpoint == "validate" and not review.sub_resource and review.operation in ("CREATE", "UPDATE") \
+        and workloads.kind_of(review.kind.get("group", ""), str(review.kind.get("kind"))) is not None
+    if not (review.is_claim() or workload or (review.is_pod() and review.operation == "CREATE")):
         return answers.SKIPPED
     logs.log_event(_server_log, "admission input refused", logging.WARNING, uid=review.uid, endpoint=endpoint,
                    error=reason)
@@ -214,8 +216,14 @@ def _unjudged(st: ServerState, endpoint: str, review: reviews.Review, reason: st
 def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> answers.Decision:
     claim = st.claims is not None and review.is_claim() and isinstance(review.object, dict) \
         and _claim_needs_judging(endpoint, review)
-    if not claim and not (review.is_pod() and review.operation == "CREATE" and isinstance(review.object, dict)):
-        # Registered for pod CREATE and claim CREATE/UPDATE only; anything else is let through untouched.
+    workload = workloads.kind_of(review.kind.get("group", ""), str(review.kind.get("kind"))) \
+        if endpoint == "validate" and not review.sub_resource else None
+    if workload is not None and not workloads.needs_judging(workload, review.operation, review.object,
+                                                            review.old_object):
+        workload = None
+    if not claim and workload is None and not (review.is_pod() and review.operation == "CREATE"
+                                               and isinstance(review.object, dict)):
+        # Registered for pod CREATE, claim and workload CREATE/UPDATE only; anything else passes untouched.
         return answers.SKIPPED
     fail_closed = st.settings.fails_closed(endpoint)
     policies = st.store.current()
@@ -226,7 +234,11 @@ def _decide(st: ServerState, endpoint: str, review: reviews.Review) -> answers.D
     assert obj is not None  # checked above
     namespace = _namespace(review)
     try:
-        result = _judge(st, endpoint, obj, namespace, policies, claim=claim)
+        if workload is not None:  # its pod templates, judged as the pods they become
+            result: CoreResult = workloads.judge(workload, obj, namespace=namespace, policies=policies,
+                                                 inventory=st.inventory.current(), now=datetime.now(UTC))
+        else:
+            result = _judge(st, endpoint, obj, namespace, policies, claim=claim)
         return answers.answer(result, revision=policies.revision, subject=obj)
     except (InputError, RecursionError) as err:
         # Input we cannot read (a field of the wrong type, absurd nesting, a claim the pod names that

@@ -1,7 +1,7 @@
 """What gunicorn's master sets up before it forks and every worker inherits: the worker settings and
 the table of open connections per worker that lets the workers balance without talking.
 
-Split out of ``admission.worker`` (one concept a module); ``gpugate serve`` calls ``configure`` once in the master
+Split out of ``server.worker`` (one concept a module); ``gpugate serve`` calls ``configure`` once in the master
 and ``serving.gunicorn_options`` installs the two hooks.
 """
 

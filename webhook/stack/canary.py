@@ -27,6 +27,7 @@ import jsonschema
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.kube import yamlload
 
 ANALYSIS_FILE = "manifests/gpu-operator/canary.yaml"
 DONE, FAILED = "upgrade-done", "upgrade-failed"
@@ -180,7 +181,7 @@ def parse_analysis(text: str, *, pools: Sequence[str], source: str = ANALYSIS_FI
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise GpugateError(f"{source} is not valid YAML: {err}") from err
+        raise GpugateError(f"{source}{yamlload.describe_error(err)}") from err
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         first = errors[0]

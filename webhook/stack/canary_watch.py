@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook.errors import GpugateError
+from webhook.kubetarget import Target
 from webhook.names import DRIVER_UPGRADE_STATE_LABEL
 from webhook.stack import manifests
 from webhook.stack import status as stack_status
@@ -71,7 +72,7 @@ def node_upgrades(stack: Stack, pool: str, nodes: list[Mapping[str, Any]]) -> li
     return found
 
 
-def cluster_gate(stack: Stack, pool: str, server: str | None) -> Gate:
+def cluster_gate(stack: Stack, pool: str, server: Target | str | None) -> Gate:
     """The promotion gate for ``pool`` at the driver Git pins for it, read from the cluster."""
     driver = next((p.driver for p in stack.pools if p.name == pool), None)
     if driver is None:
@@ -112,7 +113,7 @@ def series_name(labels: Mapping[str, str]) -> str:
     return f"{name}{{{rest}}}" if rest else name
 
 
-def observe(stack: Stack, analysis: Analysis, *, server: str | None, prometheus: str | None,
+def observe(stack: Stack, analysis: Analysis, *, server: Target | str | None, prometheus: str | None,
             now: float) -> Observation:
     raw = stack_status.fetch_cluster(server)
     url = prometheus or analysis.prometheus_url
@@ -121,7 +122,7 @@ def observe(stack: Stack, analysis: Analysis, *, server: str | None, prometheus:
                        measurements=measurements)
 
 
-def watch(stack: Stack, analysis: Analysis, driver: str, *, server: str | None, prometheus: str | None,
+def watch(stack: Stack, analysis: Analysis, driver: str, *, server: Target | str | None, prometheus: str | None,
           once: bool = False, report: Callable[[Verdict], None] | None = None,
           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Verdict:
     """Observe every ``interval`` until the verdict is promote or rollback (or once, with ``once``)."""
@@ -137,7 +138,7 @@ def watch(stack: Stack, analysis: Analysis, driver: str, *, server: str | None, 
         sleep(analysis.interval_seconds)
 
 
-def gate_check(stack: Stack, pool: str, server: str | None, *, force: bool) -> Check:
+def gate_check(stack: Stack, pool: str, server: Target | str | None, *, force: bool) -> Check:
     """The promotion gate as a plan check: read from the cluster, or (``force``) skipped, said loudly."""
     driver = next((p.driver for p in stack.pools if p.name == pool), "?")
     if force:

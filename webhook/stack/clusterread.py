@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.kubetarget import Target
 from webhook.stack.clusterstate import ClusterState
 
 NVIDIA_KINDS = (("ClusterPolicy", "v1", "clusterpolicies"), ("NVIDIADriver", "v1alpha1", "nvidiadrivers"),
@@ -32,7 +33,7 @@ def _items(kind: str, call: Any, what: str, *args: Any, **kwargs: Any) -> list[d
     return [{**item, "kind": kind} for item in kubeclient.raw_json(response).get("items") or []]
 
 
-def read_cluster(server: str | None) -> ClusterState:
+def read_cluster(server: Target | str | None) -> ClusterState:
     """Everything the preflight rules read, listed once through the API server of ``server``."""
     from kubernetes import client
 

@@ -42,8 +42,12 @@ def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, .
     body += ["Changes:"]
     body += [f"  {line}" for line in changes(plan.current, step.stack)]
     body += ["", "Files:"] + [f"  {path}" for path in files]
+    ran = [c for c in plan.checks + extra_checks if not c.skipped]
+    skipped = [c.label for c in plan.checks + extra_checks if c.skipped]
     body += ["", "Checks passed:"]
-    body += [f"  {c.label}: {c.reason}" for c in plan.checks + extra_checks]
+    body += [f"  {c.label}: {c.reason}" for c in ran]
+    if skipped:  # not run: the warnings say what that left unchecked
+        body += ["", "Checks skipped:"] + [f"  {label}" for label in skipped]
     warnings = plan.warnings + tuple(c.warning for c in extra_checks if c.warning)
     if warnings:
         body += ["", "Warnings:"] + [f"  {w}" for w in warnings]

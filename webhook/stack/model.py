@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.kube import yamlload
 from webhook.stack.releases import OperatorVersion, driver_branch, parse_minor
 
 API_VERSION = "gpugate.io/v1alpha1"
@@ -187,7 +188,7 @@ class Stack:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise GpugateError(f"stack.yaml does not parse as YAML: {err}") from err
+            raise GpugateError(f"stack.yaml{yamlload.describe_error(err)}") from err
         return cls.from_dict(data)
 
     @classmethod

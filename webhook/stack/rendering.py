@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.kube import yamlload
 
 
 def rendered_documents(args: Sequence[str], *, what: str, timeout: float,
@@ -35,4 +36,4 @@ def rendered_documents(args: Sequence[str], *, what: str, timeout: float,
     try:
         return list(yaml.safe_load_all(proc.stdout))
     except yaml.YAMLError as err:
-        raise GpugateError(f"{what} printed YAML that does not parse: {err}") from err
+        raise GpugateError(f"{what} printed YAML that does not parse{yamlload.describe_error(err)}") from err

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from webhook.errors import GpugateError
+from webhook.kube import yamlload
 
 SITE_FILE = "argocd/site/site.yaml"
 SITE_NAME = "gpugate-site"
@@ -48,7 +49,7 @@ class Site:
         try:
             doc: Any = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise GpugateError(f"{where} does not parse as YAML: {err}") from err
+            raise GpugateError(f"{where}{yamlload.describe_error(err)}") from err
         if not isinstance(doc, dict) or doc.get("kind") != "ConfigMap" \
                 or (doc.get("metadata") or {}).get("name") != SITE_NAME:
             raise GpugateError(f"{where}: expected the ConfigMap {SITE_NAME} (a kustomize local-config object)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook.errors import GpugateError
+from webhook.kubetarget import Target
 from webhook.names import DRIVER_UPGRADE_STATE_LABEL, GPU_PRESENT_LABEL
 from webhook.stack import manifests, site
 from webhook.stack import matrix as matrix_data
@@ -104,7 +105,7 @@ def _cluster_policies(custom: Any) -> list[dict[str, Any]] | None:
     return _list(custom.list_cluster_custom_object, "ClusterPolicies", "nvidia.com", "v1", "clusterpolicies")
 
 
-def fetch_cluster(server: str | None) -> dict[str, Any]:
+def fetch_cluster(server: Target | str | None) -> dict[str, Any]:
     """List ClusterPolicies, NVIDIADrivers and GPU nodes with the real kubernetes client."""
     from kubernetes import client
 
@@ -124,7 +125,7 @@ def fetch_cluster(server: str | None) -> dict[str, Any]:
         api.close()
 
 
-def fetch_cluster_policies(server: str | None) -> list[dict[str, Any]]:
+def fetch_cluster_policies(server: Target | str | None) -> list[dict[str, Any]]:
     """The ClusterPolicies only (what step 2 of the driver migration waits on); none when the CRD is not served."""
     from kubernetes import client
 
@@ -187,13 +188,13 @@ def summarize_cluster(stack: Stack, raw: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def status(path: Path, *, kube: bool, server: str | None) -> dict[str, Any]:
+def status(path: Path, *, kube: bool, server: Target | str | None) -> dict[str, Any]:
     out: dict[str, Any] = {"git": git_status(path)}
     if kube:
         root = Repo(path).root if _is_git(path) else path
         stack = manifests.load_stack(root)
         out["cluster"] = summarize_cluster(stack, fetch_cluster(server))
-        out["cluster"]["server"] = server or "kubeconfig / in-cluster"
+        out["cluster"]["server"] = (server if isinstance(server, Target) else Target(server=server)).describe()
     return out
 
 

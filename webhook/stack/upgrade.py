@@ -96,8 +96,7 @@ def chart_settings(repo: Path, *, helm: str | None, chart_repo: str | None, skip
     found = chartrender.find_helm(helm)
     if found is None:
         return verify.ChartSettings(helm=None, repo_url=repo_url,
-                                    skip_reason=f"helm not found (pass --helm PATH, set ${chartrender.HELM_ENV}, "
-                                                f"or put helm on PATH)")
+                                    skip_reason="helm not found")
     return verify.ChartSettings(helm=found, repo_url=repo_url)
 
 

@@ -171,12 +171,13 @@ def rendered_chart(files: Mapping[str, bytes | None], *, stack: Stack, chart: Ch
     from webhook.stack import chartcheck, chartrender
 
     if chart.helm is None:
+        # The way to render it is said once, here; the warning (also in the commit) only says what was missed.
         run_it = ("drop --skip-chart-render" if chart.skip_reason == "--skip-chart-render"
-                  else "give helm with --helm PATH or $GPUGATE_HELM")
+                  else "give helm with --helm PATH or $GPUGATE_HELM, or put it on PATH")
         return [Check(name="chart-render", ok=True, skipped=True,
                       reason=f"not rendered: {chart.skip_reason}; to render it, {run_it}",
-                      warning=f"the {stack.chart} {stack.operator_version} chart was not rendered "
-                              f"({chart.skip_reason}); its ClusterPolicy was not checked against stack.yaml")]
+                      warning=f"the {stack.chart} {stack.operator_version} chart was not rendered, so its "
+                              f"ClusterPolicy was not checked against stack.yaml")]
     source = chartrender.ChartSource(repo_url=chart.repo_url, chart=stack.chart, version=str(stack.operator_version))
     values = files.get(VALUES_FILE) or b""
     try:
