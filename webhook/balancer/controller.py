@@ -114,11 +114,15 @@ class Balancer:
         if settings.lease.enabled and not settings.dry_run:
             self.elector = LeaderElector(self._api(), settings.lease, clock=clock,
                                          on_change=self._leader_changed, on_error=self._api_error)
+        self._prometheus = PrometheusClient(settings.prometheus.url, window=settings.prometheus.window,
+                                            timeout=settings.prometheus.timeout) if settings.prometheus.url else None
+        self._run_time_loops(settings)
+
+    def _run_time_loops(self, settings: BalancerSettings) -> None:
+        """The leader's loops over running work, each off unless its section turns it on."""
         # The rebalancer (docs/rebalance.md): watches of its own, acting only where this replica writes.
         self.mover = Mover(settings, self._api, metrics=self.metrics, may_write=self.writes,
                            informer_args=self._informer_args()) if settings.rebalance.enabled else None
-        self._prometheus = PrometheusClient(settings.prometheus.url, window=settings.prometheus.window,
-                                            timeout=settings.prometheus.timeout) if settings.prometheus.url else None
         # GPU health quarantine (docs/health.md): a loop of the leader's, off unless health.enabled.
         self.quarantine = quarantineloop.build(
             settings, self._api(), self.labeller, registry=self.metrics.registry, may_write=self.writes,
