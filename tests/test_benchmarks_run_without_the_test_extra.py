@@ -56,6 +56,7 @@ SHORTEST: dict[str, Shortest | str] = {
     "fuzz_admission.py": Shortest(("--reviews", "40", "--seed", "3"), "wrong allows: 0"),
     "mutate_core.py": Shortest(("--seconds", "0.3", "--before", "HEAD"), "x floor"),
     "placement_table.py": "run and table, test_placement_table_runs_and_tabulates",
+    "rebalance_table.py": "table on recorded rows in tests/test_rebalance_table.py; run is the timeline replay",
     "replay_speed.py": Shortest(("--arms", "random", "--no-fidelity"), "s/run", trace=True, timeout=300),
     "replay_vs_scheduler.py": Shortest(("--nodes", "4", "--pods", "8", "--model-seeds", "1", "--arms", "stock",
                                         "--pod-files", "openb_pod_list_default.csv"), "stock",

@@ -34,6 +34,11 @@ POLICY_ANNOTATION = "gpugate.io/policy"
 GPU_FREE_LABEL = "gpugate.io/gpu-free"
 GPU_LOAD_LABEL = "gpugate.io/gpu-load"
 CONGESTED_TAINT_KEY = "gpugate.io/congested"
+REBALANCE_TAINT_KEY = "gpugate.io/rebalance"
+"""NoSchedule, valued with the waiting pod's uid, on every node the rebalancer evicted pods from,
+until that pod binds: only it tolerates the mark, so the evicted pods' replacements cannot land back."""
+REBALANCED_REASON = "Rebalanced"
+"""The reason of the Event the balancer writes on each pod it evicts."""
 LOAD_TIERS: tuple[str, ...] = ("idle", "busy", "congested")
 
 # Idle GPU allocations (docs/usage.md): the pod label that opts out of any reclaim, and the

@@ -48,6 +48,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "scheduler": (("scheduler",), ()),
     "canary": (("canary",), ()),
     "webhook+balancer+observability": (("webhook", "balancer"), ("observability",)),
+    "webhook+balancer+rebalance": (("webhook", "balancer"), ("balancer/components/rebalance",)),
     # Everything at once: also proves no two parts define the same object.
     "all": (("webhook", "balancer", "scheduler", "canary"), ("webhook/components/builtin-tls",
                                                    "webhook/components/fail-open", "observability")),
@@ -60,6 +61,7 @@ COMPONENT_VARIANTS: dict[str, str] = {
     "webhook/components/fail-open": "webhook+builtin-tls+fail-open",
     "webhook/components/audit": "webhook+builtin-tls+audit",
     "observability": "webhook+balancer+observability",
+    "balancer/components/rebalance": "webhook+balancer+rebalance",
 }
 
 Obj = dict[str, Any]

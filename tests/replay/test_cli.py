@@ -28,7 +28,9 @@ def test_a_run_on_a_fresh_clone_writes_the_summary_csvs_and_plot(tmp_path: Path,
                                   "--out", str(out), "--workers", "2")
     assert code == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary) == {"workload", "seeds", "sharing", "ties", "arms"} and summary["sharing"] == "timeslice"
+    assert set(summary) == {"mode", "workload", "seeds", "sharing", "ties", "arms"}
+    assert summary["sharing"] == "timeslice"
+    assert summary["mode"] == "published"
     assert summary["ties"] == "random"
     assert summary["workload"] == "synthetic-5" and summary["seeds"] == [5, 6]
     assert list(summary["arms"]) == ["stock", "gpugate", "fgd"]
@@ -94,6 +96,34 @@ def test_a_bad_trace_or_policy_folder_exits_1_with_the_reason(tmp_path: Path) ->
 
 def test_seeds_accept_ranges_and_lists() -> None:
     assert parse_seeds("42-44,50,43") == [42, 43, 44, 50]
+
+
+def test_a_timeline_run_writes_its_table_summary_csvs_and_plot(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    code, stdout, stderr = invoke("--timeline", "--load", "0.9", "--arms", "stock,extender+rebalancer",
+                                  "--seeds", "5", "--synthetic-nodes", "20", "--out", str(out), "--workers", "1")
+    assert code == 0, stderr
+    assert "in time, offered load 0.9" in stdout.splitlines()[0] and "pending%" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == "timeline" and summary["load"] == 0.9 and list(summary["arms"]) == [
+        "stock", "extender+rebalancer"]
+    assert {"allocation", "pending", "offered", "wait_p95", "moves", "moves_per_hour_pct"} <= set(
+        summary["arms"]["stock"])
+    assert summary["arms"]["stock"]["offered"] == pytest.approx(90, abs=15)
+    rows = list(csv.DictReader((out / "runs" / "extender+rebalancer-seed5.csv").open()))
+    assert len(rows) > 100 and set(rows[0]) == {"hours", "allocation_pct", "pending_pct", "fragment_pct"}
+    assert (out / "timeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--timeline", "--arms", "fgd"), "--timeline replays the kube-scheduler arms"),
+    (("--timeline", "--sharing", "dra"), "not --sharing dra"),
+    (("--arms", "extender+rebalancer"), "add --timeline"),
+])
+def test_the_timeline_refuses_what_it_cannot_replay(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    code, _, stderr = invoke(*args, "--seeds", "5", "--synthetic-nodes", "12", "--workers", "1",
+                             "--out", str(tmp_path / "o"))
+    assert code != 0 and message in stderr
 
 
 def _press_ctrl_c_during_a_replay(out: Path, repo_root: Path) -> tuple[int, str]:

@@ -37,6 +37,7 @@ from webhook.balancer.inventorysource import InventorySource
 from webhook.balancer.labeller import Labeller
 from webhook.balancer.labelwrites import LabelWrites
 from webhook.balancer.metrics import Metrics
+from webhook.balancer.mover import Mover
 from webhook.balancer.prometheus import PrometheusClient
 from webhook.balancer.publisher import InventoryPublisher
 from webhook.balancer.settings import BalancerSettings, load_mix, parse_bind
@@ -115,6 +116,13 @@ class Balancer:
                                          on_change=self._leader_changed, on_error=self._api_error)
         self._prometheus = PrometheusClient(settings.prometheus.url, window=settings.prometheus.window,
                                             timeout=settings.prometheus.timeout) if settings.prometheus.url else None
+        self._run_time_loops(settings)
+
+    def _run_time_loops(self, settings: BalancerSettings) -> None:
+        """The leader's loops over running work, each off unless its section turns it on."""
+        # The rebalancer (docs/rebalance.md): watches of its own, acting only where this replica writes.
+        self.mover = Mover(settings, self._api, metrics=self.metrics, may_write=self.writes,
+                           informer_args=self._informer_args()) if settings.rebalance.enabled else None
         # GPU health quarantine (docs/health.md): a loop of the leader's, off unless health.enabled.
         self.quarantine = quarantineloop.build(
             settings, self._api(), self.labeller, registry=self.metrics.registry, may_write=self.writes,
@@ -362,6 +370,8 @@ class Balancer:
             threads += self.usage.threads(stop)
         for thread in threads:
             thread.start()
+        if self.mover is not None:
+            self.mover.start(stop)
         return lease_thread
 
     def _poll_prometheus(self, stop: threading.Event) -> None:
@@ -407,6 +417,8 @@ class Balancer:
                 informer.close()
         self.dra.close()
         self.templates.close()
+        if self.mover is not None:
+            self.mover.close()
         if self.usage is not None:
             self.usage.close()
         self.writes_pool.shutdown()

@@ -28,6 +28,7 @@ class Metrics:
         self._prometheus_series(r)
         self._inventory_series(r)
         self._extender_series(r)
+        self._rebalance_series(r)
 
     def _label_series(self, r: CollectorRegistry) -> None:
         self.nodes = Gauge("gpugate_balancer_nodes", "GPU nodes per load tier, as last computed.",
@@ -101,6 +102,30 @@ class Metrics:
             "gpugate_balancer_extender_assumed_pods",
             "Pods the extender scored and assumed on their best node, not yet seen bound by the watch.",
             registry=r)
+
+    def _rebalance_series(self, r: CollectorRegistry) -> None:
+        self.rebalance_moves = Counter(
+            "gpugate_balancer_rebalance_evictions",
+            "Pods the rebalancer evicted to make room for a waiting GPU pod (result=evicted), or would have "
+            "(result=dry_run).", ["result"], registry=r)
+        self.rebalance_refusals = Counter(
+            "gpugate_balancer_rebalance_refusals",
+            "Moves given up, by reason: pdb (an eviction refused by a PodDisruptionBudget), gone (a pod no "
+            "longer there), error (any other answer), mark (the node could not be marked).", ["reason"], registry=r)
+        self.rebalance_waiting = Gauge(
+            "gpugate_balancer_rebalance_waiting_gpus",
+            "GPUs asked by the pods kube-scheduler left unschedulable for lack of GPUs (pending GPU demand).",
+            registry=r)
+        self.rebalance_budget = Gauge(
+            "gpugate_balancer_rebalance_budget",
+            "Evictions the hourly budget allowed at the last round.", registry=r)
+        self.rebalance_marks = Gauge(
+            "gpugate_balancer_rebalance_marks",
+            "Nodes carrying the rebalancer's NoSchedule mark (the nodes a move emptied).", registry=r)
+        for result in ("evicted", "dry_run"):
+            self.rebalance_moves.labels(result)
+        for reason in ("pdb", "gone", "error", "mark"):
+            self.rebalance_refusals.labels(reason)
 
     def set_coalesced(self, total: int) -> None:
         """Advance the counter to ``total`` (the schedule keeps the running count)."""

@@ -18,6 +18,7 @@ import yaml
 
 from webhook.balancer import healthschema
 from webhook.balancer.healthpolicy import HealthPolicy, HealthPolicyError
+from webhook.balancer.moveplan import RebalanceSettings
 from webhook.errors import GpugateError
 from webhook.kube import yamlload
 from webhook.lease import LeaseSettings  # re-exported: the balancer's settings file names it
@@ -138,6 +139,8 @@ class BalancerSettings:
     """GPU health quarantine (docs/health.md): off unless ``health.enabled``."""
     usage: UsageSettings = field(default_factory=UsageSettings)
     """GPU accounting and idle allocations (docs/usage.md): off unless ``usage.enabled``."""
+    rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)
+    """The rebalancer (docs/rebalance.md): off by default."""
     server: str | None = None
     """API server URL; unset means in-cluster service account, else kubeconfig."""
     dry_run: bool = False
@@ -209,6 +212,8 @@ class BalancerSettings:
             raise SettingsError("extender.mix_file is for the extender's measure: set extender.bind too, or drop it")
         if not extender.path.startswith("/") or extender.assume_ttl <= 0:
             raise SettingsError("extender: path must start with / and assume_ttl must be > 0")
+        if self.rebalance.problems():
+            raise SettingsError("; ".join(self.rebalance.problems()))
 
     @classmethod
     def from_file(cls, path: Path) -> BalancerSettings:
@@ -294,7 +299,8 @@ def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
         kind = fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
         sections: dict[str, type] = {"TierThresholds": TierThresholds, "PrometheusSettings": PrometheusSettings,
                                      "LeaseSettings": LeaseSettings, "InventorySettings": InventorySettings,
-                                     "ExtenderServing": ExtenderServing, "UsageSettings": UsageSettings}
+                                     "ExtenderServing": ExtenderServing, "UsageSettings": UsageSettings,
+                                     "RebalanceSettings": RebalanceSettings}
         if kind == "HealthPolicy":
             values[key] = healthschema.parse(value, where=where)
             continue

@@ -20,6 +20,7 @@ from webhook.policy import loading
 from webhook.replay import arms as arm_table
 
 ALL_ARMS = ",".join(arm_table.DEFAULT)
+TIMELINE_ARMS = "stock,extender,extender+rebalancer"
 SHARING = ("timeslice", "dra", "published")
 
 
@@ -56,8 +57,9 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
               help="Pod list to replay (a path, or a file name inside --trace); default openb_pod_list_default.csv.")
 @click.option("--policies", type=click.Path(file_okay=False, path_type=Path), default=Path("policies"),
               show_default=True, help="Policy folder the gpugate arm admits pods with.")
-@click.option("--arms", default=ALL_ARMS, show_default=True,
-              help="Comma-separated arms to run: " + ", ".join(arm_table.NAMES) + " (webhook/replay/arms.py).")
+@click.option("--arms", default=None,
+              help="Comma-separated arms to run: " + ", ".join(arm_table.NAMES) + " (webhook/replay/arms.py) "
+                   f"[default: {ALL_ARMS}; with --timeline: {TIMELINE_ARMS}].")
 @click.option("--sharing", type=click.Choice(SHARING), default="timeslice", show_default=True,
               help="The sharing world of the kube arms: timeslice (a share is one time-sliced slot on the nodes "
                    "that carry manifests/' time-slicing-4 config, as shipped) or dra (a share is a DRA "
@@ -106,17 +108,24 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
               help="How the kube-scheduler model breaks equal best totals: random (what kube-scheduler intends, "
                    "and does for nodes an extender scored) or list (v1.37.2 without an extender: the first of "
                    "its scored list, as its heap orders them; docs/placement.md).")
-def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, sharing: str, seeds: str,
-           out: Path,
+@click.option("--timeline", is_flag=True,
+              help="Replay in time: each pod stays its trace life, a pod that fits nowhere waits and is tried "
+                   "again as pods leave, and the rebalancer may move pods (docs/rebalance.md).")
+@click.option("--load", type=click.FloatRange(min=0.05, max=3.0, min_open=False), default=1.0, show_default=True,
+              help="With --timeline: the offered load, the stream's time-averaged GPU demand over capacity "
+                   "(its arrivals' spacing is scaled to it).")
+def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str | None, sharing: str,
+           seeds: str, out: Path,
            label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
            extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
            tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int,
-           ties: str) -> None:
+           ties: str, timeline: bool, load: float) -> None:
     """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
 
     Prints arm by metric (GPU allocation at 100% and 130% arrived GPU request, fragmentation),
     writes OUT/summary.json, OUT/runs/<arm>-seed<N>.csv and OUT/allocation.png, all at the end:
-    Ctrl-C stops at once (exit 130) and leaves OUT as it was.
+    Ctrl-C stops at once (exit 130) and leaves OUT as it was. With --timeline: allocation,
+    pending GPU demand, waits and moves over time (OUT/timeline.png).
     """
     from webhook.localcluster import interrupts
 
@@ -124,20 +133,20 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
         with interrupts.raised():
             _replay(trace_dir, pods_file, policies, arms, sharing, seeds, out, label_lag, taint_congested,
                     device_allocation, extender_weight, extender_nodes_percentage, extender_mix, extender_levels,
-                    extender_assume, tune, workers, mig_mix, share_replicas, synthetic_nodes, ties)
+                    extender_assume, tune, workers, mig_mix, share_replicas, synthetic_nodes, ties, timeline, load)
     except interrupts.Interrupted as stop:
         click.echo(f"\n{stop}: stopped the replay; {out} was not written", err=True)
         raise SystemExit(interrupts.EXIT_STATUS) from None
 
 
-def _replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str, sharing: str, seeds: str,
+def _replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str | None, sharing: str, seeds: str,
             out: Path, label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
             extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
             tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int,
-            ties: str) -> None:
+            ties: str, timeline: bool, load: float) -> None:
     from webhook.replay import report, runner, trace
 
-    arm_list = parse_arms(arms, runner.ARMS)
+    arm_list = parse_arms(arms or (TIMELINE_ARMS if timeline else ALL_ARMS), runner.ARMS)
     seed_list = parse_seeds(seeds)
     if pods_file is not None and trace_dir is None:
         raise click.UsageError("--pods needs --trace (the node list comes from the trace folder)")
@@ -166,6 +175,11 @@ def _replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms
                             policies=str(policies) if arm in runner.POLICY_ARMS else None)
              for arm in arm_list for seed in seed_list]
     with _staging(out) as staged:
+        if timeline:
+            _timeline(loaded, specs, trace_dir=trace_dir, load=load, out=staged, shown=out, seeds=seed_list,
+                      sharing=sharing, workers=workers or _cpus())
+            _publish(staged, out)
+            return
         write_pod_mix(loaded, staged)
         progress = report.Progress(len(specs), sys.stderr)
         results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
@@ -203,6 +217,33 @@ def _publish(staged: Path, out: Path) -> None:
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         os.replace(entry, target)
+
+
+def _timeline(loaded: Any, specs: list[Any], *, trace_dir: Path | None, load: float, out: Path, shown: Path,
+              seeds: list[int], sharing: str, workers: int) -> None:
+    """The --timeline replay: the runs, then the table, the CSVs, summary.json and the plot, written
+    into ``out`` (the staging folder) and named as they will be in ``shown``."""
+    from webhook.replay import arms as table_of_arms
+    from webhook.replay import report, timeline, timelinereport, trace
+
+    wrong = [s.arm for s in specs if table_of_arms.BY_NAME[s.arm].kind != "kube"]
+    if wrong or sharing == "dra":
+        raise click.UsageError(f"--timeline replays the kube-scheduler arms in the timeslice or published world; "
+                               f"not {', '.join(wrong) or '--sharing dra'}")
+    default = None
+    if not loaded.times and trace_dir is not None:
+        default = trace.load_trace(trace_dir)  # the multigpu lists borrow the default list's times
+    runs = [timeline.TimelineSpec(run=spec, load=load) for spec in specs]
+    progress = report.Progress(len(runs), sys.stderr)
+    results = timeline.run_many(loaded, runs, default=default, workers=workers, progress=progress)  # type: ignore[arg-type]
+    for result in results:
+        timelinereport.write_run_csv(result, out / "runs")
+    data = timelinereport.summary(results, workload=loaded.workload, seeds=seeds, sharing=sharing, load=load)
+    report.write_summary(data, out)
+    timelinereport.plot(results, out / "timeline.png", title=f"{loaded.workload} in time, offered load {load:g}")
+    click.echo(timelinereport.table(results, workload=loaded.workload, seeds=seeds, sharing=sharing, load=load))
+    click.echo(f"wrote {shown / 'summary.json'}, {shown / 'timeline.png'} and {len(results)} CSV file(s) in "
+               f"{shown / 'runs'}")
 
 
 POD_MIX_FILE = "pod-mix.yaml"

@@ -89,3 +89,35 @@ def requirements(raw: Any) -> tuple[Requirement, ...]:
             out.append(Requirement(str(item.get("key", "")), str(item.get("operator", "")),
                                    tuple(str(v) for v in item.get("values") or ())))
     return tuple(out)
+
+
+def admits(selection: NodeAffinity, node: str, labels: Mapping[str, str]) -> bool:
+    """Whether a node (its name and labels) passes the pod's nodeSelector and required affinity, as
+    kube-scheduler's NodeAffinity filter decides; an empty term matches no node."""
+    if any(labels.get(key) != value for key, value in selection.node_selector):
+        return False
+    if selection.required is None:
+        return True
+    return any((term.expressions or term.fields)
+               and all(_holds(r, labels.get(r.key)) for r in term.expressions)
+               and all(r.key == "metadata.name" and _holds(r, node) for r in term.fields)
+               for term in selection.required)
+
+
+def _holds(requirement: Requirement, value: str | None) -> bool:
+    operator = requirement.operator
+    if operator == "In":
+        return value is not None and value in requirement.values
+    if operator == "NotIn":
+        return value is None or value not in requirement.values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and len(requirement.values) == 1:
+        try:
+            have, bound = int(value, 10), int(requirement.values[0], 10)
+        except ValueError:
+            return False
+        return have > bound if operator == "Gt" else have < bound
+    return False

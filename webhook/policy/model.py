@@ -93,6 +93,16 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
+class Disruption:
+    """``spec.disruption``: whether the balancer's rebalancer may move the matched pods, and how often."""
+
+    movable: bool = False
+    max_moves_per_hour: int | None = None
+    """Evictions of the namespace's pods in any hour; None: only the balancer's cluster budget."""
+    min_runtime_seconds: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Rung:
     """One step of a right-sizing ladder: a GPU resource and what one unit of it gives."""
 
@@ -173,6 +183,7 @@ class GPUPolicy:
     rightsizing: RightSizing | None = None
     claims: ClaimRules = field(default_factory=ClaimRules)
     idle: IdleRules = field(default_factory=IdleRules)
+    disruption: Disruption = field(default_factory=Disruption)
 
 
 @dataclass(frozen=True, slots=True)

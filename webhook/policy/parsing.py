@@ -25,6 +25,7 @@ from webhook.policy import overlap
 from webhook.policy.model import (
     ClaimRules,
     DenyRule,
+    Disruption,
     GPUPolicy,
     GPUSpec,
     IdleRules,
@@ -319,6 +320,7 @@ def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
         rightsizing=_rightsizing(spec.get("rightsizing")),
         claims=_claims(spec.get("claims")),
         idle=_idle(spec.get("idle")),
+        disruption=_disruption(spec.get("disruption")),
     )
 
 
@@ -330,6 +332,12 @@ def _idle(raw: dict[str, Any] | None) -> IdleRules:
                      threshold=float(raw.get("threshold", defaults.threshold)),
                      after=raw.get("after", defaults.after),
                      exclude=_selector(raw["exclude"]) if "exclude" in raw else None)
+
+
+def _disruption(raw: dict[str, Any] | None) -> Disruption:
+    raw = raw or {}
+    return Disruption(movable=bool(raw.get("movable", False)), max_moves_per_hour=_int(raw.get("maxMovesPerHour")),
+                      min_runtime_seconds=_int(raw.get("minRuntimeSeconds")) or 0)
 
 
 def _claims(raw: dict[str, Any] | None) -> ClaimRules:

@@ -36,6 +36,8 @@ class Arm:
     world: str = ""
     """A fixed world for arms that ignore ``--sharing`` (reference: ``published``; sizing: ``mig-twin``);
     empty: the run's sharing world."""
+    rebalancer: bool = False
+    """Runs the balancer's rebalancer, which evicts movable pods: only in time (``--timeline``)."""
 
 
 ARMS: tuple[Arm, ...] = (
@@ -46,6 +48,8 @@ ARMS: tuple[Arm, ...] = (
         default=True),
     Arm("extender", "kube", "the pods on the gpugate profile: default plugins plus gpugate's extender",
         extender=True, default=True),
+    Arm("extender+rebalancer", "kube", "the extender arm with the balancer's rebalancer moving the trace's BE pods "
+        "(--timeline only)", extender=True, rebalancer=True),
     Arm("gpugate-extender", "kube", "the gpugate arm, where a policy's schedulerName gpugate reaches the "
         "extender's profile", policies=True, extender=True),
     Arm("random", "reference", "Random, on the trace rows (published model)", default=True,
@@ -70,6 +74,7 @@ POLICY_ARMS = tuple(arm.name for arm in ARMS if arm.policies)
 EXTENDER_ARMS = tuple(arm.name for arm in ARMS if arm.extender)
 REFERENCE_ARMS = tuple(arm.name for arm in ARMS if arm.kind == "reference")
 SIZING_ARMS = tuple(arm.name for arm in ARMS if arm.kind == "sizing")
+TIMELINE_ONLY = tuple(arm.name for arm in ARMS if arm.rebalancer)
 
 
 def world_of(arm: str, sharing: str) -> str:

@@ -16,6 +16,7 @@ units: ``memory_mib``, ``num_gpu`` GPUs of ``milli_per_gpu`` thousandths each, `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -111,6 +112,29 @@ class ClusterState:
         free = np.flatnonzero(self.gpu_left[node] >= MILLI)
         return tuple(int(g) for g in free[:count])
 
+    def room(self, node: int) -> NodeRoom:
+        """What the node has left, as plain numbers (``NodeRoom.fits`` asks it many times cheaply)."""
+        left = self.gpu_left[node]
+        extended = tuple(zip(self.extended_names, (self.extended_cap[node] - self.extended_used[node]).tolist(),
+                             strict=True))
+        return NodeRoom(cpu=int(self.cpu_cap[node] - self.cpu_used[node]),
+                        memory=int(self.mem_cap[node] - self.mem_used[node]), gpus=int(self.gpu_count[node]),
+                        model=self.models[self.model_index[node]], whole=int((left >= MILLI).sum()),
+                        most=int(left.max()) if len(left) else 0,
+                        sliced=None if self.sliced is None else bool(self.sliced[node]), extended=extended)
+
+    def release(self, node: int, demand: PodDemand, gpus: tuple[int, ...]) -> None:
+        """Undo ``bind``: the pod left the node (the timeline's departures and moves)."""
+        self.cpu_used[node] -= demand.cpu
+        self.mem_used[node] -= demand.memory_mib
+        self.cpu_score_used[node] -= demand.cpu_score
+        self.mem_score_used[node] -= demand.memory_score_mib
+        for gpu in gpus:
+            self.gpu_left[node, gpu] += demand.milli_per_gpu
+        self.used_milli -= demand.milli_per_gpu * len(gpus)
+        for resource, count in demand.extended:
+            self.extended_used[node, self.extended_names.index(resource)] -= count
+
     def bind(self, node: int, demand: PodDemand, gpus: tuple[int, ...]) -> None:
         self.cpu_used[node] += demand.cpu
         self.mem_used[node] += demand.memory_mib
@@ -126,6 +150,39 @@ class ClusterState:
             if self.extended_cap[node, column] - self.extended_used[node, column] < count:  # pragma: no cover
                 raise AssertionError(f"node {self.names[node]} cannot take {count} {resource}")
             self.extended_used[node, column] += count
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRoom:
+    """One node's room left (``ClusterState.room``), for the timeline's question of whether a waiting
+    pod could now fit where a pod just left: the answer ``ClusterState.fits`` gives for that node."""
+
+    cpu: int
+    memory: int
+    gpus: int
+    model: str
+    whole: int
+    """GPUs with all their thousandths left."""
+    most: int
+    """The most thousandths left on one GPU."""
+    sliced: bool | None
+    extended: tuple[tuple[str, int], ...]
+
+    def fits(self, demand: PodDemand) -> bool:
+        if self.cpu < demand.cpu or self.memory < demand.memory_mib:
+            return False
+        if demand.num_gpu:
+            if not self.gpus or (demand.products and self.model not in demand.products):
+                return False
+            if self.sliced is not None and self.sliced != demand.shares_gpu:
+                return False
+            if (self.most if demand.milli_per_gpu < MILLI else self.whole * MILLI) < \
+                    (demand.milli_per_gpu if demand.milli_per_gpu < MILLI else demand.num_gpu * MILLI):
+                return False
+        if demand.extended:
+            left = dict(self.extended)
+            return all(left.get(resource, 0) >= count for resource, count in demand.extended)
+        return True
 
 
 def best_fit_gpu(state: ClusterState, node: int, milli: int) -> int:

@@ -342,18 +342,20 @@ class KubeScheduler:
         feasible = np.ones(size, dtype=bool)
         for check in profile.filters:
             feasible &= check(cluster, pod)
-        order = np.roll(np.arange(size), -self.next_start)
-        found = np.flatnonzero(feasible[order])
+        # The feasible nodes in scan order: from the round-robin start index, wrapping around.
+        start = self.next_start
+        indices = np.flatnonzero(feasible)
+        cut = int(np.searchsorted(indices, start))
+        nodes = np.concatenate((indices[cut:], indices[:cut])) if cut else indices
         wanted = nodes_to_find(size, profile.percentage_of_nodes_to_score)
-        if len(found) > wanted:
-            found = found[:wanted]
-            processed = int(found[-1]) + 1
+        if len(nodes) > wanted:
+            nodes = nodes[:wanted]
+            processed = (int(nodes[-1]) - start) % size + 1
         else:
             processed = size
-        self.next_start = (self.next_start + processed) % size
-        if len(found) == 0:
+        self.next_start = (start + processed) % size
+        if len(nodes) == 0:
             return None
-        nodes = order[found]
         if len(nodes) == 1:
             return int(nodes[0])
         total = np.zeros(len(nodes), dtype=np.int64)

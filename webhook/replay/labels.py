@@ -31,12 +31,21 @@ class Relabeler:
         self.taint_congested = taint_congested
         self.placements = 0
         self.dirty: set[int] = set()
+        self._memo: dict[tuple[int, int, str | None], marks.Marks] = {}
 
     def marks_for(self, state: ClusterState, node: int, previous_load: str | None) -> marks.Marks:
         gpus = int(state.gpu_count[node])
         if gpus == 0:
             return marks.Marks(free=None, load=None, tainted=False)
         touched = gpus - int((state.gpu_left[node] >= 1000).sum())
+        # The marks read nothing else of the node (its name only names it): one answer per count.
+        key = (gpus, touched, previous_load)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._marks(state, node, gpus, touched, previous_load)
+        return found
+
+    def _marks(self, state: ClusterState, node: int, gpus: int, touched: int, previous_load: str | None) -> marks.Marks:
         owned = ((names.GPU_LOAD_LABEL, previous_load),) if previous_load else ()
         info = NodeInfo(name=state.names[node], resource_version="", allocatable=((names.GPU_RESOURCE, gpus),),
                         owned_labels=owned, taints=(), replicas=1, hostnames=(state.names[node],))

@@ -48,12 +48,26 @@ class PodRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PodTimes:
+    """When a trace pod was created and deleted (seconds), and its last phase: what ``--timeline``
+    replays. Kept apart from ``PodRecord``, whose value is the pod's requests alone (the replay
+    caches its reading of equal requests)."""
+
+    created: int
+    deleted: int
+    phase: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Trace:
     """A cluster and one pod list; ``workload`` names the pod list (the CSV stem or "synthetic-SEED")."""
 
     workload: str
     nodes: tuple[NodeRecord, ...]
     pods: tuple[PodRecord, ...]
+    times: tuple[PodTimes, ...] = ()
+    """Per pod (same order), when the list has ``creation_time`` and ``deletion_time`` columns;
+    empty for the lists without (the ``multigpu`` ones)."""
 
     @property
     def gpu_capacity_milli(self) -> int:

@@ -1,6 +1,6 @@
 """What a replay leaves behind: the table, one CSV per run, OUT/summary.json and the plot.
 
-summary.json is shaped ``{"workload", "seeds", "sharing", "arms": {arm: {"world", "alloc_at_100",
+summary.json is shaped ``{"mode": "published", "workload", "seeds", "sharing", "arms": {arm: {"world", "alloc_at_100",
 "alloc_at_130", "frag_at_100", "runs", ...}}}``: medians over seeds, in percent of GPU capacity,
 rounded to 2 places. ``sharing`` is the run's sharing world (``--sharing``); each arm's ``world`` is
 the world it ran in (``published`` for the reference arms, ``mig-twin`` for the right-sizing arms).
@@ -48,7 +48,8 @@ def summary(results: list[RunResult], *, workload: str, seeds: list[int], sharin
             arms[arm].update(world_counts(runs))
     for row in sizing_rows(results):
         arms[row["arm"]].update({k: v for k, v in row.items() if k not in ("arm", "alloc_at_100", "runs")})
-    return {"workload": workload, "seeds": list(seeds), "sharing": sharing, "ties": ties, "arms": arms}
+    return {"mode": "published", "workload": workload, "seeds": list(seeds), "sharing": sharing, "ties": ties,
+            "arms": arms}
 
 
 def world_counts(runs: list[RunResult]) -> dict[str, Any]:

@@ -123,15 +123,29 @@ class BlindExtender:
         self.claims: dict[int, list[allocations.Claim]] = {}
         self.slices: dict[int, slices_module.Slice] = {}
         self.step = 0
+        self.calls = 0
+        """Scheduling attempts so far: the extender's clock (a pod tried again keeps its step)."""
         self.demand = PodDemand()
 
-    def arrive(self, step: int, demand: PodDemand) -> None:
+    def arrive(self, step: int, demand: PodDemand, *, learn: bool = True) -> None:
+        """Pod ``step`` is about to be scheduled; ``learn``: it was just created (its shape joins the
+        mix), not tried again after waiting."""
         self.step, self.demand = step, demand
-        self.state.seen(demand)
+        self.calls += 1
+        if learn:
+            self.state.seen(demand)
+
+    def release(self, step: int) -> None:
+        """Pod ``step`` left its node (the timeline's departures and moves): the watch reports it gone."""
+        kept = [entry for entry in self.pending if entry[0] != f"{workload.NAMESPACE}/pod-{step}"]
+        if len(kept) < len(self.pending):
+            self.pending = kept
+            return
+        self.state.unbind(f"pod-{step}")
 
     def prioritize(self, cluster: KubeCluster, pod: PodView, nodes: np.ndarray) -> list[int]:
         return self.state.prioritize(f"pod-{self.step}", self.demand, self.name_array[nodes].tolist(),
-                                     now=float(self.step))
+                                     now=float(self.calls))
 
     def bound(self, node: int, devices: tuple[int, ...] = ()) -> None:
         """The pod of this step was bound; the watch delivers binds every ``lag`` placements."""
@@ -229,6 +243,8 @@ class KubePlacer:
     def __init__(self, arm: arm_table.Arm, spec: RunSpec, trace: Trace, world: World, cluster: KubeCluster,
                  rng: np.random.Generator) -> None:
         self.spec, self.records, self.world, self.cluster = spec, trace.pods, world, cluster
+        self.direct_extender = arm.extender and not arm.policies
+        """Every pod goes to the extender's profile (no policy's schedulerName decides)."""
         profiles = [DEFAULT_PROFILE, binpack_profile()]
         self.extender: BlindExtender | None = None
         if arm.extender:
@@ -266,7 +282,7 @@ class KubePlacer:
             return None
         found = self.world.view(pod, record)
         routed = {"binpack-profile": BINPACK}.get(self.spec.arm)
-        if self.spec.arm == "extender" and (self.spec.extender_cpu_pods or found.demand.num_gpu):
+        if self.direct_extender and (self.spec.extender_cpu_pods or found.demand.num_gpu):
             routed = EXTENDER_PROFILE
         if routed:
             found = dataclasses.replace(found, scheduler_name=routed)
@@ -275,13 +291,15 @@ class KubePlacer:
             self.readings[same] = (found, self.demands[index])
         return found
 
-    def place(self, index: int, step: int) -> Placement | None:
-        pod_view = self.view_of(index)
+    def place(self, index: int, step: int, *, learn: bool = True, pod_view: PodView | None = None) -> Placement | None:
+        """Schedule the pod (``step`` names it); ``learn``: it was just created, not tried again;
+        ``pod_view``: the pod as read with something added (the rebalancer's toleration)."""
+        pod_view = pod_view or self.view_of(index)
         if pod_view is None:
             self.denied += 1
             return None
         if self.extender is not None:
-            self.extender.arrive(step, self.demands[index])
+            self.extender.arrive(step, self.demands[index], learn=learn)
         node = self.kube.schedule(self.cluster, pod_view)
         if node is None:
             return None
@@ -307,6 +325,8 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
         raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
     if spec.sharing not in (*SHARING, PUBLISHED):
         raise InputError(f"unknown sharing world {spec.sharing!r}; choose from {', '.join((*SHARING, PUBLISHED))}")
+    if arm.rebalancer:
+        raise InputError(f"the {spec.arm} arm moves running pods, which only a replay in time has: add --timeline")
     if arm.kind == "sizing":
         return sizing.run(trace, spec)
     started = time.perf_counter()

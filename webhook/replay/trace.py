@@ -12,12 +12,13 @@ import random
 from pathlib import Path
 
 from webhook.errors import InputError
-from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
+from webhook.replay.records import MILLI, NodeRecord, PodRecord, PodTimes, Trace
 
 NODE_FILE = "openb_node_list_gpu_node.csv"
 DEFAULT_POD_FILE = "openb_pod_list_default.csv"
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+TIME_COLUMNS = ("creation_time", "deletion_time")
 
 
 class TraceError(InputError):
@@ -101,6 +102,23 @@ def load_pods(path: Path) -> tuple[PodRecord, ...]:
     return tuple(pods)
 
 
+def load_times(path: Path) -> tuple[PodTimes, ...]:
+    """Creation and deletion times (and ``pod_phase``) of an ``openb_pod_list_*.csv`` file, in row
+    order; empty when the file has no time columns (the ``multigpu`` lists)."""
+    rows = _rows(path, POD_COLUMNS)
+    if not rows or any(column not in rows[0][1] for column in TIME_COLUMNS):
+        return ()
+    times = []
+    for number, row in rows:
+        created = _int(path, number, row, "creation_time")
+        deleted = _int(path, number, row, "deletion_time")
+        if deleted < created:
+            raise TraceError(f"{path}, row {number}, column deletion_time: {deleted} is before the pod's "
+                             f"creation_time {created}")
+        times.append(PodTimes(created=created, deleted=deleted, phase=(row.get("pod_phase") or "").strip()))
+    return tuple(times)
+
+
 def load_trace(directory: Path, pods_file: str | Path | None = None) -> Trace:
     """Load ``openb_node_list_gpu_node.csv`` and a pod list (default ``openb_pod_list_default.csv``) from a folder."""
     if not directory.is_dir():
@@ -116,7 +134,7 @@ def load_trace(directory: Path, pods_file: str | Path | None = None) -> Trace:
         if unknown and len(unknown) == len(pod.gpu_spec):
             raise TraceError(f"{pod_path}: pod {pod.name} asks for GPU model(s) {'|'.join(unknown)}, "
                              f"which no node has (models: {', '.join(sorted(models))})")
-    return Trace(workload=pod_path.stem, nodes=nodes, pods=pods)
+    return Trace(workload=pod_path.stem, nodes=nodes, pods=pods, times=load_times(pod_path))
 
 
 # Shapes of the synthetic cluster: (model, gpus, cpu cores, memory GiB, share of nodes).
@@ -151,4 +169,23 @@ def synthetic(seed: int, *, nodes: int = 120, load: float = 0.98) -> Trace:
         pods.append(PodRecord(name=f"synth-pod-{len(pods):05d}", cpu_milli=cpu, memory_mib=cpu * 2,
                               num_gpu=num_gpu, gpu_milli=milli, qos=rng.choice(("LS", "BE"))))
         requested += num_gpu * milli
-    return Trace(workload=f"synthetic-{seed}", nodes=tuple(node_list), pods=tuple(pods))
+    return Trace(workload=f"synthetic-{seed}", nodes=tuple(node_list), pods=tuple(pods),
+                 times=synthetic_times(len(pods), random.Random(seed + 1)))
+
+
+SYNTHETIC_SPAN = 30 * 86_400
+"""Seconds the synthetic pods are created over (the openb lists span about 35 busy days)."""
+
+
+def synthetic_times(count: int, rng: random.Random) -> tuple[PodTimes, ...]:
+    """Creation times spread over ``SYNTHETIC_SPAN`` and heavy-tailed durations (log-normal around
+    15 minutes, as the openb lists' median pod lives), a few pods still running at the end."""
+    created = sorted(rng.randrange(SYNTHETIC_SPAN) for _ in range(count))
+    times = []
+    for start in created:
+        if rng.random() < 0.005:
+            times.append(PodTimes(created=start, deleted=SYNTHETIC_SPAN, phase="Running"))
+            continue
+        life = max(1, int(rng.lognormvariate(6.8, 2.0)))
+        times.append(PodTimes(created=start, deleted=min(SYNTHETIC_SPAN - 1, start + life), phase="Succeeded"))
+    return tuple(times)
