@@ -26,7 +26,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from tests.dcgmexporter import Device, Exporter, Reading
 from tests.e2e import dra_slices
@@ -200,11 +202,26 @@ def health_rig(cluster: Cluster, workdir: Path, *, scrape: str = SCRAPE) -> Iter
         prometheus = Prometheus(workdir / "prometheus", {"nvidia-dcgm-exporter": [exporter.target]},
                                 interval=scrape)
         stack.callback(prometheus.stop)
+        _namespace_as_shipped(cluster)
         rig = HealthRig(cluster, workdir, exporter, prometheus)
         stack.callback(rig.forget)
         stack.callback(lambda: [r.stop() for r in rig.replicas])
         rig.forget()
         yield rig
+
+
+def _namespace_as_shipped(cluster: Cluster) -> None:
+    """The balancer's namespace with the labels it ships with (manifests/webhook/namespace.yaml): the
+    restricted Pod Security Standard enforced, as where the validation pods go in a real install."""
+    shipped = yaml.safe_load((ROOT / "manifests" / "webhook" / "namespace.yaml").read_text())
+    assert shipped["metadata"]["name"] == NAMESPACE
+    core = cluster.core()
+    try:
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    core.patch_namespace(NAMESPACE, {"metadata": {"labels": shipped["metadata"]["labels"]}})
 
 
 class RuleWatch:

@@ -232,6 +232,18 @@ def ready(rig: GitOpsRig, install: Install) -> GitOpsRig:
     return rig
 
 
+@pytest.fixture(scope="module")
+def webhook_served(rig: GitOpsRig, install: Install) -> Iterator[str]:
+    """The real ``gpugate serve`` on the webhook Service from the first test that creates GPU
+    workloads to the module's end: validation fails closed and judges Deployments and their pods
+    (a namespace's ``gpugate.io/skip`` turns shaping off, never judging), and the Deployment's pods
+    are recreated by its ReplicaSet while the upgrades drain the nodes."""
+    if install.error:
+        pytest.skip("the first install did not finish (test_first_install_* says why)")
+    with serve_webhook_on_service(rig) as address:
+        yield address
+
+
 # --- helpers ----------------------------------------------------------------------------------
 
 def first(observations: list[harness.Observation], predicate: Callable[[harness.AppState], bool],
@@ -503,8 +515,8 @@ def assert_walked_the_library(rig: GitOpsRig, nodes: list[str], since: float) ->
     return walks
 
 
-def test_a_commit_upgrades_the_canary_pool_then_canary_promotes_every_pool(ready: GitOpsRig,
-                                                                            findings: Findings) -> None:
+def test_a_commit_upgrades_the_canary_pool_then_canary_promotes_every_pool(ready: GitOpsRig, findings: Findings,
+                                                                            webhook_served: str) -> None:
     """``gpugate stack upgrade --pool canary`` commits; Argo CD syncs it; NVIDIA's state machine
     (k8s-operator-libs, run per reconcile as the operator's upgrade controller does) walks each
     canary node through its states one at a time (the canary's upgradePolicy: maxParallelUpgrades
@@ -662,8 +674,8 @@ def unbound_driver_pod(rig: GitOpsRig, node: str) -> str | None:
 
 # --- 3. a failed upgrade and its rollback ----------------------------------------------------------
 
-def test_a_failed_canary_upgrade_blocks_promote_and_canary_rolls_it_back(ready: GitOpsRig,
-                                                                       findings: Findings) -> None:
+def test_a_failed_canary_upgrade_blocks_promote_and_canary_rolls_it_back(ready: GitOpsRig, findings: Findings,
+                                                                       webhook_served: str) -> None:
     """The next canary commit pins a driver whose container crash-loops (the fake kubelet's bad
     image): the library sees its restart count pass 10 and marks the first canary node
     ``upgrade-failed`` (common_manager.go ProcessPodRestartNodes / isDriverPodFailing); the other

@@ -149,22 +149,20 @@ def test_an_ephemeral_container_cannot_bring_a_gpu(env: Shipped, namespaces: Nam
     assert "resources" in message
 
 
-def test_a_deployment_in_a_web_namespace_never_gets_a_gpu_pod(env: Shipped, namespaces: Namespaces) -> None:
+def test_a_deployment_in_a_web_namespace_is_refused_at_apply_and_never_gets_a_gpu_pod(
+        env: Shipped, namespaces: Namespaces) -> None:
+    """The validating webhook judges the pod template as the pod it becomes: the Deployment itself is
+    refused with the pod's message, so no ReplicaSet ever tries (and fails) to make its pods."""
     web = namespaces.make("web-shop")
     labels = {"app": "shop"}
-    client.AppsV1Api(env.cluster.api_client()).create_namespaced_deployment(web, {
+    apps = client.AppsV1Api(env.cluster.api_client())
+    message = refused(lambda: apps.create_namespaced_deployment(web, {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "shop"},
         "spec": {"replicas": 2, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels},
-                              "spec": {"containers": [container("app", {CLASS: "1"})]}}}})
-
-    def refused_by_gpugate() -> bool:
-        events = env.core.list_namespaced_event(web).items
-        return any(e.reason == "FailedCreate" and WEB_DENIAL in (e.message or "") for e in events)
-
-    wait_until(refused_by_gpugate, what="the ReplicaSet's pods refused by gpugate", timeout=60,
-               explain=env.cluster.logs_tail)
-    assert stored_pods(env, web) == []
+                              "spec": {"containers": [container("app", {CLASS: "1"})]}}}}))
+    assert WEB_DENIAL in message and f"asks {CLASS}" in message
+    assert apps.list_namespaced_deployment(web).items == [] and stored_pods(env, web) == []
 
 
 def test_a_classs_own_extended_resource_name_is_learned_from_the_cluster_and_followed(

@@ -150,16 +150,26 @@ def busy(claims: Iterable[allocations.Claim], devices: Mapping[tuple[str, str], 
     return frozenset(gpu for gpu, keys in devices.items() if held & set(keys))
 
 
+VALIDATION_UID = 65532
+"""The user a validation pod runs as (the restricted standard wants a non-root one; DCGM's image is root's)."""
+
+
 def validation(policy: HealthPolicy, q: Quarantine, namespace: str, *, dra: bool) -> Validation:
     """The validation pod for ``q`` (and, under DRA, the claim for exactly its GPU)."""
     v = policy.validation
     labels = {**dict(v.labels), MANAGED_BY: MANAGER, VALIDATION_LABEL: q.validation_pod[:63]}
     container = {"name": "validate", "image": v.image, "command": list(v.command),
-                 "env": [{"name": "GPUGATE_NODE", "value": q.node}, {"name": "GPUGATE_GPU_UUID", "value": q.gpu}]}
+                 "env": [{"name": "GPUGATE_NODE", "value": q.node}, {"name": "GPUGATE_GPU_UUID", "value": q.gpu}],
+                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
+    # The restricted Pod Security Standard the balancer's own namespace enforces (manifests/webhook/
+    # namespace.yaml): without it the API server refuses the pod there and the GPU never returns.
+    # The GPU reaches it as a device node the device plugin or DRA driver grants, no privilege.
+    restricted = {"runAsNonRoot": True, "runAsUser": VALIDATION_UID, "seccompProfile": {"type": "RuntimeDefault"}}
     pod: dict = {"apiVersion": "v1", "kind": "Pod",
                  "metadata": {"name": q.validation_pod, "namespace": namespace, "labels": labels,
                               "annotations": {NODE_ANNOTATION: q.node, GPU_ANNOTATION: q.gpu}},
-                 "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 30, "containers": [container]}}
+                 "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 30, "securityContext": restricted,
+                          "containers": [container]}}
     if v.service_account:
         pod["spec"]["serviceAccountName"] = v.service_account
     if not dra:
