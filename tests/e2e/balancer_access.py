@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import base64
 import http.client
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -96,3 +98,22 @@ def scrape(port: int, name: str, **labels: str) -> float:
     want = [f'{k}="{v}"' for k, v in labels.items()]
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith((name + " ", name + "{")) and all(w in line for w in want))
+
+
+@dataclass
+class BalancerProcess:
+    """``gpugate balance`` started by an e2e rig in its own process: its identity, /metrics port and log."""
+
+    identity: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def metric(self, name: str, **labels: str) -> float:
+        return scrape(self.port, name, **labels)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        processes.Process(self.identity, self.process, (self.port,), self.log).stop(20.0)

@@ -32,14 +32,13 @@ from kubernetes.client.rest import ApiException
 
 from tests.dcgmexporter import Device, Exporter, Reading
 from tests.e2e import dra_slices
-from tests.e2e.balancer_access import NAMESPACE, as_account, scrape
+from tests.e2e.balancer_access import NAMESPACE, BalancerProcess, as_account
 from tests.e2e.cluster import Cluster
 from tests.e2e.processes import free_port
 from tests.promserver import Prometheus
 from webhook import names
 from webhook.balancer.quarantineledger import KEY, Ledger, decode
 from webhook.balancer.quarantineplan import SELECTOR
-from webhook.localcluster import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPLETE_AFTER = "e2e.gpugate.io/complete-after"
@@ -89,21 +88,9 @@ def gpus_of(node: str, count: int, *, mig: bool = False) -> list[dra_slices.Gpu]
                            mig_profiles=dra_slices.H100_PROFILES if mig else ()) for i in range(count)]
 
 
-@dataclass
-class Replica:
-    identity: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    def metric(self, name: str, **labels: str) -> float:
-        return scrape(self.port, name, **labels)
-
-    def stop(self) -> None:
-        processes.Process(self.identity, self.process, (self.port,), self.log).stop(20.0)
-
+class Replica(BalancerProcess):
     def tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(self.text().splitlines()[-lines:])
 
 
 @dataclass

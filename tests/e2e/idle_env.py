@@ -24,7 +24,14 @@ from pathlib import Path
 import yaml
 
 from tests.dcgmexporter import Exporter
-from tests.e2e.balancer_access import NAMESPACE, QUICK_CONFIG, as_account, forget_earlier_runs, rbac_applied, scrape
+from tests.e2e.balancer_access import (
+    NAMESPACE,
+    QUICK_CONFIG,
+    BalancerProcess,
+    as_account,
+    forget_earlier_runs,
+    rbac_applied,
+)
 from tests.e2e.cluster import Cluster
 from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
@@ -42,18 +49,9 @@ usage: {idle_interval: 1, min_step: 1, evictions_per_hour: 3600, eviction_burst:
 """The idle look every second, one-second measuring steps (the exporter is scraped every 500 ms)."""
 
 
-@dataclass
-class Replica:
-    identity: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    def metric(self, name: str, **labels: str) -> float:
-        return scrape(self.port, name, **labels)
-
+class Replica(BalancerProcess):
     def tail(self, lines: int = 30) -> str:
-        text = self.log.read_text(errors="replace").splitlines()
+        text = self.text().splitlines()
         return f"--- {self.identity} (exit {self.process.poll()}):\n" + "\n".join(text[-lines:])
 
 

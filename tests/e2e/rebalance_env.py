@@ -12,15 +12,14 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from tests.e2e.balancer_access import NAMESPACE, QUICK_CONFIG, as_account, scrape
+from tests.e2e.balancer_access import NAMESPACE, QUICK_CONFIG, BalancerProcess, as_account
 from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.processes import free_port, terminate
+from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,29 +46,14 @@ spec:
 """
 
 
-@dataclass
-class Replica:
-    """``gpugate balance`` as the balancer's ServiceAccount, in its own process (stopped by its PID)."""
-
-    identity: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    def metric(self, name: str, **labels: str) -> float:
-        return scrape(self.port, name, **labels)
+class Replica(BalancerProcess):
+    """``gpugate balance`` as the balancer's ServiceAccount, in its own process."""
 
     def evicted(self) -> float:
         return self.metric("gpugate_balancer_rebalance_evictions_total", result="evicted")
 
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
     def tail(self) -> str:
         return f"--- {self.identity} (exit {self.process.poll()}):\n" + "\n".join(self.text().splitlines()[-25:])
-
-    def stop(self) -> None:
-        terminate(self.process, grace=20)
 
 
 def start(cluster: Cluster, folder: Path, identity: str, policies: Path, *, dry_run: bool = False) -> Replica:

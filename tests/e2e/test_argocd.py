@@ -227,7 +227,7 @@ def api_agrees(rig: GitOpsRig) -> bool:
 def ready(rig: GitOpsRig, install: Install) -> GitOpsRig:
     """The stack as the previous test left it, all children Synced and Healthy."""
     if install.error:
-        pytest.skip("the first install did not finish (test_first_install_* says why)")
+        pytest.fail("the first install did not finish (test_first_install_* says why)")
     rig.wait(children_ready(rig), "every child Synced and Healthy before this test", timeout=120, stall=60)
     return rig
 
@@ -239,7 +239,7 @@ def webhook_served(rig: GitOpsRig, install: Install) -> Iterator[str]:
     (a namespace's ``gpugate.io/skip`` turns shaping off, never judging), and the Deployment's pods
     are recreated by its ReplicaSet while the upgrades drain the nodes."""
     if install.error:
-        pytest.skip("the first install did not finish (test_first_install_* says why)")
+        pytest.fail("the first install did not finish (test_first_install_* says why)")
     with serve_webhook_on_service(rig) as address:
         yield address
 
@@ -467,7 +467,7 @@ def test_first_install_is_never_degraded(rig: GitOpsRig, install: Install, findi
     message, not the built-in one's)."""
     assert rig.watch is not None and rig.argocd is not None
     if install.error:
-        pytest.skip("the first install did not finish")
+        pytest.fail("the first install did not finish (test_first_install_* says why)")
     ended = install.started + install.seconds
     during = [o for o in rig.watch.since(install.started) if o.at <= ended and o.state is not None]
     healths: dict[str, list[str]] = {}
@@ -697,7 +697,7 @@ def test_a_failed_canary_upgrade_blocks_promote_and_canary_rolls_it_back(ready: 
     assert rig.fork is not None and rig.standin is not None and rig.dashboard is not None and rig.watch is not None
     assert rig.history is not None and rig.upgrades is not None
     if not findings.notes.get("upgraded"):
-        pytest.skip("needs test 2's upgrade (both pools on the canary driver)")
+        pytest.fail("test 2's upgrade did not finish (both pools on the canary driver); its failure says why")
     canary, default = rig.pool("canary"), rig.pool("default")
 
     started = rig.upgrades.reconciles()

@@ -984,5 +984,7 @@ def test_every_manifest_passes_the_api_servers_validation(local: Cluster, instal
             assert not complaints[name], f"{name}:\n{complaints[name]}"
         for group, kind in sorted({_group_kind(d) for d in documents} - served):
             with subtests.test(msg=f"{name}: {kind}.{group}"):
-                reason = "no CRD in ../shared/schemas" if (group, kind) not in files else "its CRD was not served"
-                pytest.skip(f"{kind}.{group} in {name} not validated: {reason} (a JSON schema is not a CRD)")
+                # A CRD we hold that the API server did not serve is a failure of the rig; only a kind
+                # whose CRD ../shared/schemas lacks (a JSON schema is not a CRD) cannot be checked here.
+                assert (group, kind) not in files, f"{kind}.{group} in {name}: its CRD was not served"
+                pytest.skip(f"{kind}.{group} in {name} not validated: no CRD in ../shared/schemas")
