@@ -38,7 +38,8 @@ class _Asks:
     def of(cls, pod: pods.Pod, gpus: units.GpuNames) -> _Asks:
         found = kube_demand.gpu_asks(pod, gpus)
         requested = frozenset(a.resource for a in found)
-        asked = bool(requested) and bool(kube_demand.gpu_resource_names(pod, gpus))  # "0" asks for none
+        # "0" asks for none: only when a count reads 0 are the containers walked again for its other section.
+        asked = bool(found) and (all(a.count != 0 for a in found) or bool(kube_demand.gpu_resource_names(pod, gpus)))
         return cls(found, requested, asked or pods.labels_ask_for_gpus(pod), gpus)
 
 
