@@ -8,7 +8,7 @@ nodes offering it, the PriorityClass marked ``globalDefault``, and when it was c
 
 Rules (each decides what the webhook may conclude, so each errs towards "not offered"):
 
-- only GPU resources (``webhook.kube.resources.is_gpu_resource``): an SR-IOV function is no GPU;
+- only GPU resources (``webhook.kube.units.is_gpu_resource``): an SR-IOV function is no GPU;
 - a cordoned node offers nothing free (its allocatable still counts, so an offer does not vanish
   from the document while a node drains);
 - ``free`` per node is allocatable minus requested, never below 0 (a node whose allocatable
@@ -30,8 +30,8 @@ from webhook.kube import inventory
 from webhook.kube.gpunode import NodeInfo
 from webhook.kube.inventory import DraOffer, Offer
 from webhook.kube.nodedevices import NodeDevices
-from webhook.kube.resources import is_gpu_resource
-from webhook.names import DRA_GPU_CLASS, GPU_RESOURCE
+from webhook.kube.units import is_gpu_resource, is_plugin_gpu
+from webhook.names import DRA_GPU_CLASS
 from webhook.placement import dracount
 
 MIB = 1 << 20
@@ -100,7 +100,7 @@ def offers(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]]
                 continue
             key = (resource, node.product)
             free = 0 if node.unschedulable else max(0, allocatable - used.get(resource, 0))
-            if whole is not None and resource == GPU_RESOURCE:
+            if whole is not None and is_plugin_gpu(resource):
                 free = min(free, whole)
             total = sums.setdefault(key, [0, 0, 0])
             total[0] += allocatable

@@ -244,8 +244,7 @@ def _semantic_problems(policy: GPUPolicy) -> list[str]:
             if key in seen:
                 problems.append(f"spec.rightsizing.ladder[{i}]: {key} is on the ladder twice")
             seen.add(key)
-            if policy.rightsizing.through == "dra" and not rung.mig \
-                    and rung.resource not in (names.SHARED_GPU_RESOURCE, names.GPU_RESOURCE):
+            if policy.rightsizing.through == "dra" and not rung.mig and not units.pooled(rung.resource):
                 problems.append(f"spec.rightsizing.ladder[{i}]: {key} cannot be asked through DRA (through: dra "
                                 f"takes MIG profiles, {names.SHARED_GPU_RESOURCE} as a consumable-capacity share "
                                 f"and {names.GPU_RESOURCE})")
@@ -355,7 +354,7 @@ def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
     rungs = []
     for item in raw["ladder"]:
         if "mig" in item:
-            unit = units.unit_of(f"{names.MIG_RESOURCE_PREFIX}{item['mig']}")
+            unit = units.unit_of(units.mig_resource(item['mig']))
             assert unit is not None and unit.mig is not None  # the schema's pattern vouched for the name
             memory = bytes_(item["memory"]) if "memory" in item else units.mig_memory_bytes(unit.mig)
             rungs.append(Rung(name=item["mig"], mig=item["mig"], memory_bytes=memory,
