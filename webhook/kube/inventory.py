@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TypedDict
 
 API_VERSION = "gpugate.io/v1alpha1"
 KIND = "GPUInventory"
@@ -83,6 +83,59 @@ class Inventory:
 
 
 EMPTY = Inventory()
+
+
+class OfferDocument(TypedDict):
+    """One entry of ``offers``, as :func:`parse` reads it."""
+
+    resource: str
+    product: str
+    memoryMiB: int | None
+    allocatable: int
+    free: int
+    nodes: int
+
+
+class DraOfferDocument(TypedDict):
+    """One entry of ``draOffers``, as :func:`parse` reads it."""
+
+    deviceClass: str
+    product: str
+    memoryMiB: int | None
+    devices: int
+    free: int
+    nodes: int
+
+
+class InventoryDocument(TypedDict):
+    """A GPUInventory (``gpugate.io/v1alpha1``)."""
+
+    apiVersion: str
+    kind: str
+    generatedAt: str | None
+    defaultPriorityClass: str | None
+    offers: list[OfferDocument]
+    draOffers: list[DraOfferDocument]
+    typePressure: dict[str, float]
+
+
+def build(found: Inventory) -> InventoryDocument:
+    """The GPUInventory document that :func:`parse` reads back as ``found`` (``generatedAt`` in UTC,
+    milliseconds, ``Z``); the one writer of the format."""
+    when = found.generated_at
+    stamp = None if when is None else when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return InventoryDocument(
+        apiVersion=API_VERSION, kind=KIND, generatedAt=stamp, defaultPriorityClass=found.default_priority_class,
+        offers=[OfferDocument(resource=o.resource, product=o.product, memoryMiB=o.memory_mib,
+                              allocatable=o.allocatable, free=o.free, nodes=o.nodes) for o in found.offers],
+        draOffers=[DraOfferDocument(deviceClass=o.device_class, product=o.product, memoryMiB=o.memory_mib,
+                                    devices=o.devices, free=o.free, nodes=o.nodes) for o in found.dra_offers],
+        typePressure=dict(found.type_pressure))
+
+
+def serialize(doc: InventoryDocument) -> str:
+    """Stable text (sorted keys, indented), so equal documents are equal bytes and a diff reads well."""
+    return json.dumps(doc, sort_keys=True, indent=1) + "\n"
 
 
 def parse(data: bytes | str) -> Inventory:

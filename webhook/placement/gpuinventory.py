@@ -2,8 +2,8 @@
 
 The webhook has no API access; what the cluster offers now reaches it as a document the balancer
 computes from the caches it already keeps (nodes and the GPU requests of bound, unfinished pods)
-and writes into the ``gpugate-inventory`` ConfigMap. The format is the one
-``webhook.kube.inventory.parse`` reads: one offer per (GPU resource, GPU product), summed over the
+and writes into the ``gpugate-inventory`` ConfigMap. The format is ``webhook.kube.inventory``'s
+(``build`` writes it, ``parse`` reads it): one offer per (GPU resource, GPU product), summed over the
 nodes offering it, the PriorityClass marked ``globalDefault``, and when it was computed.
 
 Rules (each decides what the webhook may conclude, so each errs towards "not offered"):
@@ -20,55 +20,19 @@ Rules (each decides what the webhook may conclude, so each errs towards "not off
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import TypedDict
+from datetime import datetime
 
 from webhook.kube import inventory
 from webhook.kube.gpunode import NodeInfo
-from webhook.kube.inventory import DraOffer, Offer
+from webhook.kube.inventory import DraOffer, Inventory, Offer
 from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.units import is_gpu_resource, is_plugin_gpu
 from webhook.names import DRA_GPU_CLASS
 from webhook.placement import dracount
 
 MIB = 1 << 20
-
-
-class OfferDocument(TypedDict):
-    """One entry of ``offers``, as ``webhook.kube.inventory.parse`` reads it."""
-
-    resource: str
-    product: str
-    memoryMiB: int | None
-    allocatable: int
-    free: int
-    nodes: int
-
-
-class DraOfferDocument(TypedDict):
-    """One entry of ``draOffers``, as ``webhook.kube.inventory.parse`` reads it."""
-
-    deviceClass: str
-    product: str
-    memoryMiB: int | None
-    devices: int
-    free: int
-    nodes: int
-
-
-class InventoryDocument(TypedDict):
-    """A GPUInventory (``gpugate.io/v1alpha1``)."""
-
-    apiVersion: str
-    kind: str
-    generatedAt: str
-    defaultPriorityClass: str | None
-    offers: list[OfferDocument]
-    draOffers: list[DraOfferDocument]
-    typePressure: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,19 +136,12 @@ def content(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]
                    dra_offers=dra_offers(nodes, requested, dra or {}))
 
 
-def document(found: Content, *, generated_at: datetime) -> InventoryDocument:
-    """The GPUInventory for ``found``, stamped ``generated_at`` (UTC, milliseconds, ``Z``)."""
-    stamp = generated_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return InventoryDocument(
-        apiVersion=inventory.API_VERSION, kind=inventory.KIND, generatedAt=stamp,
-        defaultPriorityClass=found.default_priority_class,
-        offers=[OfferDocument(resource=o.resource, product=o.product, memoryMiB=o.memory_mib,
-                              allocatable=o.allocatable, free=o.free, nodes=o.nodes) for o in found.offers],
-        draOffers=[DraOfferDocument(deviceClass=o.device_class, product=o.product, memoryMiB=o.memory_mib,
-                                    devices=o.devices, free=o.free, nodes=o.nodes) for o in found.dra_offers],
-        typePressure=dict(found.type_pressure))
+def document(found: Content, *, generated_at: datetime) -> inventory.InventoryDocument:
+    """The GPUInventory for ``found``, stamped ``generated_at`` (the format: ``kube.inventory.build``)."""
+    return inventory.build(Inventory(default_priority_class=found.default_priority_class, generated_at=generated_at,
+                                     offers=found.offers, dra_offers=found.dra_offers,
+                                     type_pressure=found.type_pressure))
 
 
-def serialize(doc: InventoryDocument) -> str:
-    """Stable text (sorted keys, indented), so equal documents are equal bytes and a diff reads well."""
-    return json.dumps(doc, sort_keys=True, indent=1) + "\n"
+serialize = inventory.serialize
+"""Stable text of a document (``kube.inventory.serialize``), kept here for the publisher's callers."""
