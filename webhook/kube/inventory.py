@@ -25,37 +25,39 @@ class InventoryError(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Offer:
-    """What the cluster's nodes offer of one GPU resource for one GPU product, summed over nodes."""
+class Summed:
+    """What both kinds of offer count for one GPU product, summed over the nodes offering it."""
 
-    resource: str
     product: str = ""
-    """``nvidia.com/gpu.product`` of the nodes (with ``-MIG-<profile>`` under the single MIG strategy)."""
+    """``nvidia.com/gpu.product`` of the nodes (with ``-MIG-<profile>`` under the single MIG strategy), or
+    the DRA devices' ``productName`` attribute."""
     memory_mib: int | None = None
-    """Memory of one unit (``nvidia.com/gpu.memory``, or ``nvidia.com/mig-<profile>.memory``)."""
-    allocatable: int = 0
+    """The smallest memory of one unit or device (MiB: ``nvidia.com/gpu.memory``,
+    ``nvidia.com/mig-<profile>.memory``, a device's ``memory`` capacity); None when some node does not say."""
     free: int = 0
-    """Allocatable minus what bound, unfinished pods request."""
+    """Units no bound, unfinished pod requests; devices no claim holds and that are allocatable now
+    (a MIG partition of a GPU in use is not)."""
     nodes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DraOffer:
-    """What the nodes' NVIDIA DRA driver offers of one DeviceClass for one GPU product, summed over nodes.
+class Offer(Summed):
+    """What the cluster's nodes offer of one GPU resource for one GPU product."""
+
+    resource: str
+    allocatable: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DraOffer(Summed):
+    """What the nodes' NVIDIA DRA driver offers of one DeviceClass for one GPU product.
 
     The same GPUs as a device-plugin ``Offer`` on a node that runs both stacks: two views, each
     ``free`` net of what the other stack's pods or claims hold (``placement.dracount``)."""
 
     device_class: str
     """``gpu.nvidia.com`` or ``mig.nvidia.com``."""
-    product: str = ""
-    """The devices' ``productName`` attribute."""
-    memory_mib: int | None = None
-    """The smallest ``memory`` capacity of one device (MiB); None when some device announces none."""
     devices: int = 0
-    free: int = 0
-    """Devices no claim holds and that are allocatable now (a MIG partition of a GPU in use is not)."""
-    nodes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,26 +87,27 @@ class Inventory:
 EMPTY = Inventory()
 
 
-class OfferDocument(TypedDict):
-    """One entry of ``offers``, as :func:`parse` reads it."""
+class SummedDocument(TypedDict):
+    """What ``offers`` and ``draOffers`` entries both hold (:class:`Summed`)."""
+
+    product: str
+    memoryMiB: int | None
+    free: int
+    nodes: int
+
+
+class OfferDocument(SummedDocument):
+    """One entry of ``offers``."""
 
     resource: str
-    product: str
-    memoryMiB: int | None
     allocatable: int
-    free: int
-    nodes: int
 
 
-class DraOfferDocument(TypedDict):
-    """One entry of ``draOffers``, as :func:`parse` reads it."""
+class DraOfferDocument(SummedDocument):
+    """One entry of ``draOffers``."""
 
     deviceClass: str
-    product: str
-    memoryMiB: int | None
     devices: int
-    free: int
-    nodes: int
 
 
 class InventoryDocument(TypedDict):

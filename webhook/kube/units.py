@@ -157,7 +157,6 @@ class Unit:
     kind: UnitKind
     mig: MigProfile | None = None
     """The profile of a MIG unit (also of a time-sliced MIG slice, ``...gb.shared``)."""
-    plugin_gpu: bool = False
 
     @property
     def compute(self) -> float:
@@ -173,7 +172,7 @@ def unit_of(resource: str) -> Unit | None:
     kind = kind_of(resource)
     if kind is None:
         return None
-    return Unit(resource, kind.unit, mig_profile(resource) if kind.unit == "mig" else None, kind.plugin_gpu)
+    return Unit(resource, kind.unit, mig_profile(resource) if kind.unit == "mig" else None)
 
 
 def mig_base(resource: str) -> str:
@@ -193,7 +192,7 @@ def gpu_share(resource: str, *, replicas: int = 1, mig_replicas: int = 1, gpu_ti
     if unit is None:
         return 0.0
     if unit.kind == "whole":
-        return 1.0 / max(replicas, 1) if gpu_time_sliced and unit.plugin_gpu else 1.0
+        return 1.0 / max(replicas, 1) if gpu_time_sliced and is_plugin_gpu(resource) else 1.0
     if unit.kind == "slot":
         return 1.0 / max(replicas, 1)
     return unit.compute / max(mig_replicas, 1)
