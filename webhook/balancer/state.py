@@ -19,7 +19,7 @@ from webhook.kube.quantity import QuantityError
 
 Obj = dict[str, Any]
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+TERMINAL_PHASES = pods.TERMINAL_PHASES
 
 
 

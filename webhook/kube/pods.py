@@ -15,6 +15,8 @@ from webhook.kube.units import is_gpu_resource
 
 Pod = dict[str, Any]
 Container = dict[str, Any]
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""Phases of a pod that has ended: it holds no device and is admitted no more."""
 __all__ = ["Pod", "Container", "QuantityError"]  # re-exported: the error effective_requests raises
 
 

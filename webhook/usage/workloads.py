@@ -29,7 +29,6 @@ from webhook.kube.quantity import QuantityError
 TEMPLATE_HASH_LABEL = "pod-template-hash"
 RECREATING_CONTROLLERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
 """Controller kinds that recreate an evicted pod (see the module docstring)."""
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +107,7 @@ def record_of(pod: pods.Pod) -> PodRecord | None:
     """
     spec, status = pods.spec(pod), pod.get("status") or {}
     node = spec.get("nodeName")
-    if not node or status.get("phase") in TERMINAL_PHASES:
+    if not node or status.get("phase") in pods.TERMINAL_PHASES:
         return None
     try:
         demand = kube_demand.of_pod(pod)
