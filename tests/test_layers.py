@@ -26,7 +26,7 @@ LAYERS: dict[str, dict[str, str]] = {
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
              "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
              "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE, "demand": CORE,
-             "gpunode": CORE, "devicetaints": CORE, "claimowners": CORE, "documents": EDGE},
+             "gpunode": CORE, "devicetaints": CORE, "claimowners": CORE, "documents": EDGE, "selectors": CORE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
                "loading": EDGE, "store": EDGE},
     "admission": {"__init__": CORE, "reviews": CORE, "envelope": CORE, "budget": CORE,
