@@ -66,7 +66,8 @@ def test_no_module_outside_kube_compares_gpu_resource_names(path: str) -> None:
     ("x == names.GPU_RESOURCE", True), ("r in (SHARED_GPU_RESOURCE, GPU_RESOURCE)", True),
     ("r.startswith(names.MIG_RESOURCE_PREFIX)", True), ("r == 'nvidia.com/gpu'", True),
     ("r == f'{names.MIG_RESOURCE_PREFIX}{p}'", True), ("units.is_plugin_gpu(r)", False),
-    ("d[names.GPU_RESOURCE] = 1", False), ("d.get(GPU_RESOURCE, 0)", True), ("n = d[SHARED_GPU_RESOURCE]", True), ("label == 'nvidia.com/gpu.product'", False),
+    ("d[names.GPU_RESOURCE] = 1", False), ("d.get(GPU_RESOURCE, 0)", True), ("n = d[SHARED_GPU_RESOURCE]", True),
+    ("label == 'nvidia.com/gpu.product'", False),
     ("r == 'nvidia.com/gpu.shared'", True), ("r in {'nvidia.com/mig-1g.10gb'}", True),
 ])
 def test_the_check_sees_a_name_test(source: str, found: bool) -> None:
