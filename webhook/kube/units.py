@@ -71,9 +71,6 @@ class GpuKind:
     """The DeviceClass NVIDIA's DRA driver serves the same devices through (a policy that allows the
     resource allows claims of that class)."""
 
-    def matches(self, resource: str) -> bool:
-        return resource.startswith(self.prefix) and re.fullmatch(self.pattern, resource) is not None
-
 
 KINDS: tuple[GpuKind, ...] = (
     GpuKind("whole GPU", names.GPU_RESOURCE, re.escape(names.GPU_RESOURCE), "whole", plugin_gpu=True,
@@ -87,12 +84,12 @@ KINDS: tuple[GpuKind, ...] = (
 
 @functools.lru_cache(maxsize=4096)
 def _kind_in(kinds: tuple[GpuKind, ...], resource: str) -> GpuKind | None:
-    return next((kind for kind in kinds if kind.matches(resource)), None)
+    return next((k for k in kinds if resource.startswith(k.prefix) and re.fullmatch(k.pattern, resource)), None)
 
 
 def kind_of(resource: str | None) -> GpuKind | None:
-    """The row of :data:`KINDS` that ``resource`` is a name of; None for every other resource (and
-    for no resource: a MIG rung of a policy names a profile, not a resource)."""
+    """The row of :data:`KINDS` that ``resource`` is a name of; None for every other resource (and for
+    no resource: a policy's MIG rung names a profile, not a resource)."""
     return None if resource is None else _kind_in(KINDS, resource)
 
 
@@ -104,27 +101,23 @@ def is_gpu_resource(resource: str | None) -> bool:
 
 def is_plugin_gpu(resource: str | None) -> bool:
     """The device plugin's whole-GPU resource (:attr:`GpuKind.plugin_gpu`)."""
-    kind = kind_of(resource)
-    return kind is not None and kind.plugin_gpu
+    return getattr(kind_of(resource), "plugin_gpu", False)
 
 
 def is_shared(resource: str | None) -> bool:
     """A time-sliced slot of a GPU (not a MIG slice's slot, which is a MIG unit)."""
-    kind = kind_of(resource)
-    return kind is not None and kind.unit == "slot"
+    return getattr(kind_of(resource), "unit", None) == "slot"
 
 
 def is_mig(resource: str | None) -> bool:
     """A MIG slice, time-sliced or not."""
-    kind = kind_of(resource)
-    return kind is not None and kind.unit == "mig"
+    return getattr(kind_of(resource), "unit", None) == "mig"
 
 
 def pooled(resource: str | None) -> bool:
     """Drawn from a node's one pool of devices: the device plugin's whole GPU and its time-sliced
     share (a scheduler model weighs both against the node's GPUs)."""
-    kind = kind_of(resource)
-    return kind is not None and (kind.plugin_gpu or kind.unit == "slot")
+    return is_plugin_gpu(resource) or is_shared(resource)
 
 
 def by_name(resource: str | None) -> bool:
