@@ -23,7 +23,7 @@ from webhook.kube import units
 from webhook.kube.gpunode import node_info
 from webhook.placement import gpuinventory, marks
 from webhook.placement.extender import ExtenderState
-from webhook.replay import kubescheduler, sizing
+from webhook.replay import sizing
 
 MADE_UP = "example.com/vgpu"
 NOT_A_GPU = "example.com/nic"
@@ -104,5 +104,3 @@ def test_the_replay_counts_its_physical_gpus(made_up_kind: units.GpuKind) -> Non
     assert demand.extended == ((MADE_UP, 2),)
     assert sizing.taken_milli(demand, 4) == 2 * units.MILLI
     assert sizing.taken_milli(kube_demand.of_pod(bound_pod(NOT_A_GPU, 2)), 4) == 0
-    assert not units.pooled(MADE_UP)  # the scheduler model checks it by count, as a MIG slice
-    assert kubescheduler.MAX_NODE_SCORE  # the model module imports with the kind registered
