@@ -24,7 +24,7 @@ LAYERS: dict[str, dict[str, str]] = {
     ".": {"__init__": CORE, "errors": CORE, "names": CORE, "filewatch": EDGE,
           "cli": EDGE, "logs": EDGE, "kubeclient": EDGE, "kubetarget": CORE, "lease": EDGE},
     "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
-             "units": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
+             "units": CORE, "timestamps": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
              "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE, "demand": CORE,
              "gpunode": CORE, "devicetaints": CORE, "claimowners": CORE, "documents": EDGE, "selectors": CORE},
     "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,

@@ -17,12 +17,11 @@ DaemonSet's replacement lands on the same node: evicting either gives no GPU bac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from webhook import names
 from webhook.kube import demand as kube_demand
-from webhook.kube import pods
+from webhook.kube import pods, timestamps
 from webhook.kube.demand import PodDemand
 from webhook.kube.quantity import QuantityError
 
@@ -90,16 +89,6 @@ def owner_of(pod: pods.Pod) -> tuple[Owner, str]:
     return Owner(kind, owner), kind
 
 
-def parse_time(text: Any) -> float | None:
-    """An RFC 3339 timestamp as the API server writes it (``2026-12-07T10:00:00Z``) in Unix seconds."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def record_of(pod: pods.Pod) -> PodRecord | None:
     """The record of a bound, non-terminal pod that asks for GPUs or references claims; else None.
 
@@ -120,8 +109,8 @@ def record_of(pod: pods.Pod) -> PodRecord | None:
     return PodRecord(
         namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""), uid=str(meta.get("uid") or ""),
         node=str(node), owner=owner, controller=controller, labels=tuple(sorted(pods.labels(pod).items())),
-        started=parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp")), demand=demand,
-        idle_note=pods.annotations_of(pod).get(names.IDLE_ANNOTATION))
+        started=timestamps.seconds(status.get("startTime")) or timestamps.seconds(meta.get("creationTimestamp")),
+        demand=demand, idle_note=pods.annotations_of(pod).get(names.IDLE_ANNOTATION))
 
 
 def record_key(pod: pods.Pod) -> str:
