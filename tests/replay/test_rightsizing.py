@@ -56,9 +56,9 @@ def test_the_twin_advertises_mig_slices_as_the_mixed_strategy_does() -> None:
     assert [dict(n.allocatable) for n in shared if n.allocatable] == [{names.SHARED_GPU_RESOURCE: 32}]
     assert all(n.layout == "whole" for n in migcluster.sized_nodes(nodes, "whole-gpu", migcluster.parse_mix(
         "all-balanced=0.5")))
-    with pytest.raises(migcluster.MixError):
+    with pytest.raises(migcluster.MigMixError):
         migcluster.parse_mix("all-balanced=0.8,all-1g.10gb=0.3")
-    with pytest.raises(migcluster.MixError):
+    with pytest.raises(migcluster.MigMixError):
         migcluster.parse_mix("all-7g.80gb=0.1")
 
 

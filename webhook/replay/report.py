@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any, TextIO
 
+from webhook.replay import arms as arm_table
 from webhook.replay.runspec import MIG_TWIN, PUBLISHED, RANDOM_TIES, RunResult
 
 POINTS = range(0, 131)
@@ -225,7 +226,8 @@ def plot_curves(curves: dict[str, tuple[list[int], list[float]]], path: Path, *,
 
     figure, axes = pyplot.subplots(figsize=(8.5, 5.5), dpi=110)
     for name, (xs, ys) in curves.items():
-        reference = name.split(" ")[0] in ("random", "bestfit", "fgd")
+        row = arm_table.BY_NAME.get(name.split(" ")[0])
+        reference = row is not None and row.kind == "reference"
         axes.plot(xs, ys, label=name, linestyle="--" if reference else "-", linewidth=1.2 if reference else 1.6)
     axes.plot([0, 130], [0, 130], color="grey", linewidth=0.6, label="every arrived GPU allocated")
     axes.set_xlim(60, 130)
