@@ -15,7 +15,8 @@ The openb trace's GPUs (T4, P100, V100, the undisclosed G2/G3) cannot be partiti
   ``all-balanced`` 2 x 1g.10gb + 1 x 2g.20gb + 1 x 3g.40gb. Under the GPU Operator's ``mixed``
   strategy such a node advertises ``nvidia.com/mig-<profile>: <slices x GPUs>`` and no
   ``nvidia.com/gpu`` (gpu-operator.md 4.3).
-* **Arms** (each row's ``arms.Sizing`` says which of these it is). ``whole-gpu``: no node is partitioned. ``shares-only``: the partitioned nodes are
+* **Arms** (each row's ``arms.Sizing`` says which of these it is). ``whole-gpu``: no node is
+  partitioned. ``shares-only``: the partitioned nodes are
   time-sliced instead (``nvidia.com/gpu.shared: replicas x GPUs``, renameByDefault, 4 replicas as
   the starter policy's ``time-slicing-4``). ``rightsized``: the partitioned nodes carry the MIG mix.
   The other nodes offer whole GPUs in every arm.
