@@ -44,7 +44,7 @@ from webhook.kube import units
 from webhook.kube.gpunode import NodeInfo
 from webhook.replay import arms as arm_table
 from webhook.replay import workload
-from webhook.replay.records import MILLI, NodeRecord, PodRecord
+from webhook.replay.records import MILLI, NodeRecord, TracePod
 from webhook.replay.runspec import DEFAULT_MIG_MIX
 
 ARMS = arm_table.SIZING_ARMS
@@ -181,10 +181,10 @@ def memory_ask(gpu_milli: int) -> str:
     return f"{gpu_milli * MEMORY_MB // MILLI}M"
 
 
-def pod_for(record: PodRecord, arm: str) -> dict[str, Any]:
+def pod_for(record: TracePod, arm: str) -> dict[str, Any]:
     """The trace row as the pod's author writes it in this arm (see the module docstring)."""
     shares = record.shares_gpu
-    pod = workload.pod_for(PodRecord(record.name, record.cpu_milli, record.memory_mib, 0 if shares else record.num_gpu,
+    pod = workload.pod_for(TracePod(record.name, record.cpu_milli, record.memory_mib, 0 if shares else record.num_gpu,
                                      0 if shares else record.gpu_milli, (), record.qos))
     if not record.shares_gpu:
         return pod

@@ -49,7 +49,7 @@ from webhook.replay.kubescheduler import (
 )
 from webhook.replay.labels import Relabeler
 from webhook.replay.nodelabels import NodeLabels
-from webhook.replay.records import PodRecord, Trace
+from webhook.replay.records import Trace, TracePod
 from webhook.replay.reference import REFERENCE_SCHEDULERS
 from webhook.replay.runspec import DRA, PUBLISHED, SHARING, RunResult, RunSpec
 from webhook.replay.worlds import World
@@ -67,7 +67,7 @@ EXTENDER_ARMS = arm_table.EXTENDER_ARMS
 DRA_HOLDER_PREFIX = "dra:"
 
 
-def demand_from_trace(records: Iterable[PodRecord], slot: int | None = None) -> list[PodDemand]:
+def demand_from_trace(records: Iterable[TracePod], slot: int | None = None) -> list[PodDemand]:
     """The pod list as the extender would read its pods (a configured mix: what FGD's typical pods use);
     products as the nodes' ``nvidia.com/gpu.product`` labels spell them; ``slot``: the timeslice
     world, where a share reads as one slot of that many thousandths."""
@@ -75,7 +75,7 @@ def demand_from_trace(records: Iterable[PodRecord], slot: int | None = None) -> 
             for r in records]
 
 
-def record_demand(record: PodRecord, slot: int | None = None) -> PodDemand:
+def record_demand(record: TracePod, slot: int | None = None) -> PodDemand:
     """A trace row as the published schedulers read it (non-zero cpu/memory defaults for scoring);
     products as the trace names GPU models. ``slot``: BestFit-on-slots in the timeslice world, where
     a share is one slot of that many thousandths."""
@@ -188,7 +188,7 @@ def kube_cluster(trace: Trace) -> KubeCluster:
     return KubeCluster(state=state, labels=labels)
 
 
-def trace_mix(records: Iterable[PodRecord], slot: int | None = None) -> ShapeMix:
+def trace_mix(records: Iterable[TracePod], slot: int | None = None) -> ShapeMix:
     """The pod list's own shape mix: what ``--extender-mix trace`` configures, and what
     ``gpugate replay`` writes as ``pod-mix.yaml`` for the balancer."""
     return ShapeMix.from_demands(demand_from_trace(records, slot))
@@ -263,7 +263,7 @@ class KubePlacer:
         self.demands: dict[int, PodDemand] = {}
         # Without admission a pod's reading depends on its row's requests alone (not its name or
         # qos label): each distinct row is read once.
-        self.readings: dict[PodRecord, tuple[PodView, PodDemand]] = {}
+        self.readings: dict[TracePod, tuple[PodView, PodDemand]] = {}
         self.denied = 0
 
     def view_of(self, index: int) -> PodView | None:
