@@ -75,7 +75,7 @@ LAYERS: dict[str, dict[str, str]] = {
     "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,
                  "replay": EDGE, "serve": EDGE, "stack": EDGE, "stack_options": EDGE,
                  "stack_render": EDGE, "stack_canary": EDGE, "stack_canary_watch": EDGE, "smoke": EDGE,
-                 "demo": EDGE, "health": EDGE, "usage": EDGE, "clusteroptions": EDGE, "audit": EDGE},
+                 "demo": EDGE, "health": EDGE, "usage": EDGE, "clusteroptions": EDGE, "audit": EDGE, "settingsoptions": EDGE},
     "usage": {"__init__": CORE, "workloads": CORE, "accounting": CORE, "idle": CORE, "durations": CORE,
               "promql": CORE, "report": CORE, "budget": CORE},
     "localcluster": {"__init__": CORE, "binaries": EDGE, "controlplane": EDGE, "pki": EDGE, "processes": EDGE,
