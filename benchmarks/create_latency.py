@@ -7,7 +7,7 @@ live at once, each in its own namespace:
 - ``shaped``: no webhook either, but the pod is created with the fields gpugate's mutation sets
   already in it (annotation, requests and limits, toleration, node affinity): what the bigger pod
   alone costs the API server and etcd;
-- ``go``: webhook/localcluster/toolchain/floor-webhook, a minimal webhook in Go (TLS, JSON decode of the
+- ``go``: tests/e2e/toolchain/floor-webhook, a minimal webhook in Go (TLS, JSON decode of the
   review and the pod, allow): the floor any webhook pays, with Go's HTTP/2;
 - ``go-patch``: the same Go webhook answering /mutate with gpugate's own JSON Patch for this pod
   (``--patch``; the patch is asked of the gpugate arm's server before the rounds): the floor a
@@ -75,8 +75,7 @@ from kubernetes import client  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from benchmarks.admission_load import checkout  # noqa: E402
-from tests.e2e import binaries, processes  # noqa: E402
-from tests.e2e.cluster import Cluster  # noqa: E402
+from tests.e2e import binaries as e2e_binaries  # noqa: E402
 from tests.e2e.webhook_fixture import (  # noqa: E402
     GpugateServer,
     Namespaces,
@@ -85,6 +84,8 @@ from tests.e2e.webhook_fixture import (  # noqa: E402
     kustomize,
 )
 from tests.server.shapedpod import shaped_body, the_pod  # noqa: E402
+from webhook.localcluster import binaries, processes  # noqa: E402
+from webhook.localcluster.cluster import Cluster  # noqa: E402
 
 ARMS = ("none", "shaped", "go", "go-patch", "null", "gpugate")
 REQUIRED = ("none", "go", "gpugate")
@@ -614,7 +615,7 @@ def main() -> int:
     found = binaries.paths()
     if found is None:
         raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
-    floor = args.floor or binaries.own_program(binaries.FLOOR_WEBHOOK)
+    floor = args.floor or e2e_binaries.floor_webhook()
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="create-latency-")))
         print("starting the control plane ...", flush=True)

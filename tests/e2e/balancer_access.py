@@ -28,9 +28,9 @@ from kubernetes import client
 
 from tests.e2e.accounts import applied, token
 from tests.e2e.accounts import kubectl as kubectl_stdout  # noqa: F401 - test_balancer imports it from here
-from tests.e2e.cluster import Cluster
 from tests.e2e.webhook_fixture import kustomize
 from webhook.localcluster import processes
+from webhook.localcluster.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpugate-system"

@@ -36,8 +36,6 @@ from tests.e2e.balancer_access import (
     rbac_applied,
     scrape,
 )
-from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
@@ -49,6 +47,8 @@ from tests.e2e.webhook_fixture import (
     shipped_webhook,
 )
 from webhook.kube import inventory as webhook_inventory
+from webhook.localcluster.cluster import Cluster, Nodes
+from webhook.localcluster.processes import free_port, terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = "gpugate-balancer"
