@@ -25,6 +25,8 @@ import yaml
 
 from tests.dcgmexporter import Exporter
 from tests.e2e.balancer_access import (
+    INVENTORY,
+    LEASE,
     NAMESPACE,
     QUICK_CONFIG,
     BalancerProcess,
@@ -38,8 +40,6 @@ from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.processes import free_port, terminate
 
 ROOT = Path(__file__).resolve().parents[2]
-LEASE = "gpugate-balancer"
-INVENTORY = "gpugate-inventory"
 RULES = ROOT / "manifests" / "observability" / "usage-rules.yaml"
 CONFIG = QUICK_CONFIG + """\
 inventory: {enabled: false}
