@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),  # the entry point: names each command, imports one when it is run
     ("commands",),  # one CLI command per module: options in, a call of the layers below, text out
     ("localcluster", "offline"),  # a local control plane for `gpugate demo`; golden cases run on files
-    ("server", "audit", "replay"),  # the edges around the admission core: HTTP, a cluster's audit, a trace
+    ("server", "audit", "replay"),  # what runs the admission core: over HTTP, on a cluster, along a trace
     ("admission", "balancer"),  # the webhook's pure core; the node-load controller
     ("usage",),  # GPU accounting, which the balancer's idle reclaim reads
     ("policy", "stack"),  # the GPUPolicy model; the GPU stack's lifecycle
