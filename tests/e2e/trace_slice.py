@@ -67,7 +67,6 @@ import numpy as np
 from kubernetes import client as k8s
 
 from tests.e2e import dra_slices
-from tests.e2e.cluster import Cluster
 from tests.e2e.placement_env import (
     FREE,
     LOAD,
@@ -86,6 +85,7 @@ from tests.e2e.placement_env import (
 from tests.e2e.webhook_fixture import ROOT, Namespaces, Obj, create_pod
 from webhook import names
 from webhook.kube import slices
+from webhook.localcluster.cluster import Cluster
 from webhook.replay import demand as demand_reading
 from webhook.replay import workload, worlds
 from webhook.replay.admitting import CachedAdmission
