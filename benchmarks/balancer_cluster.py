@@ -78,10 +78,13 @@ from benchmarks.balancer_scale import (  # noqa: E402
     realistic_pod,
     rss_mb,
 )
-from tests.e2e import binaries, processes  # noqa: E402
 from webhook.balancer.cluster import iter_lines  # noqa: E402
 from webhook.balancer.settings import BalancerSettings  # noqa: E402
-from webhook.localcluster import controlplane  # noqa: E402
+from webhook.localcluster import (  # noqa: E402
+    binaries,
+    controlplane,
+    processes,
+)
 from webhook.localcluster.binaries import Binaries  # noqa: E402
 from webhook.names import GPU_FREE_LABEL, GPU_LOAD_LABEL  # noqa: E402
 

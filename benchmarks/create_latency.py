@@ -7,7 +7,7 @@ live at once, each in its own namespace:
 - ``shaped``: no webhook either, but the pod is created with the fields gpugate's mutation sets
   already in it (annotation, requests and limits, toleration, node affinity): what the bigger pod
   alone costs the API server and etcd;
-- ``go``: webhook/localcluster/toolchain/floor-webhook, a minimal webhook in Go (TLS, JSON decode of the
+- ``go``: tests/e2e/toolchain/floor-webhook, a minimal webhook in Go (TLS, JSON decode of the
   review and the pod, allow): the floor any webhook pays, with Go's HTTP/2;
 - ``go-patch``: the same Go webhook answering /mutate with gpugate's own JSON Patch for this pod
   (``--patch``; the patch is asked of the gpugate arm's server before the rounds): the floor a
@@ -75,16 +75,17 @@ from kubernetes import client  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from benchmarks.admission_load import checkout  # noqa: E402
-from tests.e2e import binaries, processes  # noqa: E402
-from tests.e2e.cluster import Cluster  # noqa: E402
+from tests.e2e import binaries as e2e_binaries  # noqa: E402
 from tests.e2e.webhook_fixture import (  # noqa: E402
     GpugateServer,
     Namespaces,
     RenderedWebhooks,
     ServingCerts,
     kustomize,
-    pod_manifest,
 )
+from tests.server.shapedpod import shaped_body, the_pod  # noqa: E402
+from webhook.localcluster import binaries, processes  # noqa: E402
+from webhook.localcluster.cluster import Cluster  # noqa: E402
 
 ARMS = ("none", "shaped", "go", "go-patch", "null", "gpugate")
 REQUIRED = ("none", "go", "gpugate")
@@ -262,10 +263,6 @@ def unregister(api: client.AdmissionregistrationV1Api, arm: Arm) -> None:
 
 # --- creating pods ---------------------------------------------------------------------------
 
-def the_pod(name: str) -> Obj:
-    return pod_manifest(name, labels={"gpugate.io/gpus": "1"})
-
-
 def create_one(core: client.CoreV1Api, arm: Arm, name: str) -> float:
     body = arm.pod(name)
     started = time.perf_counter()
@@ -292,28 +289,6 @@ def gpugate_patch(core: client.CoreV1Api, gpugate: Arm, namespace: str, ca: Path
         raise RuntimeError(f"gpugate did not shape the benchmark's pod: {response}")
     return list(json.loads(base64.b64decode(response["patch"])))
 
-
-def shaped_body(created: Obj, patch: list[Obj]) -> Obj:
-    """The user's pod with what gpugate's ``patch`` set, taken from ``created`` (the API server's
-    answer to a create in the gpugate arm): for each operation, the field it adds or replaces, two
-    levels under ``metadata`` or ``spec`` (``/spec/tolerations/-`` copies the whole list). Nothing
-    else of the stored pod is copied: a client that sends every defaulted field makes the API
-    server track all of them in ``managedFields``, a cost the webhook's pods do not have."""
-    body = the_pod("shaped")
-    del body["metadata"]["name"]
-    for op in patch:
-        tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
-        # /spec/containers/0/resources keeps its index; a list element (/spec/tolerations/2) does not
-        depth = 4 if tokens[:2] == ["spec", "containers"] else 2
-        source, target = created, body
-        for i, token in enumerate(tokens[:depth]):
-            key: Any = int(token) if isinstance(source, list) else token
-            source = source[key]
-            if i == len(tokens[:depth]) - 1:
-                target[key] = copy.deepcopy(source)
-            else:
-                target = target[key] if isinstance(target, list) else target.setdefault(key, {})
-    return body
 
 def serial_interleaved(core: client.CoreV1Api, arms: list[Arm], count: int, tag: str,
                        plane_pids: Sequence[int] = ()) -> None:
@@ -640,7 +615,7 @@ def main() -> int:
     found = binaries.paths()
     if found is None:
         raise SystemExit("the e2e control-plane binaries are not built: python -m tests.e2e.binaries build")
-    floor = args.floor or binaries.own_program(binaries.FLOOR_WEBHOOK)
+    floor = args.floor or e2e_binaries.floor_webhook()
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="create-latency-")))
         print("starting the control plane ...", flush=True)

@@ -34,13 +34,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e import binaries, dra_slices  # noqa: E402
+from tests.e2e import dra_slices  # noqa: E402
 from tests.e2e.balancer_access import rbac_applied  # noqa: E402
-from tests.e2e.cluster import Cluster, Nodes  # noqa: E402
 from tests.e2e.health_env import HealthRig, RuleWatch, config, health_rig  # noqa: E402
 from tests.e2e.waiting import wait_until  # noqa: E402
 from webhook.balancer.quarantineplan import rule_name  # noqa: E402
 from webhook.kube.allocations import DeviceKey  # noqa: E402
+from webhook.localcluster import binaries  # noqa: E402
+from webhook.localcluster.cluster import Cluster, Nodes  # noqa: E402
 
 GPUS_PER_NODE = 8
 

@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     sys.path.insert(0, str(ROOT))
-    from tests.e2e.cluster import Cluster, ensure_binaries
     from tests.e2e.scheduler_ties import tie_report
     from tests.e2e.trace_slice import (
         ARMS,
@@ -46,6 +45,7 @@ def main() -> int:
         fidelity,
         world_fidelity,
     )
+    from webhook.localcluster.cluster import Cluster, ensure_binaries
     from webhook.localcluster.controlplane import Settings
     from webhook.replay.runspec import SHARING
 

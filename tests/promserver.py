@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from tests.e2e import processes
 from tests.prerequisites import missing
+from webhook.localcluster import processes
 
 INSTALL = "install Debian's prometheus package (`apt-get install prometheus`; .ci/run does), or put it on PATH"
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import binaries
 from tests.prerequisites import missing, needed
+from webhook.localcluster import binaries
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"

@@ -1,10 +1,27 @@
-"""The package's architecture as a test: every module is placed in the pure core or at an edge.
+"""The package's architecture as a test: the folder a module sits in says its layer.
 
-An import-linter contract in test form. Each folder of ``webhook/`` lists all of its modules;
-a module the table does not name fails (place it), and so does a module the table names that is
-missing (the table is stale). A core module takes data in and gives data out: it imports no
-edge (HTTP, the Kubernetes client, processes, the clock, randomness, the environment), no edge
-module of gpugate, and opens no file.
+An import-linter contract in test form, written as kopf writes its ``.importlinter`` (a ``layers``
+contract over packages, ``independence`` between siblings): one rule per folder, no per-module table.
+
+- ``LAYERS`` lists the folders of ``webhook/`` from the top down (the top-level modules are the
+  ground, ``"."``). A module may import its own folder and any folder on a lower layer; an import
+  of a higher layer is an arrow that runs back up and fails, and so does an import between two
+  folders of one layer (siblings stay unaware of each other). ``cli`` (the one module above the
+  commands) is the only importer of ``commands``; ``localcluster`` sits under the commands it
+  serves. A new folder fails until it is placed.
+- ``CORE_FOLDERS`` are the pure core: a module there takes data in and gives data out. It imports
+  no edge library (HTTP, the Kubernetes client, processes, the clock, randomness, the
+  environment), no edge module of gpugate, and opens no file. Every other folder is an edge.
+- A folder holding both kinds says which are the odd ones out, by name: ``EDGE_IN_CORE`` (the
+  edge modules of a core folder) and ``CORE_IN_EDGE`` (the pure modules of an edge folder, checked
+  for purity like any core module). A folder takes the kind most of its modules have (an even
+  split takes edge), so the named list is the short one; a name that no longer exists fails.
+  Moving the odd ones out would cut a folder along a line its readers do not look for (the
+  replay's file readers beside its pure model, the balancer's plans beside its loops).
+
+Outside the package: ``webhook/`` imports neither ``tests/`` nor ``benchmarks/`` (the product is
+apart from its test rig), and ``tests/`` imports no ``benchmarks/`` module (a benchmark may use a
+test helper, never the other way).
 """
 
 from __future__ import annotations
@@ -12,75 +29,46 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "webhook"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "webhook"
 CORE, EDGE = "core", "edge"
 
-# folder (relative to webhook/) -> {module: layer}
-LAYERS: dict[str, dict[str, str]] = {
-    ".": {"__init__": CORE, "errors": CORE, "names": CORE, "filewatch": EDGE,
-          "cli": EDGE, "logs": EDGE, "kubeclient": EDGE, "kubetarget": CORE, "lease": EDGE},
-    "kube": {"__init__": CORE, "quantity": CORE, "resources": CORE, "pods": CORE, "yamlload": CORE, "inventory": CORE,
-             "units": CORE, "timestamps": CORE, "claims": CORE, "slices": CORE, "allocations": CORE, "nodedevices": CORE,
-             "rightsizedclaims": CORE, "affinity": CORE, "tolerations": CORE, "demand": CORE,
-             "gpunode": CORE, "devicetaints": CORE, "claimowners": CORE, "documents": EDGE, "selectors": CORE},
-    "policy": {"__init__": CORE, "model": CORE, "parsing": CORE, "matching": CORE, "overlap": CORE,
-               "loading": EDGE, "store": EDGE},
-    "admission": {"__init__": CORE, "reviews": CORE, "envelope": CORE, "budget": CORE,
-                  "mutation": CORE, "validation": CORE,
-                  "patches": CORE, "patchcheck": CORE, "affinity": CORE, "chain": CORE, "rightsizing": CORE,
-                  "dra": CORE, "claimladder": CORE, "cases": EDGE, "results": CORE, "answers": CORE,
-                  "desiredpod": CORE, "requeststeps": CORE, "schedulingsteps": CORE, "preferences": CORE,
-                  "podclaims": CORE, "rightsizedtemplate": CORE, "workloads": CORE, "judgement": CORE},
-    "server": {"__init__": CORE, "framing": CORE, "outcome": CORE, "drain": EDGE, "claimlookup": EDGE,
-               "serverstate": EDGE, "requestbody": EDGE, "worker": EDGE, "requestloop": EDGE, "connection": EDGE,
-               "workershared": EDGE, "inventoryfile": EDGE, "routes": EDGE, "serving": EDGE, "metrics": EDGE,
-               "client": EDGE, "deviceclasswatch": EDGE, "podlookup": EDGE},
-    "certs": {"__init__": CORE, "pki": EDGE, "publish": EDGE, "reload": EDGE},
-    "audit": {"__init__": CORE, "findings": CORE, "cluster": EDGE},
-    "balancer": {"__init__": CORE, "state": CORE, "backoff": CORE,
-                 "placementfeed": CORE, "drawatch": EDGE, "templatekeeper": EDGE,
-                 "publisher": EDGE, "extenderserver": EDGE, "settings": EDGE,
-                 "cluster": EDGE, "controller": EDGE, "health": EDGE, "labeller": EDGE, "labelwrites": EDGE,
-                 "extendercache": EDGE, "inventorysource": EDGE, "utilization": EDGE, "listener": EDGE,
-                 "metrics": EDGE, "prometheus": EDGE,
-                 "healthpolicy": CORE, "healthschema": CORE, "healthsignals": CORE, "quarantine": CORE,
-                 "quarantineledger": CORE, "quarantineplan": CORE, "quarantineapi": EDGE, "quarantineloop": EDGE,
-                 "quarantinemetrics": EDGE, "quarantinereport": CORE,
-                 "usagesource": EDGE, "podactions": EDGE, "idlereclaim": EDGE, "usagewiring": EDGE,
-                 "moveplan": CORE, "mover": EDGE},
-    "stack": {"__init__": CORE, "compat": CORE, "plan": CORE, "model": CORE, "chartcheck": CORE, "checks": CORE,
-              "releases": CORE, "messages": CORE, "rollback": CORE,
-              "chartrender": EDGE, "rendering": EDGE, "site": EDGE,
-              "matrix": EDGE, "manifests": EDGE, "gitrepo": EDGE, "status": EDGE, "upgrade": EDGE,
-              "verify": EDGE, "chartvalues": EDGE, "manifestcheck": EDGE, "canary": CORE, "canary_watch": EDGE,
-              "change": CORE, "clusterstate": CORE, "hardening": CORE, "nodestates": CORE, "consumers": CORE,
-              "crdstate": CORE, "hardware": CORE, "dracutover": CORE, "chartcrds": EDGE, "clusterread": EDGE,
-              "canarymodes": CORE, "canarygit": EDGE, "canary_observe": EDGE, "canary_controller": EDGE,
-              "canarymetrics": EDGE},
-    "replay": {"__init__": CORE, "records": CORE, "kubescheduler": CORE, "nodelabels": CORE, "cluster": CORE,
-               "fragmentation": CORE, "reference": CORE,
-               "arrival": CORE, "demand": CORE, "workload": CORE, "labels": CORE,
-               "migcluster": CORE, "trace": EDGE, "report": EDGE, "runner": EDGE, "sizing": EDGE,
-               "arms": CORE, "runspec": CORE, "worlds": CORE, "admitting": EDGE,
-               "stream": CORE, "timeline": EDGE, "timelineresult": CORE, "rebalancing": CORE,
-               "timelinereport": EDGE},
-    "placement": {"__init__": CORE, "devices": CORE, "inputs": CORE, "shapes": CORE, "fragment": CORE,
-                  "scoring": CORE, "extender": CORE, "dra": CORE, "tiers": CORE, "marks": CORE,
-                  "dracount": CORE, "gpuinventory": CORE, "moves": CORE, "freeing": CORE,
-                  "rooms": CORE},
-    "commands": {"__init__": CORE, "argocd": EDGE, "balance": EDGE, "certs": EDGE, "offline": EDGE,
-                 "replay": EDGE, "serve": EDGE, "stack": EDGE, "stack_options": EDGE,
-                 "stack_render": EDGE, "stack_canary": EDGE, "stack_canary_watch": EDGE, "smoke": EDGE,
-                 "demo": EDGE, "health": EDGE, "usage": EDGE, "clusteroptions": EDGE, "audit": EDGE},
-    "usage": {"__init__": CORE, "workloads": CORE, "accounting": CORE, "idle": CORE, "durations": CORE,
-              "promql": CORE, "report": CORE, "budget": CORE},
-    "localcluster": {"__init__": CORE, "binaries": EDGE, "controlplane": EDGE, "pki": EDGE, "processes": EDGE,
-                     "fakekubelet": EDGE, "kubeletobjects": CORE, "cluster": EDGE, "webhooks": CORE, "demo": EDGE,
-                     "interrupts": EDGE},
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli",),  # the entry point: names each command, imports one when it is run
+    ("commands",),  # one CLI command per module: options in, a call of the layers below, text out
+    ("localcluster", "offline"),  # a local control plane for `gpugate demo`; golden cases run on files
+    ("server", "audit", "replay"),  # what runs the admission core: over HTTP, on a cluster, along a trace
+    ("admission", "balancer"),  # the webhook's pure core; the node-load controller
+    ("usage",),  # GPU accounting, which the balancer's idle reclaim reads
+    ("policy", "stack"),  # the GPUPolicy model; the GPU stack's lifecycle
+    ("placement", "certs"),  # placement scores; the TLS material
+    ("kube",),  # Kubernetes' own rules: quantities, GPU resources, a pod's demand
+    (".",),  # the top-level modules: errors, names, durations, logs, the Kubernetes client, leases
+)
+"""Folders from the top down; a tuple holds the siblings of one layer."""
+
+CORE_FOLDERS = {"admission", "placement", "usage", "kube", "policy", "replay"}
+EDGE_IN_CORE = {
+    "kube": {"documents"},  # reads YAML and JSON documents from files and stdin
+    "policy": {"loading", "store"},  # reads a policy folder; watches it
+    # read the trace's files, run the arms in worker processes, time and print the runs
+    "replay": {"trace", "report", "runner", "sizing", "admitting", "timeline", "timelinereport"},
+}
+CORE_IN_EDGE = {
+    ".": {"errors", "names", "kubetarget", "durations"},
+    "server": {"framing", "outcome"},
+    "audit": {"findings"},
+    "localcluster": {"kubeletobjects", "webhooks"},
+    "balancer": {"state", "backoff", "placementfeed", "healthpolicy", "healthschema", "healthsignals", "quarantine",
+                 "quarantineledger", "quarantineplan", "quarantinereport", "moveplan"},
+    "stack": {"compat", "plan", "model", "chartcheck", "checks", "releases", "messages", "rollback", "canary",
+              "change", "clusterstate", "hardening", "nodestates", "consumers", "crdstate", "hardware",
+              "dracutover", "canarymodes"},
 }
 
 FORBIDDEN_LIBRARIES = ("flask", "werkzeug", "kubernetes", "gunicorn", "requests", "urllib3", "subprocess",
@@ -89,6 +77,7 @@ FORBIDDEN_LIBRARIES = ("flask", "werkzeug", "kubernetes", "gunicorn", "requests"
 FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "iterdir", "glob", "rglob"}
 # Core modules that read their own package data through importlib.resources (never a user's file).
 PACKAGE_DATA_READERS = {"webhook.policy.parsing"}
+TEST_RIG = ("tests", "benchmarks")
 
 
 def module_name(folder: str, stem: str) -> str:
@@ -96,8 +85,43 @@ def module_name(folder: str, stem: str) -> str:
     return ".".join(parts)
 
 
+@cache
+def package_folders() -> frozenset[str]:
+    """Every folder of ``webhook/`` that is a package, relative to it (``"."`` is the package itself)."""
+    return frozenset(str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py"))
+
+
+def folder_of(module: str) -> str:
+    """The rule a module answers to: its folder, or ``cli`` for the entry point above the commands."""
+    parts = module.split(".")[1:]
+    if parts == ["cli"]:
+        return "cli"
+    folders = package_folders()
+    for length in range(len(parts), 0, -1):
+        if "/".join(parts[:length]) in folders:
+            return "/".join(parts[:length])
+    return "."
+
+
+def layer_of(module: str) -> str:
+    folder, stem = folder_of(module), module.split(".")[-1]
+    if module_path(module).name == "__init__.py":
+        return CORE  # a package's face: it only hands names on
+    if folder in CORE_FOLDERS:
+        return EDGE if stem in EDGE_IN_CORE.get(folder, set()) else CORE
+    return CORE if stem in CORE_IN_EDGE.get(folder, set()) else EDGE
+
+
+@cache
 def placed() -> dict[str, str]:
-    return {module_name(folder, stem): layer for folder, table in LAYERS.items() for stem, layer in table.items()}
+    """Every module of the package with its layer, read from its folder."""
+    found = {}
+    for folder in package_folders():
+        directory = PACKAGE if folder == "." else PACKAGE / folder
+        for path in directory.glob("*.py"):
+            name = module_name(folder, path.stem)
+            found[name] = layer_of(name)
+    return found
 
 
 def module_path(name: str) -> Path:
@@ -116,7 +140,7 @@ def imported_modules(path: Path) -> set[str]:
             # ``from webhook.kube import pods`` imports the module webhook.kube.pods; the package
             # itself counts only when a name is taken from it (its __init__ holds no code here)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-            folder = PACKAGE.parent.joinpath(*node.module.split("."))
+            folder = ROOT.joinpath(*node.module.split("."))
             if not all((folder / f"{alias.name}.py").is_file() for alias in node.names):
                 found.add(node.module)
     return found
@@ -125,18 +149,67 @@ def imported_modules(path: Path) -> set[str]:
 CORE_MODULES = sorted(name for name, layer in placed().items() if layer == CORE)
 
 
-@pytest.mark.parametrize("folder", sorted(LAYERS))
-def test_every_module_of_a_folder_is_placed_and_every_placed_module_exists(folder: str) -> None:
-    directory = PACKAGE if folder == "." else PACKAGE / folder
-    present = {p.stem for p in directory.glob("*.py")}
-    table = set(LAYERS[folder])
-    assert not present - table, f"webhook/{folder}: place {sorted(present - table)} in LAYERS as core or edge"
-    assert not table - present, f"webhook/{folder}: LAYERS names {sorted(table - present)}, which do not exist"
+def rank(folder: str) -> tuple[int, int]:
+    """(layer from the top, place among its siblings); KeyError names a folder no layer holds."""
+    for depth, siblings in enumerate(LAYERS):
+        if folder in siblings:
+            return depth, siblings.index(folder)
+    raise KeyError(folder)
 
 
-def test_every_package_folder_has_a_table() -> None:
-    folders = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py")}
-    assert folders == set(LAYERS), f"folders without a table: {sorted(folders - set(LAYERS))}"
+def arrows_up(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a higher layer's folder, or of a sibling folder on the same layer."""
+    found = []
+    for module, imports in sorted(graph.items()):
+        mine = folder_of(module)
+        for imported in sorted(imports):
+            theirs = folder_of(imported)
+            if theirs == mine:
+                continue
+            if rank(theirs)[0] < rank(mine)[0]:
+                found.append(f"{module} -> {imported} (webhook/{theirs} is on a higher layer than webhook/{mine})")
+            elif rank(theirs)[0] == rank(mine)[0]:
+                found.append(f"{module} -> {imported} (webhook/{theirs} and webhook/{mine} are siblings)")
+    return found
+
+
+def test_every_folder_is_on_one_layer() -> None:
+    listed = [folder for siblings in LAYERS for folder in siblings]
+    assert len(listed) == len(set(listed)), "a folder is on two layers"
+    missing = sorted(package_folders() - set(listed))
+    assert not missing, f"place the folders {missing} on a layer of LAYERS"
+    gone = sorted(set(listed) - package_folders() - {"cli"})
+    assert not gone, f"LAYERS names {gone}, which are no package folders"
+
+
+def test_the_odd_modules_named_exist_and_sit_in_a_folder_of_the_other_kind() -> None:
+    assert not set(EDGE_IN_CORE) - CORE_FOLDERS, "EDGE_IN_CORE names an edge folder"
+    assert not set(CORE_IN_EDGE) & CORE_FOLDERS, "CORE_IN_EDGE names a core folder"
+    for folder, stems in {**EDGE_IN_CORE, **CORE_IN_EDGE}.items():
+        directory = PACKAGE if folder == "." else PACKAGE / folder
+        stale = sorted(s for s in stems if not (directory / f"{s}.py").is_file())
+        assert not stale, f"webhook/{folder}: {stale} do not exist; take them off the list"
+
+
+def test_no_arrow_runs_up_the_layers() -> None:
+    found = arrows_up(import_graph())
+    assert not found, "imports against LAYERS (a lower layer imports none above it):\n" + "\n".join(found)
+
+
+def test_the_layer_check_refuses_an_arrow_up_and_a_sideways_one() -> None:
+    made_up = {"webhook.localcluster.demo": {"webhook.commands.smoke", "webhook.server.probe"},
+               "webhook.server.routes": {"webhook.replay.runner", "webhook.admission.chain"},
+               "webhook.kube.pods": {"webhook.names"}}
+    assert arrows_up(made_up) == [
+        "webhook.localcluster.demo -> webhook.commands.smoke "
+        "(webhook/commands is on a higher layer than webhook/localcluster)",
+        "webhook.server.routes -> webhook.replay.runner (webhook/replay and webhook/server are siblings)"]
+
+
+def test_only_the_entry_point_imports_a_command() -> None:
+    importers = sorted(m for m, imports in import_graph().items() if folder_of(m) not in ("cli", "commands")
+                       and any(folder_of(i) == "commands" for i in imports))
+    assert not importers, f"{importers} import webhook.commands; move what they share below the commands"
 
 
 @pytest.mark.parametrize("module", CORE_MODULES)
@@ -157,10 +230,41 @@ def test_core_module_touches_no_file(module: str) -> None:
     assert not calls, f"{module} calls {calls}; file access belongs to an edge"
 
 
+def test_the_folder_says_the_layer() -> None:
+    assert (layer_of("webhook.admission.mutation"), layer_of("webhook.kube.documents")) == (CORE, EDGE)
+    assert (layer_of("webhook.server.routes"), layer_of("webhook.server.framing")) == (EDGE, CORE)
+    assert (layer_of("webhook.errors"), layer_of("webhook.cli"), layer_of("webhook.balancer")) == (CORE, EDGE, CORE)
+    assert folder_of("webhook.cli") == "cli" and folder_of("webhook.lease") == "."
+
+
 def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("import os.path\nfrom kubernetes import client\nfrom . import x\n")
     assert imported_modules(sample) == {"os.path", "kubernetes", "kubernetes.client"}
+
+
+def rig_imports(folder: Path, forbidden: tuple[str, ...]) -> list[str]:
+    """``path -> module`` for each import, in the Python files under ``folder``, of a top-level
+    package in ``forbidden``."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for imported in sorted(imported_modules(path)):
+            if imported.split(".")[0] in forbidden:
+                found.append(f"{path.relative_to(folder.parent)} -> {imported}")
+    return found
+
+
+@pytest.mark.parametrize(("folder", "forbidden"), [("webhook", TEST_RIG), ("tests", ("benchmarks",))])
+def test_the_product_and_the_tests_import_no_benchmark(folder: str, forbidden: tuple[str, ...]) -> None:
+    found = rig_imports(ROOT / folder, forbidden)
+    assert not found, (f"{folder}/ imports {forbidden}: move what they share into the importer's side "
+                       f"(a test helper, or webhook/ if it is product code): {found}")
+
+
+def test_the_rig_check_sees_a_benchmark_import(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "e2e").mkdir(parents=True)
+    (tmp_path / "tests" / "e2e" / "test_x.py").write_text("import benchmarks.chaos\nfrom tests import clock\n")
+    assert rig_imports(tmp_path / "tests", ("benchmarks",)) == ["tests/e2e/test_x.py -> benchmarks.chaos"]
 
 
 # --- one home for GPU facts ------------------------------------------------------------

@@ -58,11 +58,11 @@ def record(workdir: Path) -> Recording:
     from kubernetes import client
 
     from tests.dcgmexporter import Reading, mig_gpu, whole_gpus
-    from tests.e2e import binaries
-    from tests.e2e.cluster import Cluster, Nodes
     from tests.e2e.telemetry_env import telemetry
     from tests.e2e.test_balancer_prometheus import gpu_pod
     from webhook.balancer.prometheus import PROFILING_METRIC, host_series, query_text
+    from webhook.localcluster import binaries
+    from webhook.localcluster.cluster import Cluster, Nodes
 
     found = binaries.paths()
     if found is None:

@@ -78,13 +78,13 @@ def record(workdir: Path) -> Recording:
     from kubernetes import client
 
     from tests.dcgmexporter import Device, Pod, Reading
-    from tests.e2e import binaries
-    from tests.e2e.cluster import Cluster, Nodes
     from tests.e2e.idle_env import idle_stack
     from tests.e2e.waiting import wait_until
     from tests.manifests.dashboard import targets
     from webhook.cli import main
     from webhook.kube import units
+    from webhook.localcluster import binaries
+    from webhook.localcluster.cluster import Cluster, Nodes
 
     found = binaries.paths()
     if found is None:

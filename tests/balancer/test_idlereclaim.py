@@ -9,14 +9,12 @@ API server has: tests/e2e/test_idle_reclaim.py.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
 import pytest
 
+from tests.balancer.fakeprometheus import FakePrometheus
 from tests.kubefake import FakeKube
 from tests.usage.cluster import T0, node, pod, records
 from webhook.balancer.idlereclaim import IdleMetrics, IdleReclaimer
@@ -35,45 +33,23 @@ PODS = [pod("nb-0", "n", {"nvidia.com/gpu": 1}, owner=("StatefulSet", "nb")),
         pod("train-0", "n", {"nvidia.com/gpu": 4}, owner=("StatefulSet", "train"))]
 
 
-class FakePrometheus:
-    """Answers ``/api/v1/query`` for the idle subqueries: every pod at ``activity``, samples covering the window."""
+class IdlePrometheus(FakePrometheus):
+    """Answers the idle subqueries: every pod at ``activity``, samples covering the window."""
 
     def __init__(self) -> None:
         self.activity = {"ml/nb-0": 0.01, "ml/train-0": 0.8}
-        self.queries: list[str] = []
-        fake = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                body = fake.answer(parse_qs(urlsplit(self.path).query)["query"][0])
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()  # HTTP/1.0: the body ends with the connection
-                self.wfile.write(body)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def answer(self, query: str) -> bytes:
+    def vector(self, query: str) -> list[dict[str, Any]]:
         """Every pod's activity (a count that covers the window for ``count_over_time``)."""
-        self.queries.append(query)
         count = query.startswith("count_over_time")
-        result = [{"metric": {"pod_namespace": key.split("/")[0], "pod_name": key.split("/")[1]},
-                   "value": [NOW, str(60 if count else value)]} for key, value in self.activity.items()]
-        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        return [{"metric": {"pod_namespace": key.split("/")[0], "pod_name": key.split("/")[1]},
+                 "value": [NOW, str(60 if count else value)]} for key, value in self.activity.items()]
 
 
 @pytest.fixture
-def prometheus() -> Iterator[FakePrometheus]:
-    found = FakePrometheus()
+def prometheus() -> Iterator[IdlePrometheus]:
+    found = IdlePrometheus()
     yield found
     found.stop()
 
@@ -128,7 +104,7 @@ def writes(fake_kube: FakeKube) -> list[tuple[str, str]]:
 
 
 def test_an_idle_pod_gets_one_event_per_finding_and_a_busy_one_none(fake_kube: FakeKube,
-                                                                     prometheus: FakePrometheus) -> None:
+                                                                     prometheus: IdlePrometheus) -> None:
     look = Look(fake_kube, prometheus.url)
     [decision] = look.reclaimer.look()
     look.reclaimer.look()  # the same finding again: no second Event
@@ -142,7 +118,7 @@ def test_an_idle_pod_gets_one_event_per_finding_and_a_busy_one_none(fake_kube: F
 
 
 def test_annotate_sets_the_annotation_once_and_takes_it_off_when_the_pod_is_busy_again(
-        fake_kube: FakeKube, prometheus: FakePrometheus, tmp_path: object) -> None:
+        fake_kube: FakeKube, prometheus: IdlePrometheus, tmp_path: object) -> None:
     look = Look(fake_kube, prometheus.url, tmp_path=tmp_path, policy="""apiVersion: gpugate.io/v1alpha1
 kind: GPUPolicy
 metadata: {name: nb}
@@ -162,7 +138,7 @@ spec: {idle: {action: annotate}}
 
 
 @pytest.mark.parametrize(("leading", "dry_run", "reason"), [(False, False, "standby"), (True, True, "dry_run")])
-def test_a_standby_or_a_dry_run_writes_nothing_and_says_why(fake_kube: FakeKube, prometheus: FakePrometheus,
+def test_a_standby_or_a_dry_run_writes_nothing_and_says_why(fake_kube: FakeKube, prometheus: IdlePrometheus,
                                                              leading: bool, dry_run: bool, reason: str) -> None:
     look = Look(fake_kube, prometheus.url, leading=leading, dry_run=dry_run)
     decisions = look.reclaimer.look()
@@ -176,7 +152,7 @@ def test_a_standby_or_a_dry_run_writes_nothing_and_says_why(fake_kube: FakeKube,
 
 
 def test_prometheus_unreachable_pauses_the_look_and_withdraws_the_findings(fake_kube: FakeKube,
-                                                                            prometheus: FakePrometheus) -> None:
+                                                                            prometheus: IdlePrometheus) -> None:
     look = Look(fake_kube, prometheus.url)
     look.reclaimer.look()
     assert look.source._decisions
@@ -194,7 +170,7 @@ def test_without_prometheus_nothing_is_measured_and_the_metric_says_so(fake_kube
 
 
 def test_a_dry_run_of_evict_counts_the_eviction_it_would_make_and_spends_no_budget(
-        fake_kube: FakeKube, prometheus: FakePrometheus, tmp_path: object) -> None:
+        fake_kube: FakeKube, prometheus: IdlePrometheus, tmp_path: object) -> None:
     look = Look(fake_kube, prometheus.url, dry_run=True, tmp_path=tmp_path, policy="""apiVersion: gpugate.io/v1alpha1
 kind: GPUPolicy
 metadata: {name: nb}

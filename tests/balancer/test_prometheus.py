@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import pytest
 
 from tests.dcgmexporter import Device, Exporter, Pod, Reading, mig_gpu, respelled, whole_gpus
-from tests.e2e.processes import free_port
 from tests.promserver import Prometheus
 from webhook.balancer.prometheus import (
     PROFILING_METRIC,
@@ -26,6 +25,7 @@ from webhook.balancer.prometheus import (
     parse_vector,
     query_text,
 )
+from webhook.localcluster.processes import free_port
 
 SCRAPE = "500ms"
 

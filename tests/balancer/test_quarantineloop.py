@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
+from tests.balancer.fakeprometheus import FakePrometheus
 from tests.e2e import dra_slices
 from tests.kubefake import DRA_TYPES, FakeKube
 from webhook import names
@@ -44,38 +43,15 @@ T0 = 2_000_000_000.0
 POLICY = HealthPolicy(enabled=True, hold=60.0)
 
 
-class FakePrometheus:
-    """Answers ``/api/v1/query`` with the vector its table gives the query's metric (``down``: 503)."""
+class XidPrometheus(FakePrometheus):
+    """Answers a query with the vector its table gives the query's metric."""
 
     def __init__(self) -> None:
         self.vectors: dict[str, list[dict[str, Any]]] = {}
-        self.down = False
-        self.queries: list[str] = []
-        fake = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                from urllib.parse import parse_qs, urlsplit
-                query = parse_qs(urlsplit(self.path).query).get("query", [""])[0]
-                fake.queries.append(query)
-                if fake.down:
-                    body, code = {"status": "error", "error": "storage is down"}, 503
-                else:
-                    result = next((v for k, v in fake.vectors.items() if k in query), [])
-                    body, code = {"status": "success", "data": {"resultType": "vector", "result": result}}, 200
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def vector(self, query: str) -> list[dict[str, Any]]:
+        return next((v for k, v in self.vectors.items() if k in query), [])
 
     def xid(self, gpu: dra_slices.Gpu, code: int, at: float, node: str = DRA_NODE) -> None:
         self.vectors["DCGM_FI_DEV_XID_ERRORS"] = [
@@ -85,7 +61,7 @@ class FakePrometheus:
 @dataclass
 class Rig:
     fake: FakeKube
-    prometheus: FakePrometheus
+    prometheus: XidPrometheus
     labeller: Labeller
     leader: list[bool] = field(default_factory=lambda: [True])
     now: list[float] = field(default_factory=lambda: [T0])
@@ -122,7 +98,7 @@ def rig() -> Iterator[Rig]:
         fake.register(*spec)
     fake.register("resource.k8s.io", "v1", "DeviceTaintRule", "devicetaintrules", False)
     fake.start()
-    prometheus = FakePrometheus()
+    prometheus = XidPrometheus()
     labeller = Labeller(BalancerSettings(), Metrics(), clock=lambda: 0.0)
     nodes = {DRA_NODE: node(DRA_NODE, gpus=0), PLUGIN_NODE: node(PLUGIN_NODE, gpus=8)}
     for obj in nodes.values():
@@ -133,7 +109,7 @@ def rig() -> Iterator[Rig]:
     try:
         yield Rig(fake, prometheus, labeller)
     finally:
-        prometheus.server.shutdown()
+        prometheus.stop()
         fake.stop()
 
 

@@ -123,7 +123,7 @@ def test_replay_device_allocation_names_the_device_plugins_real_option() -> None
     flags.plugin.sharedDevicesAllocationPolicy), as docs/placement.md says."""
     replay = main.get_command(click.Context(main), "replay")
     assert replay is not None
-    option = next(p for p in replay.params if p.name == "device_allocation")
+    option = next(p for p in replay.params if "--device-allocation" in p.opts)
     text = option.help or ""
     assert "--shared-devices-allocation-policy packed" in text and "--allocation-policy packed" not in text
     assert "flags.plugin.sharedDevicesAllocationPolicy" in text

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tests.e2e.cluster import Cluster
 from tests.e2e.namespaces import shared_namespace
+from webhook.localcluster.cluster import Cluster
 
 Obj = dict[str, Any]
 

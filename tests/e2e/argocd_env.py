@@ -45,14 +45,14 @@ import yaml
 from kubernetes import client
 
 from tests.e2e import argocd_harness as harness
-from tests.e2e import processes
 from tests.e2e.argocd_dashboard import Dashboard
 from tests.e2e.argocd_gitops import GPUGATE, Fork, ForkOverride, applications_in_git, fork_of_worktree, point_at_fork
 from tests.e2e.argocd_jobs import ProjectJobRunner
 from tests.e2e.argocd_standin import NFD_GPU_LABEL, NFD_OS_ID, NFD_OS_VERSION, GPUOperatorStandIn
 from tests.e2e.argocd_upgrades import NodeHistory, UpgradeController
-from tests.e2e.cluster import Cluster
-from tests.e2e.fakekubelet import PodLifecycle
+from webhook.localcluster import processes
+from webhook.localcluster.cluster import Cluster
+from webhook.localcluster.fakekubelet import PodLifecycle
 
 Obj = dict[str, Any]
 

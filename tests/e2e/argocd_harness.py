@@ -23,7 +23,7 @@ learnt once (v3.2.11):
   flag for the address. Accepted: it serves only metrics and health, on a random port, for the
   few minutes a test runs (run inside ``unshare -n`` when even that must not happen).
 
-Every process is started through :mod:`tests.e2e.processes` (free ports on 127.0.0.1, retried on a
+Every process is started through :mod:`webhook.localcluster.processes` (free ports on 127.0.0.1, retried on a
 port race, its own session, stopped by PID with SIGTERM then SIGKILL).
 """
 
@@ -48,9 +48,10 @@ from typing import Any
 
 from kubernetes import client, config
 
-from tests.e2e import gitops_binaries, processes
+from tests.e2e import gitops_binaries
 from tests.e2e.waiting import WatchThread
 from tests.prerequisites import missing
+from webhook.localcluster import processes
 from webhook.localcluster.fakekubelet import json_lines
 
 Obj = dict[str, Any]

@@ -33,7 +33,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e.fakekubelet import STRATEGIC, succeeded_status
+from webhook.localcluster.fakekubelet import STRATEGIC, succeeded_status
 
 Obj = dict[str, Any]
 

@@ -36,11 +36,11 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.e2e import processes
 from tests.e2e.argocd_harness import json_lines
 from tests.e2e.argocd_standin import DONE, OWNER_LABEL, REQUIRED, STATE_LABEL
 from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import WatchThread, wait_until
+from webhook.localcluster import processes
 
 Obj = dict[str, Any]
 NOT_UPGRADING = ("", DONE, REQUIRED)

@@ -28,13 +28,15 @@ from kubernetes import client
 
 from tests.e2e.accounts import applied, token
 from tests.e2e.accounts import kubectl as kubectl_stdout  # noqa: F401 - test_balancer imports it from here
-from tests.e2e.cluster import Cluster
 from tests.e2e.webhook_fixture import kustomize
 from webhook.localcluster import processes
+from webhook.localcluster.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpugate-system"
 ACCOUNT = "gpugate-balancer"
+LEASE = "gpugate-balancer"  # the one Lease the shipped Role lets the balancer read and renew
+INVENTORY = "gpugate-inventory"  # the ConfigMap the balancer publishes the GPUInventory in
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 QUICK_CONFIG = """\
 lease: {duration: 4, renew_deadline: 3, retry_period: 0.5}

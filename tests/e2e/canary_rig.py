@@ -31,12 +31,12 @@ import yaml
 from kubernetes import client
 
 from tests.dcgmexporter import Device, Exporter, Reading
-from tests.e2e import processes
 from tests.e2e.argocd_env import POD_LIFECYCLE, POOL_LABEL, GitOpsRig
 from tests.e2e.argocd_gitops import git
 from tests.e2e.argocd_harness import run
 from tests.e2e.argocd_standin import DRIVER_VERSION_LABEL, STATE_LABEL
 from tests.promserver import Prometheus
+from webhook.localcluster import processes
 
 Obj = dict[str, Any]
 OLD, NEW = "595.91.07", "610.57.04"

@@ -24,11 +24,11 @@ from kubernetes.client.rest import ApiException
 from tests.e2e import argocd_harness as harness
 from tests.e2e import gitops_binaries
 from tests.e2e.argocd_gitops import fork_of_worktree
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.local import require_local
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import GpugateServer, ServingCerts
 from tests.prerequisites import missing
+from webhook.localcluster.cluster import Cluster, Nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "gpugate-chart"

@@ -23,9 +23,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import webhook_fixture as fixture
-from tests.e2e.cluster import Cluster
 from tests.e2e.waiting import wait_until
 from webhook.kube import claims
+from webhook.localcluster.cluster import Cluster
 
 Obj = dict[str, Any]
 WEBHOOK_BASE = fixture.ROOT / "manifests" / "webhook"

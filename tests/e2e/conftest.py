@@ -1,6 +1,6 @@
 """Fixtures for e2e tests: one real control plane per test session, fake GPU nodes on demand.
 
-- ``cluster`` (session): a :class:`tests.e2e.cluster.Cluster`; ``.kubeconfig``, ``.api_client()``,
+- ``cluster`` (session): a :class:`webhook.localcluster.cluster.Cluster`; ``.kubeconfig``, ``.api_client()``,
   ``.core()``, ``.add_gpu_node(...)``, ``.add_cpu_node(...)``, ``.start_scheduler(...)``,
   ``.logs_tail()``. Nodes it creates stay for the session: make names unique or use ``nodes``.
 - ``nodes`` (function): ``nodes.gpu(...)``/``nodes.cpu(...)`` as above, removed after the test.
@@ -32,10 +32,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from tests.e2e import controlplane
-from tests.e2e.cluster import KUBECONFIG_ENV, Cluster, Nodes
 from tests.e2e.local import KEEP_ENV, LOCAL_ONLY, control_plane_binaries, keep_workdir, require_local
 from tests.e2e.webhook_fixture import Namespaces, Registration
+from webhook.localcluster import controlplane
+from webhook.localcluster.cluster import KUBECONFIG_ENV, Cluster, Nodes
 
 HERE = Path(__file__).resolve().parent
 

@@ -33,12 +33,12 @@ from kubernetes.client.rest import ApiException
 from tests.dcgmexporter import Device, Exporter, Reading
 from tests.e2e import dra_slices
 from tests.e2e.balancer_access import NAMESPACE, BalancerProcess, as_account
-from tests.e2e.cluster import Cluster
-from tests.e2e.processes import free_port
 from tests.promserver import Prometheus
 from webhook import names
 from webhook.balancer.quarantineledger import KEY, Ledger, decode
 from webhook.balancer.quarantineplan import SELECTOR
+from webhook.localcluster.cluster import Cluster
+from webhook.localcluster.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPLETE_AFTER = "e2e.gpugate.io/complete-after"

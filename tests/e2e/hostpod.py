@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.e2e.cluster import Cluster
+from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.fakekubelet import STRATEGIC, exited_status
 
 IMAGE_COMMANDS = {"gpugate": str(Path(sys.executable).with_name("gpugate"))}

@@ -25,6 +25,8 @@ import yaml
 
 from tests.dcgmexporter import Exporter
 from tests.e2e.balancer_access import (
+    INVENTORY,
+    LEASE,
     NAMESPACE,
     QUICK_CONFIG,
     BalancerProcess,
@@ -32,14 +34,12 @@ from tests.e2e.balancer_access import (
     forget_earlier_runs,
     rbac_applied,
 )
-from tests.e2e.cluster import Cluster
-from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
 from tests.promserver import Prometheus
+from webhook.localcluster.cluster import Cluster
+from webhook.localcluster.processes import free_port, terminate
 
 ROOT = Path(__file__).resolve().parents[2]
-LEASE = "gpugate-balancer"
-INVENTORY = "gpugate-inventory"
 RULES = ROOT / "manifests" / "observability" / "usage-rules.yaml"
 CONFIG = QUICK_CONFIG + """\
 inventory: {enabled: false}

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import binaries, controlplane
-from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
 from tests.prerequisites import missing
+from webhook.localcluster import binaries, controlplane
+from webhook.localcluster.cluster import KUBECONFIG_ENV, Cluster
 
 LOCAL_ONLY = "the webhook runs on this machine's 127.0.0.1; an attached cluster cannot call it"
 BUILD_COMMAND = "python -m tests.e2e.binaries build"

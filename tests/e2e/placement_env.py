@@ -26,8 +26,6 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e import processes
-from tests.e2e.cluster import Cluster
 from tests.e2e.waiting import stop_stream
 from tests.e2e.webhook_fixture import (
     GPUGATE,
@@ -42,6 +40,8 @@ from tests.e2e.webhook_fixture import (
     kustomize,
     policy_of,
 )
+from webhook.localcluster import processes
+from webhook.localcluster.cluster import Cluster
 from webhook.placement import tiers
 
 WEBHOOK_BASE = ROOT / "manifests" / "webhook"

@@ -17,13 +17,12 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.e2e.balancer_access import NAMESPACE, QUICK_CONFIG, BalancerProcess, as_account
-from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.processes import free_port
+from tests.e2e.balancer_access import LEASE, NAMESPACE, QUICK_CONFIG, BalancerProcess, as_account
 from tests.e2e.waiting import wait_until
+from webhook.localcluster.cluster import Cluster, Nodes
+from webhook.localcluster.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-LEASE = "gpugate-balancer"  # the one Lease the shipped Role lets the balancer read and renew
 POOL = "e2e.gpugate.io/rebalance-pool"
 MARK = "gpugate.io/rebalance"
 ROUND = 1.0

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.dcgmexporter import Exporter
-from tests.e2e import processes
-from tests.e2e.cluster import Cluster
-from tests.e2e.processes import free_port
 from tests.promserver import Prometheus
+from webhook.localcluster import processes
+from webhook.localcluster.cluster import Cluster
+from webhook.localcluster.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRAPE = "500ms"

@@ -100,7 +100,6 @@ from tests.e2e.argocd_upgrades import (
     ready_workload_pods,
     start_gpu_workload,
 )
-from tests.e2e.cluster import Cluster
 from tests.e2e.local import own_control_plane
 from tests.e2e.namespaces import has_default_account
 from tests.e2e.waiting import wait_until
@@ -112,6 +111,7 @@ from tests.e2e.webhook_fixture import (
     pod_manifest,
     policy_of,
 )
+from webhook.localcluster.cluster import Cluster
 
 Obj = dict[str, Any]
 OPERATOR = "v26.7.0"

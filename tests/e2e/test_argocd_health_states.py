@@ -40,10 +40,10 @@ import pytest
 import yaml
 
 from tests.e2e import argocd_harness as harness
-from tests.e2e.cluster import Cluster
 from tests.e2e.local import own_control_plane
 from tests.e2e.waiting import wait_until
 from tests.prerequisites import missing
+from webhook.localcluster.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH = ROOT / "argocd" / "health" / "nvidia.com"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.e2e.cluster import Cluster
 from tests.e2e.webhook_fixture import GPUGATE, Namespaces, create_pod, kubectl, pod_manifest
 from tests.server.harness import copy_policies
+from webhook.localcluster.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "manifests" / "webhook" / "components" / "audit" / "policyreports-crd.yaml"

@@ -47,12 +47,12 @@ import yaml
 from kubernetes import client, watch
 
 from tests.e2e.balancer_access import NAMESPACE, kubectl_stdout, rbac_applied, scrape
-from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.fakekubelet import COMPLETE_AFTER
 from tests.e2e.placement_env import expected_marks
-from tests.e2e.processes import free_port
 from tests.e2e.waiting import wait_until
 from webhook.kube import inventory
+from webhook.localcluster.cluster import Cluster, Nodes
+from webhook.localcluster.fakekubelet import COMPLETE_AFTER
+from webhook.localcluster.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "gpugate-balancer"

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 
 from tests.dcgmexporter import mig_gpu, respelled, whole_gpus
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.telemetry_env import STALE_AFTER, Telemetry, telemetry
 from tests.e2e.waiting import wait_until
 from tests.manifests.dashboard import dashboard_exprs
+from webhook.localcluster.cluster import Cluster, Nodes
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import dra_slices
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.conformance_env import WEB_DENIAL, Obj, Shipped, container, pod, refused, shipped, stored_pods
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import Namespaces
+from webhook.localcluster.cluster import Cluster, Nodes
 
 CLASS = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
 MIG_CLASS = "deviceclass.resource.kubernetes.io/mig.nvidia.com"

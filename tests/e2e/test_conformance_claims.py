@@ -21,7 +21,6 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import dra_slices
-from tests.e2e.cluster import Cluster
 from tests.e2e.conformance_env import (
     WEB_DENIAL,
     Obj,
@@ -39,6 +38,7 @@ from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import LOOPBACK, Namespaces
 from webhook import names
 from webhook.kube import claims, rightsizedclaims
+from webhook.localcluster.cluster import Cluster
 
 UNREADABLE = "which gpugate could not read (it does not exist yet, or reading it failed)"
 

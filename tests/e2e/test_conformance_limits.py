@@ -33,10 +33,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e import processes
 from tests.e2e.accounts import applied, kubeconfig_as
 from tests.e2e.balancer_access import scrape
-from tests.e2e.cluster import Cluster
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     ROOT,
@@ -50,6 +48,8 @@ from tests.e2e.webhook_fixture import (
     pod_manifest,
     serving,
 )
+from webhook.localcluster import processes
+from webhook.localcluster.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 

@@ -18,11 +18,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e import binaries
-from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.fakekubelet import COMPLETE_AFTER, FAKE_NODE, LEASE_RENEW_SECONDS
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import ServingCerts
+from webhook.localcluster import binaries
+from webhook.localcluster.cluster import Cluster, Nodes
+from webhook.localcluster.fakekubelet import COMPLETE_AFTER, FAKE_NODE, LEASE_RENEW_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 

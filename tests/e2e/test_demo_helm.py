@@ -14,10 +14,10 @@ import pytest
 
 from tests import helmtool
 from tests.e2e import webhook_fixture as fixture
-from tests.e2e.cluster import Cluster
 from tests.e2e.test_gpugate_chart import _forget_unowned_cluster_objects
 from tests.server.harness import copy_policies
 from webhook.localcluster import demo
+from webhook.localcluster.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

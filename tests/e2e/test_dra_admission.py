@@ -41,7 +41,6 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import dra_slices
 from tests.e2e.accounts import applied, kubeconfig_as
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     ROOT,
@@ -57,6 +56,7 @@ from tests.e2e.webhook_fixture import (
 )
 from tests.policy.kit import policy
 from webhook.kube import claims
+from webhook.localcluster.cluster import Cluster, Nodes
 
 WEBHOOK_BASE = ROOT / "manifests" / "webhook"
 PINNED_POLICY = policy("e2e-dra-pinned", """

@@ -28,13 +28,13 @@ import pytest
 from kubernetes import client
 
 from tests.e2e import dra_slices
-from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.fakekubelet import COMPLETE_AFTER
 from tests.e2e.test_balancer import FREE, balancer_rbac, marks, replicas  # noqa: F401 - fixtures
 from tests.e2e.waiting import wait_until
 from tests.policy.kit import load, policy
 from webhook.admission import dra
 from webhook.kube import allocations
+from webhook.localcluster.cluster import Cluster, Nodes
+from webhook.localcluster.fakekubelet import COMPLETE_AFTER
 
 A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"

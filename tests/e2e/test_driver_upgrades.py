@@ -33,7 +33,7 @@ import yaml
 from kubernetes import client
 
 from tests.e2e import argocd_harness as harness
-from tests.e2e import binaries, controlplane
+from tests.e2e import binaries as e2e_binaries
 from tests.e2e.argocd_env import BAD_DRIVER, POD_LIFECYCLE, POOL_LABEL
 from tests.e2e.argocd_standin import (
     NFD_GPU_LABEL,
@@ -50,9 +50,10 @@ from tests.e2e.argocd_upgrades import (
     ready_workload_pods,
     start_gpu_workload,
 )
-from tests.e2e.cluster import KUBECONFIG_ENV, Cluster
 from tests.e2e.waiting import wait_until
 from tests.prerequisites import missing, needed
+from webhook.localcluster import binaries, controlplane
+from webhook.localcluster.cluster import KUBECONFIG_ENV, Cluster
 
 Obj = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ def rig() -> Iterator[Rig]:
     if os.environ.get(KUBECONFIG_ENV):
         pytest.skip(f"{KUBECONFIG_ENV}: these tests need a control plane of their own")
     needed(SCHEMAS / "nvidia.com_nvidiadrivers.yaml", "a fresh clone has no ../shared: no NVIDIA CRDs")
-    found, controller = binaries.paths(), binaries.upgrade_controller()
+    found, controller = binaries.paths(), e2e_binaries.upgrade_controller()
     if found is None or controller is None or shutil.which("kubectl") is None:
         missing("the e2e binaries (with gpu-upgrade-controller) or kubectl are missing; run "
                  "`python -m tests.e2e.binaries build`")

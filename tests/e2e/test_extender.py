@@ -46,12 +46,12 @@ from kubernetes import client
 from tests.e2e import shipped_scheduler
 from tests.e2e.accounts import applied, kubeconfig_as
 from tests.e2e.balancer_access import QUICK_CONFIG, answers_ok, scrape
-from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.processes import free_port, terminate
 from tests.e2e.shipped_scheduler import BINPACK
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import find, kustomize
 from webhook.certs import pki
+from webhook.localcluster.cluster import Cluster, Nodes
+from webhook.localcluster.processes import free_port, terminate
 from webhook.placement.scoring import RECOMMENDED_WEIGHT
 
 ROOT = Path(__file__).resolve().parents[2]

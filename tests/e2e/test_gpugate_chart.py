@@ -25,7 +25,6 @@ from kubernetes.client.rest import ApiException
 
 from tests import helmtool
 from tests.e2e import hostpod
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GPUGATE,
@@ -36,6 +35,7 @@ from tests.e2e.webhook_fixture import (
     policy_of,
     serving,
 )
+from webhook.localcluster.cluster import Cluster, Nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "manifests" / "chart" / "gpugate"

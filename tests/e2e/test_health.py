@@ -31,12 +31,12 @@ from kubernetes import client
 
 from tests.e2e import dra_slices
 from tests.e2e.balancer_access import NAMESPACE, rbac_applied
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.health_env import GROWTH, HOLD, VALIDATION_IMAGE, HealthRig, Replica, RuleWatch, config, health_rig
 from tests.e2e.test_dra_allocation import claim_pod, claims_of
 from tests.e2e.waiting import wait_until
 from webhook import names
 from webhook.kube import allocations
+from webhook.localcluster.cluster import Cluster, Nodes
 from webhook.localcluster.kubeletobjects import PodLifecycle
 
 pytestmark = pytest.mark.usefixtures("device_classes")

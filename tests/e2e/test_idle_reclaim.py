@@ -29,10 +29,10 @@ from click.testing import CliRunner
 from kubernetes import client
 
 from tests.dcgmexporter import Device, Pod, Reading
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.idle_env import IdleStack, idle_stack
 from tests.e2e.waiting import wait_until
 from webhook.cli import main
+from webhook.localcluster.cluster import Cluster, Nodes
 
 AFTER = "15s"
 ACTIVITY = {"notebook": 0.01, "busy": 0.9, "kept": 0.0, "guarded": 0.02, "scratch": 0.0}

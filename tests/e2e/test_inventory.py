@@ -29,6 +29,8 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.balancer_access import (
+    INVENTORY,
+    LEASE,
     NAMESPACE,
     QUICK_CONFIG,
     as_account,
@@ -36,8 +38,6 @@ from tests.e2e.balancer_access import (
     rbac_applied,
     scrape,
 )
-from tests.e2e.cluster import Cluster, Nodes
-from tests.e2e.processes import free_port, terminate
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
@@ -49,10 +49,10 @@ from tests.e2e.webhook_fixture import (
     shipped_webhook,
 )
 from webhook.kube import inventory as webhook_inventory
+from webhook.localcluster.cluster import Cluster, Nodes
+from webhook.localcluster.processes import free_port, terminate
 
 ROOT = Path(__file__).resolve().parents[2]
-LEASE = "gpugate-balancer"
-CONFIGMAP = "gpugate-inventory"
 H200 = "NVIDIA-H200"
 PROFILES = ("1g.18gb", "2g.35gb", "3g.71gb")
 # The inventory written within half a second of a change, so the test waits on events, not on the 5 s default.
@@ -102,7 +102,7 @@ class Balancer:
 
 @pytest.fixture(scope="module")
 def balancer(local: Cluster, balancer_rbac: None, workdir: Path) -> Iterator[Balancer]:
-    forget_earlier_runs(local, LEASE, CONFIGMAP)
+    forget_earlier_runs(local, LEASE, INVENTORY)
     access = as_account(local, workdir, "e2e-inventory")
     (workdir / "balancer.yaml").write_text(CONFIG)
     port, log = free_port(), workdir / "balancer.log"
@@ -117,7 +117,7 @@ def balancer(local: Cluster, balancer_rbac: None, workdir: Path) -> Iterator[Bal
         yield running
     finally:
         running.stop()
-        forget_earlier_runs(local, LEASE, CONFIGMAP)
+        forget_earlier_runs(local, LEASE, INVENTORY)
 
 
 class Volume:
@@ -128,7 +128,7 @@ class Volume:
 
     def stored(self) -> webhook_inventory.Inventory | None:
         try:
-            found = self.core.read_namespaced_config_map(CONFIGMAP, NAMESPACE)
+            found = self.core.read_namespaced_config_map(INVENTORY, NAMESPACE)
         except client.ApiException as error:
             assert error.status == 404
             return None
@@ -136,7 +136,7 @@ class Volume:
 
     def sync(self) -> webhook_inventory.Inventory | None:
         """Project the ConfigMap's key into the file (write then rename, as the kubelet swaps its symlink)."""
-        found = self.core.read_namespaced_config_map(CONFIGMAP, NAMESPACE)
+        found = self.core.read_namespaced_config_map(INVENTORY, NAMESPACE)
         staging = self.path.with_suffix(".tmp")
         staging.write_text(found.data["inventory.json"])
         staging.replace(self.path)
@@ -194,7 +194,7 @@ def test_the_balancer_publishes_with_its_rbac_and_the_webhook_right_sizes_by_wha
     defaults = [pc.metadata.name for pc in client.SchedulingV1Api(local.api_client()).list_priority_class().items
                 if pc.global_default]
     assert first.default_priority_class == (defaults[0] if defaults else None)
-    stored = json.loads(core.read_namespaced_config_map(CONFIGMAP, NAMESPACE, _preload_content=False).data)
+    stored = json.loads(core.read_namespaced_config_map(INVENTORY, NAMESPACE, _preload_content=False).data)
     managers = {m["manager"] for m in stored["metadata"].get("managedFields") or []}
     assert managers == {"gpugate-balancer"}, managers
 

@@ -51,7 +51,6 @@ import pytest
 from kubernetes import client
 
 from tests.e2e import shipped_scheduler
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.placement_env import (
     FREE,
     LOAD,
@@ -66,7 +65,6 @@ from tests.e2e.placement_env import (
     policy_folder,
     webhook,
 )
-from tests.e2e.processes import free_port
 from tests.e2e.shipped_scheduler import BINPACK
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
@@ -77,6 +75,8 @@ from tests.e2e.webhook_fixture import (
     create_pod,
     policy_of,
 )
+from webhook.localcluster.cluster import Cluster, Nodes
+from webhook.localcluster.processes import free_port
 
 HOSTNAME = "kubernetes.io/hostname"
 CLIQUE = "nvidia.com/gpu.clique"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import processes
+from webhook.localcluster import processes
 
 # Listens on argv[1] like a Go server would, or fails with Go's wording when the port is taken.
 LISTENER = """

@@ -32,8 +32,8 @@ from kubernetes import client
 from tests.e2e import rebalance_env as env
 from tests.e2e.accounts import applied
 from tests.e2e.balancer_access import NAMESPACE, forget_earlier_runs, rbac_applied
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.waiting import wait_until
+from webhook.localcluster.cluster import Cluster, Nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT_RBAC = ROOT / "manifests" / "balancer" / "components" / "rebalance" / "rbac.yaml"

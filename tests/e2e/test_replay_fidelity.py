@@ -53,10 +53,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import Cluster
 from tests.e2e.local import require_local
 from tests.e2e.trace_slice import TRACE, Report, SliceSpec, WorldReport, every_pod_file, fidelity, world_fidelity
 from tests.prerequisites import needed
+from webhook.localcluster.cluster import Cluster
 
 PODS_PER_LIST = 12
 REAL_RUNS = 3

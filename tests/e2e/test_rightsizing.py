@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
@@ -34,6 +33,7 @@ from tests.e2e.webhook_fixture import (
     shipped_webhook,
 )
 from tests.policy.kit import policy
+from webhook.localcluster.cluster import Cluster, Nodes
 
 POLICY = policy("e2e-rightsizing", """
     match:

@@ -33,7 +33,6 @@ import pytest
 from kubernetes import client
 
 from tests.e2e import dra_slices
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.test_balancer import balancer_rbac, replicas  # noqa: F401 - fixtures
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
@@ -46,6 +45,7 @@ from tests.e2e.webhook_fixture import (
 from tests.policy.kit import policy
 from webhook import names
 from webhook.kube import allocations, rightsizedclaims
+from webhook.localcluster.cluster import Cluster, Nodes
 
 POOL = "e2e.gpugate.io/rightsizing-dra"
 POLICY = policy("e2e-rightsizing-dra", """

@@ -27,12 +27,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.cluster import Cluster, Nodes
 from tests.e2e.placement_env import webhook
 from tests.e2e.test_placement import scheduler_configuration
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import Namespaces, create_pod, read_pod
 from webhook import names
+from webhook.localcluster.cluster import Cluster, Nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTED = ROOT / "policies" / "extender"

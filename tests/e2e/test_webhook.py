@@ -41,8 +41,6 @@ from cryptography import x509
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e import processes
-from tests.e2e.cluster import Cluster
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GPUGATE,
@@ -80,6 +78,8 @@ from tests.e2e.webhook_fixture import (
 )
 from tests.policy.kit import policy
 from tests.prerequisites import needed
+from webhook.localcluster import processes
+from webhook.localcluster.cluster import Cluster
 
 WEBHOOK_BASE = ROOT / "manifests" / "webhook"
 FAIL_OPEN = WEBHOOK_BASE / "components" / "fail-open"

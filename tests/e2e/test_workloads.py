@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.cluster import Cluster
 from tests.e2e.webhook_fixture import GpugateServer, Namespaces, ServingCerts, kubectl, registered_as_shipped, serving
 from tests.server.harness import copy_policies
+from webhook.localcluster.cluster import Cluster
 
 WEB = "GPUs are not available in web and frontend namespaces"
 

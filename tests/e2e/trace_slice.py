@@ -67,7 +67,6 @@ import numpy as np
 from kubernetes import client as k8s
 
 from tests.e2e import dra_slices
-from tests.e2e.cluster import Cluster
 from tests.e2e.placement_env import (
     FREE,
     LOAD,
@@ -86,6 +85,7 @@ from tests.e2e.placement_env import (
 from tests.e2e.webhook_fixture import ROOT, Namespaces, Obj, create_pod
 from webhook import names
 from webhook.kube import slices
+from webhook.localcluster.cluster import Cluster
 from webhook.replay import demand as demand_reading
 from webhook.replay import workload, worlds
 from webhook.replay.admitting import CachedAdmission
@@ -101,7 +101,7 @@ from webhook.replay.kubescheduler import (
 )
 from webhook.replay.labels import Relabeler
 from webhook.replay.nodelabels import NodeLabels
-from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
+from webhook.replay.records import MILLI, NodeRecord, Trace, TracePod
 from webhook.replay.runner import World
 from webhook.replay.runspec import DRA, LIST_TIES, RANDOM_TIES, SHARING, TIMESLICE, RunSpec
 from webhook.replay.trace import DEFAULT_POD_FILE, NODE_FILE, load_nodes, load_pods
@@ -140,7 +140,7 @@ class Slice:
 
     tag: str
     nodes: tuple[NodeRecord, ...]
-    pods: tuple[PodRecord, ...]
+    pods: tuple[TracePod, ...]
     arrived_percent: float
     """The slice's GPU request as % of its GPU capacity (above 100: not everything can fit)."""
     sources: tuple[str, ...] = ()
@@ -150,7 +150,7 @@ class Slice:
     def capacity(self) -> int:
         return sum(node.gpus for node in self.nodes)
 
-    def pod(self, record: PodRecord, namespace: str) -> Obj:
+    def pod(self, record: TracePod, namespace: str) -> Obj:
         """The replay's Pod for the row (``workload.pod_for``), kept to this slice's nodes."""
         manifest = workload.pod_for(record, namespace=namespace)
         manifest["spec"]["nodeSelector"] = {POOL_LABEL: self.tag}
@@ -181,7 +181,7 @@ def load_slice(spec: SliceSpec, *, tag: str | None = None, trace: Path = TRACE) 
     tag = tag or f"fid-{secrets.token_hex(2)}"
     nodes, capacity = slice_nodes_of(spec, tag, trace)
     share, extra = divmod(spec.pods, len(spec.pod_files))
-    queues: list[list[tuple[str, PodRecord]]] = []
+    queues: list[list[tuple[str, TracePod]]] = []
     for position, pod_file in enumerate(spec.pod_files):
         every_pod = load_pods(trace / pod_file)
         order = [i for i in arrival_order(every_pod, capacity, spec.seed)
@@ -649,7 +649,7 @@ def world_of(slice_: Slice, sharing: str) -> World:
     return World(trace, sharing, RunSpec(arm="stock", seed=0, sharing=sharing, device_policy="packed"))
 
 
-def world_pod(slice_: Slice, world: World, record: PodRecord, namespace: str) -> Obj:
+def world_pod(slice_: Slice, world: World, record: TracePod, namespace: str) -> Obj:
     manifest = world.pod_for(record)
     manifest["metadata"]["namespace"] = namespace
     manifest["spec"]["nodeSelector"] = {POOL_LABEL: slice_.tag}

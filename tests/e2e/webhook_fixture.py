@@ -39,10 +39,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e import processes
-from tests.e2e.cluster import Cluster
 from webhook.certs import pki
-from webhook.localcluster import webhooks
+from webhook.localcluster import processes, webhooks
+from webhook.localcluster.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e import binaries
 from tests.kubeversion import KUBERNETES_MINOR
 from tests.manifests.helpers import KUBERNETES_VERSION, NAMESPACE, arg_value, find, one, render_variant
+from webhook.localcluster import binaries
 from webhook.names import EXTENDER_SCHEDULER_NAME, GPU_RESOURCE
 
 # KubeSchedulerConfiguration v1 top-level fields (kubescheduler.config.k8s.io/v1 reference).

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webhook.admission import cases, chain, dra
+from webhook.admission import chain, dra
 from webhook.kube.documents import read_admission_file
+from webhook.offline import cases
 from webhook.policy import loading
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"

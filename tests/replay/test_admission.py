@@ -10,11 +10,11 @@ import pytest
 from webhook import names
 from webhook.kube.demand import PodDemand
 from webhook.replay import admitting, arms, demand, kubescheduler, labels, runner, workload
-from webhook.replay.records import NodeRecord, PodRecord, Trace
+from webhook.replay.records import NodeRecord, Trace, TracePod
 
-WHOLE = PodRecord("train", 8000, 32768, 2, 1000, (), "BE")
-SHARE = PodRecord("share", 4000, 8192, 1, 470, ("T4", "V100M32"), "LS")
-CPU = PodRecord("cpu", 4000, 8192, 0, 0)
+WHOLE = TracePod("train", 8000, 32768, 2, 1000, (), "BE")
+SHARE = TracePod("share", 4000, 8192, 1, 470, ("T4", "V100M32"), "LS")
+CPU = TracePod("cpu", 4000, 8192, 0, 0)
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 NODES = (NodeRecord("t4", 104_000, 524_288, 2, "T4"), NodeRecord("v100", 48_000, 376_832, 4, "V100M32"),
          NodeRecord("g2", 96_000, 393_216, 8, "G2"))
@@ -57,8 +57,8 @@ def test_the_starter_training_policy_admits_whole_gpu_pods_onto_trace_nodes(repo
 
 def test_admission_is_computed_once_per_pod_shape(repo_root: Path) -> None:
     admission = admitting.CachedAdmission(str(repo_root / "policies"))
-    first = admission.admit(workload.pod_for(PodRecord("a", 1000, 10, 1, 1000)))
-    second = admission.admit(workload.pod_for(PodRecord("b", 1000, 10, 1, 1000)))
+    first = admission.admit(workload.pod_for(TracePod("a", 1000, 10, 1, 1000)))
+    second = admission.admit(workload.pod_for(TracePod("b", 1000, 10, 1, 1000)))
     assert first["metadata"]["name"] == "a" and second["metadata"]["name"] == "b"
     assert first["spec"] == second["spec"] and len(admission.cache) == 1
     terms = first["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -129,7 +129,7 @@ def test_the_gpugate_arm_reads_the_type_pressure_the_balancer_would_publish() ->
     """The balancer's extender state, filled from the pod list's history, says which products pinned
     pods need most; the gpugate arm's webhook reads that inventory, so an unpinned whole-GPU pod is
     told to stay off the T4 the pinned pods need, and a list without pins says nothing."""
-    pinned = PodRecord("pinned", 4000, 8192, 1, 1000, ("T4",), "LS")
+    pinned = TracePod("pinned", 4000, 8192, 1, 1000, ("T4",), "LS")
     spec = runner.RunSpec(arm="gpugate", seed=42, policies=str(POLICIES))
     published = runner.balancer_inventory(Trace("t", NODES, (pinned, WHOLE) * 10), spec)
     assert dict(published.type_pressure)["Tesla-T4"] >= 0.5 and "ALIBABA-G2" not in dict(published.type_pressure)

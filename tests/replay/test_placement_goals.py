@@ -1,14 +1,18 @@
-"""benchmarks/placement_table.py's goal check: each of the placement goals, for both extender columns."""
+"""benchmarks/placement_table.py's goal check: each of the placement goals, for both extender columns.
+
+The goals are a test helper (tests/replay/placementgoals.py) the benchmark imports; its worlds
+table is read from a run of the benchmark itself, so no test imports a benchmark."""
 
 from __future__ import annotations
 
-import argparse
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
+from tests.replay.placementgoals import dra_goals, fgd_figures, goals, timeslice_goal, world_dra_goal
 
-from benchmarks.placement_table import dra_goals, fgd_figures, goals, timeslice_goal, world_dra_goal, worlds_table
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "placement_table.py"
 
 REFS = {"stock": 90.0, "stock-packed": 91.0, "bestfit": 92.0, "fgd": 95.0}
 
@@ -52,8 +56,15 @@ def test_the_fgd_reference_is_docs_placements_fgd_column() -> None:
     assert len(found) == 17 and found["default"] == 95.19
 
 
-def test_the_worlds_table_shows_the_configured_mix_beside_the_shipped_extender(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def worlds_table(folder: Path) -> str:
+    """What ``placement_table.py worlds`` prints for the results and pod lists in ``folder``."""
+    ran = subprocess.run([sys.executable, str(BENCHMARK), "worlds", "--out", str(folder), "--seeds", "42-44",
+                          "--trace", str(folder)], capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
+
+
+def test_the_worlds_table_shows_the_configured_mix_beside_the_shipped_extender(tmp_path: Path) -> None:
     """Medians per (list, arm@world) from a results file; the configured-mix column appears only
     when such runs are in it, after the shipped extender's (docs/placement.md's summary reads the 8th cell)."""
     (tmp_path / "openb_pod_list_default.csv").write_text("")
@@ -64,14 +75,11 @@ def test_the_worlds_table_shows_the_configured_mix_beside_the_shipped_extender(
             for tag, alloc, placed in rows:
                 out.write(json.dumps({"list": "default", "tag": tag, "seed": seed, "alloc_100": alloc + seed / 100,
                                       "placed_100": placed, "overcommitted": 100, "shares_placed": 200}) + "\n")
-    args = argparse.Namespace(out=str(tmp_path), seeds="42-44", trace=str(tmp_path))
-    worlds_table(args)
-    header, _, default = capsys.readouterr().out.splitlines()
+    header, _, default = worlds_table(tmp_path).splitlines()
     assert "| dra: **extender** | dra: extender, configured mix | fgd" in header
     cells = [cell.strip() for cell in default.strip("|").split("|")]
     assert cells[7:] == ["95.53", "95.73", "95.19", "met"]  # seed 43's: medians of three seeds
     (tmp_path / "results.jsonl").write_text("\n".join(line for line in (tmp_path / "results.jsonl").read_text()
                                                       .splitlines() if "extender-mix" not in line))
-    worlds_table(args)
-    header, _, default = capsys.readouterr().out.splitlines()
+    header, _, default = worlds_table(tmp_path).splitlines()
     assert "configured mix" not in header and default.split("|")[9].strip() == "95.19"

@@ -8,7 +8,7 @@ import pytest
 from webhook.kube.demand import PodDemand
 from webhook.replay import arrival, fragmentation, reference
 from webhook.replay.cluster import ClusterState
-from webhook.replay.records import NodeRecord, PodRecord
+from webhook.replay.records import NodeRecord, TracePod
 
 NODES = (NodeRecord("a", 96_000, 400_000, 8, "G2"), NodeRecord("b", 104_000, 500_000, 2, "T4"),
          NodeRecord("c", 16_000, 100_000, 2, "P100"), NodeRecord("d", 64_000, 250_000, 4, "V100M16"))
@@ -104,7 +104,7 @@ def test_random_stays_within_the_feasible_nodes() -> None:
 
 
 def test_inflation_samples_with_replacement_up_to_the_target_and_keeps_every_original_pod() -> None:
-    pods = tuple(PodRecord(f"p{i:02d}", 1000, 1, 1, 1000 if i % 3 else 400) for i in range(30))
+    pods = tuple(TracePod(f"p{i:02d}", 1000, 1, 1, 1000 if i % 3 else 400) for i in range(30))
     order = arrival.arrival_order(pods, 20_000, seed=5, tune=1.3)
     assert sorted(order[:30]) == list(range(30))
     total = sum(pods[i].gpu_request_milli for i in order)

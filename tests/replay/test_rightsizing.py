@@ -11,7 +11,7 @@ from webhook import names
 from webhook.kube.quantity import bytes_
 from webhook.replay import admitting, demand, kubescheduler, migcluster, nodelabels, report, runner, sizing, trace
 from webhook.replay.cluster import ClusterState
-from webhook.replay.records import NodeRecord, PodRecord
+from webhook.replay.records import NodeRecord, TracePod
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_2G = "nvidia.com/mig-2g.20gb"
@@ -26,8 +26,8 @@ def test_a_share_of_a_gpu_becomes_that_share_of_the_h100s_80_gb(milli: int, text
 
 
 def test_each_arm_writes_the_fractional_pod_its_own_way_and_leaves_whole_gpu_pods_alone() -> None:
-    share = PodRecord("s", 4000, 8192, 1, 470, ("T4",), "LS")
-    whole = PodRecord("w", 8000, 16384, 2, 1000, ("V100M32",), "BE")
+    share = TracePod("s", 4000, 8192, 1, 470, ("T4",), "LS")
+    whole = TracePod("w", 8000, 16384, 2, 1000, ("V100M32",), "BE")
 
     def requests(pod: dict) -> dict:
         return pod["spec"]["containers"][0]["resources"]["requests"]
@@ -56,9 +56,9 @@ def test_the_twin_advertises_mig_slices_as_the_mixed_strategy_does() -> None:
     assert [dict(n.allocatable) for n in shared if n.allocatable] == [{names.SHARED_GPU_RESOURCE: 32}]
     assert all(n.layout == "whole" for n in migcluster.sized_nodes(nodes, "whole-gpu", migcluster.parse_mix(
         "all-balanced=0.5")))
-    with pytest.raises(migcluster.MixError):
+    with pytest.raises(migcluster.MigMixError):
         migcluster.parse_mix("all-balanced=0.8,all-1g.10gb=0.3")
-    with pytest.raises(migcluster.MixError):
+    with pytest.raises(migcluster.MigMixError):
         migcluster.parse_mix("all-7g.80gb=0.1")
 
 
@@ -92,7 +92,7 @@ def test_a_memory_ask_gets_the_smallest_rung_the_cluster_offers_now(repo_root: P
 
     def rung(milli: int) -> str:
         inventory, key = offers.current()
-        stored = admission.admit(migcluster.pod_for(PodRecord(f"p{milli}", 1000, 1024, 1, milli), "rightsized"),
+        stored = admission.admit(migcluster.pod_for(TracePod(f"p{milli}", 1000, 1024, 1, milli), "rightsized"),
                                  inventory, key)
         assert stored is not None
         return sizing.gpu_resource(demand.view(stored).demand)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from webhook.errors import InputError
 from webhook.replay import rebalancing, stream, timeline, trace
-from webhook.replay.records import NodeRecord, PodRecord, PodTimes, Trace
+from webhook.replay.records import NodeRecord, PodTimes, Trace, TracePod
 from webhook.replay.runspec import RunSpec
 
 DAY = 86_400
@@ -51,7 +51,7 @@ class TestStream:
 
     def test_the_sparse_head_is_the_standing_pods(self) -> None:
         nodes = (NodeRecord("n", 8000, 8192, 8, "T4"),)
-        pods = tuple(PodRecord(f"p{i}", 100, 100, 1, 1000) for i in range(5))
+        pods = tuple(TracePod(f"p{i}", 100, 100, 1, 1000) for i in range(5))
         times = (PodTimes(0, 10 * DAY, "Running"), PodTimes(5 * DAY, 5 * DAY + 100, "Succeeded"),
                  PodTimes(5 * DAY + 50, 5 * DAY + 500, "Succeeded"), PodTimes(5 * DAY + 60, 10 * DAY, "Running"),
                  PodTimes(5 * DAY + 90, 5 * DAY + 95, "Failed"))
@@ -70,7 +70,7 @@ class TestStream:
 
     def test_a_list_without_times_borrows_the_default_lists(self) -> None:
         default = trace.synthetic(3, nodes=30)
-        extra = PodRecord("new", 8000, 16_384, 8, 1000)
+        extra = TracePod("new", 8000, 16_384, 8, 1000)
         untimed = Trace("multigpu", default.nodes, tuple(dataclasses.replace(p, qos="") for p in default.pods[:5])
                         + (extra,))
         lent = stream.borrow(untimed, default, seed=7)
@@ -82,9 +82,9 @@ class TestStream:
     def test_a_list_that_cannot_be_timed_is_refused_by_name(self) -> None:
         nodes = (NodeRecord("n", 8000, 8192, 8, "T4"),)
         with pytest.raises(InputError, match="no creation and deletion times"):
-            stream.build(Trace("untimed", nodes, (PodRecord("p", 1, 1, 1, 1000),)), capacity_milli=8000, load=1,
+            stream.build(Trace("untimed", nodes, (TracePod("p", 1, 1, 1, 1000),)), capacity_milli=8000, load=1,
                          seed=0)
-        cpu_only = Trace("cpu", nodes, (PodRecord("p", 1, 1, 0, 0),), (PodTimes(0, 10),))
+        cpu_only = Trace("cpu", nodes, (TracePod("p", 1, 1, 0, 0),), (PodTimes(0, 10),))
         with pytest.raises(InputError, match="no GPU pod"):
             stream.build(cpu_only, capacity_milli=8000, load=1, seed=0)
 
@@ -92,7 +92,7 @@ class TestStream:
 def tiny(pods: list[tuple[int, int, int, str]], *, nodes: int = 2, gpus: int = 4) -> Trace:
     """``pods``: (GPUs, created, life, qos); nodes of ``gpus`` GPUs each."""
     node_list = tuple(NodeRecord(f"n{i}", 64_000, 256 * 1024, gpus, "T4") for i in range(nodes))
-    records = tuple(PodRecord(f"p{i}", 1000, 1024, g, 1000, (), qos) for i, (g, _, _, qos) in enumerate(pods))
+    records = tuple(TracePod(f"p{i}", 1000, 1024, g, 1000, (), qos) for i, (g, _, _, qos) in enumerate(pods))
     times = tuple(PodTimes(c, c + life, "Succeeded") for _, c, life, _ in pods)
     return Trace("tiny", node_list, records, times)
 

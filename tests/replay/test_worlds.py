@@ -19,15 +19,15 @@ from webhook.placement.extender import ExtenderState
 from webhook.placement.inputs import NodeView
 from webhook.replay import arms, demand, runner, worlds
 from webhook.replay.cluster import ClusterState
-from webhook.replay.records import NodeRecord, PodRecord, Trace
+from webhook.replay.records import NodeRecord, Trace, TracePod
 from webhook.replay.runspec import RunSpec
 
 
 def small_trace(share_milli: int = 300, shares: int = 40, whole: int = 30) -> Trace:
     nodes = tuple(NodeRecord(f"n{i}", 64_000, 262_144, 4, "T4" if i % 2 else "V100M32") for i in range(12))
-    pods = tuple(PodRecord(f"s{i}", 2_000, 4_096, 1, share_milli) for i in range(shares)) + \
-        tuple(PodRecord(f"w{i}", 4_000, 8_192, 1 + i % 2, 1000) for i in range(whole)) + \
-        tuple(PodRecord(f"c{i}", 1_000, 2_048, 0, 0) for i in range(10))
+    pods = tuple(TracePod(f"s{i}", 2_000, 4_096, 1, share_milli) for i in range(shares)) + \
+        tuple(TracePod(f"w{i}", 4_000, 8_192, 1 + i % 2, 1000) for i in range(whole)) + \
+        tuple(TracePod(f"c{i}", 1_000, 2_048, 0, 0) for i in range(10))
     return Trace("small", nodes, pods)
 
 
@@ -59,7 +59,7 @@ def test_a_slot_is_a_slot_whatever_the_trace_asks_and_larger_asks_are_overcommit
     world = runner.World(trace, "timeslice", RunSpec(arm="stock", seed=42))
     seen = set()
     for milli in (100, 250, 900):
-        record = PodRecord("p", 2_000, 4_096, 1, milli)
+        record = TracePod("p", 2_000, 4_096, 1, milli)
         pod = world.pod_for(record)
         view = world.view(pod, record)
         seen.add((view.demand, world.extender_demand(pod, view, record)))
@@ -79,7 +79,7 @@ def _order(trace: Trace, spec: RunSpec) -> list[int]:
 
 
 def test_the_timeslice_pod_carries_no_size_and_reads_as_one_slot() -> None:
-    pod = worlds.pod_for(PodRecord("p", 1000, 1024, 1, 700), "timeslice")
+    pod = worlds.pod_for(TracePod("p", 1000, 1024, 1, 700), "timeslice")
     assert "annotations" not in pod["metadata"]
     view = demand.view(pod, slot_milli=worlds.slot_milli())
     assert (view.demand.num_gpu, view.demand.milli_per_gpu) == (1, 250)
@@ -90,7 +90,7 @@ def test_the_timeslice_pod_carries_no_size_and_reads_as_one_slot() -> None:
 @pytest.mark.parametrize("milli", [1, 125, 250, 333, 460, 999])
 def test_a_dra_share_is_a_claim_of_its_fraction_of_each_products_memory(milli: int) -> None:
     models = ["G2", "T4", "V100M32"]
-    pod = worlds.pod_for(PodRecord("p", 1000, 1024, 1, milli), "dra")
+    pod = worlds.pod_for(TracePod("p", 1000, 1024, 1, milli), "dra")
     resources = pod["spec"]["containers"][0]["resources"]
     assert names.SHARED_GPU_RESOURCE not in resources["requests"] and resources["claims"] == [{"name": "gpu-share"}]
     (ref,) = claims.pod_claim_refs(pod)

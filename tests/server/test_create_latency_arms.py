@@ -1,5 +1,6 @@
 """benchmarks/create_latency.py's ``shaped`` arm: the user's pod plus exactly what gpugate's patch set
-(it tells what the bigger pod costs the API server apart from what the patch costs)."""
+(it tells what the bigger pod costs the API server apart from what the patch costs). The body is
+built in tests/server/shapedpod.py, which the benchmark imports."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import copy
 
 import jsonpatch
 
-from benchmarks.create_latency import shaped_body, the_pod
+from tests.server.shapedpod import shaped_body, the_pod
 
 DEFAULT_TOLERATIONS = [
     {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},

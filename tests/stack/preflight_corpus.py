@@ -14,7 +14,7 @@ Each folder of ``tests/stack/preflight/`` is one case:
   ``chartCRDs: <release>`` document stands for the CRDs of that chart release as served, read from
   NVIDIA's chart package, with the Application tracking them).
 
-``plan`` runs the same pure planner ``gpugate stack plan`` runs, with the same Context it builds.
+``plan`` runs the same pure planner ``gpugate stack plan`` runs, with the same ChangeContext it builds.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from tests.kubefake import merge_patch
 from webhook.stack import chartcrds, manifests
 from webhook.stack import matrix as matrix_data
 from webhook.stack import plan as planning
-from webhook.stack.checks import Context, Waivers
-from webhook.stack.clusterstate import ClusterState
+from webhook.stack.checks import ChangeContext, Waivers
+from webhook.stack.clusterstate import ClusterSnapshot
 from webhook.stack.compat import Check
 from webhook.stack.model import Stack
 
@@ -123,7 +123,7 @@ class Case:
     data: dict[str, Any]
     before: Stack
     values_before: dict[str, Any]
-    state: ClusterState
+    state: ClusterSnapshot
 
     @property
     def expect(self) -> dict[str, Any]:
@@ -163,7 +163,8 @@ def load(folder: Path) -> Case:
     before = apply_stack(manifests.load_stack(ROOT), data.get("stack") or {})
     values = merge(shipped_values(), data.get("values") or {})
     observed = datetime.fromisoformat(str(data["observedAt"]).replace("Z", "+00:00"))
-    state = ClusterState.from_objects(recorded_objects(folder / "cluster.yaml"), source=f"the recording {folder.name}",
+    state = ClusterSnapshot.from_objects(recorded_objects(folder / "cluster.yaml"),
+                                         source=f"the recording {folder.name}",
                                       observed_at=observed)
     return Case(name=folder.name, data=data, before=before, values_before=values, state=state)
 
@@ -177,13 +178,13 @@ def _existing(stack: Stack) -> dict[str, Any]:
 
 
 @cache
-def plan(case: Case) -> planning.Plan:
+def plan(case: Case) -> planning.ChangePlan:
     """The plan ``gpugate stack`` makes of the case's change, the recorded cluster read."""
     change = case.data["change"]
     edit = change.get("edit") or {}
     values_after = merge(case.values_before, edit.get("values") or {})
     skip = bool((case.data.get("application") or {}).get("skipCrds"))
-    context = Context(values=values_after, values_before=case.values_before, cluster=case.state,
+    context = ChangeContext(values=values_after, values_before=case.values_before, cluster=case.state,
                       chart_crds_applied=not skip, application="gpu-operator", chart_crds=chartcrds.known())
     matrix, existing = matrix_data.load(), _existing(case.before)
     if "upgrade" in change:
@@ -204,5 +205,5 @@ def reported(check: Check) -> bool:
     return (not check.ok or bool(check.warning)) and bool(check.fix)
 
 
-def flagged_by(plan_: planning.Plan, name: str) -> list[Check]:
+def flagged_by(plan_: planning.ChangePlan, name: str) -> list[Check]:
     return [c for c in plan_.checks if c.name == name and reported(c)]

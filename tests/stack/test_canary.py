@@ -21,7 +21,7 @@ from webhook import names
 from webhook.cli import main
 from webhook.errors import GpugateError
 from webhook.stack import canary, manifests, status
-from webhook.stack.canary import Analysis, Condition, NodeUpgrade, Observation, Watch, gate, judge, parse_analysis
+from webhook.stack.canary import Analysis, CanaryObservation, Condition, NodeUpgrade, Watch, gate, judge, parse_analysis
 
 DRIVER = "610.57.04"
 OLD = "595.91.07"
@@ -58,34 +58,38 @@ DONE = (node("a", "upgrade-done", DRIVER), node("b", "upgrade-done", DRIVER))
 
 
 def test_a_failed_node_rolls_back_at_once_whatever_else_holds():
-    verdict = judge(ANALYSIS, DRIVER, Watch(started=0), Observation(
+    verdict = judge(ANALYSIS, DRIVER, Watch(started=0), CanaryObservation(
         at=1, nodes=(node("a", "upgrade-failed", DRIVER), node("b", "upgrade-required", OLD)),
         measurements={"no-new-xid": (0.0,)}))
     assert verdict.decision == "rollback" and verdict.reasons == ("driver upgrade failed on a (upgrade-failed)",)
 
 
 def test_a_new_xid_error_rolls_back_even_when_every_node_is_done():
-    verdict = judge(ANALYSIS, DRIVER, Watch(started=0), Observation(at=1, nodes=DONE,
+    verdict = judge(ANALYSIS, DRIVER, Watch(started=0), CanaryObservation(at=1, nodes=DONE,
                                                                    measurements={"no-new-xid": (0.0, 2.0)}))
     assert verdict.decision == "rollback" and verdict.reasons == ("no-new-xid: 2 > max 0",)
 
 
 def test_promote_needs_the_whole_window_and_a_measurement_of_every_condition():
     watch = Watch(started=0)
-    first = judge(ANALYSIS, DRIVER, watch, Observation(at=10, nodes=DONE))
+    first = judge(ANALYSIS, DRIVER, watch, CanaryObservation(at=10, nodes=DONE))
     assert first.decision == "wait" and "not yet measured: no-new-xid" in first.reasons[0]
-    second = judge(ANALYSIS, DRIVER, first.watch, Observation(at=25, nodes=DONE, measurements={"no-new-xid": (0.0,)}))
+    second = judge(ANALYSIS, DRIVER, first.watch, CanaryObservation(at=25, nodes=DONE,
+                                                                    measurements={"no-new-xid": (0.0,)}))
     assert second.decision == "wait" and "15s of the 30s window" in second.reasons[0]
-    third = judge(ANALYSIS, DRIVER, second.watch, Observation(at=40, nodes=DONE, measurements={"no-new-xid": (0.0,)}))
+    third = judge(ANALYSIS, DRIVER, second.watch, CanaryObservation(at=40, nodes=DONE,
+                                                                    measurements={"no-new-xid": (0.0,)}))
     assert third.decision == "promote" and "for 30s (window 30s)" in third.reasons[0]
 
 
 def test_the_window_starts_again_when_a_node_leaves_upgrade_done():
-    open_ = judge(ANALYSIS, DRIVER, Watch(started=0), Observation(at=10, nodes=DONE, measurements={"no-new-xid": (0,)}))
+    open_ = judge(ANALYSIS, DRIVER, Watch(started=0), CanaryObservation(at=10, nodes=DONE,
+                                                                        measurements={"no-new-xid": (0,)}))
     closed = judge(ANALYSIS, DRIVER, open_.watch,
-                   Observation(at=20, nodes=(DONE[0], node("b", "upgrade-required", OLD))))
+                   CanaryObservation(at=20, nodes=(DONE[0], node("b", "upgrade-required", OLD))))
     assert closed.decision == "wait" and closed.watch.gate_since is None
-    again = judge(ANALYSIS, DRIVER, closed.watch, Observation(at=45, nodes=DONE, measurements={"no-new-xid": (0,)}))
+    again = judge(ANALYSIS, DRIVER, closed.watch, CanaryObservation(at=45, nodes=DONE,
+                                                                    measurements={"no-new-xid": (0,)}))
     assert again.decision == "wait" and again.watch.gate_since == 45
 
 
@@ -93,7 +97,8 @@ def test_no_data_fails_unless_the_condition_says_otherwise_and_the_deadline_roll
     assert XID.violation(()) == "no-new-xid: the query returned no data"
     assert Condition(name="x", query="q", min=1, no_data="pass").violation(()) is None
     assert Condition(name="x", query="q", min=1).violation((0.5,)) == "x: 0.5 < min 1"
-    late = judge(ANALYSIS, DRIVER, Watch(started=0), Observation(at=600, nodes=(node("a", "upgrade-required", OLD),)))
+    late = judge(ANALYSIS, DRIVER, Watch(started=0), CanaryObservation(at=600, nodes=(node("a", "upgrade-required",
+                                                                                           OLD),)))
     assert late.decision == "rollback" and late.reasons[0].startswith("not done after 600s")
 
 
@@ -112,7 +117,8 @@ def test_over_any_sequence_promote_only_after_a_clean_window_and_rollback_on_any
     watch, clean_since = Watch(started=0), None
     for index, (nodes, xids) in enumerate(steps):
         at = index * 10.0
-        verdict = judge(ANALYSIS, DRIVER, watch, Observation(at=at, nodes=nodes, measurements={"no-new-xid": xids}))
+        verdict = judge(ANALYSIS, DRIVER, watch, CanaryObservation(at=at, nodes=nodes,
+                                                                   measurements={"no-new-xid": xids}))
         failed = any(n.state == "upgrade-failed" for n in nodes) or any(x > 0 for x in xids)
         done = all(n.state == "upgrade-done" and n.driver == DRIVER for n in nodes)
         clean_since = (clean_since if clean_since is not None else at) if done else None

@@ -23,7 +23,7 @@ SHIPPED = manifests.load_stack(ROOT)
 OLDER = SHIPPED.replace(operator_version=releases.OperatorVersion.parse("v26.3.3"))
 
 
-def labels(plan: planning.Plan) -> list[str]:
+def labels(plan: planning.ChangePlan) -> list[str]:
     return [c.label for c in plan.checks]
 
 
@@ -43,7 +43,7 @@ def test_a_hand_edit_that_keeps_the_operator_takes_no_component_override_check()
                 if c.name == "component-override"]
 
 
-def plans_of_every_action() -> dict[str, planning.Plan]:
+def plans_of_every_action() -> dict[str, planning.ChangePlan]:
     canary = SHIPPED.with_pool("canary", driver="610.57.04")
     return {
         checks.UPGRADE: planning.plan_upgrade(M, SHIPPED, planning.Request(operator="v26.7.0", driver="610.57.04"), {}),

@@ -25,7 +25,7 @@ def at(stack: Stack, **drivers: str) -> Stack:
     return stack
 
 
-def failed(plan: planning.Plan) -> list[str]:
+def failed(plan: planning.ChangePlan) -> list[str]:
     return [c.label for c in plan.checks if not c.ok]
 
 

@@ -9,8 +9,8 @@ no binaries: they read the two files and run the stack tool's own range check.
 
 from __future__ import annotations
 
-from tests.e2e import binaries
 from tests.kubeversion import REPO
+from webhook.localcluster import binaries
 from webhook.stack import compat, manifests
 from webhook.stack import matrix as matrix_data
 

@@ -14,7 +14,7 @@ from webhook.errors import GpugateError
 from webhook.stack import manifests
 from webhook.stack import matrix as matrix_data
 from webhook.stack.change import Change, reloaded_pools
-from webhook.stack.clusterstate import ClusterState
+from webhook.stack.clusterstate import ClusterSnapshot
 from webhook.stack.consumers import deleted_by_upgrade, reaches_gpu
 from webhook.stack.crdstate import crd_shape, staleness
 from webhook.stack.releases import OperatorVersion
@@ -44,17 +44,17 @@ def test_moving_the_operator_reloads_every_pool():
 
 
 def test_a_recording_is_read_by_kind_lists_opened_and_a_foreign_kind_refused_naming_it():
-    state = ClusterState.from_objects([{"kind": "NodeList", "items": [{"metadata": {"name": "n1"}}]},
+    state = ClusterSnapshot.from_objects([{"kind": "NodeList", "items": [{"metadata": {"name": "n1"}}]},
                                        {"kind": "Pod", "metadata": {"name": "p"}}], source="f.yaml")
     assert [n["kind"] for n in state.nodes] == ["Node"] and len(state.pods) == 1 and state.crds is None
     with pytest.raises(GpugateError, match=r"f.yaml, object 1: kind Service is not one"):
-        ClusterState.from_objects([{"kind": "Service"}], source="f.yaml")
+        ClusterSnapshot.from_objects([{"kind": "Service"}], source="f.yaml")
 
 
 def test_an_age_is_measured_to_when_the_state_was_read():
-    state = ClusterState(observed_at=datetime(2026, 9, 1, 12, 0, tzinfo=UTC))
+    state = ClusterSnapshot(observed_at=datetime(2026, 9, 1, 12, 0, tzinfo=UTC))
     assert state.age_seconds("2026-09-01T11:50:00Z") == 600
-    assert state.age_seconds("not a time") is None and ClusterState().age_seconds("2026-09-01T11:50:00Z") is None
+    assert state.age_seconds("not a time") is None and ClusterSnapshot().age_seconds("2026-09-01T11:50:00Z") is None
 
 
 def crd(version: str, properties: dict, required: list[str] | None = None) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.usage import durations
+from webhook import durations
 from webhook.usage.budget import EvictionBudget
 
 

@@ -26,11 +26,12 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from webhook import durations
 from webhook.balancer.cluster import Informer
 from webhook.balancer.labeller import Labeller
 from webhook.balancer.state import may_hold_gpus
 from webhook.kube.claims import may_reference_claims
-from webhook.usage import accounting, durations, idle, promql
+from webhook.usage import accounting, idle, promql
 from webhook.usage.workloads import PodRecord, record_key, record_of
 
 

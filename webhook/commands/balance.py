@@ -15,6 +15,26 @@ from webhook.balancer.settings import BalancerSettings
 from webhook.commands.clusteroptions import kubeconfig_options, target
 from webhook.errors import GpugateError
 
+DEFAULTS = BalancerSettings()
+"""What a flag left out gives (the file's value aside): the help texts show these, written once in
+``webhook/balancer/settings.py``."""
+
+FLAG_FIELDS: dict[str, str] = {
+    "prometheus": "prometheus__url", "dry_run": "dry_run", "server": "server", "health_bind": "health_bind",
+    "taint_congested": "taint_congested", "lease_name": "lease__name", "lease_namespace": "lease__namespace",
+    "identity": "lease__identity", "write_qps": "write_qps", "write_burst": "write_burst",
+    "write_interval": "write_interval", "publish_inventory": "inventory__enabled",
+    "extender_bind": "extender__bind", "extender_cert": "extender__cert_file", "extender_key": "extender__key_file",
+    "extender_device_policy": "extender__device_policy", "extender_mix": "extender__mix_file",
+    "usage": "usage__enabled",
+    "policies": "usage__policies",
+}
+"""Each settings flag and the ``BalancerSettings`` field it sets (``section__field`` reaches into a section)."""
+
+
+def _on_off(value: bool) -> str:
+    return "on" if value else "off"
+
 
 def _env_default(name: str, fallback: str) -> str:
     return os.environ.get(name) or fallback
@@ -32,20 +52,24 @@ def _env_default(name: str, fallback: str) -> str:
               "the TokenRequest API); re-read whenever a client is made.")
 @click.option("--certificate-authority", "ca_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="With an https --server: the CA that signed its certificate [default: the system's].")
-@click.option("--write-qps", type=float, help="Node patches per second, sustained [default: 200].")
-@click.option("--write-burst", type=int, help="Node patches allowed at once after a quiet spell [default: 400].")
+@click.option("--write-qps", type=float, help=f"Node patches per second, sustained [default: {DEFAULTS.write_qps:g}].")
+@click.option("--write-burst", type=int,
+              help=f"Node patches allowed at once after a quiet spell [default: {DEFAULTS.write_burst}].")
 @click.option("--write-interval", type=float, metavar="SECONDS",
-              help="Least time between two patches of one node that change only gpu-free [default: 10].")
-@click.option("--lease-name", metavar="NAME", help="Lease used for leader election [default: gpugate-balancer].")
+              help=f"Least time between two patches of one node that change only gpu-free [default: "
+                   f"{DEFAULTS.write_interval:g}].")
+@click.option("--lease-name", metavar="NAME", help=f"Lease used for leader election [default: {DEFAULTS.lease.name}].")
 @click.option("--lease-namespace", metavar="NS",
               help="Namespace of the Lease [default: $POD_NAMESPACE, else gpugate-system].")
 @click.option("--identity", metavar="ID", help="This replica's holder identity [default: $POD_NAME, else hostname].")
-@click.option("--health-bind", metavar="HOST:PORT", help="Plaintext /healthz and /metrics [default: 0.0.0.0:8080].")
+@click.option("--health-bind", metavar="HOST:PORT",
+              help=f"Plaintext /healthz and /metrics [default: {DEFAULTS.health_bind}].")
 @click.option("--taint-congested/--no-taint-congested", default=None,
-              help="Also taint congested nodes gpugate.io/congested:PreferNoSchedule [default: off].")
+              help="Also taint congested nodes gpugate.io/congested:PreferNoSchedule "
+                   f"[default: {_on_off(DEFAULTS.taint_congested)}].")
 @click.option("--inventory/--no-inventory", "publish_inventory", default=None,
               help="Publish the GPUInventory ConfigMap (gpugate-inventory) the webhook right-sizes by "
-              "[default: on; the leader writes it].")
+              f"[default: {_on_off(DEFAULTS.inventory.enabled)}; the leader writes it].")
 @click.option("--extender-bind", metavar="HOST:PORT",
               help="Serve kube-scheduler's extender prioritize call over HTTPS here [default: not served].")
 @click.option("--extender-cert", metavar="FILE", help="With --extender-bind: the serving certificate (PEM).")
@@ -53,27 +77,21 @@ def _env_default(name: str, fallback: str) -> str:
 @click.option("--extender-device-policy", type=click.Choice(["distributed", "packed"]),
               help="The device plugin's allocation policy for time-sliced shares, as the cluster runs it "
               "(its flags.plugin.sharedDevicesAllocationPolicy): which GPU the extender assumes a share got "
-              "[default: distributed, the device plugin's default].")
+              f"[default: {DEFAULTS.extender.device_policy}, the device plugin's default].")
 @click.option("--extender-mix", metavar="FILE",
               help="The cluster's typical pod shapes for the extender's measure (YAML; gpugate replay writes "
               "one from a pod list as pod-mix.yaml) [default: learned from the last 2,000 pods created].")
 @click.option("--usage/--no-usage", "usage", default=None,
               help="Export the GPUs each pod holds (by namespace and owner) and look for idle allocations "
-              "[default: off; docs/usage.md].")
+              f"[default: {_on_off(DEFAULTS.usage.enabled)}; docs/usage.md].")
 @click.option("--policies", metavar="DIR", type=click.Path(exists=True, file_okay=False),
               help="With --usage: the GPUPolicy folder whose spec.idle says what may be done with an idle pod "
               "[default: none, report only].")
 @kubeconfig_options
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | None, server: str | None,
-            token_file: Path | None, ca_file: Path | None, write_qps: float | None, write_burst: int | None,
-            write_interval: float | None, lease_name: str | None, lease_namespace: str | None,
-            identity: str | None, health_bind: str | None, taint_congested: bool | None,
-            publish_inventory: bool | None, extender_bind: str | None, extender_cert: str | None,
-            extender_key: str | None, extender_device_policy: str | None, extender_mix: str | None,
-            usage: bool | None, policies: str | None, log_level: str,
-            kubeconfig: str | None, context: str | None) -> None:
+def balance(config_file: Path | None, token_file: Path | None, ca_file: Path | None, log_level: str,
+            kubeconfig: str | None, context: str | None, **flags: Any) -> None:
     """Label GPU nodes gpugate.io/gpu-free and gpugate.io/gpu-load from live load.
 
     Lists and watches nodes and pods, optionally reads DCGM utilization from Prometheus, and
@@ -88,14 +106,7 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
     from webhook.balancer.controller import Balancer
     from webhook.kubeclient import NO_CLUSTER, api_client
 
-    settings = settings_from(config_file, prometheus=prometheus, dry_run=dry_run, server=server,
-                             lease_name=lease_name, lease_namespace=lease_namespace, identity=identity,
-                             health_bind=health_bind, taint_congested=taint_congested, write_qps=write_qps,
-                             write_burst=write_burst, write_interval=write_interval,
-                             publish_inventory=publish_inventory, extender_bind=extender_bind,
-                             extender_cert=extender_cert, extender_key=extender_key,
-                             extender_device_policy=extender_device_policy, extender_mix=extender_mix,
-                             usage=usage, policies=policies)
+    settings = settings_from(config_file, **flags)
     if (token_file or ca_file) and not settings.server:
         raise click.UsageError("--token-file and --certificate-authority go with --server")
     cluster = target(settings.server, kubeconfig, context)
@@ -126,28 +137,11 @@ def balance(config_file: Path | None, prometheus: str | None, dry_run: bool | No
 def settings_from(config_file: Path | None, **flags: Any) -> BalancerSettings:
     """Defaults, then the file, then flags; an empty lease namespace or identity comes from the
     ``POD_NAMESPACE`` / ``POD_NAME`` environment (the Deployment's downward API), else defaults."""
+    unknown = sorted(set(flags) - set(FLAG_FIELDS))
+    if unknown:
+        raise TypeError(f"not a balancer settings flag: {', '.join(unknown)}")
     base = BalancerSettings.from_file(config_file) if config_file else BalancerSettings()
-    settings = base.with_overrides(
-        prometheus__url=flags.get("prometheus"),
-        dry_run=flags.get("dry_run"),
-        server=flags.get("server"),
-        health_bind=flags.get("health_bind"),
-        taint_congested=flags.get("taint_congested"),
-        lease__name=flags.get("lease_name"),
-        lease__namespace=flags.get("lease_namespace"),
-        lease__identity=flags.get("identity"),
-        write_qps=flags.get("write_qps"),
-        write_burst=flags.get("write_burst"),
-        write_interval=flags.get("write_interval"),
-        inventory__enabled=flags.get("publish_inventory"),
-        extender__bind=flags.get("extender_bind"),
-        extender__cert_file=flags.get("extender_cert"),
-        extender__key_file=flags.get("extender_key"),
-        extender__device_policy=flags.get("extender_device_policy"),
-        extender__mix_file=flags.get("extender_mix"),
-        usage__enabled=flags.get("usage"),
-        usage__policies=flags.get("policies"),
-    )
+    settings = base.with_overrides(**{FLAG_FIELDS[flag]: value for flag, value in flags.items()})
     return settings.with_overrides(
         lease__namespace=settings.lease.namespace or _env_default("POD_NAMESPACE", "gpugate-system"),
         lease__identity=settings.lease.identity or _env_default("POD_NAME", socket.gethostname()),

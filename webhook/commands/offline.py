@@ -16,10 +16,11 @@ import click
 import jsonpatch
 import yaml
 
-from webhook.admission import cases, chain, dra, judgement, rightsizing, workloads
+from webhook.admission import chain, dra, judgement, rightsizing, workloads
 from webhook.errors import InputError, PolicyLoadError
 from webhook.kube import documents
 from webhook.kube.inventory import EMPTY, Inventory
+from webhook.offline import cases
 from webhook.policy import PolicySet, loading
 from webhook.server import inventoryfile
 

@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
+from webhook.commands.settingsoptions import build, field_option
 from webhook.errors import InputError
 from webhook.policy import loading
 from webhook.replay import arms as arm_table
+from webhook.replay.runspec import SHIPPED_DEVICE_POLICY, RunSpec
 
 ALL_ARMS = ",".join(arm_table.DEFAULT)
-TIMELINE_ARMS = "stock,extender,extender+rebalancer"
+TIMELINE_ARMS = ",".join(arm_table.TIMELINE_DEFAULT)
 SHARING = ("timeslice", "dra", "published")
 
 
@@ -60,7 +63,7 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--arms", default=None,
               help="Comma-separated arms to run: " + ", ".join(arm_table.NAMES) + " (webhook/replay/arms.py) "
                    f"[default: {ALL_ARMS}; with --timeline: {TIMELINE_ARMS}].")
-@click.option("--sharing", type=click.Choice(SHARING), default="timeslice", show_default=True,
+@field_option(RunSpec, "sharing", "--sharing", type=click.Choice(SHARING), show_default=True,
               help="The sharing world of the kube arms: timeslice (a share is one time-sliced slot on the nodes "
                    "that carry manifests/' time-slicing-4 config, as shipped) or dra (a share is a DRA "
                    "consumable-capacity claim of its fraction of the GPU's memory); published is the FGD "
@@ -70,41 +73,45 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--seeds", default="42-51", show_default=True, help="Seeds: a range (42-51) or a list (42,43).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("replay-out"),
               show_default=True, help="Folder for summary.json, per-run CSVs and the plot.")
-@click.option("--label-lag", type=click.IntRange(min=1), default=1, show_default=True,
+@field_option(RunSpec, "label_lag", "--label-lag", type=click.IntRange(min=1), show_default=True,
               help="Recompute the balancer's node labels every K placements (stale labels in between); "
                    "the extender sees bound pods K placements late too.")
-@click.option("--taint-congested", is_flag=True, help="Model the balancer's optional congested PreferNoSchedule taint.")
-@click.option("--device-allocation", type=click.Choice(["distributed", "packed"]), default="packed",
-              show_default=True, help="How the NVIDIA device plugin picks the GPU for a time-sliced share "
+@field_option(RunSpec, "taint_congested", "--taint-congested", is_flag=True,
+              help="Model the balancer's optional congested PreferNoSchedule taint.")
+@click.option("--device-allocation", "device_policy", type=click.Choice(["distributed", "packed"]),
+              default=SHIPPED_DEVICE_POLICY, show_default=True,
+              help="How the NVIDIA device plugin picks the GPU for a time-sliced share "
                                       "(packed, its --shared-devices-allocation-policy packed from v0.20.0, config "
                                       "flags.plugin.sharedDevicesAllocationPolicy, is "
                                       "what manifests/gpu-operator's time-slicing-4 sets; distributed is the "
                                       "plugin's own default). The dra world ignores it: the scheduler allocates "
                                       "DRA devices first fit.")
-@click.option("--extender-weight", type=click.IntRange(min=1), default=25, show_default=True,
+@field_option(RunSpec, "extender_weight", "--extender-weight", type=click.IntRange(min=1), show_default=True,
               help="The extender's weight in the gpugate profile (its 0..10 score counts x weight x 10).")
-@click.option("--extender-nodes-percentage", type=click.IntRange(min=0, max=100), default=100, show_default=True,
+@field_option(RunSpec, "extender_percentage", "--extender-nodes-percentage", type=click.IntRange(min=0, max=100),
+              show_default=True,
               help="percentageOfNodesToScore of the extender's profile (0: kube-scheduler's adaptive default).")
-@click.option("--extender-mix", type=click.Choice(["history", "window", "trace"]), default="history",
+@field_option(RunSpec, "extender_mix", "--extender-mix", type=click.Choice(["history", "window", "trace"]),
               show_default=True, help="The extender's pod-shape mix: learned from pods created, its window starting "
                                       "full (history) or empty (window), or configured from the pod list (trace).")
-@click.option("--extender-levels", type=click.Choice(["rank", "linear"]), default="rank", show_default=True,
+@field_option(RunSpec, "extender_levels", "--extender-levels", type=click.Choice(["rank", "linear"]),
+              show_default=True,
               help="How the extender's keys become 0..10: by rank (served) or rescaled linearly (to compare).")
-@click.option("--extender-assume/--no-extender-assume", default=True, show_default=True,
+@field_option(RunSpec, "extender_assume", "--extender-assume/--no-extender-assume", show_default=True,
               help="The extender counts the pods it scored as placed on its best node until it sees them bound.")
-@click.option("--tune", type=click.FloatRange(min=0.1, max=3.0), default=1.3, show_default=True,
+@field_option(RunSpec, "tune", "--tune", type=click.FloatRange(min=0.1, max=3.0), show_default=True,
               help="Inflate (or cut) the pod list to this multiple of GPU capacity.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for independent runs (default: the CPUs available).")
-@click.option("--mig-mix", default=None, show_default=False,
+@field_option(RunSpec, "mig_mix", "--mig-mix", show_default=False,
               help="Right-sizing arms (whole-gpu, shares-only, rightsized): the share of GPU nodes partitioned, "
                    "per MIG layout, e.g. all-balanced=0.15 (the default) or all-1g.10gb=0.05,all-balanced=0.2; "
                    "layouts all-1g.10gb, all-2g.20gb, all-3g.40gb, all-balanced (docs/rightsizing.md).")
-@click.option("--share-replicas", type=click.IntRange(min=1, max=64), default=4, show_default=True,
+@field_option(RunSpec, "share_replicas", "--share-replicas", type=click.IntRange(min=1, max=64), show_default=True,
               help="shares-only arm: time-sliced slots per GPU on the partitioned nodes.")
 @click.option("--synthetic-nodes", type=click.IntRange(min=4), default=120, show_default=True,
               help="Nodes of the synthetic cluster (only without --trace).")
-@click.option("--ties", type=click.Choice(["random", "list"]), default="random", show_default=True,
+@field_option(RunSpec, "ties", "--ties", type=click.Choice(["random", "list"]), show_default=True,
               help="How the kube-scheduler model breaks equal best totals: random (what kube-scheduler intends, "
                    "and does for nodes an extender scored) or list (v1.37.2 without an extender: the first of "
                    "its scored list, as its heap orders them; docs/placement.md).")
@@ -114,12 +121,7 @@ def parse_arms(text: str, known: tuple[str, ...]) -> list[str]:
 @click.option("--load", type=click.FloatRange(min=0.05, max=3.0, min_open=False), default=1.0, show_default=True,
               help="With --timeline: the offered load, the stream's time-averaged GPU demand over capacity "
                    "(its arrivals' spacing is scaled to it).")
-def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str | None, sharing: str,
-           seeds: str, out: Path,
-           label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
-           extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
-           tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int,
-           ties: str, timeline: bool, load: float) -> None:
+def replay(**options: Any) -> None:
     """Replay a GPU cluster trace through gpugate's policies and a kube-scheduler model.
 
     Prints arm by metric (GPU allocation at 100% and 130% arrived GPU request, fragmentation),
@@ -129,60 +131,51 @@ def replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms:
     """
     from webhook.localcluster import interrupts
 
+    template = build(RunSpec, options, arm="", seed=0, policies=None)  # every run's settings but its own
     try:
         with interrupts.raised():
-            _replay(trace_dir, pods_file, policies, arms, sharing, seeds, out, label_lag, taint_congested,
-                    device_allocation, extender_weight, extender_nodes_percentage, extender_mix, extender_levels,
-                    extender_assume, tune, workers, mig_mix, share_replicas, synthetic_nodes, ties, timeline, load)
+            _replay(template, options)
     except interrupts.Interrupted as stop:
-        click.echo(f"\n{stop}: stopped the replay; {out} was not written", err=True)
+        click.echo(f"\n{stop}: stopped the replay; {options['out']} was not written", err=True)
         raise SystemExit(interrupts.EXIT_STATUS) from None
 
 
-def _replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms: str | None, sharing: str, seeds: str,
-            out: Path, label_lag: int, taint_congested: bool, device_allocation: str, extender_weight: int,
-            extender_nodes_percentage: int, extender_mix: str, extender_levels: str, extender_assume: bool,
-            tune: float, workers: int | None, mig_mix: str | None, share_replicas: int, synthetic_nodes: int,
-            ties: str, timeline: bool, load: float) -> None:
-    from webhook.replay import report, runner, trace
+def _replay(template: RunSpec, options: Mapping[str, Any]) -> None:
+    """The runs ``options`` ask for, each ``template`` with its arm, seed and policy folder."""
+    from webhook.replay import migcluster, report, runner, trace
 
-    arm_list = parse_arms(arms or (TIMELINE_ARMS if timeline else ALL_ARMS), runner.ARMS)
-    seed_list = parse_seeds(seeds)
+    trace_dir, pods_file, policies, out = (options[name] for name in ("trace_dir", "pods_file", "policies", "out"))
+    timeline, workers = options["timeline"], options["workers"] or _cpus()
+    arm_list = parse_arms(options["arms"] or (TIMELINE_ARMS if timeline else ALL_ARMS), tuple(arm_table.BY_NAME))
+    seed_list = parse_seeds(options["seeds"])
     if pods_file is not None and trace_dir is None:
         raise click.UsageError("--pods needs --trace (the node list comes from the trace folder)")
     if trace_dir is not None:
         loaded = trace.load_trace(trace_dir, pods_file)
     else:
-        loaded = trace.synthetic(seed_list[0], nodes=synthetic_nodes)
-    from webhook.replay import migcluster
-
-    mix = mig_mix if mig_mix is not None else migcluster.DEFAULT_MIX
+        loaded = trace.synthetic(seed_list[0], nodes=options["synthetic_nodes"])
     try:
-        migcluster.parse_mix(mix)
-    except migcluster.MixError as err:
+        migcluster.parse_mix(template.mig_mix)
+    except migcluster.MigMixError as err:
         raise click.BadParameter(str(err), param_hint="--mig-mix") from None
-    if any(arm in runner.POLICY_ARMS for arm in arm_list):
-
+    admitting = [arm for arm in arm_list if arm_table.BY_NAME[arm].policies]
+    if admitting:
         if not policies.is_dir():
             raise InputError(f"{policies}: no such policy folder (give --policies DIR, or leave out the arms "
-                             f"that admit pods: {', '.join(runner.POLICY_ARMS)})")
+                             f"that admit pods: {', '.join(arm_table.POLICY_ARMS)})")
         loading.load_dir(policies)  # refuse a bad folder before starting any run
-    specs = [runner.RunSpec(arm=arm, seed=seed, label_lag=label_lag, tune=tune, taint_congested=taint_congested,
-                            device_policy=device_allocation, extender_weight=extender_weight,
-                            extender_percentage=extender_nodes_percentage, extender_mix=extender_mix,
-                            extender_levels=extender_levels, extender_assume=extender_assume,
-                            mig_mix=mix, share_replicas=share_replicas, sharing=sharing, ties=ties,
-                            policies=str(policies) if arm in runner.POLICY_ARMS else None)
+    specs = [dataclasses.replace(template, arm=arm, seed=seed, policies=str(policies) if arm in admitting else None)
              for arm in arm_list for seed in seed_list]
+    sharing, ties = template.sharing, template.ties
     with _staging(out) as staged:
         if timeline:
-            _timeline(loaded, specs, trace_dir=trace_dir, load=load, out=staged, shown=out, seeds=seed_list,
-                      sharing=sharing, workers=workers or _cpus())
+            _timeline(loaded, specs, trace_dir=trace_dir, load=options["load"], out=staged, shown=out,
+                      seeds=seed_list, sharing=sharing, workers=workers)
             _publish(staged, out)
             return
         write_pod_mix(loaded, staged)
         progress = report.Progress(len(specs), sys.stderr)
-        results = runner.run_many(loaded, specs, workers=workers or _cpus(), progress=progress)
+        results = runner.run_many(loaded, specs, workers=workers, progress=progress)
         for result in results:
             report.write_run_csv(result, staged / "runs")
         data = report.summary(results, workload=loaded.workload, seeds=seed_list, sharing=sharing, ties=ties)
@@ -192,7 +185,7 @@ def _replay(trace_dir: Path | None, pods_file: Path | None, policies: Path, arms
     click.echo(report.table(results, workload=loaded.workload, seeds=seed_list, sharing=sharing, ties=ties))
     sized = report.sizing_table(results)
     if sized:
-        click.echo(f"{sized}\n(MIG mix {mix}; docs/rightsizing.md)")
+        click.echo(f"{sized}\n(MIG mix {template.mig_mix}; docs/rightsizing.md)")
     click.echo(f"wrote {out / 'summary.json'}, {out / 'allocation.png'}, {out / POD_MIX_FILE} (the pod list's "
                f"shape mix: gpugate balance --extender-mix) and {len(results)} CSV file(s) in {out / 'runs'}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,13 @@ import jsonpatch
 
 from webhook.admission import reviews
 from webhook.certs import pki
+from webhook.commands.settingsoptions import build, default_of, field_option
 from webhook.errors import GpugateError, InputError, PolicyLoadError
 from webhook.kube import claims
 from webhook.kube.documents import read_one
 from webhook.server import client
+from webhook.server.serverstate import ServerSettings
+from webhook.server.workershared import WorkerSettings
 
 DEFAULT_BIND = "127.0.0.1:8443"
 DEFAULT_STATE_DIR = Path(".gpugate")
@@ -74,89 +79,117 @@ def _dns_names(cert_pem: bytes) -> set[str]:
     return set(sans.get_values_for_type(x509.DNSName))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings:
+    """How ``gpugate serve`` listens and runs its workers. What each worker does is the server's own
+    settings (``ServerSettings``: policies, failure modes, reloads) and its HTTP loop's
+    (``WorkerSettings``: timeouts, drain, connections); the command builds all three from its options."""
+
+    bind: str = DEFAULT_BIND
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    state_dir: Path = DEFAULT_STATE_DIR
+    service: str = "gpugate-webhook"
+    """The Service the self-signed certificate names (manifests/webhook's)."""
+    namespace: str = "gpugate-system"
+    workers: int = 2
+    """Worker processes: one per core of the Deployment's two-CPU limit."""
+    threads: int = 4
+    """Threads per worker: requests are short and CPU-bound, a few cover the waits on I/O."""
+    metrics_bind: str | None = None
+    http2: bool = False
+    """HTTP/1.1 alone held 256 concurrent creators where HTTP/2 did not (docs/server.md)."""
+    max_requests: int = 0
+    """Recycle a worker after this many requests; 0: never."""
+
+
 @click.command()
-@click.option("--bind", default=DEFAULT_BIND, show_default=True, help="HOST:PORT of the HTTPS listener.")
-@click.option("--policies", "policy_dir", type=click.Path(path_type=Path), default=Path("policies"),
+@field_option(ServeSettings, "bind", "--bind", show_default=True, help="HOST:PORT of the HTTPS listener.")
+@field_option(ServerSettings, "policy_dir", "--policies", type=click.Path(path_type=Path),
               show_default=True, help="Folder of GPUPolicy files, watched for changes.")
-@click.option("--cert", "certfile", type=click.Path(dir_okay=False, path_type=Path),
+@field_option(ServeSettings, "certfile", "--cert", type=click.Path(dir_okay=False, path_type=Path),
               help="Serving certificate (PEM). Without --cert/--key a self-signed pair is made in --state-dir.")
-@click.option("--key", "keyfile", type=click.Path(dir_okay=False, path_type=Path), help="Its private key (PEM).")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_STATE_DIR,
+@field_option(ServeSettings, "keyfile", "--key", type=click.Path(dir_okay=False, path_type=Path),
+              help="Its private key (PEM).")
+@field_option(ServeSettings, "state_dir", "--state-dir", type=click.Path(file_okay=False, path_type=Path),
               show_default=True, help="Where the self-signed CA and certificate are kept and reused.")
-@click.option("--service", default="gpugate-webhook", show_default=True, help="Service name for the certificate SANs.")
-@click.option("--namespace", default="gpugate-system", show_default=True, help="Service namespace for the SANs.")
-@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+@field_option(ServeSettings, "service", "--service", show_default=True, help="Service name for the certificate SANs.")
+@field_option(ServeSettings, "namespace", "--namespace", show_default=True, help="Service namespace for the SANs.")
+@field_option(ServeSettings, "workers", "--workers", type=click.IntRange(1, 64), show_default=True,
               help="Worker processes (one per core).")
-@click.option("--threads", type=click.IntRange(1, 256), default=4, show_default=True,
+@field_option(ServeSettings, "threads", "--threads", type=click.IntRange(1, 256), show_default=True,
               help="Threads per worker (requests are short and CPU-bound: a few are enough).")
-@click.option("--metrics-bind", help="HOST:PORT for a plaintext /metrics-only listener (off unless given).")
-@click.option("--fail-closed", is_flag=True,
+@field_option(ServeSettings, "metrics_bind", "--metrics-bind",
+              help="HOST:PORT for a plaintext /metrics-only listener (off unless given).")
+@field_option(ServerSettings, "fail_closed", "--fail-closed", is_flag=True,
               help="Mutation too denies what it cannot shape, instead of admitting it unchanged.")
-@click.option("--fail-open", is_flag=True,
+@field_option(ServerSettings, "fail_open", "--fail-open", is_flag=True,
               help="Validation admits, with a warning, what it cannot judge (for failurePolicy: Ignore; "
                    "docs/server.md says what that gives away).")
-@click.option("--reload-interval", type=click.FloatRange(0.1, 300), default=1.0, show_default=True,
-              help="Seconds between checks of the policy folder and certificate files.")
-@click.option("--request-timeout", type=click.FloatRange(0.1, 120), default=5.0, show_default=True,
+@field_option(ServerSettings, "reload_interval", "--reload-interval", type=click.FloatRange(0.1, 300),
+              show_default=True, help="Seconds between checks of the policy folder and certificate files.")
+@field_option(WorkerSettings, "request_timeout", "--request-timeout", type=click.FloatRange(0.1, 120),
+              show_default=True,
               help="Seconds a client has to send a whole request (and to take the answer); slower ones get 408.")
-@click.option("--drain-seconds", type=click.FloatRange(0, 60), default=3.0, show_default=True,
+@field_option(WorkerSettings, "drain_seconds", "--drain-seconds", type=click.FloatRange(0, 60), show_default=True,
               help="After SIGTERM, seconds a worker keeps answering (with Connection: close) before it stops.")
-@click.option("--http2/--no-http2", default=False, show_default=True,
+@field_option(ServeSettings, "http2", "--http2/--no-http2", show_default=True,
               help="Offer HTTP/2 by ALPN (the API server then takes it; gunicorn's HTTP/2). Off: HTTP/1.1 "
                    "alone, which held 256 concurrent creators where HTTP/2 did not (docs/server.md).")
-@click.option("--max-connections-per-source", type=click.IntRange(1), default=256, show_default=True,
+@field_option(WorkerSettings, "connections_per_source", "--max-connections-per-source", type=click.IntRange(1),
+              show_default=True,
               help="Open connections one client address may hold per worker; more are closed at once.")
-@click.option("--max-requests", type=click.IntRange(0), default=0, show_default=True,
+@field_option(ServeSettings, "max_requests", "--max-requests", type=click.IntRange(0), show_default=True,
               help="Recycle a worker after this many requests (0: never).")
-@click.option("--inventory", "inventory_file", type=click.Path(dir_okay=False, path_type=Path),
+@field_option(ServerSettings, "inventory_file", "--inventory", type=click.Path(dir_okay=False, path_type=Path),
               help="The balancer's GPUInventory file (the gpugate-inventory ConfigMap, mounted); optional.")
-@click.option("--allow-empty-policies", is_flag=True,
+@field_option(ServerSettings, "allow_empty", "--allow-empty-policies", is_flag=True,
               help="Serve a policy folder with no GPUPolicy (refused by default: it would lift every deny rule).")
-@click.option("--resolve-claims", is_flag=True,
+@field_option(ServerSettings, "resolve_claims", "--resolve-claims", is_flag=True,
               help="Read the ResourceClaims and templates a pod references from the API (service account or "
                    "KUBECONFIG) so spec.gpu.max per pod counts their devices (docs/dra.md).")
-def serve(bind: str, policy_dir: Path, certfile: Path | None, keyfile: Path | None, state_dir: Path,
-          service: str, namespace: str, workers: int, threads: int, metrics_bind: str | None,
-          fail_closed: bool, fail_open: bool, reload_interval: float, request_timeout: float, drain_seconds: float,
-          http2: bool, max_connections_per_source: int, max_requests: int, inventory_file: Path | None,
-          allow_empty_policies: bool, resolve_claims: bool) -> None:
+def serve(**options: Any) -> None:
     """Serve the admission webhook over HTTPS (POST /mutate, /validate; GET /healthz, /readyz, /metrics)."""
-    _host_port(bind, "--bind")
-    metrics_address = _host_port(metrics_bind, "--metrics-bind") if metrics_bind else None
+    _serve(build(ServeSettings, options), build(ServerSettings, options), build(WorkerSettings, options))
+
+
+def _serve(settings: ServeSettings, server: ServerSettings, worker: WorkerSettings) -> None:
+    """Check what can be checked before gunicorn starts (each a clear error), then serve."""
+    _host_port(settings.bind, "--bind")
+    metrics_address = _host_port(settings.metrics_bind, "--metrics-bind") if settings.metrics_bind else None
+    certfile, keyfile = settings.certfile, settings.keyfile
     if (certfile is None) != (keyfile is None):
         raise click.UsageError("give both --cert and --key, or neither for a self-signed pair in --state-dir")
-    if not policy_dir.is_dir():
-        raise GpugateError(f"policy folder {policy_dir} does not exist; pass --policies DIR")
+    if not server.policy_dir.is_dir():
+        raise GpugateError(f"policy folder {server.policy_dir} does not exist; pass --policies DIR")
     if certfile is None or keyfile is None:
-        certfile, keyfile, ca_file = serving_bundle(state_dir, service=service, namespace=namespace,
-                                                    now=datetime.now(UTC))
+        certfile, keyfile, ca_file = serving_bundle(settings.state_dir, service=settings.service,
+                                                    namespace=settings.namespace, now=datetime.now(UTC))
         click.echo(f"gpugate: self-signed CA at {ca_file.resolve()} "
                    f"(verify with: gpugate admit POD.yaml --ca {ca_file})", err=True)
     for path in (certfile, keyfile):
         if not path.is_file():
             raise GpugateError(f"{path} does not exist")
     pki.check_pair(certfile.read_bytes(), keyfile.read_bytes(), cert_name=str(certfile), key_name=str(keyfile))
-    if resolve_claims:
+    if server.resolve_claims:
         _check_cluster_access()
-    _check_port(bind)
+    _check_port(settings.bind)
 
     def make_app(runtime_dir: Path) -> Any:
         from webhook.server import routes
 
-        return routes.create_app(routes.ServerSettings(
-            policy_dir=policy_dir, fail_closed=fail_closed, fail_open=fail_open, reload_interval=reload_interval,
-            allow_empty=allow_empty_policies, snapshot_dir=runtime_dir / "policies", inventory_file=inventory_file,
-            resolve_claims=resolve_claims))
+        return routes.create_app(dataclasses.replace(server, snapshot_dir=runtime_dir / "policies"))
 
-    click.echo(f"gpugate: serving https://{bind} (policies: {policy_dir}, workers: {workers}, "
-               f"threads: {threads})", err=True)
-    not_ready = unservable_reason(policy_dir, allow_empty=allow_empty_policies)
+    click.echo(f"gpugate: serving https://{settings.bind} (policies: {server.policy_dir}, workers: "
+               f"{settings.workers}, threads: {settings.threads})", err=True)
+    not_ready = unservable_reason(server.policy_dir, allow_empty=server.allow_empty)
     if not_ready:
         click.echo(not_ready, err=True)
-    run_gunicorn(make_app, bind=bind, workers=workers, threads=threads, certfile=certfile,
-                 keyfile=keyfile, reload_interval=reload_interval, metrics_bind=metrics_address,
-                 max_requests=max_requests, request_timeout=request_timeout, drain_seconds=drain_seconds,
-                 connections_per_source=max_connections_per_source, http2=http2)
+    run_gunicorn(make_app, bind=settings.bind, workers=settings.workers, threads=settings.threads, certfile=certfile,
+                 keyfile=keyfile, reload_interval=server.reload_interval, metrics_bind=metrics_address,
+                 max_requests=settings.max_requests, request_timeout=worker.request_timeout,
+                 drain_seconds=worker.drain_seconds, connections_per_source=worker.connections_per_source,
+                 http2=settings.http2)
 
 
 def _check_cluster_access() -> None:
@@ -215,9 +248,13 @@ def unservable_reason(policy_dir: Path, *, allow_empty: bool) -> str:
 
 
 def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, threads: int, certfile: Path,
-                 keyfile: Path, reload_interval: float = 1.0, metrics_bind: tuple[str, int] | None = None,
-                 max_requests: int = 0, request_timeout: float = 5.0, drain_seconds: float = 3.0,
-                 connections_per_source: int = 256, http2: bool = False) -> None:
+                 keyfile: Path, reload_interval: float = default_of(ServerSettings, "reload_interval"),
+                 metrics_bind: tuple[str, int] | None = None,
+                 max_requests: int = default_of(ServeSettings, "max_requests"),
+                 request_timeout: float = default_of(WorkerSettings, "request_timeout"),
+                 drain_seconds: float = default_of(WorkerSettings, "drain_seconds"),
+                 connections_per_source: int = default_of(WorkerSettings, "connections_per_source"),
+                 http2: bool = default_of(ServeSettings, "http2")) -> None:
     """Run ``make_app(runtime_dir)`` in gunicorn workers until the master is stopped.
 
     ``runtime_dir`` is a fresh temporary folder shared by the master and its workers: Prometheus'
@@ -234,7 +271,7 @@ def run_gunicorn(make_app: Callable[[Path], Any], *, bind: str, workers: int, th
     try:
         from webhook.server import serving, workershared
 
-        workershared.configure(workershared.WorkerSettings(request_timeout=request_timeout,
+        workershared.configure(WorkerSettings(request_timeout=request_timeout,
                                                            drain_seconds=drain_seconds,
                                                            connections_per_source=connections_per_source),
                                max_workers=workers)

@@ -80,26 +80,25 @@ def _finish(ctx: click.Context, where: Workspace, prepared: stack_upgrade.Prepar
     commit(where.root, prepared, output, where.schema_root)
 
 
-@stack.command("plan", short_help="Print a change's checks and commits.")
-@change_options
-@cluster_option
-@finishing_options
-def plan_command(ctx: click.Context, request: planning.Request, cluster: stack_upgrade.ClusterReader | None,
-                 where: Workspace, output: str) -> None:
-    """Print every check (pass/fail, its cause and fix) and the commits an upgrade would make; exit 1 if
-    any fails. With --kube (or --cluster-state) the preflight rules read the cluster."""
-    _upgrade(ctx, request, cluster, where, output, check_only=True)
+def _change_command(name: str, short_help: str, help_text: str, *, check_only: bool) -> click.Command:
+    """``plan`` and ``upgrade``: one request, one set of options, the same checks; ``plan`` only prints."""
+    def command(ctx: click.Context, request: planning.Request, cluster: stack_upgrade.ClusterReader | None,
+                where: Workspace, output: str) -> None:
+        _upgrade(ctx, request, cluster, where, output, check_only=check_only)
+
+    command.__name__ = f"{name}_command"
+    return stack.command(name, short_help=short_help, help=help_text)(
+        change_options(cluster_option(finishing_options(command))))
 
 
-@stack.command("upgrade", short_help="Check a change and make one commit.")
-@change_options
-@cluster_option
-@finishing_options
-def upgrade_command(ctx: click.Context, request: planning.Request, cluster: stack_upgrade.ClusterReader | None,
-                    where: Workspace, output: str) -> None:
-    """Check (the plan, with the preflight rules under --kube), edit stack.yaml and every derived file,
-    render the chart, re-validate, and make one commit."""
-    _upgrade(ctx, request, cluster, where, output, check_only=False)
+plan_command = _change_command(
+    "plan", "Print a change's checks and commits.",
+    "Print every check (pass/fail, its cause and fix) and the commits an upgrade would make; exit 1 if\n"
+    "any fails. With --kube (or --cluster-state) the preflight rules read the cluster.", check_only=True)
+upgrade_command = _change_command(
+    "upgrade", "Check a change and make one commit.",
+    "Check (the plan, with the preflight rules under --kube), edit stack.yaml and every derived file,\n"
+    "render the chart, re-validate, and make one commit.", check_only=False)
 
 
 def _upgrade(ctx: click.Context, request: planning.Request, cluster: stack_upgrade.ClusterReader | None,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
+from webhook import durations
 from webhook.errors import GpugateError
-from webhook.usage import durations, report
+from webhook.usage import report
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str) -> int:

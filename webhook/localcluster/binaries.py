@@ -1,26 +1,22 @@
 """Where the control-plane binaries live, and how they are built: the one home for both.
 
-The binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and our
-``gpu-upgrade-controller`` around NVIDIA's k8s-operator-libs) are built from the Go modules in
-``toolchain/`` and cached outside the repository, in
-``${GPUGATE_E2E_CACHE:-~/.cache/gpugate/e2e}/<component>-<version>-<digest>/bin/``. The version
-is read from the module's go.mod and the digest covers every file of the module plus the build
-flags, so editing go.mod/go.sum (or this recipe) builds into a new folder instead of reusing a
-stale one. GOMODCACHE and GOCACHE stay at their defaults so every build on a machine shares them.
+The control plane ``gpugate demo`` runs (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler) is built from the Go modules in ``toolchain/`` and cached outside the repository,
+in ``${GPUGATE_E2E_CACHE:-~/.cache/gpugate/e2e}/<component>-<version>-<digest>/bin/``. The
+version is read from the module's go.mod and the digest covers every file of the module (named
+relative to its folder, so moving the folder keeps the build) plus the build flags, so editing
+go.mod/go.sum (or this recipe) builds into a new folder instead of reusing a stale one. GOMODCACHE
+and GOCACHE stay at their defaults so every build on a machine shares them.
 
-Usage::
-
-    python -m tests.e2e.binaries build   # builds what is missing, prints paths and seconds
-    python -m tests.e2e.binaries check   # exit 0 if everything is cached, 1 otherwise
-    python -m tests.e2e.binaries paths   # prints the cached paths (exit 1 if any is missing)
-
+The programs only tests and benchmarks run live under ``tests/`` and are built by this same
+recipe into the same cache: a :class:`Component` names the folder its module sits in
+(``tests/e2e/binaries.py`` registers them and is the command line, ``python -m tests.e2e.binaries``).
 A cold build of Kubernetes takes tens of minutes on two cores; tests never build, they skip (or
 fail under ``CI``) when :func:`paths` returns None.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import fcntl
@@ -30,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -55,16 +50,18 @@ class Program:
 
 @dataclass(frozen=True, slots=True)
 class Component:
-    """A Go module under ``toolchain/<name>`` and the programs built from it."""
+    """A Go module under ``<toolchain>/<name>`` and the programs built from it."""
 
     name: str
     module: str
     """The required module whose version names the build (``k8s.io/kubernetes`` -> v1.37.2)."""
     programs: tuple[Program, ...]
+    toolchain: Path = TOOLCHAIN
+    """The folder of Go modules it sits in: the product's here, a test program's under ``tests/``."""
 
     @property
     def folder(self) -> Path:
-        return TOOLCHAIN / self.name
+        return self.toolchain / self.name
 
 
 KUBERNETES = Component(
@@ -81,22 +78,7 @@ ETCD = Component(
     module="go.etcd.io/etcd/server/v3",
     programs=(Program("etcd", "go.etcd.io/etcd/server/v3"),),  # the module's root is etcd's main
 )
-UPGRADE_CONTROLLER = Component(
-    name="upgrade-controller",
-    module="github.com/NVIDIA/k8s-operator-libs",
-    # Our own main package (toolchain/upgrade-controller/main.go): NVIDIA's driver upgrade state
-    # machine, reconciled the way the GPU Operator's upgrade controller does (argocd_upgrades.py).
-    programs=(Program("gpu-upgrade-controller", "gpugate.local/e2e/toolchain/upgrade-controller"),),
-)
 CONTROL_PLANE = (ETCD, KUBERNETES)
-COMPONENTS = (*CONTROL_PLANE, UPGRADE_CONTROLLER)
-FLOOR_WEBHOOK = Component(
-    name="floor-webhook",
-    module="gpugate.io/e2e/floor-webhook",
-    programs=(Program("floor-webhook", "."),),  # our own main.go, standard library only
-)
-"""The minimal webhook benchmarks/create_latency.py measures gpugate against (seconds to build)."""
-OWN_PROGRAMS = (FLOOR_WEBHOOK,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +142,7 @@ def bin_dir(component: Component) -> Path:
     return cache_root() / f"{component.name}-{version(component)}-{digest(component)}" / "bin"
 
 
-def missing(components: tuple[Component, ...] = COMPONENTS) -> list[tuple[Component, Program]]:
+def missing(components: tuple[Component, ...] = CONTROL_PLANE) -> list[tuple[Component, Program]]:
     """The programs not yet in the cache."""
     return [(c, p) for c in components for p in c.programs if not (bin_dir(c) / p.binary).is_file()]
 
@@ -177,16 +159,10 @@ def paths() -> Binaries | None:
     )
 
 
-def upgrade_controller() -> Path | None:
-    """The cached ``gpu-upgrade-controller`` (k8s-operator-libs' state machine), or None."""
-    path = bin_dir(UPGRADE_CONTROLLER) / UPGRADE_CONTROLLER.programs[0].binary
-    return path if path.is_file() else None
-
-
-def build(*, log: Callable[[str], None] = print, components: tuple[Component, ...] = COMPONENTS) -> Binaries:
+def build(*, log: Callable[[str], None] = print, components: tuple[Component, ...] = CONTROL_PLANE) -> Binaries:
     """Build whatever of ``components`` is missing with ``go build -trimpath``; returns the
     control plane's paths. ``gpugate demo`` asks for the control plane alone; the e2e suite
-    (``binaries build``) for everything, NVIDIA's upgrade state machine included.
+    (``python -m tests.e2e.binaries build``) for its test programs too.
 
     Holds a lock on the cache so two builds started at once (two CI jobs on one runner, a
     developer and a test run) do not both spend twenty minutes on the same binaries.
@@ -203,8 +179,8 @@ def build(*, log: Callable[[str], None] = print, components: tuple[Component, ..
 
 
 def own_program(component: Component) -> Path:
-    """The cached binary of one of our own programs (OWN_PROGRAMS), built first if missing: they
-    take seconds, so a benchmark builds on demand, under the same cache lock as ``build``."""
+    """The cached binary of one of our own small programs, built first if missing: they take
+    seconds, so a benchmark builds on demand, under the same cache lock as ``build``."""
     program = component.programs[0]
     target = bin_dir(component) / program.binary
     if not target.is_file():
@@ -262,32 +238,5 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.e2e.binaries", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=("build", "check", "paths"))
-    args = parser.parse_args(argv)
-    if args.command == "build":
-        built = build()
-        for name, path in vars_of(built).items():
-            print(f"{name}: {path}")
-        print(f"gpu_upgrade_controller: {upgrade_controller()}")
-        for component in OWN_PROGRAMS:
-            print(f"{component.name}: {own_program(component)}")
-        return 0
-    absent = missing()
-    for component, program in absent:
-        print(f"missing: {program.binary} ({component.module} {version(component)}) in {bin_dir(component)}")
-    if args.command == "paths" and not absent:
-        for name, path in vars_of(paths()).items():  # type: ignore[arg-type]
-            print(f"{name}: {path}")
-    if args.command == "check" and not absent:
-        print(f"every e2e binary is built ({len(COMPONENTS)} components, cached under {cache_root()})")
-    return 1 if absent else 0
-
-
 def vars_of(binaries: Binaries) -> dict[str, Path]:
     return {f.name: getattr(binaries, f.name) for f in dataclasses.fields(binaries)}
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 :class:`Cluster` is what the ``cluster`` fixture yields; this module is also a command to start
 the same cluster by hand and poke at it with kubectl::
 
-    python -m tests.e2e.cluster up --gpu-nodes 8     # builds binaries if missing, Ctrl-C stops
+    python -m webhook.localcluster.cluster up --gpu-nodes 8     # builds binaries if missing, Ctrl-C stops
     export KUBECONFIG=/tmp/gpugate-e2e-.../admin.kubeconfig   # printed by the command
     kubectl get nodes -L nvidia.com/gpu.product
 
@@ -189,7 +189,7 @@ def up(*, gpu_nodes: int, cpu_nodes: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.e2e.cluster",
+    parser = argparse.ArgumentParser(prog="python -m webhook.localcluster.cluster",
                                      description="A local Kubernetes control plane with fake GPU nodes.")
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser("up", help="start, print `export KUBECONFIG=...`, run until Ctrl-C")

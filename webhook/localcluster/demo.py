@@ -43,7 +43,7 @@ from webhook.localcluster import interrupts, processes, webhooks
 from webhook.localcluster.cluster import Cluster
 from webhook.localcluster.fakekubelet import NodeSpec
 from webhook.policy import loading
-from webhook.server import outcome
+from webhook.server import outcome, probe
 
 SYSTEM_NAMESPACE = "gpugate-system"
 INVENTORY = ("gpugate-inventory", "inventory.json")  # the balancer's ConfigMap and key
@@ -345,9 +345,7 @@ def _unregister(cluster: Cluster) -> None:
 
 def _webhook_answers(cluster: Cluster) -> bool:
     """A dry-run GPU pod comes back shaped: the API server has picked up the configuration."""
-    from webhook.commands import smoke
-
-    return smoke.create_dry_run(cluster.core(), "ml-team", smoke.probe_pod()).shaped
+    return probe.create_dry_run(cluster.core(), "ml-team", probe.probe_pod()).shaped
 
 
 def _create_pods(cluster: Cluster) -> list[tuple[str, outcome.Outcome]]:

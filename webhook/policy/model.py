@@ -6,11 +6,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from webhook import names
+from webhook import durations, names
 from webhook.kube.affinity import Requirement
 from webhook.kube.inventory import MAX_AGE_SECONDS
 from webhook.kube.tolerations import Toleration as Toleration  # a policy's tolerations: the one toleration type
-from webhook.usage import durations
 
 Mode = Literal["enforce", "audit", "off"]
 Strategy = Literal["pack", "spread", "none"]

@@ -16,7 +16,7 @@ from typing import Any, Literal, cast
 import jsonschema
 import yaml
 
-from webhook import names
+from webhook import durations, names
 from webhook.errors import PolicyLoadError
 from webhook.kube import units, yamlload
 from webhook.kube.affinity import Requirement
@@ -39,7 +39,6 @@ from webhook.policy.model import (
     Topology,
     revision_of,
 )
-from webhook.usage import durations
 
 
 def parse(texts: Iterable[tuple[str, bytes | str]]) -> PolicySet:

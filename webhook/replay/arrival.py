@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from webhook.replay.records import PodRecord
+from webhook.replay.records import TracePod
 
 
-def arrival_order(pods: tuple[PodRecord, ...], capacity_milli: int, seed: int, *, tune: float = 1.3) -> list[int]:
+def arrival_order(pods: tuple[TracePod, ...], capacity_milli: int, seed: int, *, tune: float = 1.3) -> list[int]:
     """Indices into ``pods`` in submission order (an index may repeat: sampled copies)."""
     rng = np.random.default_rng(seed)
     by_name = sorted(range(len(pods)), key=lambda index: pods[index].name)

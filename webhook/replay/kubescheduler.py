@@ -35,6 +35,7 @@ from webhook.kube.demand import PodDemand
 from webhook.kube.tolerations import Toleration as Toleration
 from webhook.placement import devices as device_plugin
 from webhook.placement.scoring import MAX_EXTENDER_PRIORITY
+from webhook.replay.arms import BINPACK_PROFILE
 from webhook.replay.cluster import ClusterState
 from webhook.replay.nodelabels import NodeLabels
 from webhook.replay.records import MILLI
@@ -280,7 +281,7 @@ DEFAULT_PROFILE = Profile(
 def binpack_profile(weights: tuple[tuple[str, int], ...] = BINPACK_WEIGHTS, percentage: int = 100) -> Profile:
     """gpugate's second profile: the default plugins with NodeResourcesFit switched to MostAllocated."""
     return Profile(
-        name="gpugate-binpack",
+        name=BINPACK_PROFILE,
         filters=DEFAULT_FILTERS,
         scores=((taint_toleration_score, 3), (node_affinity_score, 2),
                 (resources_fit_score("MostAllocated", weights), 1), (balanced_allocation_score, 1),

@@ -15,7 +15,8 @@ The openb trace's GPUs (T4, P100, V100, the undisclosed G2/G3) cannot be partiti
   ``all-balanced`` 2 x 1g.10gb + 1 x 2g.20gb + 1 x 3g.40gb. Under the GPU Operator's ``mixed``
   strategy such a node advertises ``nvidia.com/mig-<profile>: <slices x GPUs>`` and no
   ``nvidia.com/gpu`` (gpu-operator.md 4.3).
-* **Arms.** ``whole-gpu``: no node is partitioned. ``shares-only``: the partitioned nodes are
+* **Arms** (each row's ``arms.Sizing`` says which of these it is). ``whole-gpu``: no node is
+  partitioned. ``shares-only``: the partitioned nodes are
   time-sliced instead (``nvidia.com/gpu.shared: replicas x GPUs``, renameByDefault, 4 replicas as
   the starter policy's ``time-slicing-4``). ``rightsized``: the partitioned nodes carry the MIG mix.
   The other nodes offer whole GPUs in every arm.
@@ -41,10 +42,12 @@ import numpy as np
 from webhook import names
 from webhook.kube import units
 from webhook.kube.gpunode import NodeInfo
+from webhook.replay import arms as arm_table
 from webhook.replay import workload
-from webhook.replay.records import MILLI, NodeRecord, PodRecord
+from webhook.replay.records import MILLI, NodeRecord, TracePod
+from webhook.replay.runspec import DEFAULT_MIG_MIX
 
-ARMS = ("whole-gpu", "shares-only", "rightsized")
+ARMS = arm_table.SIZING_ARMS
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 MEMORY_MIB = 81559
 """``nvidia.com/gpu.memory`` of an H100 80GB node (gpu-operator.md 4.1, a real node's labels)."""
@@ -54,7 +57,7 @@ MIG_1G_MEMORY_MIB = 9984
 """``nvidia.com/mig-1g.10gb.memory`` on that node (gpu-operator.md 4.1); other profiles: not given."""
 FRACTIONAL_PROFILE = "inference"
 DEFAULT_REPLICAS = units.DEFAULT_SLOT_REPLICAS
-DEFAULT_MIX = "all-balanced=0.15"
+DEFAULT_MIX = DEFAULT_MIG_MIX
 
 # mig-parted config-default.yaml, the H100-80GB / A100-80GB device filter: slices per GPU.
 LAYOUTS: dict[str, tuple[tuple[str, int], ...]] = {
@@ -67,7 +70,7 @@ TIME_SLICED = "time-sliced"
 WHOLE = "whole"
 
 
-class MixError(ValueError):
+class MigMixError(ValueError):
     """A ``--mig-mix`` that is not ``LAYOUT=SHARE,...`` with known layouts and shares summing to at most 1."""
 
 
@@ -80,16 +83,16 @@ def parse_mix(text: str) -> tuple[tuple[str, float], ...]:
         layout, _, share_text = part.partition("=")
         layout = layout.strip()
         if layout not in LAYOUTS:
-            raise MixError(f"unknown MIG layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+            raise MigMixError(f"unknown MIG layout {layout!r}; choose from {', '.join(LAYOUTS)}")
         try:
             share = float(share_text)
         except ValueError:
-            raise MixError(f"{part!r}: expected LAYOUT=SHARE with SHARE a number such as 0.25") from None
+            raise MigMixError(f"{part!r}: expected LAYOUT=SHARE with SHARE a number such as 0.25") from None
         if not 0 <= share <= 1 or any(layout == seen for seen, _ in out):
-            raise MixError(f"{part!r}: a share is between 0 and 1 and each layout is named once")
+            raise MigMixError(f"{part!r}: a share is between 0 and 1 and each layout is named once")
         out.append((layout, share))
     if sum(share for _, share in out) > 1 + 1e-9:
-        raise MixError(f"{text!r}: the shares add up to more than 1")
+        raise MigMixError(f"{text!r}: the shares add up to more than 1")
     return tuple(out)
 
 
@@ -119,12 +122,19 @@ def layouts(nodes: tuple[NodeRecord, ...], mix: tuple[tuple[str, float], ...]) -
     return out
 
 
+def sizing_of(arm: str) -> arm_table.Sizing:
+    """What the right-sizing arm ``arm`` changes on the twin (its row in ``replay.arms``)."""
+    found = arm_table.BY_NAME.get(arm)
+    if found is None or found.sizing is None:
+        raise ValueError(f"not a right-sizing arm: {arm!r}")
+    return found.sizing
+
+
 def sized_nodes(nodes: tuple[NodeRecord, ...], arm: str, mix: tuple[tuple[str, float], ...],
                 replicas: int = DEFAULT_REPLICAS) -> tuple[SizedNode, ...]:
     """The arm's twin of the trace's nodes (see the module docstring)."""
-    if arm not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}")
-    planned = layouts(nodes, mix) if arm != "whole-gpu" else [WHOLE] * len(nodes)
+    partitioned = sizing_of(arm).partitioned
+    planned = layouts(nodes, mix) if partitioned != "none" else [WHOLE] * len(nodes)
     out = []
     for node, layout in zip(nodes, planned, strict=True):
         if not node.gpus:
@@ -135,7 +145,7 @@ def sized_nodes(nodes: tuple[NodeRecord, ...], arm: str, mix: tuple[tuple[str, f
                   names.NVIDIA_COUNT_LABEL: str(node.gpus)}
         allocatable: dict[str, int] = {}
         whole = node.gpus
-        if layout != WHOLE and arm == "shares-only":
+        if layout != WHOLE and partitioned == "time-sliced":
             layout, whole = TIME_SLICED, 0
             allocatable[names.SHARED_GPU_RESOURCE] = replicas * node.gpus
             labels[names.NVIDIA_SHARING_LABEL] = "time-slicing"
@@ -171,19 +181,20 @@ def memory_ask(gpu_milli: int) -> str:
     return f"{gpu_milli * MEMORY_MB // MILLI}M"
 
 
-def pod_for(record: PodRecord, arm: str) -> dict[str, Any]:
+def pod_for(record: TracePod, arm: str) -> dict[str, Any]:
     """The trace row as the pod's author writes it in this arm (see the module docstring)."""
     shares = record.shares_gpu
-    pod = workload.pod_for(PodRecord(record.name, record.cpu_milli, record.memory_mib, 0 if shares else record.num_gpu,
+    pod = workload.pod_for(TracePod(record.name, record.cpu_milli, record.memory_mib, 0 if shares else record.num_gpu,
                                      0 if shares else record.gpu_milli, (), record.qos))
     if not record.shares_gpu:
         return pod
     pod["metadata"]["labels"][names.PROFILE_LABEL] = FRACTIONAL_PROFILE
     resources = pod["spec"]["containers"][0]["resources"]
-    if arm == "rightsized":
+    ask = sizing_of(arm).fractional_ask
+    if ask == "memory":
         pod["metadata"]["labels"][names.GPU_MEMORY_LABEL] = memory_ask(record.gpu_milli)
         return pod
-    resource = names.GPU_RESOURCE if arm == "whole-gpu" else names.SHARED_GPU_RESOURCE
+    resource = names.GPU_RESOURCE if ask == "gpu" else names.SHARED_GPU_RESOURCE
     resources["requests"][resource] = "1"
     resources.setdefault("limits", {})[resource] = "1"
     return pod

@@ -26,7 +26,7 @@ class NodeRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class PodRecord:
+class TracePod:
     """One task: its requests; ``gpu_milli`` is per GPU (below 1000 only when sharing one GPU)."""
 
     name: str
@@ -50,7 +50,7 @@ class PodRecord:
 @dataclass(frozen=True, slots=True)
 class PodTimes:
     """When a trace pod was created and deleted (seconds), and its last phase: what ``--timeline``
-    replays. Kept apart from ``PodRecord``, whose value is the pod's requests alone (the replay
+    replays. Kept apart from ``TracePod``, whose value is the pod's requests alone (the replay
     caches its reading of equal requests)."""
 
     created: int
@@ -64,7 +64,7 @@ class Trace:
 
     workload: str
     nodes: tuple[NodeRecord, ...]
-    pods: tuple[PodRecord, ...]
+    pods: tuple[TracePod, ...]
     times: tuple[PodTimes, ...] = ()
     """Per pod (same order), when the list has ``creation_time`` and ``deletion_time`` columns;
     empty for the lists without (the ``multigpu`` ones)."""

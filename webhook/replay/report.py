@@ -15,9 +15,11 @@ import csv
 import json
 import math
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from webhook.replay import arms as arm_table
 from webhook.replay.runspec import MIG_TWIN, PUBLISHED, RANDOM_TIES, RunResult
 
 POINTS = range(0, 131)
@@ -156,20 +158,24 @@ def _seed_text(seeds: list[int]) -> str:
     return ",".join(str(s) for s in seeds)
 
 
-def write_run_csv(result: RunResult, directory: Path) -> Path:
-    """The run's curve by arrived percent (the published binning), plus failures so far."""
+def write_rows(directory: Path, arm: str, seed: int, header: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> Path:
+    """One run's CSV, ``ARM-seedN.csv`` in ``directory``: the name ``curves_from_csv`` and the
+    benchmarks read back, for the replay and the replay in time alike."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{result.arm}-seed{result.seed}.csv"
+    path = directory / f"{arm}-seed{seed}.csv"
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(("arrived_pct", "alloc_pct", "frag_pct", "failed_pods"))
-        for point in POINTS:
-            alloc = result.alloc_at(point)
-            if math.isnan(alloc):
-                continue
-            failed = int((~result.placed[result.arrived <= point + 0.5]).sum())
-            writer.writerow((point, f"{alloc:.4f}", f"{result.frag_at(point):.4f}", failed))
+        writer.writerow(header)
+        writer.writerows(rows)
     return path
+
+
+def write_run_csv(result: RunResult, directory: Path) -> Path:
+    """The run's curve by arrived percent (the published binning), plus failures so far."""
+    rows = [(point, f"{result.alloc_at(point):.4f}", f"{result.frag_at(point):.4f}",
+             int((~result.placed[result.arrived <= point + 0.5]).sum()))
+            for point in POINTS if not math.isnan(result.alloc_at(point))]
+    return write_rows(directory, result.arm, result.seed, ("arrived_pct", "alloc_pct", "frag_pct", "failed_pods"), rows)
 
 
 def write_summary(data: dict[str, Any], out: Path) -> Path:
@@ -225,7 +231,8 @@ def plot_curves(curves: dict[str, tuple[list[int], list[float]]], path: Path, *,
 
     figure, axes = pyplot.subplots(figsize=(8.5, 5.5), dpi=110)
     for name, (xs, ys) in curves.items():
-        reference = name.split(" ")[0] in ("random", "bestfit", "fgd")
+        row = arm_table.BY_NAME.get(name.split(" ")[0])
+        reference = row is not None and row.kind == "reference"
         axes.plot(xs, ys, label=name, linestyle="--" if reference else "-", linewidth=1.2 if reference else 1.6)
     axes.plot([0, 130], [0, 130], color="grey", linewidth=0.6, label="every arrived GPU allocated")
     axes.set_xlim(60, 130)

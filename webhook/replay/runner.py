@@ -49,25 +49,25 @@ from webhook.replay.kubescheduler import (
 )
 from webhook.replay.labels import Relabeler
 from webhook.replay.nodelabels import NodeLabels
-from webhook.replay.records import PodRecord, Trace
+from webhook.replay.records import Trace, TracePod
 from webhook.replay.reference import REFERENCE_SCHEDULERS
 from webhook.replay.runspec import DRA, PUBLISHED, SHARING, RunResult, RunSpec
 from webhook.replay.worlds import World
 
-KUBE_ARMS = tuple(arm.name for arm in arm_table.ARMS if arm.kind == "kube")
+KUBE_ARMS = arm_table.KUBE_ARMS
 SIZING_ARMS = arm_table.SIZING_ARMS
 """On the trace's MIG-capable twin (webhook.replay.migcluster), through ``--policies``: webhook.replay.sizing."""
 ARMS = arm_table.NAMES
 POLICY_ARMS = arm_table.POLICY_ARMS
 """Arms that admit pods through the policy folder."""
-BINPACK = "gpugate-binpack"
+BINPACK = arm_table.BINPACK_PROFILE
 EXTENDER_PROFILE = names.EXTENDER_SCHEDULER_NAME
 """schedulerName of the second scheduler's profile with the default plugins and the extender (manifests/scheduler)."""
 EXTENDER_ARMS = arm_table.EXTENDER_ARMS
 DRA_HOLDER_PREFIX = "dra:"
 
 
-def demand_from_trace(records: Iterable[PodRecord], slot: int | None = None) -> list[PodDemand]:
+def demand_from_trace(records: Iterable[TracePod], slot: int | None = None) -> list[PodDemand]:
     """The pod list as the extender would read its pods (a configured mix: what FGD's typical pods use);
     products as the nodes' ``nvidia.com/gpu.product`` labels spell them; ``slot``: the timeslice
     world, where a share reads as one slot of that many thousandths."""
@@ -75,7 +75,7 @@ def demand_from_trace(records: Iterable[PodRecord], slot: int | None = None) -> 
             for r in records]
 
 
-def record_demand(record: PodRecord, slot: int | None = None) -> PodDemand:
+def record_demand(record: TracePod, slot: int | None = None) -> PodDemand:
     """A trace row as the published schedulers read it (non-zero cpu/memory defaults for scoring);
     products as the trace names GPU models. ``slot``: BestFit-on-slots in the timeslice world, where
     a share is one slot of that many thousandths."""
@@ -188,7 +188,7 @@ def kube_cluster(trace: Trace) -> KubeCluster:
     return KubeCluster(state=state, labels=labels)
 
 
-def trace_mix(records: Iterable[PodRecord], slot: int | None = None) -> ShapeMix:
+def trace_mix(records: Iterable[TracePod], slot: int | None = None) -> ShapeMix:
     """The pod list's own shape mix: what ``--extender-mix trace`` configures, and what
     ``gpugate replay`` writes as ``pod-mix.yaml`` for the balancer."""
     return ShapeMix.from_demands(demand_from_trace(records, slot))
@@ -245,6 +245,8 @@ class KubePlacer:
         self.spec, self.records, self.world, self.cluster = spec, trace.pods, world, cluster
         self.direct_extender = arm.extender and not arm.policies
         """Every pod goes to the extender's profile (no policy's schedulerName decides)."""
+        self.profile = arm.profile
+        """The profile every pod names (the arm's row); empty: its own."""
         profiles = [DEFAULT_PROFILE, binpack_profile()]
         self.extender: BlindExtender | None = None
         if arm.extender:
@@ -261,7 +263,7 @@ class KubePlacer:
         self.demands: dict[int, PodDemand] = {}
         # Without admission a pod's reading depends on its row's requests alone (not its name or
         # qos label): each distinct row is read once.
-        self.readings: dict[PodRecord, tuple[PodView, PodDemand]] = {}
+        self.readings: dict[TracePod, tuple[PodView, PodDemand]] = {}
         self.denied = 0
 
     def view_of(self, index: int) -> PodView | None:
@@ -281,7 +283,7 @@ class KubePlacer:
             self.views[index] = None
             return None
         found = self.world.view(pod, record)
-        routed = {"binpack-profile": BINPACK}.get(self.spec.arm)
+        routed = self.profile
         if self.direct_extender and (self.spec.extender_cpu_pods or found.demand.num_gpu):
             routed = EXTENDER_PROFILE
         if routed:
@@ -322,7 +324,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     """Replay one arm with one seed; pure apart from loading the policy folder named in ``spec``."""
     arm = arm_table.BY_NAME.get(spec.arm)
     if arm is None:
-        raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(ARMS)}")
+        raise InputError(f"unknown arm {spec.arm!r}; choose from {', '.join(arm_table.BY_NAME)}")
     if spec.sharing not in (*SHARING, PUBLISHED):
         raise InputError(f"unknown sharing world {spec.sharing!r}; choose from {', '.join((*SHARING, PUBLISHED))}")
     if arm.rebalancer:
@@ -330,7 +332,7 @@ def run(trace: Trace, spec: RunSpec) -> RunResult:
     if arm.kind == "sizing":
         return sizing.run(trace, spec)
     started = time.perf_counter()
-    world = World(trace, arm_table.world_of(spec.arm, spec.sharing), spec)
+    world = World(trace, arm.world or spec.sharing, spec)
     demands = [record_demand(record, world.slot) for record in trace.pods]
     cluster = world.cluster(trace)
     tracker = FragmentTracker(cluster.state, typical_pods(demands, cluster.state))

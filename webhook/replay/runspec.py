@@ -1,17 +1,21 @@
 """What one replay run is asked (``RunSpec``) and what it measured (``RunResult``): plain values.
 
 Every run module (``runner``, ``sizing``) and every reader (``report``, the CLI, the benchmarks)
-imports these from here, so no run module imports another to get them.
+imports these from here, so no run module imports another to get them. Importing it needs no
+numpy: ``gpugate replay`` reads its options' defaults from ``RunSpec`` before it knows whether the
+replay extra is installed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from webhook.kube import units
 from webhook.placement import scoring
-from webhook.replay import migcluster
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TIMESLICE = "timeslice"
 DRA = "dra"
@@ -21,6 +25,12 @@ PUBLISHED = "published"
 """The world of the reference arms: the FGD artifact's model (a share is its size on any GPU)."""
 MIG_TWIN = "mig-twin"
 """The world of the right-sizing arms: the trace on an H100 twin (``migcluster``)."""
+DEFAULT_MIG_MIX = "all-balanced=0.15"
+"""The right-sizing arms' default ``--mig-mix``: the share of the twin's GPU nodes partitioned, per layout."""
+SHIPPED_DEVICE_POLICY = "packed"
+"""What ``gpugate replay --device-allocation`` models by default: the device plugin's policy for
+time-sliced shares as manifests/gpu-operator's time-slicing-4 sets it. ``RunSpec``'s own default is
+the plugin's default (``distributed``), what a run built in code gets unless it says otherwise."""
 RANDOM_TIES = "random"
 LIST_TIES = "list"
 TIES = (RANDOM_TIES, LIST_TIES)
@@ -59,9 +69,9 @@ class RunSpec:
     extender_tolerance: float = 0.05
     extender_cpu_pods: bool = True
     """The extender arm sends CPU-only pods to the extender's profile too (else to default-scheduler)."""
-    mig_mix: str = migcluster.DEFAULT_MIX
+    mig_mix: str = DEFAULT_MIG_MIX
     """The right-sizing arms: which share of the GPU nodes is partitioned, with which MIG layout."""
-    share_replicas: int = migcluster.DEFAULT_REPLICAS
+    share_replicas: int = units.DEFAULT_SLOT_REPLICAS
     """The shares-only arm, and the timeslice world: time-sliced slots per GPU."""
     sharing: str = TIMESLICE
     """The sharing world of the kube arms (``SHARING``): timeslice (a share is a slot, as
@@ -102,6 +112,8 @@ class RunResult:
 
     def at(self, values: np.ndarray, arrived_percent: int) -> float:
         """The published binning: mean over pods whose arrived % rounds to the point (else +-1)."""
+        import numpy as np
+
         rounded = np.round(self.arrived)
         chosen = values[rounded == arrived_percent]
         if len(chosen) == 0:

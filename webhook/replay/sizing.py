@@ -132,13 +132,15 @@ def gpu_resource(demand: PodDemand) -> str:
 
 def run(trace: Trace, spec: RunSpec) -> RunResult:
     """Replay one right-sizing arm with one seed (loads the policy folder named in ``spec``)."""
-    if spec.arm not in migcluster.ARMS:
-        raise InputError(f"not a right-sizing arm: {spec.arm!r}")
+    try:
+        migcluster.sizing_of(spec.arm)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     if not spec.policies:
         raise InputError(f"the {spec.arm} arm admits pods through a policy folder: give --policies")
     try:
         mix = migcluster.parse_mix(spec.mig_mix)
-    except migcluster.MixError as err:
+    except migcluster.MigMixError as err:
         raise InputError(f"--mig-mix: {err}") from None
     started = time.perf_counter()
     return _replay(trace, spec, Twin(trace, spec, mix), started)

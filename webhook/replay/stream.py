@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from webhook.errors import InputError
-from webhook.replay.records import PodRecord, PodTimes, Trace
+from webhook.replay.records import PodTimes, Trace, TracePod
 
 SILENCE = 86_400
 """Seconds without a creation that end the trace's sparse head (the busy window starts after it)."""
@@ -74,7 +74,7 @@ def borrow(trace: Trace, default: Trace, seed: int) -> Trace:
         raise InputError(f"{default.workload} has no creation and deletion times to lend {trace.workload}")
     same = {(p.name, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli): i for i, p in enumerate(default.pods)}
     rng = np.random.default_rng((seed, 5))
-    pods: list[PodRecord] = []
+    pods: list[TracePod] = []
     times: list[PodTimes] = []
     for record in trace.pods:
         found = same.get((record.name, record.cpu_milli, record.memory_mib, record.num_gpu, record.gpu_milli))

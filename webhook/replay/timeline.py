@@ -73,12 +73,12 @@ class Timeline:
     def __init__(self, trace: Trace, spec: TimelineSpec) -> None:
         arm = arm_table.BY_NAME.get(spec.run.arm)
         if arm is None or arm.kind != "kube":
-            kube = ", ".join(a.name for a in arm_table.ARMS if a.kind == "kube")
+            kube = ", ".join(arm_table.KUBE_ARMS)
             raise InputError(f"--timeline replays the kube-scheduler arms ({kube}), not {spec.run.arm!r}")
         if spec.run.sharing == DRA:
             raise InputError("--timeline replays the timeslice and published worlds, not dra")
         self.trace, self.spec = trace, spec
-        self.world = World(trace, arm_table.world_of(arm.name, spec.run.sharing), spec.run)
+        self.world = World(trace, arm.world or spec.run.sharing, spec.run)
         self.cluster = self.world.cluster(trace)
         self.state = self.cluster.state
         self.fits_demand = [record_demand(record, self.world.slot) for record in trace.pods]

@@ -9,11 +9,11 @@ waiting pods), ``offered`` and ``fragment`` (time averages, % of GPU capacity), 
 
 from __future__ import annotations
 
-import csv
 import statistics
 from pathlib import Path
 from typing import Any
 
+from webhook.replay import report
 from webhook.replay.timelineresult import TimelineResult
 
 MEASURES: tuple[tuple[str, str, str], ...] = (
@@ -75,15 +75,11 @@ def table(results: list[TimelineResult], *, workload: str, seeds: list[int], sha
 
 def write_run_csv(result: TimelineResult, directory: Path) -> Path:
     """The run's levels over time (hours), every GRID-th of its window."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{result.arm}-seed{result.seed}.csv"
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(("hours", "allocation_pct", "pending_pct", "fragment_pct"))
-        for at, alloc, pending, frag in zip(result.times, result.allocation, result.pending, result.fragment,
-                                            strict=True):
-            writer.writerow((f"{at / 3600.0:.4f}", f"{alloc:.4f}", f"{pending:.4f}", f"{frag:.4f}"))
-    return path
+    rows = [(f"{at / 3600.0:.4f}", f"{alloc:.4f}", f"{pending:.4f}", f"{frag:.4f}")
+            for at, alloc, pending, frag in zip(result.times, result.allocation, result.pending, result.fragment,
+                                                strict=True)]
+    return report.write_rows(directory, result.arm, result.seed,
+                             ("hours", "allocation_pct", "pending_pct", "fragment_pct"), rows)
 
 
 def median_series(runs: list[TimelineResult], level: str) -> tuple[list[float], list[float]]:

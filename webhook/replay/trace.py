@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 from webhook.errors import InputError
-from webhook.replay.records import MILLI, NodeRecord, PodRecord, PodTimes, Trace
+from webhook.replay.records import MILLI, NodeRecord, PodTimes, Trace, TracePod
 
 NODE_FILE = "openb_node_list_gpu_node.csv"
 DEFAULT_POD_FILE = "openb_pod_list_default.csv"
@@ -77,7 +77,7 @@ def load_nodes(path: Path) -> tuple[NodeRecord, ...]:
     return tuple(nodes)
 
 
-def load_pods(path: Path) -> tuple[PodRecord, ...]:
+def load_pods(path: Path) -> tuple[TracePod, ...]:
     """Read an ``openb_pod_list_*.csv`` file; ``gpu_spec`` and ``qos`` are optional (multigpu lists lack them)."""
     pods = []
     for number, row in _rows(path, POD_COLUMNS):
@@ -94,7 +94,7 @@ def load_pods(path: Path) -> tuple[PodRecord, ...]:
             raise TraceError(f"{path}, row {number}, column gpu_milli: a {num_gpu}-GPU pod must take whole GPUs "
                              f"(1000), got {gpu_milli}")
         spec = tuple(part for part in (row.get("gpu_spec") or "").strip().split("|") if part)
-        pods.append(PodRecord(name=name, cpu_milli=_int(path, number, row, "cpu_milli"),
+        pods.append(TracePod(name=name, cpu_milli=_int(path, number, row, "cpu_milli"),
                               memory_mib=_int(path, number, row, "memory_mib"), num_gpu=num_gpu,
                               gpu_milli=gpu_milli, gpu_spec=spec, qos=(row.get("qos") or "").strip()))
     if not pods:
@@ -157,7 +157,7 @@ def synthetic(seed: int, *, nodes: int = 120, load: float = 0.98) -> Trace:
         node_list.append(NodeRecord(name=f"synth-node-{index:04d}", cpu_milli=cores * MILLI,
                                     memory_mib=gib * 1024, gpus=gpus, model=model))
     capacity = sum(node.gpus for node in node_list) * MILLI
-    pods: list[PodRecord] = []
+    pods: list[TracePod] = []
     requested = 0
     pod_weights = [shape[3] for shape in _SYNTHETIC_PODS]
     while True:
@@ -166,7 +166,7 @@ def synthetic(seed: int, *, nodes: int = 120, load: float = 0.98) -> Trace:
         if requested + num_gpu * milli > load * capacity:
             break
         cpu = rng.choice(core_choices) * MILLI
-        pods.append(PodRecord(name=f"synth-pod-{len(pods):05d}", cpu_milli=cpu, memory_mib=cpu * 2,
+        pods.append(TracePod(name=f"synth-pod-{len(pods):05d}", cpu_milli=cpu, memory_mib=cpu * 2,
                               num_gpu=num_gpu, gpu_milli=milli, qos=rng.choice(("LS", "BE"))))
         requested += num_gpu * milli
     return Trace(workload=f"synthetic-{seed}", nodes=tuple(node_list), pods=tuple(pods),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from webhook import names
-from webhook.replay.records import MILLI, NodeRecord, PodRecord
+from webhook.replay.records import MILLI, NodeRecord, TracePod
 
 NAMESPACE = "ml-replay"
 GPU_MILLI_ANNOTATION = "replay.gpugate.io/gpu-milli"
@@ -48,7 +48,7 @@ def node_labels(node: NodeRecord) -> dict[str, str]:
     return found
 
 
-def pod_for(record: PodRecord, *, namespace: str = NAMESPACE) -> dict[str, Any]:
+def pod_for(record: TracePod, *, namespace: str = NAMESPACE) -> dict[str, Any]:
     """A Pod object for one trace row, as a user (not yet the webhook) would write it."""
     requests: dict[str, str] = {"cpu": f"{record.cpu_milli}m", "memory": f"{record.memory_mib}Mi"}
     limits: dict[str, str] = {}

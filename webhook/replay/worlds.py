@@ -51,7 +51,7 @@ from webhook.replay import workload
 from webhook.replay.cluster import ClusterState
 from webhook.replay.kubescheduler import KubeCluster, PodView
 from webhook.replay.nodelabels import NodeLabels
-from webhook.replay.records import MILLI, NodeRecord, PodRecord, Trace
+from webhook.replay.records import MILLI, NodeRecord, Trace, TracePod
 from webhook.replay.runspec import DRA, PUBLISHED, TIMESLICE, RunSpec
 
 MIB = 2**20
@@ -67,7 +67,7 @@ def slot_milli(replicas: int = units.DEFAULT_SLOT_REPLICAS) -> int:
     return units.slot_milli(replicas)
 
 
-def sliced_nodes(nodes: Sequence[NodeRecord], pods: Sequence[PodRecord],
+def sliced_nodes(nodes: Sequence[NodeRecord], pods: Sequence[TracePod],
                  replicas: int = units.DEFAULT_SLOT_REPLICAS) -> tuple[bool, ...]:
     """Which nodes carry the time-slicing config (see the module docstring)."""
     gpus_of: dict[str, int] = {}
@@ -107,7 +107,7 @@ def timeslice_labels(labels: dict[str, str], replicas: int = units.DEFAULT_SLOT_
     return {**labels, names.NVIDIA_SHARING_LABEL: "time-slicing", names.NVIDIA_REPLICAS_LABEL: str(replicas)}
 
 
-def pod_for(record: PodRecord, sharing: str) -> dict[str, Any]:
+def pod_for(record: TracePod, sharing: str) -> dict[str, Any]:
     """The trace row as its author writes it in this world: no replay-only size annotation; in
     dra a share asks through its claim (``share_template``) instead of a slot."""
     pod = workload.pod_for(record)
@@ -227,7 +227,7 @@ class World:
         gpus = self.gpus[node]
         return serves_of(0, gpus * self.replicas) if self.sliced[node] else serves_of(gpus, 0)
 
-    def pod_for(self, record: PodRecord) -> dict[str, Any]:
+    def pod_for(self, record: TracePod) -> dict[str, Any]:
         if self.sharing == PUBLISHED:
             return workload.pod_for(record)
         return pod_for(record, self.sharing)
@@ -238,7 +238,7 @@ class World:
             self._asks[milli] = placement_dra.share_milli(share_ask(milli, self.models), self.memory_of)
         return self._asks[milli]
 
-    def view(self, pod: dict[str, Any], record: PodRecord) -> PodView:
+    def view(self, pod: dict[str, Any], record: TracePod) -> PodView:
         found = demand_reading.view(pod, slot_milli=self.slot)
         if self.sharing == DRA and record.shares_gpu and kube_demand.claim_refs(pod):
             demand = dataclasses.replace(found.demand, share_milli=self.claim_milli(record.gpu_milli))
@@ -247,7 +247,7 @@ class World:
             found = dataclasses.replace(found, demand=demand, claim_models=tuple(self.models))
         return found
 
-    def extender_demand(self, pod: dict[str, Any], view: PodView, record: PodRecord) -> PodDemand:
+    def extender_demand(self, pod: dict[str, Any], view: PodView, record: TracePod) -> PodDemand:
         """The extender's reading of an admitted Pod: its requests, and in dra its share claim; in the
         published model (no world) a share's size from the replay's annotation, via the view."""
         found = kube_demand.of_pod(pod, slot_milli=self.slot or kube_demand.DEFAULT_SLOT_MILLI)

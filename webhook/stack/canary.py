@@ -8,7 +8,7 @@ the analysis at once; success needs every metric to have passed):
 * **Gate** (what ``promote`` checks): every node of the canary pool is ``upgrade-done`` at the
   driver Git pins for the pool (NVIDIA's state label ``nvidia.com/gpu-driver-upgrade-state``, the
   driver version GPU Feature Discovery labels the node with). Anything else blocks, naming the node.
-* **Verdict** (what ``gpugate stack canary`` decides): ``rollback`` as soon as a canary node is
+* **CanaryVerdict** (what ``gpugate stack canary`` decides): ``rollback`` as soon as a canary node is
   ``upgrade-failed`` or a condition's measurement fails, or the deadline passes first; ``promote``
   once the gate has held, and every condition passed, for the whole window; else ``wait``.
 
@@ -282,7 +282,7 @@ def gate(pool: str, driver: str, nodes: Sequence[NodeUpgrade]) -> Gate:
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class CanaryObservation:
     """One look at the canary: the pool's nodes and each condition's values at ``at`` (seconds)."""
 
     at: float
@@ -303,7 +303,7 @@ class Watch:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class CanaryVerdict:
     decision: str
     """``promote``, ``rollback`` or ``wait``."""
     reasons: tuple[str, ...]
@@ -314,22 +314,22 @@ class Verdict:
     never replaced by itself), so they need the documented retry after the rollback synced."""
 
 
-def judge(analysis: Analysis, driver: str, watch: Watch, seen: Observation) -> Verdict:
+def judge(analysis: Analysis, driver: str, watch: Watch, seen: CanaryObservation) -> CanaryVerdict:
     """The next verdict from one more observation (Argo Rollouts: any failed measurement fails)."""
     failed = sorted(n.name for n in seen.nodes if n.state == FAILED)
     if failed:
-        return Verdict("rollback", (f"driver upgrade failed on {', '.join(failed)} (upgrade-failed)",), watch,
+        return CanaryVerdict("rollback", (f"driver upgrade failed on {', '.join(failed)} (upgrade-failed)",), watch,
                        failed_nodes=tuple(failed))
     violations = [v for c in analysis.conditions if c.name in seen.measurements
                   and (v := c.violation(seen.measurements[c.name])) is not None]
     if violations:
-        return Verdict("rollback", tuple(violations), watch)
+        return CanaryVerdict("rollback", tuple(violations), watch)
     opened = gate(analysis.pool, driver, seen.nodes)
     if not opened.ok:
         watch = Watch(started=watch.started)
         if seen.at - watch.started >= analysis.timeout_seconds:
-            return Verdict("rollback", (f"not done after {analysis.timeout_seconds:g}s: {opened.reason}",), watch)
-        return Verdict("wait", (opened.reason,), watch)
+            return CanaryVerdict("rollback", (f"not done after {analysis.timeout_seconds:g}s: {opened.reason}",), watch)
+        return CanaryVerdict("wait", (opened.reason,), watch)
     since = watch.gate_since if watch.gate_since is not None else seen.at
     watch = Watch(started=watch.started, gate_since=since,
                   measured=watch.measured | frozenset(seen.measurements))
@@ -338,8 +338,8 @@ def judge(analysis: Analysis, driver: str, watch: Watch, seen: Observation) -> V
     if held >= analysis.window_seconds and not unmeasured:
         passed = [f"{opened.reason}, for {held:.0f}s (window {analysis.window_seconds:g}s)"]
         passed += [f"{c.name} held" for c in analysis.conditions]
-        return Verdict("promote", tuple(passed), watch)
+        return CanaryVerdict("promote", tuple(passed), watch)
     waiting = f"{opened.reason}; {held:.0f}s of the {analysis.window_seconds:g}s window"
     if unmeasured:
         waiting += f"; not yet measured: {', '.join(unmeasured)}"
-    return Verdict("wait", (waiting,), watch)
+    return CanaryVerdict("wait", (waiting,), watch)

@@ -29,7 +29,7 @@ from webhook.kube.yamlload import fast_load
 from webhook.lease import LeaderElector, LeaseSettings
 from webhook.stack import canary_observe, canary_watch, canarygit, canarymetrics, manifests
 from webhook.stack.canary import Analysis
-from webhook.stack.canarymodes import Decision, Memory, Rollout, decide
+from webhook.stack.canarymodes import CanaryDecision, Memory, Rollout, decide
 
 log = logging.getLogger("gpugate.stack.canary")
 ANNOTATION = "gpugate.io/canary-"
@@ -97,7 +97,7 @@ class CanaryController:
         values = fast_load((where.repo.root / manifests.VALUES_FILE).read_text(encoding="utf-8"))
         decided = canarygit.decisions(where.repo)
         seen: canary_observe.Seen | None = None
-        due: list[tuple[Decision, Rollout, PoolState]] = []
+        due: list[tuple[CanaryDecision, Rollout, PoolState]] = []
         for pool, rollout in canarygit.rollouts(where.repo, analysis.pools).items():
             state = self.pools.setdefault(pool, PoolState())
             if rollout is None or (state.rollout is not None and state.rollout.commit != rollout.commit):
@@ -123,7 +123,7 @@ class CanaryController:
         return analysis.interval_seconds
 
     def judge(self, analysis: Analysis, stack: Any, rollout: Rollout, state: PoolState, values: Any,
-              seen: canary_observe.Seen) -> Decision:
+              seen: canary_observe.Seen) -> CanaryDecision:
         look = canary_observe.look(self.settings.eyes, seen, stack, analysis, rollout, values, now=self.wall())
         decision = decide(analysis, rollout, state.memory, look)
         state.memory = decision.memory
@@ -160,7 +160,7 @@ class CanaryController:
         for rollout, decision in decided:
             self.report(rollout, decision, sha)
 
-    def report(self, rollout: Rollout, decision: Decision, sha: str) -> None:
+    def report(self, rollout: Rollout, decision: CanaryDecision, sha: str) -> None:
         """A pushed decision as an Event, metrics, a log line and the NVIDIADriver's annotations."""
         delay = self.wall() - (decision.signal_at if decision.signal_at is not None else self.wall())
         canarymetrics.decided(rollout.pool, decision.action, decision.mode, delay)
@@ -186,7 +186,7 @@ class CanaryController:
         except Exception as err:  # the commit is made; an Event is a report of it
             log.warning("canary event not written", extra={"fields": {"error": kubeclient.failure(err)}})
 
-    def annotate(self, rollout: Rollout, decision: Decision, sha: str) -> None:
+    def annotate(self, rollout: Rollout, decision: CanaryDecision, sha: str) -> None:
         """What the NVIDIADriver's Argo CD health check says while the decision rolls out."""
         annotations = {ANNOTATION + "decision": decision.action, ANNOTATION + "mode": decision.mode or None,
                        ANNOTATION + "rollout-version": rollout.to_driver,

@@ -22,7 +22,7 @@ from webhook.names import DRIVER_UPGRADE_STATE_LABEL
 from webhook.stack import canary_watch
 from webhook.stack.canary import Analysis, Sample
 from webhook.stack.canarymodes import CanaryNode, Diagnosis, DriverPod, Look, Rollout, XidCounts
-from webhook.stack.clusterstate import ClusterState, labels_of, name_of, pool_of_node
+from webhook.stack.clusterstate import ClusterSnapshot, labels_of, name_of, pool_of_node
 from webhook.stack.consumers import pinning_consumers
 from webhook.stack.model import Stack
 
@@ -169,7 +169,7 @@ def look(eyes: Eyes, seen: Seen, stack: Stack, analysis: Analysis, rollout: Roll
     """One look at ``rollout``'s pool, from what the round read (and Prometheus, asked now)."""
     pools = {name_of(n): pool_of_node(labels_of(n), stack) for n in seen.nodes}
     canary = {n for n, p in pools.items() if p == rollout.pool}
-    state = ClusterState.from_objects(
+    state = ClusterSnapshot.from_objects(
         [*({**n, "kind": "Node"} for n in seen.nodes),
          *({**p, "kind": "Pod"} for node in sorted(canary) for p in seen.on_nodes.get(node, [])),
          *({**d, "kind": "DaemonSet"} for d in seen.daemonsets)], source="the cluster")

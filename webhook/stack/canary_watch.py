@@ -24,11 +24,11 @@ from webhook.stack.canary import (
     ANALYSIS_FILE,
     NO_STATE,
     Analysis,
+    CanaryObservation,
+    CanaryVerdict,
     Gate,
     NodeUpgrade,
-    Observation,
     Sample,
-    Verdict,
     Watch,
     gate,
     judge,
@@ -114,17 +114,17 @@ def series_name(labels: Mapping[str, str]) -> str:
 
 
 def observe(stack: Stack, analysis: Analysis, *, server: Target | str | None, prometheus: str | None,
-            now: float) -> Observation:
+            now: float) -> CanaryObservation:
     raw = stack_status.fetch_cluster(server)
     url = prometheus or analysis.prometheus_url
     measurements = {c.name: query(url, c.query) for c in analysis.conditions} if url else {}
-    return Observation(at=now, nodes=tuple(node_upgrades(stack, analysis.pool, raw["nodes"])),
+    return CanaryObservation(at=now, nodes=tuple(node_upgrades(stack, analysis.pool, raw["nodes"])),
                        measurements=measurements)
 
 
 def watch(stack: Stack, analysis: Analysis, driver: str, *, server: Target | str | None, prometheus: str | None,
-          once: bool = False, report: Callable[[Verdict], None] | None = None,
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Verdict:
+          once: bool = False, report: Callable[[CanaryVerdict], None] | None = None,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> CanaryVerdict:
     """Observe every ``interval`` until the verdict is promote or rollback (or once, with ``once``)."""
     state = Watch(started=clock())
     while True:

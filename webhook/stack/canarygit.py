@@ -21,7 +21,7 @@ from pathlib import Path
 from webhook.errors import GpugateError
 from webhook.stack import manifests, upgrade
 from webhook.stack.canary import Analysis
-from webhook.stack.canarymodes import Decision, Rollout
+from webhook.stack.canarymodes import CanaryDecision, Rollout
 from webhook.stack.gitrepo import GIT_TIMEOUT_SECONDS, PushRefused, Repo
 from webhook.stack.messages import TRAILER
 from webhook.stack.model import Stack
@@ -119,7 +119,7 @@ class Where:
     schema_root: Path | None = None
 
 
-Due = tuple[Rollout, Decision]
+Due = tuple[Rollout, CanaryDecision]
 """A pool's rollout and the decision taken on it."""
 
 

@@ -3,7 +3,7 @@
 ``gpugate stack canary --watch`` looks at each canary pool every ``intervalSeconds``
 (``canary_controller`` gathers a ``Look``: the pool's nodes through NVIDIA's upgrade states, their
 driver pods, what pins the driver, the library's upgrade-failed Events, the DCGM diagnostic Jobs,
-the XID counts of the canary and baseline pools); ``decide`` turns it into one ``Decision``:
+the XID counts of the canary and baseline pools); ``decide`` turns it into one ``CanaryDecision``:
 
 * **rollback**, naming the first failure mode seen and its evidence, as soon as one holds;
 * **promote**, once every node is ``upgrade-done`` at the new driver, the diagnostics passed and
@@ -130,7 +130,7 @@ class Memory:
 
 
 @dataclass(frozen=True)
-class Decision:
+class CanaryDecision:
     action: str
     """``wait``, ``promote`` or ``rollback``."""
     memory: Memory
@@ -162,12 +162,12 @@ def remember(memory: Memory, look: Look) -> Memory:
     return dataclasses.replace(memory, since=since, mig_since=mig, failed=failed)
 
 
-def _rollback(memory: Memory, mode: str, evidence: list[str], signal_at: float, nodes: list[str]) -> Decision:
-    return Decision("rollback", memory, mode=mode, evidence=tuple(evidence), signal_at=signal_at,
+def _rollback(memory: Memory, mode: str, evidence: list[str], signal_at: float, nodes: list[str]) -> CanaryDecision:
+    return CanaryDecision("rollback", memory, mode=mode, evidence=tuple(evidence), signal_at=signal_at,
                     nodes=tuple(sorted(set(nodes))))
 
 
-def _upgrade_failed(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
+def _upgrade_failed(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> CanaryDecision | None:
     if not memory.failed:
         return None
     states = {n.name: n.state for n in look.nodes}
@@ -177,7 +177,7 @@ def _upgrade_failed(analysis: Analysis, rollout: Rollout, memory: Memory, look: 
     return _rollback(memory, UPGRADE_FAILED, evidence, min(memory.failed.values()), list(memory.failed))
 
 
-def _consumers(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
+def _consumers(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> CanaryDecision | None:
     """A node whose new driver cannot load (crash-looping, or already upgrade-failed) while something the
     upgrade never frees holds the driver: the consumer is the cause, so it is named (before upgrade-failed)."""
     for node in look.nodes:
@@ -193,7 +193,7 @@ def _consumers(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look)
     return None
 
 
-def _driver_pods(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
+def _driver_pods(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> CanaryDecision | None:
     """A new driver pod not Ready past the limit."""
     for node in look.nodes:
         pod = node.driver_pod
@@ -209,7 +209,7 @@ def _driver_pods(analysis: Analysis, rollout: Rollout, memory: Memory, look: Loo
     return None
 
 
-def _states(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
+def _states(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> CanaryDecision | None:
     """A node in validation-required, in another in-progress state, or with MIG pending, past its limit."""
     limits = analysis.limits
     for node in look.nodes:
@@ -235,7 +235,7 @@ def _states(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) ->
     return None
 
 
-def _diagnostics(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
+def _diagnostics(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> CanaryDecision | None:
     spec = analysis.diagnostics
     for node, diagnosis in sorted(look.diagnoses.items()):
         if diagnosis.phase == "failed":
@@ -249,7 +249,7 @@ def _diagnostics(analysis: Analysis, rollout: Rollout, memory: Memory, look: Loo
     return None
 
 
-def _xid(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
+def _xid(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> CanaryDecision | None:
     rule, counts = analysis.xid, look.xid
     if rule is None or counts is None or counts.canary < rule.minimum or not counts.canary_nodes:
         return None
@@ -264,7 +264,7 @@ def _xid(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> De
                      look.at, [n.name for n in look.nodes])
 
 
-def _conditions(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision | None:
+def _conditions(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> CanaryDecision | None:
     violations = [v for c in analysis.conditions if c.name in look.measurements
                   and (v := c.violation(look.measurements[c.name])) is not None]
     if not violations:
@@ -276,7 +276,7 @@ FAILURES = (_consumers, _upgrade_failed, _driver_pods, _states, _diagnostics, _x
 """The failure checks in the order of ``MODES`` (each may hold several modes); the first that holds decides."""
 
 
-def decide(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> Decision:
+def decide(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> CanaryDecision:
     """The decision over one more look at ``rollout``'s pool."""
     memory = remember(memory, look)
     for failure in FAILURES:
@@ -290,14 +290,14 @@ def decide(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> 
             return _rollback(memory, TIMEOUT, [f"not done {analysis.timeout_seconds:g}s after the rollout commit: "
                                                f"{opened.reason}"], rollout.started + analysis.timeout_seconds,
                              [n.name for n in look.nodes if n.state != DONE])
-        return Decision("wait", memory, evidence=(opened.reason,))
+        return CanaryDecision("wait", memory, evidence=(opened.reason,))
     since = memory.gate_since if memory.gate_since is not None else look.at
     memory = dataclasses.replace(memory, gate_since=since, measured=memory.measured | frozenset(look.measurements))
     if analysis.diagnostics is not None:
         missing = [n.name for n in look.nodes if n.name not in look.diagnoses]
         running = [d.job for d in look.diagnoses.values() if d.phase != "succeeded"]
         if missing or running:
-            return Decision("wait", memory, diagnose=bool(missing),
+            return CanaryDecision("wait", memory, diagnose=bool(missing),
                             evidence=(f"{opened.reason}; DCGM diagnostics " + (
                                 f"to start on {', '.join(missing)}" if missing else f"running: {', '.join(running)}"),))
     held = look.at - since
@@ -307,11 +307,11 @@ def decide(analysis: Analysis, rollout: Rollout, memory: Memory, look: Look) -> 
         if analysis.diagnostics is not None:
             evidence.append(f"DCGM diagnostics passed: {', '.join(d.job for d in look.diagnoses.values())}")
         evidence += [f"{c.name} held" for c in analysis.conditions]
-        return Decision("promote", memory, evidence=tuple(evidence), nodes=tuple(n.name for n in look.nodes))
+        return CanaryDecision("promote", memory, evidence=tuple(evidence), nodes=tuple(n.name for n in look.nodes))
     waiting = f"{opened.reason}; {held:.0f}s of the {analysis.window_seconds:g}s soak"
     if unmeasured:
         waiting += f"; not yet measured: {', '.join(unmeasured)}"
-    return Decision("wait", memory, evidence=(waiting,))
+    return CanaryDecision("wait", memory, evidence=(waiting,))
 
 
 def _as_upgrade(node: CanaryNode) -> NodeUpgrade:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from webhook.stack.clusterstate import ClusterState
+from webhook.stack.clusterstate import ClusterSnapshot
 from webhook.stack.compat import Check
 from webhook.stack.model import Pool, Stack
 from webhook.stack.releases import Matrix, Release
@@ -44,7 +44,7 @@ NO_WAIVERS = Waivers()
 
 
 @dataclass(frozen=True, kw_only=True)
-class Context:
+class ChangeContext:
     """What the rules read besides the two stacks. Each part is None when it was not read, and a
     rule that needs it says it did not run (SKIP) rather than pass on nothing."""
 
@@ -53,7 +53,7 @@ class Context:
     stack.yaml (versions, upgrade policy) may lag, no rule reads those from here."""
     values_before: Mapping[str, Any] | None = None
     """The chart values before the change (HEAD's)."""
-    cluster: ClusterState | None = None
+    cluster: ClusterSnapshot | None = None
     """The cluster as read with --kube (or a recorded --cluster-state)."""
     chart_crds_applied: bool | None = None
     """Whether the gpu-operator Application applies the chart's crds/ (Argo CD renders with
@@ -64,7 +64,7 @@ class Context:
     """Release -> CRD name -> ``crdstate.CRDShape``: the CRDs each known chart release ships."""
 
 
-NO_CONTEXT = Context()
+NO_CONTEXT = ChangeContext()
 """Nothing read beyond the stacks: every rule that needs more says so."""
 
 
@@ -84,7 +84,7 @@ class Change:
     waivers: Waivers = NO_WAIVERS
     scope: Check | None = None
     """The planner's verdict on which pools a scoped change (``--pool``, promote) touches."""
-    context: Context = NO_CONTEXT
+    context: ChangeContext = NO_CONTEXT
 
     @property
     def operator_moves(self) -> bool:
@@ -126,7 +126,7 @@ def reloaded_pools(change: Change) -> tuple[str, ...]:
     return tuple(p.name for p in final.pools if before.get(p.name) != _driver_identity(p))
 
 
-ClusterRule = Callable[[Change, ClusterState], list[Check]]
+ClusterRule = Callable[[Change, ClusterSnapshot], list[Check]]
 
 
 def needs_cluster(rule: ClusterRule) -> Callable[[Change], list[Check]]:

@@ -19,7 +19,7 @@ from webhook.stack.change import (  # re-exported: the planners and commands imp
     SYNC,
     UPGRADE,
     Change,
-    Context,
+    ChangeContext,
     ExistingDrivers,
     StackCheck,
     Waivers,
@@ -28,7 +28,7 @@ from webhook.stack.change import (  # re-exported: the planners and commands imp
 )
 from webhook.stack.compat import Check
 
-__all__ = ["CHECKS", "NO_CONTEXT", "NO_WAIVERS", "PROMOTE", "ROLLBACK", "SYNC", "UPGRADE", "Change", "Context",
+__all__ = ["CHECKS", "NO_CONTEXT", "NO_WAIVERS", "PROMOTE", "ROLLBACK", "SYNC", "UPGRADE", "Change", "ChangeContext",
            "ExistingDrivers", "StackCheck", "Waivers", "changed_pools", "reloaded_pools", "run_checks"]
 
 

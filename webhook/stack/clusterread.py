@@ -18,7 +18,7 @@ import yaml
 
 from webhook.errors import GpugateError
 from webhook.kubetarget import Target
-from webhook.stack.clusterstate import ClusterState
+from webhook.stack.clusterstate import ClusterSnapshot
 
 NVIDIA_KINDS = (("ClusterPolicy", "v1", "clusterpolicies"), ("NVIDIADriver", "v1alpha1", "nvidiadrivers"),
                 ("GPUCluster", "v1alpha1", "gpuclusters"))
@@ -33,7 +33,7 @@ def _items(kind: str, call: Any, what: str, *args: Any, **kwargs: Any) -> list[d
     return [{**item, "kind": kind} for item in kubeclient.raw_json(response).get("items") or []]
 
 
-def read_cluster(server: Target | str | None) -> ClusterState:
+def read_cluster(server: Target | str | None) -> ClusterSnapshot:
     """Everything the preflight rules read, listed once through the API server of ``server``."""
     from kubernetes import client
 
@@ -51,16 +51,16 @@ def read_cluster(server: Target | str | None) -> ClusterState:
             objects += _items(kind, custom.list_cluster_custom_object, f"{kind}s", "nvidia.com", version, plural)
     finally:
         api.close()
-    state = ClusterState.from_objects(objects, source=f"the cluster ({server or 'kubeconfig / in-cluster'})",
+    state = ClusterSnapshot.from_objects(objects, source=f"the cluster ({server or 'kubeconfig / in-cluster'})",
                                       observed_at=datetime.now(UTC))
     # Listed, so read: an empty list still means "no CRD", unlike a recording without CRDs.
     return state if state.crds is not None else dataclasses.replace(state, crds=())
 
 
-def load_recorded(path: Path) -> ClusterState:
+def load_recorded(path: Path) -> ClusterSnapshot:
     """A recorded state: YAML documents or Lists of the kinds the rules read, as observed now."""
     try:
         documents = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
     except (OSError, yaml.YAMLError) as err:
         raise GpugateError(f"--cluster-state {path}: {err}") from err
-    return ClusterState.from_objects(documents, source=f"the recorded state {path}", observed_at=datetime.now(UTC))
+    return ClusterSnapshot.from_objects(documents, source=f"the recorded state {path}", observed_at=datetime.now(UTC))

@@ -23,7 +23,7 @@ NFD_NVIDIA_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 OPERATOR_OWNER_KINDS = ("ClusterPolicy", "NVIDIADriver")
 """The operator's own DaemonSets are owned by one of these (controllers set the owner reference)."""
 
-# kind -> the ClusterState field it is kept in
+# kind -> the ClusterSnapshot field it is kept in
 _FIELDS = {"Node": "nodes", "Pod": "pods", "DaemonSet": "daemonsets", "CustomResourceDefinition": "crds",
            "ClusterPolicy": "cluster_policies", "NVIDIADriver": "nvidia_drivers", "GPUCluster": "gpu_clusters"}
 
@@ -90,7 +90,7 @@ def controller_of(obj: KubeObject) -> tuple[str, str] | None:
 
 
 @dataclass(frozen=True)
-class ClusterState:
+class ClusterSnapshot:
     """What the cluster held when it was read. ``crds`` None: CRDs were not read."""
 
     nodes: tuple[KubeObject, ...] = ()
@@ -106,7 +106,8 @@ class ClusterState:
     """When it was read (timezone-aware): how long a pod has been in a state is measured to it."""
 
     @classmethod
-    def from_objects(cls, objects: Iterable[Any], *, source: str, observed_at: datetime | None = None) -> ClusterState:
+    def from_objects(cls, objects: Iterable[Any], *, source: str,
+                     observed_at: datetime | None = None) -> ClusterSnapshot:
         """Objects by kind; ``List`` objects are opened; any other kind is refused, naming it."""
         found: dict[str, list[KubeObject]] = {field: [] for field in _FIELDS.values()}
         saw_crds = False

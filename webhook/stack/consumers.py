@@ -23,7 +23,7 @@ from typing import Any
 
 from webhook.kube import demand
 from webhook.stack.change import Change, needs_cluster, reloaded_pools
-from webhook.stack.clusterstate import ClusterState, KubeObject, controller_of, qualified, spec_of
+from webhook.stack.clusterstate import ClusterSnapshot, KubeObject, controller_of, qualified, spec_of
 from webhook.stack.compat import Check, verdict
 from webhook.stack.hardening import toolkit_ignores_visible_devices
 
@@ -82,7 +82,7 @@ def reaches_gpu(pod: KubeObject, *, envvar_ignored: bool) -> list[str]:
     return ways
 
 
-def pinning_consumers(state: ClusterState, nodes: Iterable[str], values: Mapping[str, Any] | None) -> list[str]:
+def pinning_consumers(state: ClusterSnapshot, nodes: Iterable[str], values: Mapping[str, Any] | None) -> list[str]:
     """One line per pod (or DaemonSet) on ``nodes`` that reaches a GPU and that the upgrade never frees."""
     ignored = toolkit_ignores_visible_devices(values)
     found: dict[str, str] = {}
@@ -104,7 +104,7 @@ def pinning_consumers(state: ClusterState, nodes: Iterable[str], values: Mapping
 
 
 @needs_cluster
-def check_gpu_consumers(change: Change, state: ClusterState) -> list[Check]:
+def check_gpu_consumers(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "gpu-consumers"
     nodes = state.pool_nodes(change.final, reloaded_pools(change))
     pinning = pinning_consumers(state, nodes, change.context.values)
@@ -127,7 +127,7 @@ def _stuck_on_emptydir(policy: Mapping[str, Any]) -> bool:
 
 
 @needs_cluster
-def check_drain_emptydir(change: Change, state: ClusterState) -> list[Check]:
+def check_drain_emptydir(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "drain-emptydir"
     found = []
     for pool in reloaded_pools(change):

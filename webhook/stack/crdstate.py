@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webhook.stack.change import Change, needs_cluster
-from webhook.stack.clusterstate import ClusterState, KubeObject, annotations_of, labels_of, name_of, spec_of
+from webhook.stack.clusterstate import ClusterSnapshot, KubeObject, annotations_of, labels_of, name_of, spec_of
 from webhook.stack.compat import Check
 
 TRACKING_ANNOTATION = "argocd.argoproj.io/tracking-id"
@@ -118,7 +118,7 @@ def _target(change: Change) -> Mapping[str, CRDShape] | None:
 
 
 @needs_cluster
-def check_crds_served(change: Change, state: ClusterState) -> list[Check]:
+def check_crds_served(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "crds-served"
     release = change.final.operator_version
     if state.crds is None:
@@ -146,7 +146,7 @@ def check_crds_served(change: Change, state: ClusterState) -> list[Check]:
 
 
 @needs_cluster
-def check_crd_owner(change: Change, state: ClusterState) -> list[Check]:
+def check_crd_owner(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "crd-owner"
     if state.crds is None:
         return []

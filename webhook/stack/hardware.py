@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from webhook.names import NVIDIA_FAMILY_LABEL, NVIDIA_PRODUCT_LABEL
 from webhook.stack.change import Change, needs_cluster, reloaded_pools
-from webhook.stack.clusterstate import ClusterState, KubeObject, labels_of, name_of, status_of
+from webhook.stack.clusterstate import ClusterSnapshot, KubeObject, labels_of, name_of, status_of
 from webhook.stack.compat import Check, verdict
 from webhook.stack.hardening import component_env
 from webhook.stack.releases import driver_branch
@@ -80,7 +80,7 @@ def _pools_nodes(change: Change) -> dict[str, list[KubeObject]]:
 
 
 @needs_cluster
-def check_driver_hardware(change: Change, state: ClusterState) -> list[Check]:
+def check_driver_hardware(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "driver-hardware"
     failed = []
     for pool, nodes in _pools_nodes(change).items():
@@ -102,7 +102,7 @@ def _kernel_module_type(change: Change) -> str:
 
 
 @needs_cluster
-def check_kernel_modules(change: Change, state: ClusterState) -> list[Check]:
+def check_kernel_modules(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "kernel-modules"
     if change.final.management != "clusterpolicy" or _kernel_module_type(change) != "proprietary":
         return [Check(name=name, ok=True, reason="kernelModuleType is not proprietary")]
@@ -132,7 +132,7 @@ def _precompiled_problem(node: KubeObject, branch: int) -> str:
 
 
 @needs_cluster
-def check_precompiled_kernel(change: Change, state: ClusterState) -> list[Check]:
+def check_precompiled_kernel(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "precompiled-kernel"
     problems = []
     for pool, nodes in _pools_nodes(change).items():
@@ -155,7 +155,7 @@ def _gke_minor(node: KubeObject) -> int | None:
 
 
 @needs_cluster
-def check_toolkit_platform(change: Change, state: ClusterState) -> list[Check]:
+def check_toolkit_platform(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "toolkit-platform"
     values = change.context.values or {}
     toolkit = values.get("toolkit")
@@ -174,7 +174,7 @@ def check_toolkit_platform(change: Change, state: ClusterState) -> list[Check]:
 
 
 @needs_cluster
-def check_control_plane_gpu(change: Change, state: ClusterState) -> list[Check]:
+def check_control_plane_gpu(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "control-plane-gpu"
     values = change.context.values or {}
     toolkit = values.get("toolkit")

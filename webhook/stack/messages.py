@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from webhook.stack.compat import Check
 from webhook.stack.model import Stack
-from webhook.stack.plan import Plan
+from webhook.stack.plan import ChangePlan
 
 TRAILER = "Gpugate-Stack"
 """The git trailer that marks a stack commit; its value is the action (upgrade, promote, rollback)."""
@@ -29,7 +29,7 @@ def changes(before: Stack, after: Stack) -> list[str]:
     return lines
 
 
-def commit_message(plan: Plan, *, files: list[str], extra_checks: tuple[Check, ...] = ()) -> str:
+def commit_message(plan: ChangePlan, *, files: list[str], extra_checks: tuple[Check, ...] = ()) -> str:
     """The structured message of the plan's first commit: title, changes, checks passed, trailers."""
     step = plan.steps[0]
     body = [f"gpugate stack: {step.title}"[:200], ""]

@@ -27,7 +27,7 @@ from typing import Any
 from webhook.names import DRIVER_UPGRADE_STATE_LABEL, NVIDIA_MIG_CONFIG_LABEL
 from webhook.stack.change import Change, needs_cluster, reloaded_pools
 from webhook.stack.clusterstate import (
-    ClusterState,
+    ClusterSnapshot,
     KubeObject,
     labels_of,
     meta,
@@ -47,11 +47,11 @@ DRIVER_COMPONENT = ("app.kubernetes.io/component", "nvidia-driver")
 INIT_PATIENCE_SECONDS = 600
 """An operand still initialising this long after it started is stuck, not starting (its init steps wait
 on the driver and toolkit, seconds to a few minutes on a healthy node)."""
-def _reloaded_nodes(change: Change, state: ClusterState) -> dict[str, str]:
+def _reloaded_nodes(change: Change, state: ClusterSnapshot) -> dict[str, str]:
     return state.pool_nodes(change.final, reloaded_pools(change))
 
 
-def _nodes(state: ClusterState, names: Mapping[str, str]) -> list[KubeObject]:
+def _nodes(state: ClusterSnapshot, names: Mapping[str, str]) -> list[KubeObject]:
     return sorted((n for n in state.gpu_nodes() if name_of(n) in names), key=name_of)
 
 
@@ -75,7 +75,7 @@ def _crash_looping(pod: KubeObject) -> str:
 
 
 @needs_cluster
-def check_upgrade_in_flight(change: Change, state: ClusterState) -> list[Check]:
+def check_upgrade_in_flight(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "upgrade-in-flight"
     names = _reloaded_nodes(change, state)
     if not names:
@@ -114,7 +114,7 @@ def check_upgrade_in_flight(change: Change, state: ClusterState) -> list[Check]:
 
 
 @needs_cluster
-def check_nodes_ready(change: Change, state: ClusterState) -> list[Check]:
+def check_nodes_ready(change: Change, state: ClusterSnapshot) -> list[Check]:
     name = "nodes-ready"
     names = _reloaded_nodes(change, state)
     problems = [f"node {name_of(n)} is NotReady" for n in _nodes(state, names) if not node_ready(n)]
@@ -146,7 +146,7 @@ def _mig_problem(labels: Mapping[str, Any]) -> str:
 
 
 @needs_cluster
-def check_mig_state(change: Change, state: ClusterState) -> list[Check]:
+def check_mig_state(change: Change, state: ClusterSnapshot) -> list[Check]:
     """A MIG layout pending or failed on a reloaded node (the labels the MIG manager writes)."""
     names = _reloaded_nodes(change, state)
     found = [f"{name_of(n)}: {p}" for n in _nodes(state, names) if (p := _mig_problem(labels_of(n)))]
@@ -160,7 +160,7 @@ def check_mig_state(change: Change, state: ClusterState) -> list[Check]:
                         f"a platform without GPU reset set migManager.env WITH_REBOOT=true"))
 
 
-def _stuck_initialising(state: ClusterState, pod: KubeObject) -> str:
+def _stuck_initialising(state: ClusterSnapshot, pod: KubeObject) -> str:
     for container in status_of(pod).get("initContainerStatuses") or []:
         running = (container.get("state") or {}).get("running")
         age = state.age_seconds((running or {}).get("startedAt"))
@@ -170,7 +170,7 @@ def _stuck_initialising(state: ClusterState, pod: KubeObject) -> str:
 
 
 @needs_cluster
-def check_operands_ready(change: Change, state: ClusterState) -> list[Check]:
+def check_operands_ready(change: Change, state: ClusterSnapshot) -> list[Check]:
     """Operator pods (validator, toolkit, plugin...) stuck in Init or crash-looping on a reloaded node."""
     name = "operands-ready"
     names = _reloaded_nodes(change, state)

@@ -1,4 +1,4 @@
-"""Plan a stack change: the checks it must pass and the commits it takes. Pure: data in, Plan out.
+"""Plan a stack change: the checks it must pass and the commits it takes. Pure: data in, ChangePlan out.
 
 ``plan_upgrade``, ``plan_sync`` and ``plan_promote`` (and ``rollback.plan_rollback``) work out the
 stack a change leaves behind and run the rules of ``webhook.stack.checks`` their action takes; they
@@ -22,7 +22,7 @@ from webhook.stack.checks import (
     SYNC,
     UPGRADE,
     Change,
-    Context,
+    ChangeContext,
     ExistingDrivers,
     Waivers,
     changed_pools,
@@ -32,7 +32,7 @@ from webhook.stack.compat import Check
 from webhook.stack.model import Pool, Stack
 from webhook.stack.releases import Matrix, OperatorVersion, driver_branch, parse_minor
 
-__all__ = ["Context", "ExistingDrivers", "Plan", "Request", "Step", "Waivers", "plan_promote", "plan_sync",
+__all__ = ["ChangeContext", "ExistingDrivers", "ChangePlan", "Request", "Step", "Waivers", "plan_promote", "plan_sync",
            "plan_upgrade"]
 
 
@@ -59,7 +59,7 @@ class Step:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class ChangePlan:
     action: str
     current: Stack
     steps: tuple[Step, ...]
@@ -83,7 +83,7 @@ class Plan:
     def warnings(self) -> tuple[str, ...]:
         return tuple(c.warning for c in self.checks if c.warning)
 
-    def with_checks(self, extra: tuple[Check, ...]) -> Plan:
+    def with_checks(self, extra: tuple[Check, ...]) -> ChangePlan:
         return dataclasses.replace(self, checks=self.checks + extra)
 
 
@@ -92,8 +92,8 @@ def fail(name: str, reason: str, subject: str = "") -> Check:
     return Check(name=name, ok=False, reason=reason, subject=subject)
 
 
-def _refused(action: str, current: Stack, check: Check) -> Plan:
-    return Plan(action=action, current=current, steps=(), checks=(check,))
+def _refused(action: str, current: Stack, check: Check) -> ChangePlan:
+    return ChangePlan(action=action, current=current, steps=(), checks=(check,))
 
 
 def _upgrade_scope(current: Stack, request: Request, target: OperatorVersion, target_mode: str) -> Check | None:
@@ -152,7 +152,7 @@ def _upgrade_steps(matrix: Matrix, current: Stack, final: Stack, request: Reques
 
 
 def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: ExistingDrivers,
-                 context: Context = NO_CONTEXT) -> Plan:
+                 context: ChangeContext = NO_CONTEXT) -> ChangePlan:
     """Check an upgrade of the operator and/or drivers and split it into the commits it needs."""
     try:
         target = OperatorVersion.parse(request.operator)
@@ -174,12 +174,13 @@ def plan_upgrade(matrix: Matrix, current: Stack, request: Request, existing: Exi
     if scope is not None and not scope.ok:
         change = Change(action=UPGRADE, matrix=matrix, release=release, current=current, scope=scope,
                         final=current.replace(operator_version=target, kubernetes_minor=minor), context=context)
-        return Plan(action=UPGRADE, current=current, steps=(), checks=tuple(run_checks(change, through="pool-scope")))
+        return ChangePlan(action=UPGRADE, current=current, steps=(), checks=tuple(run_checks(change,
+                                                                                             through="pool-scope")))
     final, pools_changed = _upgrade_final(current, request, target, minor, target_mode)
     pools = [p.name for p in final.pools] if target != current.operator_version else pools_changed
     change = Change(action=UPGRADE, matrix=matrix, release=release, current=current, final=final,
                     pools=tuple(pools), existing=existing, waivers=request.waivers, scope=scope, context=context)
-    return Plan(action=UPGRADE, current=current, steps=_upgrade_steps(matrix, current, final, request),
+    return ChangePlan(action=UPGRADE, current=current, steps=_upgrade_steps(matrix, current, final, request),
                 checks=tuple(run_checks(change)))
 
 
@@ -219,7 +220,7 @@ def _drivers_on(pools: Sequence[Pool]) -> str:
     return f"driver {', '.join(drivers)} on {'pool' if len(pools) == 1 else 'pools'} {names}"
 
 
-def is_migration_second_step(plan: Plan) -> bool:
+def is_migration_second_step(plan: ChangePlan) -> bool:
     """True when this commit hands the driver from the ClusterPolicy to NVIDIADriver CRs (step 2 of 2)."""
     return (len(plan.steps) == 1 and plan.current.management == "clusterpolicy"
             and plan.steps[0].stack.management == "nvidiadriver")
@@ -244,7 +245,7 @@ def check_previous_step_healthy(cluster_policies: Sequence[Mapping[str, Any]] | 
 
 
 def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, existing: ExistingDrivers,
-              waivers: Waivers = NO_WAIVERS, context: Context = NO_CONTEXT) -> Plan:
+              waivers: Waivers = NO_WAIVERS, context: ChangeContext = NO_CONTEXT) -> ChangePlan:
     """Check a hand edit of stack.yaml (``current`` = HEAD, ``edited`` = the working tree) by the same rules.
 
     For what has no command of its own: a pool's upgradePolicy (pause with autoUpgrade: false),
@@ -259,7 +260,7 @@ def plan_sync(matrix: Matrix, current: Stack, edited: Stack, *, existing: Existi
                     pools=changed_pools(current, edited), existing=existing, waivers=waivers, context=context)
     step = Step(action=SYNC, stack=edited,
                 title="sync " + _upgrade_title(current, edited, Request(operator="")).removeprefix("upgrade "))
-    return Plan(action=SYNC, current=current, steps=(step,), checks=tuple(run_checks(change)))
+    return ChangePlan(action=SYNC, current=current, steps=(step,), checks=tuple(run_checks(change)))
 
 
 def _promote_targets(current: Stack, source: str, to: str) -> tuple[list[str], str]:
@@ -281,7 +282,7 @@ def _promote_targets(current: Stack, source: str, to: str) -> tuple[list[str], s
 
 
 def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, existing: ExistingDrivers,
-                 waivers: Waivers = NO_WAIVERS, context: Context = NO_CONTEXT) -> Plan:
+                 waivers: Waivers = NO_WAIVERS, context: ChangeContext = NO_CONTEXT) -> ChangePlan:
     """Carry the ``source`` pool's driver to pool ``to`` (or every other pool with ``all``) in one commit."""
     targets, problem = _promote_targets(current, source, to)
     if problem:
@@ -300,4 +301,4 @@ def plan_promote(matrix: Matrix, current: Stack, *, source: str, to: str, existi
     if lowered:
         title += f" (a downgrade from {', '.join(lowered)})"
     step = Step(action=PROMOTE, stack=final, title=title)
-    return Plan(action=PROMOTE, current=current, steps=(step,), checks=tuple(run_checks(change)))
+    return ChangePlan(action=PROMOTE, current=current, steps=(step,), checks=tuple(run_checks(change)))

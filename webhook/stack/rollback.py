@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 from webhook.errors import GpugateError
 from webhook.stack import checks
-from webhook.stack.checks import NO_CONTEXT, NO_WAIVERS, ROLLBACK, Change, Context, ExistingDrivers, Waivers
+from webhook.stack.checks import NO_CONTEXT, NO_WAIVERS, ROLLBACK, Change, ChangeContext, ExistingDrivers, Waivers
 from webhook.stack.model import Stack
-from webhook.stack.plan import Plan, Step, fail
+from webhook.stack.plan import ChangePlan, Step, fail
 from webhook.stack.releases import Matrix
 
 
@@ -49,7 +49,8 @@ def cannot_undo(current: Stack, target: Stack) -> list[str]:
 
 
 def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, subject: str, why: str = "",
-                  waivers: Waivers = NO_WAIVERS, existing: ExistingDrivers, context: Context = NO_CONTEXT) -> Plan:
+                  waivers: Waivers = NO_WAIVERS, existing: ExistingDrivers,
+                  context: ChangeContext = NO_CONTEXT) -> ChangePlan:
     """Check going back from ``current`` to ``target`` (stack.yaml before commit ``sha``) like any change.
 
     The cluster keeps its Kubernetes minor, so ``target`` takes ``current``'s; everything else of
@@ -61,19 +62,19 @@ def plan_rollback(matrix: Matrix, current: Stack, target: Stack, *, sha: str, su
         release = matrix.release(target.operator_version)
         matrix.release(current.operator_version)
     except GpugateError as err:
-        return Plan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
+        return ChangePlan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
                     reverts=sha, reverts_why=why)
     change = Change(action=ROLLBACK, matrix=matrix, release=release, current=current, final=target,
                     pools=checks.changed_pools(current, target), existing=existing, waivers=waivers, context=context)
     found = checks.run_checks(change)
     undo = tuple(cannot_undo(current, target))
     step = Step(action="rollback", stack=target, title=title)
-    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(found), reverts=sha,
+    return ChangePlan(action="rollback", current=current, steps=(step,), checks=tuple(found), reverts=sha,
                 reverts_why=why, cannot_undo=undo)
 
 
 def plan_pool_rollback(matrix: Matrix, current: Stack, *, drivers: Mapping[str, str], sha: str, subject: str,
-                       existing: ExistingDrivers, context: Context = NO_CONTEXT) -> Plan:
+                       existing: ExistingDrivers, context: ChangeContext = NO_CONTEXT) -> ChangePlan:
     """Put pools back on the drivers they ran before commit ``sha`` changed them, checked like any
     rollback: what a canary decision commits when pools failed (the other pools keep their drivers)."""
     target = current
@@ -82,12 +83,12 @@ def plan_pool_rollback(matrix: Matrix, current: Stack, *, drivers: Mapping[str, 
     try:
         release = matrix.release(current.operator_version)
     except GpugateError as err:
-        return Plan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
+        return ChangePlan(action="rollback", current=current, steps=(), checks=(fail("release-known", str(err)),),
                     reverts=sha)
     change = Change(action=ROLLBACK, matrix=matrix, release=release, current=current, final=target,
                     pools=tuple(drivers), existing=existing, context=context)
     title = "rollback " + "; ".join(f"pool {p} driver {current.pool(p).driver} -> {d}" for p, d in drivers.items())
     step = Step(action="rollback", stack=target, title=title)
-    return Plan(action="rollback", current=current, steps=(step,), checks=tuple(checks.run_checks(change)),
+    return ChangePlan(action="rollback", current=current, steps=(step,), checks=tuple(checks.run_checks(change)),
                 reverts=sha, reverts_why=f"{sha[:12]} ({subject}) for pool(s) {', '.join(drivers)} only",
                 cannot_undo=tuple(cannot_undo(current, target)))

@@ -22,14 +22,14 @@ from webhook.kube.yamlload import fast_load
 from webhook.stack import chartrender, manifests, messages, rollback, site, verify
 from webhook.stack import matrix as matrix_data
 from webhook.stack import plan as planning
-from webhook.stack.checks import NO_WAIVERS, Context, Waivers
-from webhook.stack.clusterstate import ClusterState
+from webhook.stack.checks import NO_WAIVERS, ChangeContext, Waivers
+from webhook.stack.clusterstate import ClusterSnapshot
 from webhook.stack.compat import Check
 from webhook.stack.gitrepo import Repo, StackCommit
 from webhook.stack.model import Stack
 
 STACK_PATHS = [manifests.STACK_DIR, "argocd/apps"]
-ClusterReader = Callable[[], ClusterState | None]
+ClusterReader = Callable[[], ClusterSnapshot | None]
 """Reads the cluster (``--kube``) or a recording when called; None: no cluster asked for."""
 
 
@@ -39,7 +39,7 @@ def _yaml(content: bytes | None) -> dict[str, Any] | None:
 
 
 def context_of(files: manifests.Files, *, values_before: bytes | None,
-               cluster: ClusterReader | None = None) -> Context:
+               cluster: ClusterReader | None = None) -> ChangeContext:
     """What the rules read besides the stacks: the values before and after, the Application, the cluster."""
     from webhook.stack import chartcrds
 
@@ -47,7 +47,7 @@ def context_of(files: manifests.Files, *, values_before: bytes | None,
     sources = (app.get("spec") or {}).get("sources") or [(app.get("spec") or {}).get("source") or {}]
     chart = next((s for s in sources if isinstance(s, dict) and s.get("chart")), None)
     applied = None if chart is None else not bool((chart.get("helm") or {}).get("skipCrds"))
-    return Context(values=_yaml(files.get(manifests.VALUES_FILE)), values_before=_yaml(values_before),
+    return ChangeContext(values=_yaml(files.get(manifests.VALUES_FILE)), values_before=_yaml(values_before),
                    cluster=cluster() if cluster is not None else None, chart_crds_applied=applied,
                    application=str((app.get("metadata") or {}).get("name") or "gpu-operator"),
                    chart_crds=chartcrds.known())
@@ -66,7 +66,7 @@ class CheckFailed(GpugateError):
 class Prepared:
     """A plan plus the exact file changes of its first commit and the re-validation results."""
 
-    plan: planning.Plan
+    plan: planning.ChangePlan
     changes: dict[str, bytes | None]
     step_files: tuple[tuple[str, ...], ...]
     checks: tuple[Check, ...]
@@ -100,7 +100,7 @@ def chart_settings(repo: Path, *, helm: str | None, chart_repo: str | None, skip
     return verify.ChartSettings(helm=found, repo_url=repo_url)
 
 
-def _prepare(repo: Path, plan: planning.Plan, *, schema_root: Path | None,
+def _prepare(repo: Path, plan: planning.ChangePlan, *, schema_root: Path | None,
              base: dict[str, bytes | None] | None = None, chart: verify.ChartSettings | None = None,
              for_commit: bool = True, edited: Mapping[str, bytes | None] | None = None) -> Prepared:
     """Stage the plan's files and re-validate them; ``for_commit`` False is a plan that only prints

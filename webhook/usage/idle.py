@@ -26,10 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from webhook import names
+from webhook import durations, names
 from webhook.policy import matching
 from webhook.policy.model import IdleRules, PolicySet
-from webhook.usage import durations
 from webhook.usage.accounting import Holding
 from webhook.usage.workloads import Owner, PodRecord
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.usage import durations
+from webhook import durations
 from webhook.usage.idle import Measurement
 
 ALLOCATED_METRIC = "gpugate_balancer_gpu_allocated"

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from webhook.usage import durations, promql
+from webhook import durations
+from webhook.usage import promql
 from webhook.usage.accounting import KINDS
 
 IDENTITY_TOLERANCE = 0.01

@@ -13,8 +13,9 @@ must not change: the webhook is reinvoked). ``gpugate policy test`` and the pyte
 this same runner, so the CLI cannot drift from CI. Revisions in the policy annotation are
 written ``NAME@REVISION`` in expected files, so a policy edit does not rewrite every golden file.
 
-It runs the admission chain, so it lives with admission: ``webhook/policy/`` sits below admission
-and imports nothing of it.
+It runs the admission chain on files, so it is an edge above the pure core: not in
+``webhook/admission/`` (which opens no file) nor in ``webhook/policy/`` (which sits below admission
+and imports nothing of it).
 """
 
 from __future__ import annotations
