@@ -137,11 +137,6 @@ def gpu_resource_pattern() -> str:
     return "^(?:" + "|".join(kind.pattern for kind in KINDS) + ")$"
 
 
-def mig_resource(profile_name: str) -> str:
-    """``1g.10gb`` -> ``nvidia.com/mig-1g.10gb``: the resource a MIG rung or device profile is."""
-    return f"{names.MIG_RESOURCE_PREFIX}{profile_name}"
-
-
 @dataclass(frozen=True, slots=True)
 class Unit:
     """What one unit of a GPU extended resource is: a whole GPU, a time-sliced slot, or a MIG slice."""
@@ -209,6 +204,11 @@ def slot_milli(replicas: int = DEFAULT_SLOT_REPLICAS) -> int:
 def mig_memory_bytes(profile: MigProfile) -> int:
     """The memory a MIG profile's name promises (decimal GB): what right-sizing counts a slice as."""
     return profile.memory_gb * MIG_GB_BYTES
+
+
+def mig_resource(profile_name: str) -> str:
+    """``1g.10gb`` -> ``nvidia.com/mig-1g.10gb``: the resource a MIG rung or device profile is."""
+    return f"{names.MIG_RESOURCE_PREFIX}{profile_name}"
 
 
 def mig_profile_of_name(profile_name: str) -> MigProfile | None:
