@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from webhook import names
 from webhook.kube import units
 from webhook.kube.gpunode import NodeInfo
-from webhook.kube.resources import GPU_RESOURCE_PATTERN, is_gpu_resource, mig_profile
+from webhook.kube.resources import mig_profile
+from webhook.kube.units import is_gpu_resource
 from webhook.placement import marks
 from webhook.policy import parsing
 from webhook.replay import migcluster
@@ -81,8 +82,8 @@ spec:
 def test_the_policy_schema_names_exactly_the_gpu_resources_the_code_knows() -> None:
     """One regular expression: the schema's ``resource`` pattern is the code's, character for character."""
     schema = json.loads(resources.files("webhook.policy").joinpath("schema.json").read_text())
-    assert schema["$defs"]["resource"]["pattern"] == GPU_RESOURCE_PATTERN
-    pattern = re.compile(GPU_RESOURCE_PATTERN)
+    assert schema["$defs"]["resource"]["pattern"] == units.gpu_resource_pattern()
+    pattern = re.compile(units.gpu_resource_pattern())
     for name in [*RESOURCES, "nvidia.com/gpu.x", "nvidia.com/mig-0g.10gb", "nvidia.com/cx7_sriov_rdma",
                  "nvidia.com/mig-1g.10gb.me", "example.com/gpu"]:
         assert (pattern.match(name) is not None) == is_gpu_resource(name), name

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.usage.cluster import T0, pod
-from webhook.usage.workloads import Owner, owner_of, parse_time, record_of
+from webhook.kube import timestamps
+from webhook.usage.workloads import Owner, owner_of, record_of
 
 
 @pytest.mark.parametrize(("owner", "template_hash", "expected", "recreated"), [
@@ -50,4 +51,6 @@ def test_a_pod_with_only_a_claim_has_a_record_and_its_start_is_the_kubelets() ->
 @pytest.mark.parametrize(("text", "unix"), [("2027-01-15T08:00:00Z", 1800000000.0), ("", None), (None, None),
                                             ("yesterday", None)])
 def test_times_are_read_as_the_api_server_writes_them(text: str | None, unix: float | None) -> None:
-    assert parse_time(text) == unix
+    assert timestamps.seconds(text) == unix
+    if unix is not None:
+        assert timestamps.rfc3339(unix) == text  # what the balancer writes, read back the same

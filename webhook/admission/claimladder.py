@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from webhook import names
 from webhook.admission.rightsizing import fitting_rungs, largest
-from webhook.kube import claims, rightsizedclaims
+from webhook.kube import claims, rightsizedclaims, units
 from webhook.kube.claims import Claim, ClaimRequest, DeviceAsk
 from webhook.kube.demand import Size
 from webhook.policy.model import GPUPolicy, RightSizing, Rung
@@ -91,7 +91,7 @@ def sub_request_name(rung: Rung) -> str:
     """A DNS label, as a sub-request name must be: ``mig-3g-40gb``, ``share``, ``gpu``."""
     if rung.mig:
         return "mig-" + rung.mig.replace(".", "-")
-    return "share" if rung.resource == names.SHARED_GPU_RESOURCE else REQUEST_NAME
+    return "share" if units.is_shared(rung.resource) else REQUEST_NAME
 
 
 def memory_asked(ask: Size, sizing: RightSizing) -> int | None:
@@ -100,7 +100,7 @@ def memory_asked(ask: Size, sizing: RightSizing) -> int | None:
         return ask.memory_bytes
     if ask.fraction is None:
         return None
-    whole = next((r for r in sizing.ladder if r.resource == names.GPU_RESOURCE), largest(sizing.ladder))
+    whole = next((r for r in sizing.ladder if units.is_plugin_gpu(r.resource)), largest(sizing.ladder))
     return math.ceil(whole.memory_bytes * ask.fraction / MIB) * MIB
 
 
@@ -120,11 +120,11 @@ def ladder(ask: Size, sizing: RightSizing, *, selectors: tuple[str, ...] = (), m
         if rung.mig and min_memory_mib is not None and rung.memory_bytes < min_memory_mib * MIB:
             notes.append(f"{rung.name} left out: below the policy's minMemoryMiB {min_memory_mib}")
             continue
-        if rung.mig is None and rung.resource not in (names.SHARED_GPU_RESOURCE, names.GPU_RESOURCE):
+        if rung.mig is None and not units.pooled(rung.resource):
             notes.append(f"{rung.name} left out: not a DRA rung (a MIG profile, {names.SHARED_GPU_RESOURCE} or "
                          f"{names.GPU_RESOURCE})")
             continue
-        if rung.resource == names.SHARED_GPU_RESOURCE and memory is None:
+        if units.is_shared(rung.resource) and memory is None:
             notes.append("the share left out: a share is sized in memory and the ask gives none")
             continue
         subs.append(_sub_request(rung, memory, selectors))
@@ -154,7 +154,7 @@ def _sub_request(rung: Rung, memory: int | None, selectors: tuple[str, ...]) -> 
         own.append(profile_selector(rung.mig))
         if memory is not None:
             own.append(claims.memory_selector(math.ceil(memory / MIB)))
-    elif rung.resource == names.SHARED_GPU_RESOURCE:
+    elif units.is_shared(rung.resource):
         device_class = names.DRA_GPU_CLASS
         own.append(names.DRA_SHARE_SELECTOR)
         assert memory is not None

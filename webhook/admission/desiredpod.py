@@ -18,7 +18,7 @@ from webhook.errors import InputError
 from webhook.kube import demand as kube_demand
 from webhook.kube import pods, units
 from webhook.kube.inventory import EMPTY, Inventory
-from webhook.kube.resources import is_gpu_resource
+from webhook.kube.units import is_gpu_resource
 from webhook.policy.model import GPUPolicy, PolicyRef
 
 Pod = pods.Pod

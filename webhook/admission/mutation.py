@@ -20,7 +20,7 @@ from webhook.admission.requeststeps import inject_gpu_requests, right_size
 from webhook.admission.results import Mutation
 from webhook.admission.schedulingsteps import add_required_node_affinity, add_tolerations, set_scheduling_fields
 from webhook.kube import demand as kube_demand
-from webhook.kube import pods, resources, units
+from webhook.kube import pods, units
 from webhook.kube.inventory import EMPTY, Inventory
 from webhook.policy import PolicySet, matching
 from webhook.policy.model import GPUPolicy, PolicyRef
@@ -145,7 +145,7 @@ def _carry_gpu_requests(source: Pod, target: Pod, context: StepContext) -> None:
     for theirs, ours in zip(pods.containers(source), pods.containers(target), strict=False):
         for section in ("requests", "limits"):
             for resource, value in pods.resource_section(theirs, section).items():
-                if resources.is_gpu_resource(resource) and resource not in pods.resource_section(ours, section):
+                if units.is_gpu_resource(resource) and resource not in pods.resource_section(ours, section):
                     ours = context.set_request(target, ours, section, resource, value)
 
 

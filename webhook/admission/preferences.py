@@ -14,7 +14,7 @@ from webhook import names
 from webhook.admission import affinity
 from webhook.admission.desiredpod import Pod, StepContext, child, spec_of
 from webhook.kube import affinity as kube_affinity
-from webhook.kube import pods
+from webhook.kube import pods, units
 from webhook.kube.inventory import EMPTY, MAX_AGE_SECONDS, Inventory
 from webhook.policy.model import GPUPolicy
 
@@ -55,7 +55,7 @@ def whole_gpus_asked(pod: Pod) -> int:
     """Whole GPUs the regular containers ask for (0 for shared or MIG pods): what a pack term must fit."""
     total = 0
     for container in pods.long_running_containers(pod):
-        total += pods.gpu_count(container, names.GPU_RESOURCE) or 0
+        total += sum(pods.gpu_count(container, r) or 0 for r in pods.gpu_resources(container) if units.is_plugin_gpu(r))
     return total
 
 

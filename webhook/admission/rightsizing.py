@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from webhook import names
+from webhook.kube import units
 from webhook.kube.demand import Size, human_bytes
 from webhook.kube.inventory import Inventory, Offer
 from webhook.policy.model import RightSizing, Rung
@@ -116,9 +117,10 @@ def _without_inventory(fitting: list[Rung], sizing: RightSizing, ask: Size, why_
     offers it. A ladder with neither keeps its order, and the warning says first that the pod may
     wait.
     """
-    for sure, what in ((names.GPU_RESOURCE, "a whole GPU, which every GPU node has"),
-                       (own_resource, "the policy's own resource, not a slice only some nodes have")):
-        rung = next((r for r in fitting if sure is not None and r.resource == sure), None)
+    whole = next((r for r in fitting if units.is_plugin_gpu(r.resource)), None)
+    own = next((r for r in fitting if own_resource is not None and r.resource == own_resource), None)
+    for rung, what in ((whole, "a whole GPU, which every GPU node has"),
+                       (own, "the policy's own resource, not a slice only some nodes have")):
         if rung is not None:
             return _choice(rung, "plain", ask, f"{why_not}, so {what}")
     first = fitting[0]
@@ -129,16 +131,16 @@ def _without_inventory(fitting: list[Rung], sizing: RightSizing, ask: Size, why_
 def offered_form(rung: Rung, ask: Size, inventory: Inventory) -> str | None:
     """How the cluster offers the rung now ("mixed", "single", "plain"), or None if nowhere free."""
     if rung.mig:
-        if any(o.resource == f"{names.MIG_RESOURCE_PREFIX}{rung.mig}" and o.free > 0 for o in inventory.offers):
+        if any(o.resource == units.mig_resource(rung.mig) and o.free > 0 for o in inventory.offers):
             return "mixed"
-        if any(o.resource == names.GPU_RESOURCE and o.product.endswith(f"-MIG-{rung.mig}") and o.free > 0
+        if any(units.is_plugin_gpu(o.resource) and o.product.endswith(f"-MIG-{rung.mig}") and o.free > 0
                for o in inventory.offers):
             return "single"
         return None
     for offer in inventory.offers:
         if offer.resource != rung.resource or offer.free <= 0:
             continue
-        if rung.resource == names.GPU_RESOURCE and ("-MIG-" in offer.product or not _memory_enough(offer, ask)):
+        if units.is_plugin_gpu(rung.resource) and ("-MIG-" in offer.product or not _memory_enough(offer, ask)):
             continue
         return "plain"
     return None
@@ -151,7 +153,7 @@ def _memory_enough(offer: Offer, ask: Size) -> bool:
 def _choice(rung: Rung, form: str, ask: Size, why: str) -> Choice:
     memory_mib = (ask.memory_bytes or 0) // MIB
     if rung.mig and form == "mixed":
-        return Choice(rung, f"{names.MIG_RESOURCE_PREFIX}{rung.mig}", (), why)
+        return Choice(rung, units.mig_resource(rung.mig), (), why)
     if rung.mig:  # single strategy: a slice is nvidia.com/gpu on a node whose slices are big enough
         bound = max(memory_mib, rung.memory_bytes // MIB)
         return Choice(rung, names.GPU_RESOURCE, (
@@ -159,7 +161,7 @@ def _choice(rung: Rung, form: str, ask: Size, why: str) -> Choice:
             {"key": names.NVIDIA_MEMORY_LABEL, "operator": "Gt", "values": [str(bound - 1)]},
         ), why)
     assert rung.resource is not None
-    if rung.resource == names.GPU_RESOURCE:  # a whole GPU: not a single-strategy slice, memory enough
+    if units.is_plugin_gpu(rung.resource):  # a whole GPU: not a single-strategy slice, memory enough
         expressions: list[Expression] = [
             {"key": names.NVIDIA_MIG_STRATEGY_LABEL, "operator": "NotIn", "values": ["single"]}]
         if memory_mib:
@@ -171,7 +173,7 @@ def _choice(rung: Rung, form: str, ask: Size, why: str) -> Choice:
 def rung_of(resource: str, sizing: RightSizing) -> Rung | None:
     """The ladder rung a directly requested resource is (nvidia.com/gpu: the whole-GPU rung, if any)."""
     for rung in sizing.ladder:
-        if rung.resource == resource or (rung.mig and resource == f"{names.MIG_RESOURCE_PREFIX}{rung.mig}"):
+        if rung.resource == resource or (rung.mig and resource == units.mig_resource(rung.mig)):
             return rung
     return None
 
@@ -181,7 +183,7 @@ def resources_of(sizing: RightSizing) -> frozenset[str]:
     out = set()
     for rung in sizing.ladder:
         if rung.mig:
-            out |= {f"{names.MIG_RESOURCE_PREFIX}{rung.mig}", names.GPU_RESOURCE}
+            out |= {units.mig_resource(rung.mig), names.GPU_RESOURCE}
         elif rung.resource:
             out.add(rung.resource)
     return frozenset(out)

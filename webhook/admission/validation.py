@@ -188,7 +188,7 @@ def _rightsizing_rules(pod: pods.Pod, policy: GPUPolicy, ref: PolicyRef | None, 
     out = []
     for container in pods.long_running_containers(pod):
         for resource in sorted(pods.gpu_resources(container)):
-            if resource == names.GPU_RESOURCE and _only_single_strategy_nodes(pod):
+            if units.is_plugin_gpu(resource) and _only_single_strategy_nodes(pod):
                 continue  # a single-strategy MIG slice, chosen by its memory affinity: not the whole-GPU rung
             rung = rightsizing.rung_of(resource, sizing)
             if rung is None:
@@ -219,13 +219,8 @@ def allowed_classes(policy: GPUPolicy) -> frozenset[str]:
     GPUs -> ``gpu.nvidia.com``, a MIG resource -> ``mig.nvidia.com``."""
     if policy.claims.device_classes is not None:
         return frozenset(policy.claims.device_classes)
-    resources = allowed_resources(policy)
-    out = set()
-    if resources & {names.GPU_RESOURCE, names.SHARED_GPU_RESOURCE}:
-        out.add(names.DRA_GPU_CLASS)
-    if any(r.startswith(names.MIG_RESOURCE_PREFIX) for r in resources):
-        out.add(names.DRA_MIG_CLASS)
-    return frozenset(out)
+    kinds = (units.kind_of(r) for r in allowed_resources(policy))
+    return frozenset(k.dra_class for k in kinds if k is not None and k.dra_class is not None)
 
 
 def _allowed(ask: kube_demand.ContainerAsk, policy: GPUPolicy, ref: PolicyRef | None) -> str | None:

@@ -25,8 +25,6 @@ REPORT_API_VERSION = "wgpolicyk8s.io/v1alpha2"
 REPORT_NAME = "gpugate"
 SOURCE = "gpugate"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpugate"}
-SETTLED_PHASES = frozenset({"Succeeded", "Failed"})
-"""A pod that has ended holds nothing and can be admitted no more: not judged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +67,8 @@ def audit(objects: Iterable[dict[str, Any]], *, policies: PolicySet, skipped_nam
     found = []
     for obj in objects:
         kind = str(obj.get("kind"))
-        if kind == "Pod" and str((obj.get("status") or {}).get("phase")) in SETTLED_PHASES:
+        if kind == "Pod" and str((obj.get("status") or {}).get("phase")) in pods.TERMINAL_PHASES:
+            # A pod that has ended holds nothing and can be admitted no more: not judged.
             continue
         if kind != "Pod" and (workloads.kind_of_document(obj) is None or owned_by_a_judged_workload(obj)):
             continue

@@ -23,12 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from webhook import names
 from webhook.balancer import placementfeed
-from webhook.kube import affinity, pods, tolerations
+from webhook.kube import affinity, pods, timestamps, tolerations
 from webhook.kube import demand as kube_demand
 from webhook.kube.affinity import NodeAffinity
 from webhook.kube.demand import PodDemand
@@ -127,21 +126,11 @@ class Snapshot:
     budgets: Mapping[str, SeenBudget] = field(default_factory=dict)
 
 
-def timestamp(value: Any) -> float | None:
-    """An RFC 3339 time of the API (``2026-01-01T10:00:00Z``) as seconds since the epoch."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def _waiting_since(obj: Obj) -> float | None:
     for condition in (obj.get("status") or {}).get("conditions") or ():
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
                 and condition.get("reason") == "Unschedulable" and SHORT_OF_GPUS in str(condition.get("message")):
-            return timestamp(condition.get("lastTransitionTime"))
+            return timestamps.seconds(condition.get("lastTransitionTime"))
     return None
 
 
@@ -158,8 +147,8 @@ def seen_pod(obj: Obj) -> SeenPod:
                    namespace=str(meta.get("namespace", "")), node=str(spec.get("nodeName") or ""),
                    phase=str((obj.get("status") or {}).get("phase") or ""),
                    labels=tuple(sorted(pods.labels(obj).items())), controller=str(owner.get("kind", "")),
-                   created=timestamp(meta.get("creationTimestamp")) or 0.0,
-                   started=timestamp((obj.get("status") or {}).get("startTime")), demand=demand,
+                   created=timestamps.seconds(meta.get("creationTimestamp")) or 0.0,
+                   started=timestamps.seconds((obj.get("status") or {}).get("startTime")), demand=demand,
                    waiting_since=_waiting_since(obj), terminating=bool(meta.get("deletionTimestamp")),
                    selection=affinity.parse(spec),
                    tolerations=tuple(tolerations.from_k8s(t) for t in raw_tolerations if isinstance(t, dict)))

@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +40,7 @@ from webhook.balancer.metrics import Metrics
 from webhook.balancer.moveplan import Mark, SeenBudget, SeenNode, SeenPod, Snapshot
 from webhook.balancer.settings import BalancerSettings
 from webhook.errors import GpugateError
+from webhook.kube import timestamps
 from webhook.placement import moves
 from webhook.policy import loading
 from webhook.policy.model import PolicySet
@@ -259,7 +259,7 @@ class Mover:
 
     def _write_event(self, pod: SeenPod, pending: SeenPod, move: moves.Move, now: float) -> None:
         namespace, _, name = pod.key.partition("/")
-        at = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = timestamps.rfc3339(now)
         gpus = pending.demand.gpu_request_milli / 1000 if pending.demand else 0
         home = dict(move.replacements).get(pod.key, "")
         body = {"metadata": {"generateName": f"{name}.", "namespace": namespace},
@@ -296,7 +296,7 @@ class Mover:
             log.warning("past evictions not counted", extra={"fields": {"error": kubeclient.failure(err)}})
             return
         for item in kubeclient.raw_json(response).get("items") or ():
-            at = moveplan.timestamp(item.get("lastTimestamp") or item.get("eventTime"))
+            at = timestamps.seconds(item.get("lastTimestamp") or item.get("eventTime"))
             if at is not None and now - at < moveplan.HOUR and (item.get("source") or {}).get("component") == COMPONENT:
                 self.evictions.append((at, str((item.get("metadata") or {}).get("namespace", ""))))
         self.counted = True

@@ -33,8 +33,6 @@ from webhook.kube.demand import Counts, PodDemand
 from webhook.kube.gpunode import NodeInfo
 from webhook.kube.nodedevices import NodeDevices
 from webhook.kube.quantity import QuantityError
-from webhook.kube.resources import is_mig_resource
-from webhook.names import GPU_RESOURCE, SHARED_GPU_RESOURCE
 from webhook.placement import dra as placement_dra
 from webhook.placement import marks
 from webhook.placement.devices import Serves, serves_of
@@ -62,21 +60,20 @@ def node_shape(info: NodeInfo, devices: NodeDevices | None = None) -> NodeShape:
 
     A node with NVIDIA DRA devices has the DRA driver's physical GPUs, counted once even when the
     device plugin advertises the same GPUs (``placement.dracount``)."""
-    allocatable = dict(info.allocatable)
     replicas = max(1, info.replicas)
     ordered = devices is not None and bool(devices.devices)
     serves: Serves = "any"
     if devices is not None and devices.devices:
         gpus = devices.gpus
-    elif SHARED_GPU_RESOURCE in allocatable:
-        gpus = allocatable[SHARED_GPU_RESOURCE] // replicas + allocatable.get(GPU_RESOURCE, 0)
-        serves = serves_of(allocatable.get(GPU_RESOURCE, 0), allocatable[SHARED_GPU_RESOURCE])
+    elif info.slots is not None:
+        gpus = info.slots // replicas + info.plugin_gpus
+        serves = serves_of(info.plugin_gpus, info.slots)
     elif marks.time_sliced(info):
-        gpus = allocatable.get(GPU_RESOURCE, 0) // replicas
+        gpus = info.plugin_gpus // replicas
     else:
-        gpus = allocatable.get(GPU_RESOURCE, 0)
+        gpus = info.plugin_gpus
         serves = serves_of(gpus, 0)
-    mig = tuple(sorted((resource, count) for resource, count in info.allocatable if is_mig_resource(resource)))
+    mig = tuple(sorted(info.by_name))
     return NodeShape(cpu=info.cpu_milli, memory=info.memory_bytes, product=info.product, gpus=gpus, mig=mig,
                      ordered=ordered, serves=serves)
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Literal
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from webhook import kubeclient, names
+from webhook.kube import timestamps
 from webhook.usage.workloads import PodRecord
 
 log = logging.getLogger("gpugate.balancer.idle")
@@ -29,10 +29,6 @@ COMPONENT = "gpugate-balancer"
 MERGE_PATCH = "application/merge-patch+json"
 MESSAGE_LIMIT = 1024
 EvictResult = Literal["ok", "pdb", "gone", "error"]
-
-
-def _stamp(now: float) -> str:
-    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PodActions:
@@ -45,7 +41,7 @@ class PodActions:
 
     def event(self, record: PodRecord, reason: str, message: str, *, warning: bool = False) -> bool:
         """One Event on the pod; False when it could not be written."""
-        stamp = _stamp(self._clock())
+        stamp = timestamps.rfc3339(self._clock())
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{record.name}.", "namespace": record.namespace},
                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": record.name,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -20,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from webhook import kubeclient
 from webhook.balancer.quarantineledger import KEY, Ledger, decode, encode
 from webhook.balancer.quarantineplan import SELECTOR, VALIDATION_LABEL
-from webhook.kube import devicetaints
+from webhook.kube import devicetaints, timestamps
 
 log = logging.getLogger("gpugate.balancer.health")
 
@@ -163,7 +162,7 @@ class HealthApi:
     def event(self, node: str, reason: str, message: str, *, warning: bool, now: float) -> None:
         """An Event on the Node, as ``kubectl describe node`` shows it."""
         self._fence()
-        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = timestamps.rfc3339(now)
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"generateName": f"{node}.gpugate-health.", "namespace": EVENT_NAMESPACE},
                 "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import urllib3.exceptions
 from kubernetes.client import ApiClient
@@ -40,7 +39,7 @@ from webhook.balancer.quarantineapi import HealthApi, NotLeader
 from webhook.balancer.quarantineledger import Ledger
 from webhook.balancer.quarantinemetrics import HealthMetrics
 from webhook.balancer.settings import BalancerSettings
-from webhook.kube import allocations, devicetaints, slices
+from webhook.kube import allocations, devicetaints, slices, timestamps
 from webhook.kube.gpunode import NodeInfo
 from webhook.kube.nodedevices import NodeDevices
 
@@ -291,7 +290,7 @@ def describe(action: Action, devices: tuple[allocations.DeviceKey, ...]) -> str:
         where += f" (DRA devices {', '.join(d.device for d in devices)})"
     if q is None:
         return f"{where}: {action.detail}"
-    until = datetime.fromtimestamp(q.hold_until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    until = timestamps.rfc3339(q.hold_until)
     return (f"{where}: {action.detail}; signal {q.signal}, rule {q.rule}, effect {q.effect}, "
             f"strike {q.strikes}, hold until {until}")
 

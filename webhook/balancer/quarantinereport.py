@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from webhook.balancer.quarantineledger import Ledger, Quarantine
 from webhook.errors import GpugateError
 from webhook.kube.devicetaints import RuleView
+from webhook.kube.timestamps import rfc3339
 
 COLUMNS = ("NODE", "GPU", "DEVICES", "SIGNAL", "RULE", "EFFECT", "SINCE", "STRIKES", "RETURNS WHEN")
 
 
 class NotQuarantined(GpugateError):
     """A release names no quarantined GPU, or several; the message lists what is quarantined there."""
-
-
-def stamp(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def rows(ledger: Ledger, rules: Iterable[RuleView], now: float) -> list[dict[str, Any]]:
@@ -34,8 +30,8 @@ def rows(ledger: Ledger, rules: Iterable[RuleView], now: float) -> list[dict[str
         found = sorted(by_gpu.get(q.key, ()), key=lambda r: r.name)
         out.append({"node": q.node, "gpu": q.gpu or "(device plugin)",
                     "devices": [r.device.device for r in found if r.device is not None],
-                    "signal": q.reason, "rule": q.rule, "effect": q.effect, "since": stamp(q.since),
-                    "hold_until": stamp(q.hold_until), "strikes": q.strikes, "returns_when": _returns(q, now),
+                    "signal": q.reason, "rule": q.rule, "effect": q.effect, "since": rfc3339(q.since),
+                    "hold_until": rfc3339(q.hold_until), "strikes": q.strikes, "returns_when": _returns(q, now),
                     "controller": sorted({r.status for r in found if r.status})})
     return out
 
@@ -43,7 +39,7 @@ def rows(ledger: Ledger, rules: Iterable[RuleView], now: float) -> list[dict[str
 def _returns(q: Quarantine, now: float) -> str:
     when = q.returns_when(now)
     if now < q.hold_until and not q.dry_run:
-        return f"hold until {stamp(q.hold_until)}, then {when.removeprefix('the hold ends, then ')}"
+        return f"hold until {rfc3339(q.hold_until)}, then {when.removeprefix('the hold ends, then ')}"
     return when
 
 
@@ -58,9 +54,9 @@ def table(found: list[dict[str, Any]], ledger: Ledger) -> str:
         text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
         notes = [f"{r['node']} {r['gpu']}: kube-controller-manager: {s}" for r in found for s in r["controller"]]
         text += "".join(f"\n{n}" for n in notes)
-    pending = [f"release of {r.node} {r.gpu or '(device plugin)'} asked by {r.by} at {stamp(r.at)}: {r.reason} "
+    pending = [f"release of {r.node} {r.gpu or '(device plugin)'} asked by {r.by} at {rfc3339(r.at)}: {r.reason} "
                "(the balancer's leader acts on it at its next pass)" for r in ledger.requests]
-    back = [f"returned {r.node} {r.gpu or '(device plugin)'} at {stamp(r.at)} ({r.how}, strike {r.strikes}"
+    back = [f"returned {r.node} {r.gpu or '(device plugin)'} at {rfc3339(r.at)} ({r.how}, strike {r.strikes}"
             f"{': ' + r.note if r.note else ''})" for r in sorted(ledger.returned, key=lambda r: r.at)]
     return text + "".join(f"\n{line}" for line in pending + back)
 
@@ -83,7 +79,7 @@ def target(ledger: Ledger, node: str, gpu: str | None) -> Quarantine:
 
 def as_json(found: list[dict[str, Any]], ledger: Ledger) -> Mapping[str, Any]:
     return {"quarantined": found,
-            "requests": [{"node": r.node, "gpu": r.gpu, "by": r.by, "reason": r.reason, "at": stamp(r.at)}
+            "requests": [{"node": r.node, "gpu": r.gpu, "by": r.by, "reason": r.reason, "at": rfc3339(r.at)}
                          for r in ledger.requests],
-            "returned": [{"node": r.node, "gpu": r.gpu, "at": stamp(r.at), "how": r.how, "strikes": r.strikes,
+            "returned": [{"node": r.node, "gpu": r.gpu, "at": rfc3339(r.at), "how": r.how, "strikes": r.strikes,
                           "note": r.note} for r in ledger.returned]}

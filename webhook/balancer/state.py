@@ -7,27 +7,28 @@ requests. 150,000 pods therefore cost a few small tuples each, not their whole J
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.kube import demand as kube_demand
-from webhook.kube import pods
+from webhook.kube import pods, units
 from webhook.kube.demand import Counts, PodDemand
 from webhook.kube.gpunode import NodeInfo
 from webhook.kube.quantity import QuantityError
-from webhook.names import (
-    GPU_RESOURCE,
-    MIG_RESOURCE_PREFIX,
-)
 
 Obj = dict[str, Any]
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+TERMINAL_PHASES = pods.TERMINAL_PHASES
 
-# Every GPU resource name (``webhook.kube.resources.is_gpu_resource``) begins with one of these.
-# The API server writes JSON with ``/`` unescaped and resource names lower-case, so an object
-# whose bytes contain neither cannot request a GPU.
-GPU_NAME_MARKERS = (b'"' + GPU_RESOURCE.encode(), b'"' + MIG_RESOURCE_PREFIX.encode())
+
+
+@functools.lru_cache(maxsize=8)
+def name_markers(prefixes: tuple[str, ...]) -> tuple[bytes, ...]:
+    """Every GPU resource name begins with one of ``units.name_prefixes()``. The API server writes
+    JSON with ``/`` unescaped and resource names lower-case, so an object whose bytes contain none of
+    these (a quote, then a prefix) cannot request a GPU."""
+    return tuple(b'"' + prefix.encode() for prefix in prefixes)
 
 
 def may_hold_gpus(raw: bytes) -> bool:
@@ -37,7 +38,7 @@ def may_hold_gpus(raw: bytes) -> bool:
     covers cpu and memory only), so a pod skipped here never matters to the balancer, in any of
     its events. True is only "maybe": the pod is then decoded and read by the real rule.
     """
-    return any(marker in raw for marker in GPU_NAME_MARKERS)
+    return any(marker in raw for marker in name_markers(units.name_prefixes()))
 
 @dataclass(frozen=True, slots=True)
 class PodUsage:

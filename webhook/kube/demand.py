@@ -40,7 +40,7 @@ from webhook.kube import claims, pods, units
 from webhook.kube.allocations import dra_backed_resources
 from webhook.kube.claims import ClaimAsk, PodClaimRef
 from webhook.kube.quantity import QuantityError, bytes_, millicores, quantity_problem, whole_count
-from webhook.kube.resources import is_gpu_resource
+from webhook.kube.units import is_gpu_resource
 
 Counts = tuple[tuple[str, int], ...]
 """(resource, count) pairs sorted by resource."""
@@ -302,12 +302,11 @@ def of_pod(pod: pods.Pod, *, slot_milli: int = DEFAULT_SLOT_MILLI) -> PodDemand:
     amounts = pods.effective_requests(pod, include=_counted, amount=request_amount)
     scored = pods.effective_requests(pod, include=lambda r: r in ("cpu", "memory"), amount=request_amount,
                                      defaults={"cpu": DEFAULT_CPU_MILLI, "memory": DEFAULT_MEMORY_BYTES})
-    slots = amounts.get(names.SHARED_GPU_RESOURCE, 0)
-    extended = tuple(sorted((r, n) for r, n in amounts.items()
-                            if r not in ("cpu", "memory", names.GPU_RESOURCE, names.SHARED_GPU_RESOURCE)))
+    slots = sum(n for r, n in amounts.items() if units.is_shared(r))
+    extended = tuple(sorted((r, n) for r, n in amounts.items() if units.by_name(r)))
     return PodDemand(cpu=amounts.get("cpu", 0), memory_bytes=amounts.get("memory", 0),
                      cpu_score=scored.get("cpu", 0), memory_score_bytes=scored.get("memory", 0),
-                     gpus=amounts.get(names.GPU_RESOURCE, 0), slots=slots,
+                     gpus=sum(n for r, n in amounts.items() if units.is_plugin_gpu(r)), slots=slots,
                      share_milli=min(units.MILLI, slots * slot_milli), extended=extended,
                      products=products_of(pod), claims=claim_refs(pod),
                      dra_backed=dra_backed_resources(pod), size=_readable_size(pod))

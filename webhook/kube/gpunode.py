@@ -12,20 +12,19 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.kube import units
 from webhook.kube.demand import Counts
 from webhook.kube.quantity import QuantityError, bytes_, millicores, whole_count
-from webhook.kube.resources import is_gpu_resource
+from webhook.kube.units import is_gpu_resource
 from webhook.names import (
     CONGESTED_TAINT_KEY,
     GPU_FREE_LABEL,
     GPU_LOAD_LABEL,
     GPU_RESOURCE,
-    MIG_RESOURCE_PREFIX,
     NVIDIA_COUNT_LABEL,
     NVIDIA_MEMORY_LABEL,
     NVIDIA_PRODUCT_LABEL,
     NVIDIA_REPLICAS_LABEL,
-    SHARED_GPU_RESOURCE,
 )
 
 Obj = dict[str, Any]
@@ -79,6 +78,22 @@ class NodeInfo:
         return bool(self.allocatable)
 
     @property
+    def plugin_gpus(self) -> int:
+        """Allocatable of the device plugin's whole-GPU resource (``units.GpuKind.plugin_gpu``)."""
+        return sum(count for resource, count in self.allocatable if units.is_plugin_gpu(resource))
+
+    @property
+    def slots(self) -> int | None:
+        """Allocatable time-sliced slots under their renamed resource; None when the node has none."""
+        found = [count for resource, count in self.allocatable if units.is_shared(resource)]
+        return sum(found) if found else None
+
+    @property
+    def by_name(self) -> Counts:
+        """The GPU resources counted under their own names (MIG slices): ``units.by_name``."""
+        return tuple((resource, count) for resource, count in self.allocatable if units.by_name(resource))
+
+    @property
     def has_congested_taint(self) -> bool:
         return any(t.get("key") == CONGESTED_TAINT_KEY for t in self.taints)
 
@@ -98,14 +113,14 @@ def node_info(node: Obj) -> NodeInfo:
     # Looked up by name, never by scanning: a GFD + NFD node carries 100 to 200 labels.
     mig_replicas = set()
     for resource, _ in nvidia:
-        if resource.startswith(MIG_RESOURCE_PREFIX):
+        if units.is_mig(resource):
             base = resource.removesuffix(".shared")
             replicas = _replicas(labels.get(base + ".replicas"))
             if replicas > 1:
                 mig_replicas.add((base, replicas))
     memory = []
     for resource, _ in nvidia:
-        label = (NVIDIA_MEMORY_LABEL if resource in (GPU_RESOURCE, SHARED_GPU_RESOURCE)
+        label = (NVIDIA_MEMORY_LABEL if not units.is_mig(resource)
                  else resource.removesuffix(".shared") + ".memory")
         mib = _mebibytes(labels.get(label))
         if mib is not None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TypedDict
 
 API_VERSION = "gpugate.io/v1alpha1"
 KIND = "GPUInventory"
@@ -25,37 +25,39 @@ class InventoryError(ValueError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Offer:
-    """What the cluster's nodes offer of one GPU resource for one GPU product, summed over nodes."""
+class Summed:
+    """What both kinds of offer count for one GPU product, summed over the nodes offering it."""
 
-    resource: str
     product: str = ""
-    """``nvidia.com/gpu.product`` of the nodes (with ``-MIG-<profile>`` under the single MIG strategy)."""
+    """``nvidia.com/gpu.product`` of the nodes (with ``-MIG-<profile>`` under the single MIG strategy), or
+    the DRA devices' ``productName`` attribute."""
     memory_mib: int | None = None
-    """Memory of one unit (``nvidia.com/gpu.memory``, or ``nvidia.com/mig-<profile>.memory``)."""
-    allocatable: int = 0
+    """The smallest memory of one unit or device (MiB: ``nvidia.com/gpu.memory``,
+    ``nvidia.com/mig-<profile>.memory``, a device's ``memory`` capacity); None when some node does not say."""
     free: int = 0
-    """Allocatable minus what bound, unfinished pods request."""
+    """Units no bound, unfinished pod requests; devices no claim holds and that are allocatable now
+    (a MIG partition of a GPU in use is not)."""
     nodes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DraOffer:
-    """What the nodes' NVIDIA DRA driver offers of one DeviceClass for one GPU product, summed over nodes.
+class Offer(Summed):
+    """What the cluster's nodes offer of one GPU resource for one GPU product."""
+
+    resource: str
+    allocatable: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DraOffer(Summed):
+    """What the nodes' NVIDIA DRA driver offers of one DeviceClass for one GPU product.
 
     The same GPUs as a device-plugin ``Offer`` on a node that runs both stacks: two views, each
     ``free`` net of what the other stack's pods or claims hold (``placement.dracount``)."""
 
     device_class: str
     """``gpu.nvidia.com`` or ``mig.nvidia.com``."""
-    product: str = ""
-    """The devices' ``productName`` attribute."""
-    memory_mib: int | None = None
-    """The smallest ``memory`` capacity of one device (MiB); None when some device announces none."""
     devices: int = 0
-    free: int = 0
-    """Devices no claim holds and that are allocatable now (a MIG partition of a GPU in use is not)."""
-    nodes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +85,60 @@ class Inventory:
 
 
 EMPTY = Inventory()
+
+
+class SummedDocument(TypedDict):
+    """What ``offers`` and ``draOffers`` entries both hold (:class:`Summed`)."""
+
+    product: str
+    memoryMiB: int | None
+    free: int
+    nodes: int
+
+
+class OfferDocument(SummedDocument):
+    """One entry of ``offers``."""
+
+    resource: str
+    allocatable: int
+
+
+class DraOfferDocument(SummedDocument):
+    """One entry of ``draOffers``."""
+
+    deviceClass: str
+    devices: int
+
+
+class InventoryDocument(TypedDict):
+    """A GPUInventory (``gpugate.io/v1alpha1``)."""
+
+    apiVersion: str
+    kind: str
+    generatedAt: str | None
+    defaultPriorityClass: str | None
+    offers: list[OfferDocument]
+    draOffers: list[DraOfferDocument]
+    typePressure: dict[str, float]
+
+
+def build(found: Inventory) -> InventoryDocument:
+    """The GPUInventory document that :func:`parse` reads back as ``found`` (``generatedAt`` in UTC,
+    milliseconds, ``Z``); the one writer of the format."""
+    when = found.generated_at
+    stamp = None if when is None else when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return InventoryDocument(
+        apiVersion=API_VERSION, kind=KIND, generatedAt=stamp, defaultPriorityClass=found.default_priority_class,
+        offers=[OfferDocument(resource=o.resource, product=o.product, memoryMiB=o.memory_mib,
+                              allocatable=o.allocatable, free=o.free, nodes=o.nodes) for o in found.offers],
+        draOffers=[DraOfferDocument(deviceClass=o.device_class, product=o.product, memoryMiB=o.memory_mib,
+                                    devices=o.devices, free=o.free, nodes=o.nodes) for o in found.dra_offers],
+        typePressure=dict(found.type_pressure))
+
+
+def serialize(doc: InventoryDocument) -> str:
+    """Stable text (sorted keys, indented), so equal documents are equal bytes and a diff reads well."""
+    return json.dumps(doc, sort_keys=True, indent=1) + "\n"
 
 
 def parse(data: bytes | str) -> Inventory:

@@ -11,10 +11,12 @@ from typing import Any
 
 from webhook import names
 from webhook.kube.quantity import QuantityError, count_problem, whole_count
-from webhook.kube.resources import is_gpu_resource
+from webhook.kube.units import is_gpu_resource
 
 Pod = dict[str, Any]
 Container = dict[str, Any]
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""Phases of a pod that has ended: it holds no device and is admitted no more."""
 __all__ = ["Pod", "Container", "QuantityError"]  # re-exported: the error effective_requests raises
 
 
@@ -87,8 +89,8 @@ def gpu_resources(container: Container) -> set[str]:
     for section in (resources.get("requests"), resources.get("limits")):
         if type(section) is dict:
             for name in section:
-                # Most keys are cpu and memory: the prefix test spares them the full rule.
-                if name.startswith(names.NVIDIA_PREFIX) and is_gpu_resource(name):
+                # Most keys are cpu and memory: the kinds' lookup is cached per name.
+                if is_gpu_resource(name):
                     found.add(name)
     return found
 

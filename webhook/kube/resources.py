@@ -1,4 +1,5 @@
-"""Which extended resources are GPUs: one answer for the webhook, the balancer and the replay.
+"""How a MIG resource name spells its profile. Which extended resources are GPUs at all is
+``kube.units.KINDS``, the one table of GPU resource kinds.
 
 The NVIDIA device plugin advertises whole GPUs (``nvidia.com/gpu``), time-sliced or MPS shares
 (``nvidia.com/gpu.shared`` when ``renameByDefault`` is on) and MIG slices
@@ -12,22 +13,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from webhook import names
-
 _MIG_TAIL = r"mig-([1-9][0-9]*)g\.([1-9][0-9]*)gb(?:\.[a-z0-9+.-]+)?"
-_MIG = re.compile(rf"^nvidia\.com/{_MIG_TAIL}$")
-GPU_RESOURCE_PATTERN = rf"^nvidia\.com/(?:gpu|gpu\.shared|{_MIG_TAIL})$"
-"""Every GPU resource name, as one regular expression: ``webhook/policy/schema.json``'s ``resource``
-pattern is this string (a test holds them equal), so a policy can name exactly what is a GPU here."""
-
-
-def is_gpu_resource(name: str) -> bool:
-    """True for whole GPUs, shared GPUs and MIG slices; false for every other extended resource."""
-    return name == names.GPU_RESOURCE or name == names.SHARED_GPU_RESOURCE or is_mig_resource(name)
-
-
-def is_mig_resource(name: str) -> bool:
-    return name.startswith(names.MIG_RESOURCE_PREFIX) and _MIG.match(name) is not None
+MIG_PATTERN = rf"nvidia\.com/{_MIG_TAIL}"
+"""Every MIG resource name (``kube.units.KINDS`` holds it as the ``mig`` row)."""
+_MIG = re.compile(rf"^{MIG_PATTERN}$")
 
 
 @dataclass(frozen=True, slots=True, order=True)

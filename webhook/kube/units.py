@@ -17,6 +17,7 @@ MIG nodes, so it reads the same numbers as before.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -25,7 +26,8 @@ from typing import Any, Literal
 from webhook import names
 from webhook.kube.claims import ClaimAsk
 from webhook.kube.quantity import QuantityError, bytes_
-from webhook.kube.resources import MigProfile, is_gpu_resource, is_mig_resource, mig_profile
+from webhook.kube.resources import MIG_PATTERN, MigProfile, mig_profile
+from webhook.kube.selectors import DRIVER_TERM, conjuncts, selector_bounds
 
 COMPUTE_SLICES_PER_GPU = 7
 """Compute slices of a MIG-capable GPU (A100, H100, H200, B200; an A30 has 4, so its slices weigh a
@@ -43,6 +45,96 @@ MIG_GB_BYTES = 10**9
 """MIG profile names count decimal gigabytes: ``1g.10gb`` holds ``10G`` (``10Gi`` is more)."""
 
 UnitKind = Literal["whole", "slot", "mig"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GpuKind:
+    """One GPU resource kind: which extended-resource names it covers and what one unit of it is.
+
+    Every module outside ``webhook/kube/`` asks these rows (through the questions below) instead of
+    comparing a resource name, so a new kind is one row here. Compared by identity: a row is a
+    registration, and the lookup cache keys on the table."""
+
+    name: str
+    """What the kind is called in docs and errors."""
+    prefix: str
+    """Every name of the kind begins with this: a pod's raw JSON that holds none of the kinds'
+    prefixes asks no GPU (the balancer's pre-filter)."""
+    pattern: str
+    """The names of the kind, as a regular expression matched whole."""
+    unit: UnitKind
+    """What one unit is: a whole GPU, a time-sliced slot of one, or a MIG slice."""
+    plugin_gpu: bool = False
+    """The device plugin's whole-GPU resource: the one that time-slicing without a rename turns into
+    slots and the single MIG strategy into slices, and that the ``gpu-free`` label counts."""
+    dra_class: str | None = None
+    """The DeviceClass NVIDIA's DRA driver serves the same devices through (a policy that allows the
+    resource allows claims of that class)."""
+
+
+KINDS: tuple[GpuKind, ...] = (
+    GpuKind("whole GPU", names.GPU_RESOURCE, re.escape(names.GPU_RESOURCE), "whole", plugin_gpu=True,
+            dra_class=names.DRA_GPU_CLASS),
+    GpuKind("time-sliced share", names.SHARED_GPU_RESOURCE, re.escape(names.SHARED_GPU_RESOURCE), "slot",
+            dra_class=names.DRA_GPU_CLASS),
+    GpuKind("MIG slice", names.MIG_RESOURCE_PREFIX, MIG_PATTERN, "mig", dra_class=names.DRA_MIG_CLASS),
+)
+"""The GPU resource kinds: every resource name that asks a GPU is one of these rows' names."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_in(kinds: tuple[GpuKind, ...], resource: str) -> GpuKind | None:
+    return next((k for k in kinds if resource.startswith(k.prefix) and re.fullmatch(k.pattern, resource)), None)
+
+
+def kind_of(resource: str | None) -> GpuKind | None:
+    """The row of :data:`KINDS` that ``resource`` is a name of; None for every other resource (and for
+    no resource: a policy's MIG rung names a profile, not a resource)."""
+    return None if resource is None else _kind_in(KINDS, resource)
+
+
+def is_gpu_resource(resource: str | None) -> bool:
+    """True for every GPU resource kind's names (whole GPUs, shares, MIG slices); false for every
+    other extended resource (an SR-IOV function is ``nvidia.com/`` too)."""
+    return kind_of(resource) is not None
+
+
+def is_plugin_gpu(resource: str | None) -> bool:
+    """The device plugin's whole-GPU resource (:attr:`GpuKind.plugin_gpu`)."""
+    return getattr(kind_of(resource), "plugin_gpu", False)
+
+
+def is_shared(resource: str | None) -> bool:
+    """A time-sliced slot of a GPU (not a MIG slice's slot, which is a MIG unit)."""
+    return getattr(kind_of(resource), "unit", None) == "slot"
+
+
+def is_mig(resource: str | None) -> bool:
+    """A MIG slice, time-sliced or not."""
+    return getattr(kind_of(resource), "unit", None) == "mig"
+
+
+def pooled(resource: str | None) -> bool:
+    """Drawn from a node's one pool of devices: the device plugin's whole GPU and its time-sliced
+    share (a scheduler model weighs both against the node's GPUs)."""
+    return is_plugin_gpu(resource) or is_shared(resource)
+
+
+def by_name(resource: str | None) -> bool:
+    """A GPU resource counted under its own name (MIG slices, any kind but the device plugin's whole
+    GPU and its share): a pod's ``PodDemand.extended``, a node's per-resource counts for placement."""
+    return is_gpu_resource(resource) and not pooled(resource)
+
+
+def name_prefixes() -> tuple[str, ...]:
+    """What every GPU resource name begins with, one per kind."""
+    return tuple(dict.fromkeys(kind.prefix for kind in KINDS))
+
+
+def gpu_resource_pattern() -> str:
+    """Every GPU resource name as one regular expression (``webhook/policy/schema.json``'s
+    ``resource`` pattern is this string for the built-in kinds; a test holds them equal)."""
+    return "^(?:" + "|".join(kind.pattern for kind in KINDS) + ")$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +157,10 @@ class Unit:
 
 def unit_of(resource: str) -> Unit | None:
     """The unit of a GPU extended resource; None for every other resource."""
-    if resource == names.GPU_RESOURCE:
-        return Unit(resource, "whole")
-    if resource == names.SHARED_GPU_RESOURCE:
-        return Unit(resource, "slot")
-    profile = mig_profile(resource)
-    if profile is not None:
-        return Unit(resource, "mig", profile)
-    return None
+    kind = kind_of(resource)
+    if kind is None:
+        return None
+    return Unit(resource, kind.unit, mig_profile(resource) if kind.unit == "mig" else None)
 
 
 def mig_base(resource: str) -> str:
@@ -89,10 +177,10 @@ def gpu_share(resource: str, *, replicas: int = 1, mig_replicas: int = 1, gpu_ti
     ``nvidia.com/mig-<profile>.replicas`` of that profile (the MIG-replica rule of the module docstring).
     """
     unit = unit_of(resource)
-    if unit is None or not is_gpu_resource(resource):
+    if unit is None:
         return 0.0
     if unit.kind == "whole":
-        return 1.0 / max(replicas, 1) if gpu_time_sliced else 1.0
+        return 1.0 / max(replicas, 1) if gpu_time_sliced and is_plugin_gpu(resource) else 1.0
     if unit.kind == "slot":
         return 1.0 / max(replicas, 1)
     return unit.compute / max(mig_replicas, 1)
@@ -118,9 +206,14 @@ def mig_memory_bytes(profile: MigProfile) -> int:
     return profile.memory_gb * MIG_GB_BYTES
 
 
+def mig_resource(profile_name: str) -> str:
+    """``1g.10gb`` -> ``nvidia.com/mig-1g.10gb``: the resource a MIG rung or device profile is."""
+    return f"{names.MIG_RESOURCE_PREFIX}{profile_name}"
+
+
 def mig_profile_of_name(profile_name: str) -> MigProfile | None:
     """``1g.10gb`` (a policy's ``mig:`` rung, a DRA device's ``profile`` attribute) -> its MigProfile."""
-    return mig_profile(f"{names.MIG_RESOURCE_PREFIX}{profile_name}")
+    return mig_profile(mig_resource(profile_name))
 
 
 # --- every GPU resource name, the DRA extended-resource names included ------------------------------
@@ -133,66 +226,6 @@ def mig_profile_of_name(profile_name: str) -> MigProfile | None:
 
 DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 """The implicit extended-resource name of DeviceClass ``<class>`` is this prefix + the class's name."""
-
-_QUOTED = r"[\"']"
-_DRIVER_TERM = re.compile(rf"^device\.driver\s*==\s*{_QUOTED}([a-z0-9.-]+){_QUOTED}$")
-_PROFILE_TERM = re.compile(rf"^device\.attributes\[{_QUOTED}{re.escape(names.DRA_DRIVER)}{_QUOTED}\]"
-                           rf"\.{names.DRA_PROFILE_ATTRIBUTE}\s*==\s*{_QUOTED}([1-9][0-9]*g\.[1-9][0-9]*gb){_QUOTED}$")
-_MEMORY_TERM = re.compile(rf"^device\.capacity\[{_QUOTED}{re.escape(names.DRA_DRIVER)}{_QUOTED}\]"
-                          rf"\.{names.DRA_MEMORY_CAPACITY}\.compareTo\(quantity\({_QUOTED}([0-9]+)Mi{_QUOTED}\)\)"
-                          rf"\s*>=\s*0$")
-_TYPE_TERM = re.compile(rf"^device\.attributes\[{_QUOTED}{re.escape(names.DRA_DRIVER)}{_QUOTED}\]\.type\s*==\s*"
-                        rf"{_QUOTED}[a-z]+{_QUOTED}$")
-
-
-def conjuncts(expression: str) -> tuple[str, ...]:
-    """The terms of a CEL expression that is a plain conjunction (``a && b``); () for anything else
-    (an ``||``, a ternary, a negation), whose terms do not each bound the devices it selects."""
-    if "||" in expression or "?" in expression or "!" in expression.replace("!=", ""):
-        return ()
-    return tuple(term.strip() for term in expression.split("&&"))
-
-
-@dataclass(frozen=True, slots=True)
-class SelectorBounds:
-    """What the CEL selectors of one ask (or one class) provably say about its devices.
-
-    Read only from selectors that are conjunctions of terms each of exactly one of the forms gpugate
-    writes (``webhook/admission/claimladder.py``, ``kube.claims.memory_selector``): a selector with
-    any other term says nothing here, so a term written to look like a bound inside a longer
-    expression (a string literal holding ``&&``) never lowers a count."""
-
-    mig: MigProfile | None = None
-    """``profile == "<g>g.<mem>gb"``: every device is a MIG slice of that profile."""
-    min_memory_mib: int | None = None
-    """``memory.compareTo(quantity("<n>Mi")) >= 0``: every device holds at least that much."""
-    shareable: bool = False
-    """``device.allowMultipleAllocations == true``: a capacity request takes a share of the device."""
-
-
-def selector_bounds(selectors: tuple[str, ...]) -> SelectorBounds:
-    """The bounds ANDed selectors prove (:class:`SelectorBounds`)."""
-    mig: MigProfile | None = None
-    memory: int | None = None
-    shareable = False
-    for expression in selectors:
-        terms = conjuncts(expression)
-        if not terms or not all(_known_term(t) for t in terms):
-            continue
-        for term in terms:
-            if (found := _PROFILE_TERM.match(term)) is not None:
-                mig = mig_profile_of_name(found.group(1)) or mig
-            elif (found := _MEMORY_TERM.match(term)) is not None:
-                memory = max(memory or 0, int(found.group(1)))
-            elif term == names.DRA_SHARE_SELECTOR:
-                shareable = True
-    return SelectorBounds(mig=mig, min_memory_mib=memory, shareable=shareable)
-
-
-def _known_term(term: str) -> bool:
-    return term == names.DRA_SHARE_SELECTOR or any(p.match(term) for p in (_DRIVER_TERM, _PROFILE_TERM, _MEMORY_TERM,
-                                                                          _TYPE_TERM))
-
 
 @dataclass(frozen=True, slots=True)
 class DeviceClass:
@@ -210,7 +243,7 @@ class DeviceClass:
         found = set()
         for expression in self.selectors:
             for term in conjuncts(expression):
-                match = _DRIVER_TERM.match(term)
+                match = DRIVER_TERM.match(term)
                 if match is not None:
                     found.add(match.group(1))
         return frozenset(found)
@@ -229,7 +262,7 @@ class DeviceClass:
         bounds = selector_bounds(self.selectors)
         if bounds.mig is not None:
             return mig_fraction(bounds.mig)
-        if self.extended_resource_name is not None and is_mig_resource(self.extended_resource_name):
+        if self.extended_resource_name is not None and is_mig(self.extended_resource_name):
             return gpu_fraction(self.extended_resource_name)
         return Fraction(1)
 

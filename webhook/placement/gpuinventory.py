@@ -2,13 +2,13 @@
 
 The webhook has no API access; what the cluster offers now reaches it as a document the balancer
 computes from the caches it already keeps (nodes and the GPU requests of bound, unfinished pods)
-and writes into the ``gpugate-inventory`` ConfigMap. The format is the one
-``webhook.kube.inventory.parse`` reads: one offer per (GPU resource, GPU product), summed over the
+and writes into the ``gpugate-inventory`` ConfigMap. The format is ``webhook.kube.inventory``'s
+(``build`` writes it, ``parse`` reads it): one offer per (GPU resource, GPU product), summed over the
 nodes offering it, the PriorityClass marked ``globalDefault``, and when it was computed.
 
 Rules (each decides what the webhook may conclude, so each errs towards "not offered"):
 
-- only GPU resources (``webhook.kube.resources.is_gpu_resource``): an SR-IOV function is no GPU;
+- only GPU resources (``webhook.kube.units.is_gpu_resource``): an SR-IOV function is no GPU;
 - a cordoned node offers nothing free (its allocatable still counts, so an offer does not vanish
   from the document while a node drains);
 - ``free`` per node is allocatable minus requested, never below 0 (a node whose allocatable
@@ -20,55 +20,19 @@ Rules (each decides what the webhook may conclude, so each errs towards "not off
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import TypedDict
+from datetime import datetime
 
 from webhook.kube import inventory
 from webhook.kube.gpunode import NodeInfo
-from webhook.kube.inventory import DraOffer, Offer
+from webhook.kube.inventory import DraOffer, Inventory, Offer
 from webhook.kube.nodedevices import NodeDevices
-from webhook.kube.resources import is_gpu_resource
-from webhook.names import DRA_GPU_CLASS, GPU_RESOURCE
+from webhook.kube.units import is_gpu_resource, is_plugin_gpu
+from webhook.names import DRA_GPU_CLASS
 from webhook.placement import dracount
 
 MIB = 1 << 20
-
-
-class OfferDocument(TypedDict):
-    """One entry of ``offers``, as ``webhook.kube.inventory.parse`` reads it."""
-
-    resource: str
-    product: str
-    memoryMiB: int | None
-    allocatable: int
-    free: int
-    nodes: int
-
-
-class DraOfferDocument(TypedDict):
-    """One entry of ``draOffers``, as ``webhook.kube.inventory.parse`` reads it."""
-
-    deviceClass: str
-    product: str
-    memoryMiB: int | None
-    devices: int
-    free: int
-    nodes: int
-
-
-class InventoryDocument(TypedDict):
-    """A GPUInventory (``gpugate.io/v1alpha1``)."""
-
-    apiVersion: str
-    kind: str
-    generatedAt: str
-    defaultPriorityClass: str | None
-    offers: list[OfferDocument]
-    draOffers: list[DraOfferDocument]
-    typePressure: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +64,7 @@ def offers(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]]
                 continue
             key = (resource, node.product)
             free = 0 if node.unschedulable else max(0, allocatable - used.get(resource, 0))
-            if whole is not None and resource == GPU_RESOURCE:
+            if whole is not None and is_plugin_gpu(resource):
                 free = min(free, whole)
             total = sums.setdefault(key, [0, 0, 0])
             total[0] += allocatable
@@ -172,19 +136,12 @@ def content(nodes: Iterable[NodeInfo], requested: Mapping[str, Mapping[str, int]
                    dra_offers=dra_offers(nodes, requested, dra or {}))
 
 
-def document(found: Content, *, generated_at: datetime) -> InventoryDocument:
-    """The GPUInventory for ``found``, stamped ``generated_at`` (UTC, milliseconds, ``Z``)."""
-    stamp = generated_at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return InventoryDocument(
-        apiVersion=inventory.API_VERSION, kind=inventory.KIND, generatedAt=stamp,
-        defaultPriorityClass=found.default_priority_class,
-        offers=[OfferDocument(resource=o.resource, product=o.product, memoryMiB=o.memory_mib,
-                              allocatable=o.allocatable, free=o.free, nodes=o.nodes) for o in found.offers],
-        draOffers=[DraOfferDocument(deviceClass=o.device_class, product=o.product, memoryMiB=o.memory_mib,
-                                    devices=o.devices, free=o.free, nodes=o.nodes) for o in found.dra_offers],
-        typePressure=dict(found.type_pressure))
+def document(found: Content, *, generated_at: datetime) -> inventory.InventoryDocument:
+    """The GPUInventory for ``found``, stamped ``generated_at`` (the format: ``kube.inventory.build``)."""
+    return inventory.build(Inventory(default_priority_class=found.default_priority_class, generated_at=generated_at,
+                                     offers=found.offers, dra_offers=found.dra_offers,
+                                     type_pressure=found.type_pressure))
 
 
-def serialize(doc: InventoryDocument) -> str:
-    """Stable text (sorted keys, indented), so equal documents are equal bytes and a diff reads well."""
-    return json.dumps(doc, sort_keys=True, indent=1) + "\n"
+serialize = inventory.serialize
+"""Stable text of a document (``kube.inventory.serialize``), kept here for the publisher's callers."""

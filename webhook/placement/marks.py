@@ -12,7 +12,7 @@ from typing import Any
 
 from webhook.kube import units
 from webhook.kube.gpunode import NodeInfo
-from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL, GPU_RESOURCE, SHARED_GPU_RESOURCE
+from webhook.names import CONGESTED_TAINT_KEY, GPU_FREE_LABEL, GPU_LOAD_LABEL
 from webhook.placement import tiers
 
 CONGESTED_TAINT: dict[str, str] = {"key": CONGESTED_TAINT_KEY, "effect": "PreferNoSchedule"}
@@ -39,7 +39,7 @@ class NodeLoad:
 def time_sliced(node: NodeInfo) -> bool:
     """``nvidia.com/gpu`` counts time-slicing (or MPS) replicas, not GPUs: replicas above 1 and no
     renamed ``nvidia.com/gpu.shared`` (with the rename, the replicas label is the shared resource's)."""
-    return node.replicas > 1 and SHARED_GPU_RESOURCE not in dict(node.allocatable)
+    return node.replicas > 1 and node.slots is None
 
 
 def whole_free_gpus(node: NodeInfo, requested: dict[str, int]) -> int:
@@ -56,10 +56,10 @@ def whole_free_gpus(node: NodeInfo, requested: dict[str, int]) -> int:
     - ``nvidia.com/gpu.shared`` and ``nvidia.com/mig-*``: a pod asking ``nvidia.com/gpu`` cannot
       get them: 0.
     """
-    allocatable = dict(node.allocatable).get(GPU_RESOURCE, 0)
+    allocatable = node.plugin_gpus
     if not allocatable or node.mig_single:
         return 0
-    used = requested.get(GPU_RESOURCE, 0)
+    used = sum(count for resource, count in requested.items() if units.is_plugin_gpu(resource))
     if time_sliced(node):
         return max(allocatable // node.replicas - used, 0)
     return max(allocatable - used, 0)

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from webhook import durations
+from webhook import durations, names
 from webhook.kube.affinity import Requirement
 from webhook.kube.inventory import MAX_AGE_SECONDS
 from webhook.kube.tolerations import Toleration as Toleration  # a policy's tolerations: the one toleration type
@@ -50,7 +50,7 @@ class Match:
 
 @dataclass(frozen=True, slots=True)
 class GPUSpec:
-    resource: str = "nvidia.com/gpu"
+    resource: str = names.GPU_RESOURCE
     default: int | None = None
     """Count injected for a gpus label without a value, or for every matched pod when gpuOnly is false."""
     max: int | None = None
@@ -81,7 +81,7 @@ class ClaimRules:
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    key: str = "nvidia.com/gpu.clique"
+    key: str = names.NVIDIA_CLIQUE_LABEL
     mode: TopologyMode = "preferred"
 
 

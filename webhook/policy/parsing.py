@@ -8,7 +8,7 @@ path: ``policies/training.yaml, document 2, spec.gpu.max: 'eight' is not of type
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal, cast
@@ -18,7 +18,7 @@ import yaml
 
 from webhook import durations, names
 from webhook.errors import PolicyLoadError
-from webhook.kube import inventory, units, yamlload
+from webhook.kube import units, yamlload
 from webhook.kube.affinity import Requirement
 from webhook.kube.quantity import QuantityError, bytes_
 from webhook.policy import overlap
@@ -243,8 +243,7 @@ def _semantic_problems(policy: GPUPolicy) -> list[str]:
             if key in seen:
                 problems.append(f"spec.rightsizing.ladder[{i}]: {key} is on the ladder twice")
             seen.add(key)
-            if policy.rightsizing.through == "dra" and not rung.mig \
-                    and rung.resource not in (names.SHARED_GPU_RESOURCE, names.GPU_RESOURCE):
+            if policy.rightsizing.through == "dra" and not rung.mig and not units.pooled(rung.resource):
                 problems.append(f"spec.rightsizing.ladder[{i}]: {key} cannot be asked through DRA (through: dra "
                                 f"takes MIG profiles, {names.SHARED_GPU_RESOURCE} as a consumable-capacity share "
                                 f"and {names.GPU_RESOURCE})")
@@ -270,81 +269,65 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+Spelled = dict[str, tuple[str, Callable[[Any], Any]]]
+"""A document's key -> (the model's field, how its value is read)."""
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _given(raw: dict[str, Any], spelled: Spelled) -> dict[str, Any]:
+    """The fields a document gives (an absent, null or empty-list value is not given), read: every
+    field it leaves out takes the model's default, so ``model.py`` is the one home of the defaults."""
+    return {field: read(raw[key]) for key, (field, read) in spelled.items() if raw.get(key) not in (None, [])}
+
+
+_MATCH: Spelled = {"namespaces": ("namespaces", tuple), "excludeNamespaces": ("exclude_namespaces", tuple),
+                   "podSelector": ("pod_selector", lambda v: _selector(v)), "gpuOnly": ("gpu_only", _same)}
+_GPU: Spelled = {"resource": ("resource", _same), "default": ("default", int), "max": ("max", int),
+                 "allowedResources": ("allowed_resources", tuple),
+                 "failRequestsGreaterThanOne": ("fail_requests_greater_than_one", _same),
+                 "products": ("products", tuple), "families": ("families", tuple),
+                 "minMemoryMiB": ("min_memory_mib", int)}
+_PLACEMENT: Spelled = {"strategy": ("strategy", _same), "avoidCongested": ("avoid_congested", _same),
+                       "topology": ("topology", lambda v: Topology(**_given(v, _TOPOLOGY)))}
+_TOPOLOGY: Spelled = {"key": ("key", _same), "mode": ("mode", _same)}
+_DENY: Spelled = {"message": ("message", _same), "namespaces": ("namespaces", tuple),
+                  "podSelector": ("pod_selector", lambda v: _selector(v))}
+_IDLE: Spelled = {"action": ("action", _same), "threshold": ("threshold", float), "after": ("after", _same),
+                  "exclude": ("exclude", lambda v: _selector(v))}
+_DISRUPTION: Spelled = {"movable": ("movable", bool), "maxMovesPerHour": ("max_moves_per_hour", int),
+                        "minRuntimeSeconds": ("min_runtime_seconds", int)}
+_CLAIMS: Spelled = {"deviceClasses": ("device_classes", tuple), "maxPerClaim": ("max_per_claim", int),
+                    "allowAllocationModeAll": ("allow_allocation_mode_all", bool),
+                    "allowAdminAccess": ("allow_admin_access", bool)}
+_SPEC: Spelled = {"priority": ("priority", int), "mode": ("mode", _same),
+                  "match": ("match", lambda v: Match(**_given(v, _MATCH))),
+                  "gpu": ("gpu", lambda v: GPUSpec(**_given(v, _GPU))),
+                  "tolerations": ("tolerations", lambda v: _tolerations(v)),
+                  "runtimeClassName": ("runtime_class_name", _same),
+                  "priorityClassName": ("priority_class_name", _same), "schedulerName": ("scheduler_name", _same),
+                  "placement": ("placement", lambda v: Placement(**_given(v, _PLACEMENT))),
+                  "deny": ("deny", lambda v: tuple(DenyRule(**_given(d, _DENY)) for d in v)),
+                  "rightsizing": ("rightsizing", lambda v: _rightsizing(v)),
+                  "claims": ("claims", lambda v: ClaimRules(**_given(v, _CLAIMS))),
+                  "idle": ("idle", lambda v: IdleRules(**_given(v, _IDLE))),
+                  "disruption": ("disruption", lambda v: Disruption(**_given(v, _DISRUPTION)))}
+
+
 def _from_spec(name: str, where: str, spec: dict[str, Any]) -> GPUPolicy:
-    match = spec.get("match") or {}
-    gpu = spec.get("gpu") or {}
-    placement = spec.get("placement") or {}
-    topology = placement.get("topology")
-    tolerations = spec.get("tolerations", "auto")
-    return GPUPolicy(
-        name=name,
-        source=where,
-        priority=_int(spec.get("priority", 0)) or 0,
-        mode=spec.get("mode", "enforce"),
-        match=Match(
-            namespaces=tuple(match.get("namespaces") or ("*",)),
-            exclude_namespaces=tuple(match.get("excludeNamespaces") or ()),
-            pod_selector=_selector(match.get("podSelector")),
-            gpu_only=match.get("gpuOnly", True),
-        ),
-        gpu=GPUSpec(
-            resource=gpu.get("resource", names.GPU_RESOURCE),
-            default=_int(gpu.get("default")),
-            max=_int(gpu.get("max")),
-            allowed_resources=tuple(gpu.get("allowedResources") or ()),
-            fail_requests_greater_than_one=gpu.get("failRequestsGreaterThanOne", True),
-            products=tuple(gpu.get("products") or ()),
-            families=tuple(gpu.get("families") or ()),
-            min_memory_mib=_int(gpu.get("minMemoryMiB")),
-        ),
-        tolerations=cast(Literal["auto", "none"], tolerations) if isinstance(tolerations, str) else tuple(
-            Toleration(key=t.get("key"), operator=t.get("operator", "Equal" if "value" in t else "Exists"),
-                       value=t.get("value"), effect=t.get("effect"),
-                       toleration_seconds=_int(t.get("tolerationSeconds")))
-            for t in tolerations
-        ),
-        runtime_class_name=spec.get("runtimeClassName"),
-        priority_class_name=spec.get("priorityClassName"),
-        scheduler_name=spec.get("schedulerName"),
-        placement=Placement(
-            strategy=placement.get("strategy", "none"),
-            avoid_congested=placement.get("avoidCongested", "no"),
-            topology=Topology(key=topology["key"], mode=topology.get("mode", "preferred")) if topology else None,
-        ),
-        deny=tuple(
-            DenyRule(message=d["message"], namespaces=tuple(d.get("namespaces") or ("*",)),
-                     pod_selector=_selector(d.get("podSelector")))
-            for d in spec.get("deny") or ()
-        ),
-        rightsizing=_rightsizing(spec.get("rightsizing")),
-        claims=_claims(spec.get("claims")),
-        idle=_idle(spec.get("idle")),
-        disruption=_disruption(spec.get("disruption")),
-    )
+    """The policy a spec gives (the schema vouched for each field's type and spelling)."""
+    return GPUPolicy(name=name, source=where, **_given(spec, _SPEC))
 
 
-def _idle(raw: dict[str, Any] | None) -> IdleRules:
-    """``spec.idle`` (the schema vouched for each field's type and the duration's spelling)."""
-    raw = raw or {}
-    defaults = IdleRules()
-    return IdleRules(action=raw.get("action", defaults.action),
-                     threshold=float(raw.get("threshold", defaults.threshold)),
-                     after=raw.get("after", defaults.after),
-                     exclude=_selector(raw["exclude"]) if "exclude" in raw else None)
-
-
-def _disruption(raw: dict[str, Any] | None) -> Disruption:
-    raw = raw or {}
-    return Disruption(movable=bool(raw.get("movable", False)), max_moves_per_hour=_int(raw.get("maxMovesPerHour")),
-                      min_runtime_seconds=_int(raw.get("minRuntimeSeconds")) or 0)
-
-
-def _claims(raw: dict[str, Any] | None) -> ClaimRules:
-    raw = raw or {}
-    classes = raw.get("deviceClasses")
-    return ClaimRules(device_classes=tuple(classes) if classes else None, max_per_claim=_int(raw.get("maxPerClaim")),
-                      allow_allocation_mode_all=bool(raw.get("allowAllocationModeAll", False)),
-                      allow_admin_access=bool(raw.get("allowAdminAccess", False)))
+def _tolerations(raw: str | list[dict[str, Any]]) -> Literal["auto", "none"] | tuple[Toleration, ...]:
+    if isinstance(raw, str):
+        return cast(Literal["auto", "none"], raw)
+    return tuple(Toleration(key=t.get("key"), operator=t.get("operator", "Equal" if "value" in t else "Exists"),
+                            value=t.get("value"), effect=t.get("effect"),
+                            toleration_seconds=_int(t.get("tolerationSeconds")))
+                 for t in raw)
 
 
 def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
@@ -354,7 +337,7 @@ def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
     rungs = []
     for item in raw["ladder"]:
         if "mig" in item:
-            unit = units.unit_of(f"{names.MIG_RESOURCE_PREFIX}{item['mig']}")
+            unit = units.unit_of(units.mig_resource(item['mig']))
             assert unit is not None and unit.mig is not None  # the schema's pattern vouched for the name
             memory = bytes_(item["memory"]) if "memory" in item else units.mig_memory_bytes(unit.mig)
             rungs.append(Rung(name=item["mig"], mig=item["mig"], memory_bytes=memory,
@@ -362,6 +345,8 @@ def _rightsizing(raw: dict[str, Any] | None) -> RightSizing | None:
         else:
             rungs.append(Rung(name=item["resource"], resource=item["resource"], memory_bytes=bytes_(item["memory"]),
                               compute=float(item.get("compute", 1.0))))
-    return RightSizing(ladder=tuple(rungs), mig_strategy=raw.get("migStrategy", "single"),
-                       max_inventory_age_seconds=int(raw.get("maxInventoryAgeSeconds", inventory.MAX_AGE_SECONDS)),
-                       through=raw.get("through", "devicePlugin"))
+    return RightSizing(ladder=tuple(rungs), **_given(raw, _RIGHTSIZING))
+
+
+_RIGHTSIZING: Spelled = {"migStrategy": ("mig_strategy", _same),
+                         "maxInventoryAgeSeconds": ("max_inventory_age_seconds", int), "through": ("through", _same)}

@@ -24,7 +24,7 @@ from typing import cast
 
 import numpy as np
 
-from webhook import names
+from webhook.kube import units
 
 # A pod's node selection and tolerations are read by kube.affinity and kube.tolerations (one home
 # for every part that reads them); the model evaluates those values.
@@ -42,9 +42,6 @@ from webhook.replay.records import MILLI
 from webhook.replay.runspec import LIST_TIES, RANDOM_TIES, TIES
 
 MAX_NODE_SCORE = 100
-# The GPU resources scoring may weigh (the per-device pool); MIG slices are integer extended resources,
-# checked by the fit filter (ClusterState.fits) and weighed by no profile here.
-MODELLED_GPU_RESOURCES = (names.GPU_RESOURCE, names.SHARED_GPU_RESOURCE)
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
@@ -190,7 +187,9 @@ def _requested_and_allocatable(cluster: KubeCluster, pod: PodView, nodes: np.nda
     if resource == "memory":
         used = state.mem_score_used if non_zero else state.mem_used
         return used[nodes] + (demand.memory_score_mib if non_zero else demand.memory_mib), state.mem_cap[nodes]
-    if resource in MODELLED_GPU_RESOURCES:
+    if units.pooled(resource):
+        # The GPU resources scoring may weigh (the per-device pool); MIG slices are integer extended
+        # resources, checked by the fit filter (ClusterState.fits) and weighed by no profile here.
         # "if it's an extended resource, and the pod doesn't request it": skipped (resource_allocation.go).
         if resource not in pod.resources:
             return None

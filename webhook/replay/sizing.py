@@ -40,6 +40,7 @@ import numpy as np
 
 from webhook import names
 from webhook.errors import InputError
+from webhook.kube import units
 from webhook.kube.demand import PodDemand
 from webhook.kube.inventory import Inventory
 from webhook.placement import gpuinventory as balancer_inventory
@@ -207,7 +208,7 @@ def _replay(trace: Trace, spec: RunSpec, twin: Twin, started: float) -> RunResul
                 taken += taken_milli(view.demand, spec.share_replicas)
                 useful += record.gpu_request_milli
                 placed[step] = True
-                if record.shares_gpu and resource == names.SHARED_GPU_RESOURCE and record.gpu_milli > slot_milli:
+                if record.shares_gpu and units.is_shared(resource) and record.gpu_milli > slot_milli:
                     oversubscribed += 1
         if record.shares_gpu:
             rungs.setdefault(resource, [0, 0])[0 if node is not None else 1] += 1

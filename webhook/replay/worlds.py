@@ -117,7 +117,9 @@ def pod_for(record: TracePod, sharing: str) -> dict[str, Any]:
     if sharing == "dra" and record.shares_gpu:
         container = pod["spec"]["containers"][0]
         for key in ("requests", "limits"):
-            container["resources"].get(key, {}).pop(names.SHARED_GPU_RESOURCE, None)
+            section = container["resources"].get(key, {})
+            for resource in [r for r in section if units.is_shared(r)]:
+                del section[resource]
         if not container["resources"].get("limits"):
             container["resources"].pop("limits", None)
         claims.add_template_claim(pod, SHARE_CLAIM, template_name(record.gpu_milli))

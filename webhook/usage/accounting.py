@@ -78,7 +78,7 @@ def mig_single_share(node: NodeInfo) -> float | None:
     """One ``nvidia.com/gpu`` unit under GFD's single MIG strategy: the share of the profile GFD names
     in the product (``NVIDIA-A100-SXM4-40GB-MIG-1g.5gb``); None when the product names none."""
     profile = node.product.partition(MIG_SINGLE_PRODUCT_MARK)[2]
-    unit = units.unit_of(names.MIG_RESOURCE_PREFIX + profile) if profile else None
+    unit = units.unit_of(units.mig_resource(profile)) if profile else None
     return None if unit is None else units.gpu_share(unit.resource)
 
 
@@ -86,7 +86,7 @@ def unit_share(node: NodeInfo | None, resource: str) -> float:
     """Physical GPUs one unit of a device-plugin ``resource`` is on ``node`` (None: an unknown node)."""
     if node is None:
         return units.gpu_share(resource)
-    if node.mig_single and resource == names.GPU_RESOURCE:
+    if node.mig_single and units.is_plugin_gpu(resource):
         share = mig_single_share(node)
         if share is not None:
             return share

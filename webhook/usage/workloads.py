@@ -17,19 +17,17 @@ DaemonSet's replacement lands on the same node: evicting either gives no GPU bac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from webhook import names
 from webhook.kube import demand as kube_demand
-from webhook.kube import pods
+from webhook.kube import pods, timestamps
 from webhook.kube.demand import PodDemand
 from webhook.kube.quantity import QuantityError
 
 TEMPLATE_HASH_LABEL = "pod-template-hash"
 RECREATING_CONTROLLERS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
 """Controller kinds that recreate an evicted pod (see the module docstring)."""
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,16 +89,6 @@ def owner_of(pod: pods.Pod) -> tuple[Owner, str]:
     return Owner(kind, owner), kind
 
 
-def parse_time(text: Any) -> float | None:
-    """An RFC 3339 timestamp as the API server writes it (``2026-12-07T10:00:00Z``) in Unix seconds."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def record_of(pod: pods.Pod) -> PodRecord | None:
     """The record of a bound, non-terminal pod that asks for GPUs or references claims; else None.
 
@@ -108,7 +96,7 @@ def record_of(pod: pods.Pod) -> PodRecord | None:
     """
     spec, status = pods.spec(pod), pod.get("status") or {}
     node = spec.get("nodeName")
-    if not node or status.get("phase") in TERMINAL_PHASES:
+    if not node or status.get("phase") in pods.TERMINAL_PHASES:
         return None
     try:
         demand = kube_demand.of_pod(pod)
@@ -121,8 +109,8 @@ def record_of(pod: pods.Pod) -> PodRecord | None:
     return PodRecord(
         namespace=str(meta.get("namespace") or ""), name=str(meta.get("name") or ""), uid=str(meta.get("uid") or ""),
         node=str(node), owner=owner, controller=controller, labels=tuple(sorted(pods.labels(pod).items())),
-        started=parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp")), demand=demand,
-        idle_note=pods.annotations_of(pod).get(names.IDLE_ANNOTATION))
+        started=timestamps.seconds(status.get("startTime")) or timestamps.seconds(meta.get("creationTimestamp")),
+        demand=demand, idle_note=pods.annotations_of(pod).get(names.IDLE_ANNOTATION))
 
 
 def record_key(pod: pods.Pod) -> str:
