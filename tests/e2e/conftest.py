@@ -26,8 +26,9 @@ import os
 import secrets
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from kubernetes import client
@@ -38,6 +39,7 @@ from webhook.localcluster import controlplane
 from webhook.localcluster.cluster import KUBECONFIG_ENV, Cluster, Nodes
 
 HERE = Path(__file__).resolve().parent
+T = TypeVar("T")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -90,27 +92,29 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
     return tmp_path_factory.mktemp(f"{stem}-e2e")
 
 
+def _undone_after(made: T, undo: Callable[[T], object]) -> Iterator[T]:
+    """Hand the test what it fills (namespaces, webhook configurations, nodes), then undo all of it:
+    the cluster is shared by the whole session, so nothing one test makes may outlive it."""
+    yield made
+    undo(made)
+
+
 @pytest.fixture
 def namespaces(local: Cluster) -> Iterator[Namespaces]:
     """Namespaces the test makes (``make``), all deleted after it."""
-    made = Namespaces(local)
-    yield made
-    made.delete_all()
+    yield from _undone_after(Namespaces(local), Namespaces.delete_all)
 
 
 @pytest.fixture
 def registration(local: Cluster) -> Iterator[Registration]:
     """The webhook configurations the test registers, removed after it."""
-    registered = Registration(local)
-    yield registered
-    registered.remove()
+    yield from _undone_after(Registration(local), Registration.remove)
 
 
 @pytest.fixture
 def nodes(cluster: Cluster) -> Iterator[Nodes]:
-    made = Nodes(cluster)
-    yield made
-    made.remove_all()
+    """Fake nodes the test adds (``gpu``, ``cpu``), removed after it."""
+    yield from _undone_after(Nodes(cluster), Nodes.remove_all)
 
 
 @pytest.fixture

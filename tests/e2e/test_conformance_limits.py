@@ -33,28 +33,25 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.accounts import applied, kubeconfig_as
 from tests.e2e.balancer_access import scrape
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
-    ROOT,
     GpugateServer,
     Namespaces,
     Registration,
-    RenderedWebhooks,
     ServingCerts,
     deployed_policies,
-    kustomize,
     pod_manifest,
+    register_as_shipped,
     serving,
+    shipped_webhooks,
+    webhook_account,
 )
 from webhook.localcluster import processes
 from webhook.localcluster.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
-WEBHOOK_BASE = ROOT / "manifests" / "webhook"
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
 DEEP = "__deep__"
 Obj = dict[str, Any]
 
@@ -121,11 +118,8 @@ def relay(local: Cluster) -> Iterator[SlowRelay]:
 def server(local: Cluster, workdir: Path, relay: SlowRelay) -> Iterator[GpugateServer]:
     """``gpugate serve --resolve-claims`` as the webhook's ServiceAccount, reading through the relay."""
     assert local.plane is not None
-    docs = [d for d in kustomize(WEBHOOK_BASE) if d["kind"] in RBAC_KINDS]
-    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
     certs = ServingCerts(workdir / "certs")
-    with applied(local, docs, account["namespace"]):
-        kubeconfig = kubeconfig_as(local, account["name"], account["namespace"], workdir / "webhook.kubeconfig")
+    with webhook_account(local, workdir) as kubeconfig:
         config = yaml.safe_load(kubeconfig.read_text())
         config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{relay.port}"
         kubeconfig.write_text(yaml.safe_dump(config))
@@ -151,8 +145,7 @@ def registered(local: Cluster, server: GpugateServer, registration: Registration
 
 
 def _register(cluster: Cluster, registration: Registration, server: GpugateServer, probe: str) -> None:
-    registration.apply(RenderedWebhooks.of(kustomize(WEBHOOK_BASE))
-                       .pointed_at(server.base_url, server.certs.bundle.ca_cert))  # type: ignore[attr-defined]
+    register_as_shipped(registration, server, server.certs)  # type: ignore[attr-defined]
     wait_until(lambda: _post(cluster, f"/api/v1/namespaces/{probe}/pods?dryRun=All", _gpu_pod("probe"))[0] == 403,
                timeout=20, interval=0.1, what="the API server to call gpugate", explain=cluster.logs_tail)
 
@@ -259,7 +252,7 @@ def test_a_slow_claim_read_is_refused_before_the_timeout_and_admitted_when_quick
     assert status == 201, answer
     pod = pod_manifest("uses-claim")
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "one"}]
-    timeout = RenderedWebhooks.of(kustomize(WEBHOOK_BASE)).validating["webhooks"][0]["timeoutSeconds"]
+    timeout = shipped_webhooks().validating["webhooks"][0]["timeoutSeconds"]
     relay.delay = 4.0
     try:
         started = time.monotonic()

@@ -40,25 +40,22 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e import dra_slices
-from tests.e2e.accounts import applied, kubeconfig_as
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
-    ROOT,
     GpugateServer,
     Namespaces,
     Registration,
-    RenderedWebhooks,
     ServingCerts,
     api_message,
     deployed_policies,
-    kustomize,
+    register_as_shipped,
     serving,
+    webhook_account,
 )
 from tests.policy.kit import policy
 from webhook.kube import claims
 from webhook.localcluster.cluster import Cluster, Nodes
 
-WEBHOOK_BASE = ROOT / "manifests" / "webhook"
 PINNED_POLICY = policy("e2e-dra-pinned", """
     match: {namespaces: ["pinned-*"]}
     gpu:
@@ -85,18 +82,12 @@ def certs(workdir: Path) -> ServingCerts:
     return ServingCerts(workdir / "certs")
 
 
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-
-
 @pytest.fixture(scope="module")
 def webhook_kubeconfig(local: Cluster, workdir: Path) -> Iterator[Path]:
     """The webhook's ServiceAccount and RBAC as manifests/webhook renders them, applied; a kubeconfig
     with a TokenRequest token of that account (what the pod's mounted token gives it)."""
-    docs = [d for d in kustomize(WEBHOOK_BASE) if d["kind"] in RBAC_KINDS]
-    assert sorted(d["kind"] for d in docs) == sorted(RBAC_KINDS)
-    account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
-    with applied(local, docs, account["namespace"]):
-        yield kubeconfig_as(local, account["name"], account["namespace"], workdir / "webhook-kubeconfig.yaml")
+    with webhook_account(local, workdir) as kubeconfig:
+        yield kubeconfig
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +104,7 @@ def server(local: Cluster, certs: ServingCerts, policy_dir: Path, webhook_kubeco
 def registered(local: Cluster, server: GpugateServer, registration: Registration, certs: ServingCerts,
                namespaces: Namespaces) -> Registration:
     """The base rendering pointed at the module's server, in effect when the fixture returns."""
-    registration.apply(RenderedWebhooks.of(kustomize(WEBHOOK_BASE)).pointed_at(server.base_url, certs.bundle.ca_cert))
+    register_as_shipped(registration, server, certs)
     probe = namespaces.make("web-probe")
     wait_until(lambda: _refused(local, probe), timeout=20, interval=0.1,
                what="the API server to call gpugate for resourceclaimtemplates", explain=local.logs_tail)
@@ -250,7 +241,7 @@ def test_a_metadata_update_of_a_claim_the_policy_would_refuse_now_goes_through(
              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
     api = resource_api(local)
     api.create_namespaced_resource_claim(web, claim)  # before registration: nothing judges it
-    registration.apply(RenderedWebhooks.of(kustomize(WEBHOOK_BASE)).pointed_at(server.base_url, certs.bundle.ca_cert))
+    register_as_shipped(registration, server, certs)
     probe = namespaces.make("web-probe")
     wait_until(lambda: _refused(local, probe), timeout=20, interval=0.1,
                what="the API server to call gpugate for resourceclaimtemplates", explain=local.logs_tail)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.admission.ladders import rightsizing
 from tests.e2e.waiting import wait_until
 from tests.e2e.webhook_fixture import (
     GpugateServer,
@@ -35,18 +36,8 @@ from tests.e2e.webhook_fixture import (
 from tests.policy.kit import policy
 from webhook.localcluster.cluster import Cluster, Nodes
 
-POLICY = policy("e2e-rightsizing", """
-    match:
-      namespaces: ["rs-*"]
-    tolerations: auto
-    rightsizing:
-      migStrategy: mixed
-      ladder:
-        - {mig: 1g.10gb}
-        - {mig: 2g.20gb}
-        - {mig: 3g.40gb}
-        - {resource: nvidia.com/gpu, memory: 80Gi}
-""", priority=100)
+POLICY = policy("e2e-rightsizing", 'match: {namespaces: ["rs-*"]}\ntolerations: auto\n'
+                + rightsizing(mig_strategy="mixed"), priority=100)
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 

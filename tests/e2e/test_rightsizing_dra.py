@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.admission.ladders import rightsizing
 from tests.e2e import dra_slices
 from tests.e2e.test_balancer import balancer_rbac, replicas  # noqa: F401 - fixtures
 from tests.e2e.waiting import wait_until
@@ -48,19 +49,9 @@ from webhook.kube import allocations, rightsizedclaims
 from webhook.localcluster.cluster import Cluster, Nodes
 
 POOL = "e2e.gpugate.io/rightsizing-dra"
-POLICY = policy("e2e-rightsizing-dra", """
-    match:
-      namespaces: ["rsd-*"]
-    tolerations: auto
-    rightsizing:
-      through: dra
-      ladder:
-        - {mig: 1g.10gb}
-        - {mig: 2g.20gb}
-        - {mig: 3g.40gb}
-        - {resource: nvidia.com/gpu.shared, memory: 80Gi, compute: 1}
-        - {resource: nvidia.com/gpu, memory: 80Gi}
-""", priority=100)
+POLICY = policy("e2e-rightsizing-dra", 'match: {namespaces: ["rsd-*"]}\ntolerations: auto\n'
+                + rightsizing("{resource: nvidia.com/gpu.shared, memory: 80Gi, compute: 1}", through="dra"),
+                priority=100)
 H100 = "NVIDIA H100 80GB HBM3"
 
 

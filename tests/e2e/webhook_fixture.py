@@ -171,12 +171,22 @@ class Registration:
 def registered_as_shipped(cluster: Cluster, server: GpugateServer, certs: ServingCerts) -> Iterator[Registration]:
     """Both configurations as manifests/webhook renders them, pointed at ``server``; removed on the way out."""
     registration = Registration(cluster)
-    registration.apply(RenderedWebhooks.of(kustomize(ROOT / "manifests" / "webhook"))
-                       .pointed_at(server.base_url, certs.bundle.ca_cert))
+    register_as_shipped(registration, server, certs)
     try:
         yield registration
     finally:
         registration.remove()
+
+
+def shipped_webhooks() -> RenderedWebhooks:
+    """Both configurations as ``kubectl kustomize manifests/webhook`` renders them (what a deploy applies)."""
+    return RenderedWebhooks.of(kustomize(ROOT / "manifests" / "webhook"))
+
+
+def register_as_shipped(registration: Registration, server: GpugateServer, certs: ServingCerts) -> None:
+    """The shipped configurations pointed at ``server`` (trusting ``certs``' CA), applied through
+    ``registration``, so the test's own registration removes them."""
+    registration.apply(shipped_webhooks().pointed_at(server.base_url, certs.bundle.ca_cert))
 
 
 def _put(read: Callable[..., Any], create: Callable[..., Any], replace: Callable[..., Any], document: Obj) -> None:
@@ -455,6 +465,7 @@ def webhook_account(cluster: Cluster, workdir: Path) -> Iterator[Path]:
     from tests.e2e.accounts import applied, kubeconfig_as
 
     docs = [d for d in kustomize(ROOT / "manifests" / "webhook") if d["kind"] in WEBHOOK_RBAC_KINDS]
+    assert sorted(d["kind"] for d in docs) == sorted(WEBHOOK_RBAC_KINDS), "manifests/webhook lost part of its RBAC"
     account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
     with applied(cluster, docs, account["namespace"]):
         yield kubeconfig_as(cluster, account["name"], account["namespace"], workdir / "webhook-kubeconfig.yaml")
