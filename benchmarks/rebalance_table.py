@@ -4,6 +4,9 @@
                                              [--seeds 42-51] [--load 0.95] [--workers 2]
     python benchmarks/rebalance_table.py table [--seeds 42-51] [--load 0.95]
     python benchmarks/rebalance_table.py plot [--seeds 42-51] [--load 0.95] [--to docs/rebalance.png]
+    python benchmarks/rebalance_table.py all [the options of run and plot]
+
+``all`` is the docs' one command: ``run`` (only what is not recorded yet), then ``table`` and ``plot``.
 
 ``run`` replays each (list, arm, seed) not yet in OUT/results.jsonl (default replay-out/rebalance/,
 git-ignored) with ``gpugate replay --timeline``'s code (``webhook.replay.timeline``) and appends one
@@ -65,12 +68,13 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     done = done_keys(results, args.load)
-    default = trace.load_trace(Path(args.trace))
+    default = None  # the default list, read once something is left to run
     for name in args.lists.split(",") if args.lists else ORDER:
         specs = [timeline.TimelineSpec(run=RunSpec(arm=arm, seed=seed, device_policy="packed"), load=args.load)
                  for seed in seeds_of(args.seeds) for arm in args.arms.split(",") if (name, arm, seed) not in done]
         if not specs:
             continue
+        default = default or trace.load_trace(Path(args.trace))
         loaded = trace.load_trace(Path(args.trace), f"openb_pod_list_{name}.csv")
 
         def record(result: Any, name: str = name) -> None:
@@ -182,23 +186,28 @@ def plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def everything(args: argparse.Namespace) -> int:
+    """What is not recorded yet, then the table and the plot of all that is."""
+    return run(args) or table(args) or plot(args)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("run", "table", "plot"):
+    for name in ("run", "table", "plot", "all"):
         command = sub.add_parser(name)
         command.add_argument("--seeds", default="42-51")
         command.add_argument("--load", type=float, default=LOAD)
         command.add_argument("--out", default=str(OUT))
         command.add_argument("--trace", default=str(TRACE))
-        if name == "run":
+        if name in ("run", "all"):
             command.add_argument("--lists", default="")
             command.add_argument("--arms", default=",".join(ARMS))
             command.add_argument("--workers", type=int, default=2)
-        if name == "plot":
+        if name in ("plot", "all"):
             command.add_argument("--to", default=str(ROOT / "docs" / "rebalance.png"))
     args = parser.parse_args()
-    return {"run": run, "table": table, "plot": plot}[args.command](args)
+    return {"run": run, "table": table, "plot": plot, "all": everything}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,20 @@ def test_the_table_calls_each_goal_from_the_medians(tmp_path: Path) -> None:
     assert missed == "pending -4%, p95 wait not lower, allocation -0.10, 2.50%/h moved"
     assert "cpu100" not in lines, "a list is tabled only once every arm ran"
     assert "goals met on 1 lists" in done.stdout
+
+
+def test_all_runs_only_what_is_missing_then_writes_the_table_and_the_plot(tmp_path: Path) -> None:
+    """The docs' one command: with every (list, arm, seed) recorded it replays nothing (no trace is
+    read: ``--trace`` names a folder that does not exist) and prints the table and draws the plot."""
+    rows = [_row(name, arm, seed, pending=p, wait=100, allocation=89)
+            for seed in (42, 43) for name in ("default", "cpu050")
+            for arm, p in (("stock", 17.0), ("extender", 3.0), ("extender+rebalancer", 2.0))]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    picture = tmp_path / "rebalance.png"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rebalance_table.py"), "all",
+                           "--out", str(tmp_path), "--seeds", "42-43", "--lists", "default,cpu050",
+                           "--trace", str(tmp_path / "no-trace-here"), "--to", str(picture)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert "| default |" in done.stdout and "| cpu050 |" in done.stdout
+    assert picture.read_bytes().startswith(b"\x89PNG")
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == len(rows), "nothing replayed again"
