@@ -22,13 +22,13 @@ Obj = dict[str, Any]
 TERMINAL_PHASES = pods.TERMINAL_PHASES
 
 
-
 @functools.lru_cache(maxsize=8)
-def name_markers(prefixes: tuple[str, ...]) -> tuple[bytes, ...]:
+def name_markers(kinds: tuple[units.GpuKind, ...]) -> tuple[bytes, ...]:
     """Every GPU resource name begins with one of ``units.name_prefixes()``. The API server writes
     JSON with ``/`` unescaped and resource names lower-case, so an object whose bytes contain none of
-    these (a quote, then a prefix) cannot request a GPU."""
-    return tuple(b'"' + prefix.encode() for prefix in prefixes)
+    these (a quote, then a prefix) cannot request a GPU. Kept per table of kinds (``kinds`` is the
+    key), since it is read on every pod event."""
+    return tuple(b'"' + prefix.encode() for prefix in units.name_prefixes())
 
 
 def may_hold_gpus(raw: bytes) -> bool:
@@ -38,7 +38,7 @@ def may_hold_gpus(raw: bytes) -> bool:
     covers cpu and memory only), so a pod skipped here never matters to the balancer, in any of
     its events. True is only "maybe": the pod is then decoded and read by the real rule.
     """
-    return any(marker in raw for marker in name_markers(units.name_prefixes()))
+    return any(marker in raw for marker in name_markers(units.KINDS))
 
 @dataclass(frozen=True, slots=True)
 class PodUsage:
